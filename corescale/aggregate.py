@@ -1,0 +1,112 @@
+"""Raw per-instance samples -> one set of run metrics (common window throughput, pooled latency)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from corescale.contamination import CONTAMINATION_THRESHOLD, foreign_fraction
+from corescale.stats import Measurement, window_throughput
+
+
+@dataclass
+class InstanceSamples:
+    id: int
+    cpus: list[int]
+    threads: int
+    batch_size: int
+    starts_ns: np.ndarray
+    ends_ns: np.ndarray
+    warmup_ns: np.ndarray
+    report: dict  # what the worker sent with its result
+
+    @classmethod
+    def load(cls, path, placement: dict, batch_size: int, report: dict) -> "InstanceSamples":
+        with np.load(path) as data:
+            return cls(placement["id"], placement["cpus"], placement["threads"], batch_size,
+                       data["starts_ns"], data["ends_ns"], data["warmup_ns"], report)
+
+
+def common_window(instances: list[InstanceSamples], start_ns: int) -> tuple[int, int]:
+    """From the common start to the earliest last completion: every instance is busy throughout."""
+    return start_ns, int(min(inst.ends_ns[-1] for inst in instances))
+
+
+def samples_frame(instances: list[InstanceSamples], window: tuple[int, int]) -> pd.DataFrame:
+    """Every warmup and timed call of every instance, one row each (the Parquet file)."""
+    frames = []
+    for inst in instances:
+        durations = inst.ends_ns - inst.starts_ns
+        frames.append(pd.DataFrame({
+            "instance": inst.id, "phase": "timed", "iteration": np.arange(len(durations)),
+            "start_ns": inst.starts_ns, "end_ns": inst.ends_ns, "latency_ms": durations / 1e6,
+            "in_window": (inst.starts_ns >= window[0]) & (inst.ends_ns <= window[1]),
+        }))
+        frames.append(pd.DataFrame({
+            "instance": inst.id, "phase": "warmup", "iteration": np.arange(len(inst.warmup_ns)),
+            "start_ns": pd.array([None] * len(inst.warmup_ns), dtype="Int64"),
+            "end_ns": pd.array([None] * len(inst.warmup_ns), dtype="Int64"),
+            "latency_ms": inst.warmup_ns / 1e6, "in_window": False,
+        }))
+    return pd.concat(frames, ignore_index=True)
+
+
+def instance_metrics(inst: InstanceSamples, window: tuple[int, int], sequence_length: int) -> dict:
+    latency = Measurement.from_ns(inst.ends_ns - inst.starts_ns)
+    samples, rate = window_throughput(inst.starts_ns, inst.ends_ns, *window, inst.batch_size)
+    wall = inst.report["wall_seconds"]
+    foreign = foreign_fraction(inst.report["foreign_cpu_seconds"], wall, len(inst.cpus))
+    return {
+        "id": inst.id,
+        "cpus": inst.cpus,
+        "threads": inst.threads,
+        "batch_size": inst.batch_size,
+        "latency_s": latency.summary(),
+        "samples_in_window": samples,
+        "throughput_samples_per_s": rate,
+        "throughput_tokens_per_s": rate * sequence_length,
+        "cpu_utilisation": inst.report["cpu_seconds"] / (wall * inst.threads) if wall > 0 else 0.0,
+        "foreign_load": foreign,
+        "contaminated": foreign > CONTAMINATION_THRESHOLD,
+        "peak_rss_bytes": inst.report["peak_rss_bytes"],
+        "sgemm_gflops": inst.report.get("sgemm_gflops"),
+        "load_seconds": inst.report["load_seconds"],
+        "stage_seconds": inst.report["stage_seconds"],
+        "warmup_iterations": inst.report["warmup_iterations"],
+        "warmup_converged": inst.report["warmup_converged"],
+    }
+
+
+def run_metrics(instances: list[InstanceSamples], start_ns: int, sequence_length: int,
+                flops_per_sample: float) -> dict:
+    window = common_window(instances, start_ns)
+    per_instance = [instance_metrics(inst, window, sequence_length) for inst in instances]
+    pooled = Measurement.from_ns(np.concatenate([inst.ends_ns - inst.starts_ns for inst in instances]))
+    length_s = (window[1] - window[0]) / 1e9
+    samples = sum(m["samples_in_window"] for m in per_instance)
+    throughput = samples / length_s if length_s > 0 else 0.0
+    peaks = [m["sgemm_gflops"] for m in per_instance]
+    peak = sum(peaks) if all(p is not None for p in peaks) else None
+    gflops = throughput * flops_per_sample / 1e9
+    contaminated = [m["id"] for m in per_instance if m["contaminated"]]
+    return {
+        "window_s": length_s,
+        "samples_in_window": samples,
+        "throughput_samples_per_s": throughput,
+        "throughput_tokens_per_s": throughput * sequence_length,
+        "latency_s": pooled.summary(),
+        "max_instance_p50_s": max(m["latency_s"]["p50"] for m in per_instance),
+        "gflops_per_s": gflops,
+        "sgemm_peak_gflops": peak,
+        "percent_of_peak": 100 * gflops / peak if peak else None,
+        "flops_per_sample": flops_per_sample,
+        "peak_rss_bytes": max(m["peak_rss_bytes"] for m in per_instance),
+        "cpu_utilisation": float(np.mean([m["cpu_utilisation"] for m in per_instance])),
+        "foreign_load": max(m["foreign_load"] for m in per_instance),
+        "contaminated": bool(contaminated),
+        "contaminated_instances": contaminated,
+        "load_seconds": max(m["load_seconds"] for m in per_instance),
+        "instances": per_instance,
+    }

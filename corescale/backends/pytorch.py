@@ -1,0 +1,109 @@
+"""PyTorch family: eager (inference_mode), TorchScript (trace + freeze), torch.compile (inductor)."""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import torch
+
+from corescale.backends.base import TimedStages
+from corescale.errors import UserError
+from corescale.models import build_torch_model
+
+
+class LastHiddenState(torch.nn.Module):
+    """Keyword-call wrapper returning only the last hidden state (what tracers and exporters want)."""
+
+    def __init__(self, model: torch.nn.Module, input_names: tuple[str, ...]):
+        super().__init__()
+        self.model = model
+        self.input_names = input_names
+
+    def forward(self, input_ids, attention_mask, token_type_ids=None):
+        kwargs = {"input_ids": input_ids, "attention_mask": attention_mask}
+        if "token_type_ids" in self.input_names:
+            kwargs["token_type_ids"] = token_type_ids
+        return self.model(**kwargs).last_hidden_state
+
+
+def wrapped_torch_model(spec, cfg, inputs) -> LastHiddenState:
+    return LastHiddenState(build_torch_model(spec, cfg.seed, cfg.trust_remote_code, cfg.allow_pickle),
+                           tuple(inputs)).eval()
+
+
+def set_torch_threads(threads: int, interop_threads: int) -> None:
+    torch.set_num_threads(threads)
+    with contextlib.suppress(RuntimeError):  # interop threads can only be set once, before any parallel work
+        torch.set_num_interop_threads(interop_threads)
+
+
+class EagerBackend(TimedStages):
+    name = "pytorch"
+
+    def load(self, spec, cfg, threads, inputs) -> None:
+        set_torch_threads(threads, cfg.interop_threads)
+        self.precision = cfg.precision
+        with self.stage("build_model"):
+            self.module = wrapped_torch_model(spec, cfg, inputs)
+        if cfg.precision == "int8":
+            with self.stage("quantize"):
+                self.module = torch.ao.quantization.quantize_dynamic(self.module, {torch.nn.Linear}, torch.qint8)
+        if cfg.precision == "bf16" and not torch.backends.mkldnn.is_available():
+            raise UserError("precision=bf16 needs oneDNN (mkldnn), which this PyTorch build lacks")
+        self.optimize(inputs)
+
+    def optimize(self, inputs) -> None:
+        """Hook for subclasses: turn self.module into the thing forward() calls."""
+
+    def prepare(self, inputs):
+        return {name: torch.from_numpy(array) for name, array in inputs.items()}
+
+    def autocast(self):
+        if self.precision == "bf16":
+            return torch.autocast("cpu", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def forward(self, prepared):
+        with torch.inference_mode(), self.autocast():
+            return self.module(**prepared)
+
+    def to_numpy(self, output) -> np.ndarray:
+        return output.float().numpy()
+
+    def info(self) -> dict:
+        return {
+            "framework": "torch",
+            "version": torch.__version__,
+            "num_threads": torch.get_num_threads(),
+            "num_interop_threads": torch.get_num_interop_threads(),
+            "parallel_info": torch.__config__.parallel_info(),
+            "mkldnn": torch.backends.mkldnn.is_available(),
+        }
+
+
+class TorchScriptBackend(EagerBackend):
+    name = "torchscript"
+
+    def optimize(self, inputs) -> None:
+        example = self.prepare(inputs)
+        with self.stage("trace"), torch.no_grad(), self.autocast():
+            traced = torch.jit.trace(self.module, example_kwarg_inputs=example, strict=False)
+            self.module = torch.jit.freeze(traced.eval())
+
+    def forward(self, prepared):
+        with torch.no_grad(), self.autocast():  # frozen TorchScript modules run under no_grad
+            return self.module(**prepared)
+
+
+class CompileBackend(EagerBackend):
+    name = "torch_compile"
+
+    def load(self, spec, cfg, threads, inputs) -> None:
+        self.mode = cfg.compile_mode
+        super().load(spec, cfg, threads, inputs)
+
+    def optimize(self, inputs) -> None:
+        self.module = torch.compile(self.module, mode=None if self.mode == "default" else self.mode)
+        with self.stage("compile"):  # inductor compiles on the first call at these shapes
+            self.forward(self.prepare(inputs))

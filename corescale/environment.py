@@ -1,0 +1,146 @@
+"""What the machine is, as the tool sees it: captured once per run and stored with every result."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import corescale
+
+ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8")
+ENV_PREFIXES = ("OMP_", "KMP_", "MKL_", "GOMP_", "OPENBLAS_", "TF_", "ORT_", "OV_")
+ENV_NAMES = ("MALLOC_CONF", "LD_PRELOAD", "HF_HUB_OFFLINE", "CUDA_VISIBLE_DEVICES")
+LIBRARIES = ("torch", "transformers", "numpy", "hydra-core", "onnxruntime", "onnx", "openvino", "tensorflow",
+             "keras", "keras-hub", "ray", "pandas", "pyarrow")
+WATCHED_LIBS = {"jemalloc": "libjemalloc", "tcmalloc": "libtcmalloc", "intel-openmp": "libiomp5",
+                "gnu-openmp": "libgomp", "llvm-openmp": "libomp."}
+
+
+def _read(path: str) -> str | None:
+    try:
+        return Path(path).read_text().strip()
+    except OSError:
+        return None
+
+
+def cpuinfo() -> dict:
+    text = _read("/proc/cpuinfo") or ""
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        if ":" in line:
+            key, _, value = line.partition(":")
+            fields.setdefault(key.strip(), value.strip())
+    flags = set(fields.get("flags", "").split())
+    return {
+        "model": fields.get("model name", platform.processor()),
+        "vendor": fields.get("vendor_id", ""),
+        "mhz": float(fields["cpu MHz"]) if "cpu MHz" in fields else None,
+        "isa": {flag: flag in flags for flag in ISA_FLAGS},
+    }
+
+
+def memory_bytes() -> int | None:
+    match = re.search(r"MemTotal:\s+(\d+) kB", _read("/proc/meminfo") or "")
+    return int(match.group(1)) * 1024 if match else None
+
+
+def git_commit() -> str | None:
+    root = Path(corescale.__file__).resolve().parent.parent
+    if not (root / ".git").exists():
+        return None
+    try:
+        out = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True, timeout=5)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None
+
+
+def library_versions() -> dict[str, str]:
+    versions = {}
+    for name in LIBRARIES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return versions
+
+
+def thp_setting() -> str | None:
+    text = _read("/sys/kernel/mm/transparent_hugepage/enabled")
+    match = re.search(r"\[(\w+)\]", text or "")
+    return match.group(1) if match else text
+
+
+def capture() -> dict:
+    """Host facts (no framework imported). Topology details come from corescale.topology."""
+    from corescale.cpulist import format_cpulist
+    from corescale.topology import Topology, cgroup_cpu_quota
+
+    topo = Topology.from_sysfs()
+    return {
+        "hostname": platform.node(),
+        "cpu": cpuinfo(),
+        "topology": {
+            "sockets": len(topo.sockets),
+            "numa_nodes": len(topo.numa_nodes),
+            "physical_cores": len(topo.physical_cores),
+            "logical_cpus": len(topo.cpu_ids),
+            "allowed_cpus": format_cpulist(topo.cpu_ids),
+            "summary": topo.describe(),
+        },
+        "cgroup_cpu_quota": cgroup_cpu_quota(),
+        "os_cpu_count": os.cpu_count(),
+        "memory_bytes": memory_bytes(),
+        "kernel": platform.release(),
+        "governor": _read("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor"),
+        "transparent_hugepages": thp_setting(),
+        "python": platform.python_version(),
+        "libraries": library_versions(),
+        "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES) or k in ENV_NAMES},
+        "load_average": list(os.getloadavg()),
+        "corescale": {"version": corescale.__version__, "commit": git_commit()},
+        "captured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+def mapped_libraries() -> dict[str, str]:
+    """Allocator and OpenMP libraries really mapped into this process (from /proc/self/maps)."""
+    found: dict[str, str] = {}
+    for line in (_read("/proc/self/maps") or "").splitlines():
+        path = line.split()[-1] if line.count(" ") >= 5 else ""
+        name = os.path.basename(path)
+        for label, stem in WATCHED_LIBS.items():
+            if name.startswith(stem):
+                found.setdefault(label, path)
+    return found
+
+
+def os_thread_count() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+def sgemm_gflops(threads: int, size: int = 1024, min_seconds: float = 0.4) -> float:
+    """Best-of FP32 GEMM rate on this process's cores with `threads` threads (torch: MKL/oneDNN)."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    a = torch.rand(size, size)
+    b = torch.rand(size, size)
+    torch.mm(a, b)
+    best = float("inf")
+    deadline = time.perf_counter() + min_seconds
+    reps = 0
+    while reps < 3 or time.perf_counter() < deadline:
+        start = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - start)
+        reps += 1
+    torch.set_num_threads(previous)
+    return 2 * size**3 / best / 1e9

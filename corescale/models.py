@@ -1,0 +1,157 @@
+"""Model presets (hyperparameters written here, weights random and seeded), local directories and hub ids.
+
+`resolve_model` is light (no torch): it turns the `model` key into a ModelSpec the parent process can
+validate against. `build_torch_model` runs inside the worker.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from corescale.errors import UserError
+
+_BERT = dict(model_type="bert", vocab_size=30522, max_position_embeddings=512, type_vocab_size=2,
+             hidden_act="gelu", layer_norm_eps=1e-12)
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "bert-base": dict(_BERT, num_hidden_layers=12, hidden_size=768, num_attention_heads=12, intermediate_size=3072),
+    "bert-large": dict(_BERT, num_hidden_layers=24, hidden_size=1024, num_attention_heads=16,
+                       intermediate_size=4096),
+    "bert-tiny": dict(_BERT, num_hidden_layers=2, hidden_size=128, num_attention_heads=2, intermediate_size=512),
+    "distilbert-base": dict(model_type="distilbert", vocab_size=30522, max_position_embeddings=512, n_layers=6,
+                            dim=768, n_heads=12, hidden_dim=3072, activation="gelu"),
+    "roberta-base": dict(model_type="roberta", vocab_size=50265, max_position_embeddings=514, type_vocab_size=1,
+                         num_hidden_layers=12, hidden_size=768, num_attention_heads=12, intermediate_size=3072,
+                         hidden_act="gelu", layer_norm_eps=1e-5, pad_token_id=1, bos_token_id=0, eos_token_id=2),
+}
+
+_SAFE_WEIGHTS = ("model.safetensors", "model.safetensors.index.json")
+_PICKLE_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What the model is, known before loading any framework."""
+
+    name: str
+    source: str  # preset | local | hub
+    config: dict[str, Any] = field(hash=False)
+    path: str | None = None
+
+    @property
+    def model_type(self) -> str:
+        return self.config.get("model_type", "bert")
+
+    @property
+    def layers(self) -> int:
+        return int(self.config.get("num_hidden_layers", self.config.get("n_layers", 0)))
+
+    @property
+    def hidden(self) -> int:
+        return int(self.config.get("hidden_size", self.config.get("dim", 0)))
+
+    @property
+    def intermediate(self) -> int:
+        return int(self.config.get("intermediate_size", self.config.get("hidden_dim", 4 * self.hidden)))
+
+    @property
+    def heads(self) -> int:
+        return int(self.config.get("num_attention_heads", self.config.get("n_heads", 0)))
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.config.get("vocab_size", 30522))
+
+    @property
+    def max_positions(self) -> int:
+        limit = int(self.config.get("max_position_embeddings", 512))
+        # RoBERTa reserves padding_idx + 1 positions
+        return limit - 2 if self.model_type in ("roberta", "xlm-roberta", "camembert") else limit
+
+    @property
+    def takes_token_type_ids(self) -> bool:
+        return self.model_type not in ("distilbert",) and int(self.config.get("type_vocab_size", 2)) > 0
+
+    def identity(self) -> dict[str, Any]:
+        """Model identity for result keys: the name plus its hyperparameters."""
+        return {"name": self.name, "source": self.source, "config": self.config}
+
+
+def resolve_model(name: str, trust_remote_code: bool = False) -> ModelSpec:
+    if name in PRESETS:
+        return ModelSpec(name=name, source="preset", config=dict(PRESETS[name]))
+    path = Path(os.path.expanduser(name))
+    if path.exists() or name.startswith((".", "/", "~")):
+        return _local_spec(name, path)
+    if name.count("/") <= 1 and all(part and " " not in part for part in name.split("/")):
+        return _hub_spec(name, trust_remote_code)
+    raise UserError(f"unknown model '{name}'; use a preset ({', '.join(PRESETS)}), a local directory or a hub id")
+
+
+def _local_spec(name: str, path: Path) -> ModelSpec:
+    if not path.is_dir():
+        raise UserError(f"model directory '{name}' does not exist")
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise UserError(f"model directory '{name}' has no config.json")
+    try:
+        config = json.loads(config_file.read_text())
+    except ValueError as exc:
+        raise UserError(f"model directory '{name}': config.json is not valid JSON ({exc})") from None
+    return ModelSpec(name=name, source="local", config=config, path=str(path.resolve()))
+
+
+def _hub_spec(name: str, trust_remote_code: bool) -> ModelSpec:
+    try:
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(name, trust_remote_code=trust_remote_code)
+    except Exception as exc:  # offline, no cache, unknown id: all the same to the user
+        offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0", "false")
+        hint = " (HF_HUB_OFFLINE is set and it is not in the local cache)" if offline else ""
+        raise UserError(
+            f"unknown model '{name}': not a preset ({', '.join(PRESETS)}), not a local directory, "
+            f"and the hub id could not be loaded{hint}: {str(exc).splitlines()[0][:160]}"
+        ) from None
+    return ModelSpec(name=name, source="hub", config=config.to_dict(), path=name)
+
+
+def weights_file_kind(path: Path) -> str | None:
+    if any((path / f).is_file() for f in _SAFE_WEIGHTS):
+        return "safetensors"
+    if any((path / f).is_file() for f in _PICKLE_WEIGHTS):
+        return "pickle"
+    return None
+
+
+def build_torch_model(spec: ModelSpec, seed: int, trust_remote_code: bool = False, allow_pickle: bool = False):
+    """The PyTorch model in eval mode (eager attention, so every exporter sees the same graph)."""
+    import torch
+    from transformers import AutoConfig, AutoModel
+
+    if spec.source == "preset":
+        config = dict(spec.config)
+        model_type = config.pop("model_type")
+        hf_config = AutoConfig.for_model(model_type, **config)
+        hf_config._attn_implementation = "eager"
+        torch.manual_seed(seed)
+        model = AutoModel.from_config(hf_config)
+    else:
+        if spec.source == "local":
+            kind = weights_file_kind(Path(spec.path))
+            if kind is None:
+                raise UserError(f"model directory '{spec.name}' has no model.safetensors (or pytorch_model.bin)")
+            if kind == "pickle" and not allow_pickle:
+                raise UserError(
+                    f"model directory '{spec.name}' holds pickle weights (pytorch_model.bin), which can run code; "
+                    "convert them to safetensors or set allow_pickle=true"
+                )
+        model = AutoModel.from_pretrained(
+            spec.path, trust_remote_code=trust_remote_code, use_safetensors=None if allow_pickle else True,
+            attn_implementation="eager",
+        )
+    return model.eval()

@@ -1,0 +1,70 @@
+"""Hydra override grammar -> BenchmarkConfig, and `-m` sweeps -> one override list per trial."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+from omegaconf import OmegaConf
+
+from corescale.config import SCHEMA_NAME, BenchmarkConfig, register_hydra_schema, validate
+from corescale.errors import UserError
+
+
+def _allowed_keys() -> str:
+    names = [f.name for f in dataclasses.fields(BenchmarkConfig)]
+    return ", ".join(names)
+
+
+def _explain(override: str, exc: Exception) -> str:
+    cause = exc.__cause__ or exc
+    text = str(cause).splitlines()[0] if str(cause) else type(cause).__name__
+    key = override.split("=", 1)[0].lstrip("+~")
+    if text.startswith("Could not override") or "not in struct" in text or "Key '" in text and "not" in text:
+        return f"unknown key '{key}'; allowed keys: {_allowed_keys()}"
+    match = re.search(r"could not be converted to (\w+)", text)
+    if match:
+        value = override.split("=", 1)[1] if "=" in override else ""
+        return f"{key}: expected {match.group(1).lower()}, got '{value}'"
+    return f"invalid override '{override}': {text}"
+
+
+def parse_overrides(overrides: list[str]):
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    try:
+        return OverridesParser.create().parse_overrides(overrides)
+    except OverrideParseException as exc:
+        raise UserError(f"cannot parse overrides {' '.join(overrides)}: {str(exc).splitlines()[0]}") from None
+
+
+def compose(overrides: list[str]) -> BenchmarkConfig:
+    """One trial's overrides -> a validated config (unknown keys and wrong types are UserErrors)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize
+    from hydra.core.global_hydra import GlobalHydra
+
+    register_hydra_schema()
+    parse_overrides(overrides)
+    GlobalHydra.instance().clear()
+    with initialize(version_base=None, config_path=None):
+        try:
+            composed = hydra_compose(SCHEMA_NAME, overrides)
+        except Exception:  # noqa: BLE001 - hydra raises several kinds; find the override at fault
+            for override in overrides:
+                try:
+                    hydra_compose(SCHEMA_NAME, [override])
+                except Exception as exc:  # noqa: BLE001
+                    raise UserError(_explain(override, exc)) from None
+            raise UserError(f"invalid overrides: {' '.join(overrides)}") from None
+    data = OmegaConf.to_container(composed, resolve=True)
+    return validate(BenchmarkConfig.from_dict(data))
+
+
+def expand_sweep(overrides: list[str]) -> list[list[str]]:
+    """Cartesian product of swept values, in Hydra's BasicSweeper order."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+
+    batches = BasicSweeper.split_arguments(parse_overrides(overrides), None)
+    return [trial for batch in batches for trial in batch]

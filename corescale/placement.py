@@ -1,0 +1,156 @@
+"""Deterministic placement of inference instances onto physical cores and NUMA nodes.
+
+Units are physical cores. Cores are handed out NUMA node by node (ascending), within a node
+by lowest CPU id; an instance stays inside one NUMA node whenever one has room for it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from corescale.cpulist import format_cpulist
+from corescale.errors import UserError
+from corescale.topology import Topology
+
+LAYOUTS = ("latency", "throughput", "max")
+LATENCY_CORES = 4  # cores per instance in latency layout, as Intel's launcher
+
+
+@dataclass(frozen=True)
+class InstancePlacement:
+    id: int
+    cpus: tuple[int, ...]
+    numa_nodes: tuple[int, ...]  # memory is bound to these
+    threads: int  # == len(cpus)
+
+    def __post_init__(self) -> None:
+        if self.threads != len(self.cpus):
+            raise ValueError(f"instance {self.id}: threads={self.threads} but {len(self.cpus)} CPUs")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "cpus": list(self.cpus),
+            "cpulist": format_cpulist(self.cpus),
+            "numa_nodes": list(self.numa_nodes),
+            "threads": self.threads,
+        }
+
+
+@dataclass(frozen=True)
+class Plan:
+    instances: tuple[InstancePlacement, ...]
+    warnings: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        seen: set[int] = set()
+        for inst in self.instances:  # instances must never share a CPU
+            if seen & set(inst.cpus):
+                raise ValueError(f"instance {inst.id} overlaps CPUs {format_cpulist(seen & set(inst.cpus))}")
+            seen |= set(inst.cpus)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"instances": [i.to_dict() for i in self.instances], "warnings": list(self.warnings)}
+
+
+def plan(
+    topology: Topology,
+    instances: int | None = None,
+    cores_per_instance: int | None = None,
+    layout: str | None = None,
+    use_logical_cores: bool = False,
+) -> Plan:
+    """Place `instances` x `cores_per_instance` physical cores, or follow a named `layout`."""
+    _check_count("instances", instances)
+    _check_count("cores_per_instance", cores_per_instance)
+    if layout is not None and layout not in LAYOUTS:
+        raise UserError(f"unknown layout '{layout}': expected one of {', '.join(LAYOUTS)}")
+    free = {node: list(topology.cores_in_node(node)) for node in topology.numa_nodes}
+    total = len(topology.physical_cores)
+    warnings: list[str] = []
+
+    if layout == "throughput":  # one instance per NUMA node, all of its cores
+        if instances is not None or cores_per_instance is not None:
+            raise UserError(
+                "layout 'throughput' runs one instance per NUMA node on all its cores: "
+                "do not also set instances or cores_per_instance"
+            )
+        sizes = [len(cores) for cores in free.values()]
+    else:
+        if layout is not None:  # latency / max fix the cores per instance
+            per = LATENCY_CORES if layout == "latency" else 1
+            if cores_per_instance is not None:
+                raise UserError(
+                    f"layout '{layout}' uses {_n(per, 'core')} per instance: do not also set cores_per_instance"
+                )
+            if per > total:
+                warnings.append(f"layout '{layout}' wants {per} cores per instance; only {total} usable, using {total}")
+                per = total
+            if instances is None:  # as many as fit without spanning nodes, else as many as fit at all
+                instances = sum(len(cores) // per for cores in free.values()) or total // per
+        else:
+            instances = 1 if instances is None else instances
+            per = cores_per_instance if cores_per_instance is not None else total // instances
+        if per < 1 or instances * per > total:
+            raise UserError(_cannot_place(topology, instances, per if per >= 1 else None))
+        sizes = [per] * instances
+
+    placed = []
+    for i, need in enumerate(sizes):
+        largest = max(len(cores) for cores in free.values())
+        cores, nodes = _take(free, need)
+        if len(nodes) > 1:
+            warnings.append(
+                f"instance {i} spans NUMA nodes {','.join(map(str, nodes))} "
+                f"(needs {need} cores; largest free node has {largest})"
+            )
+        cpus = tuple(sorted(cpu for core in cores for cpu in (core if use_logical_cores else core[:1])))
+        placed.append(InstancePlacement(id=i, cpus=cpus, numa_nodes=nodes, threads=len(cpus)))
+    return Plan(instances=tuple(placed), warnings=tuple(warnings))
+
+
+def _take(free: dict[int, list[tuple[int, ...]]], need: int) -> tuple[list[tuple[int, ...]], tuple[int, ...]]:
+    """Remove `need` cores from `free`: first node that holds them all, else fewest (largest) nodes."""
+    fit = next((node for node, cores in free.items() if len(cores) >= need), None)
+    if fit is not None:
+        chosen = [fit]
+    else:
+        chosen, got = [], 0
+        for node in sorted(free, key=lambda n: (-len(free[n]), n)):
+            if got >= need:
+                break
+            chosen.append(node)
+            got += len(free[node])
+    taken: list[tuple[int, ...]] = []
+    for node in chosen:
+        k = min(need - len(taken), len(free[node]))
+        taken += free[node][:k]
+        del free[node][:k]
+    assert len(taken) == need, "caller checked capacity"
+    return taken, tuple(sorted(chosen))
+
+
+def _cannot_place(topology: Topology, instances: int, per: int | None) -> str:
+    total = len(topology.physical_cores)
+    sizes = [len(topology.cores_in_node(n)) for n in topology.numa_nodes]
+    node_sizes = str(sizes[0]) if len(set(sizes)) == 1 else "+".join(map(str, sizes))
+    what = f"{_n(instances, 'instance')} x {_n(per, 'core')}" if per else _n(instances, "instance")
+    per = per or 1
+    most = total // per
+    fit = f"at most {_n(most, 'instance')} of {_n(per, 'core')} {'fits' if most == 1 else 'fit'}"
+    if most == 0:
+        fit = f"no instance of {_n(per, 'core')} fits"
+    return (
+        f"cannot place {what}: {_n(total, 'physical core')} usable "
+        f"({_n(len(topology.sockets), 'socket')}, {_n(len(sizes), 'NUMA node')} of {node_sizes}); {fit}"
+    )
+
+
+def _check_count(name: str, value: int | None) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise UserError(f"{name} must be a whole number >= 1 (got {value!r})")
+
+
+def _n(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"

@@ -1,0 +1,107 @@
+"""Result directories: written whole into a hidden temp dir, then renamed into place (atomic)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import yaml
+
+from corescale.errors import UserError
+
+SCHEMA_VERSION = 1
+RESULT_FILE = "result.json"
+SAMPLES_FILE = "samples.parquet"
+TMP_PREFIX = ".tmp-"
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    path = Path(path)
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=TMP_PREFIX, suffix=".json", delete=False) as tmp:
+        json.dump(data, tmp, indent=2, default=str)
+        tmp.flush()
+        os.fsync(tmp.fileno())
+    os.replace(tmp.name, path)
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_")[:40] or "model"
+
+
+def run_name(cfg) -> str:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return (f"{stamp}-{slug(os.path.basename(cfg.model.rstrip('/')))}-{cfg.backend}-{cfg.precision}"
+            f"-b{cfg.batch_size}-s{cfg.sequence_length}-i{cfg.instances}-{cfg.key()[:8]}")
+
+
+class PendingRun:
+    """A result directory being written; becomes visible only on commit()."""
+
+    def __init__(self, root: Path, name: str):
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.name = name
+        self.tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{name}-", dir=self.root))
+
+    def write_samples(self, frame: pd.DataFrame) -> None:
+        frame.to_parquet(self.tmp / SAMPLES_FILE, index=False)
+
+    def write_config(self, config: dict) -> None:
+        (self.tmp / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+
+    def commit(self, record: dict) -> Path:
+        record = {"schema_version": SCHEMA_VERSION, **record}
+        write_json_atomic(self.tmp / RESULT_FILE, record)
+        _fsync_dir(self.tmp)
+        final = self.root / self.name
+        suffix = 1
+        while final.exists():
+            final = self.root / f"{self.name}.{suffix}"
+            suffix += 1
+        os.rename(self.tmp, final)
+        _fsync_dir(self.root)
+        return final
+
+    def discard(self) -> None:
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def read_result(path: Path) -> dict:
+    """The result record of a run directory (or of a result.json path)."""
+    path = Path(path)
+    file = path / RESULT_FILE if path.is_dir() else path
+    if not file.is_file():
+        raise UserError(f"no result at '{path}': expected a run directory holding {RESULT_FILE}")
+    try:
+        record = json.loads(file.read_text())
+    except ValueError as exc:
+        raise UserError(f"corrupted result file '{file}': {exc}") from None
+    if not isinstance(record, dict) or record.get("schema_version") != SCHEMA_VERSION:
+        raise UserError(f"'{file}' is not a corescale result (schema_version {SCHEMA_VERSION} expected)")
+    return record
+
+
+def read_samples(path: Path) -> pd.DataFrame:
+    return pd.read_parquet(Path(path) / SAMPLES_FILE)
+
+
+def iter_run_dirs(root: Path):
+    """Every committed run directory under root (temp dirs of unfinished writes are skipped)."""
+    for file in sorted(Path(root).rglob(RESULT_FILE)):
+        if not any(part.startswith(TMP_PREFIX) for part in file.relative_to(root).parts):
+            yield file.parent

@@ -1,0 +1,158 @@
+"""One trial: config -> model spec -> placement plan -> launch pinned instances -> metrics -> result dir."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from corescale import environment
+from corescale.aggregate import InstanceSamples, run_metrics, samples_frame
+from corescale.backends import check_available
+from corescale.errors import UserError
+from corescale.flops import forward_flops
+from corescale.launcher import Launcher
+from corescale.models import ModelSpec, resolve_model
+from corescale.placement import Plan, plan
+from corescale.results import PendingRun, run_name
+from corescale.topology import Topology
+
+
+@dataclass
+class Trial:
+    cfg: object
+    model: ModelSpec
+    plan: Plan
+    batch_size: int  # per instance
+
+    @property
+    def threads(self) -> list[int]:
+        return [inst.threads if self.cfg.threads is None else self.cfg.threads for inst in self.plan.instances]
+
+
+def instance_batch_size(cfg) -> int:
+    return cfg.total_batch_size // cfg.instances if cfg.total_batch_size else cfg.batch_size
+
+
+def prepare_trial(cfg, topology: Topology | None = None) -> Trial:
+    """Every check that can be made before a process starts; raises UserError with one clear line."""
+    check_available(cfg.backend)
+    if cfg.reference:
+        check_available(cfg.reference)
+    model = resolve_model(cfg.model, cfg.trust_remote_code)
+    if cfg.sequence_length > model.max_positions:
+        raise UserError(f"sequence_length={cfg.sequence_length} exceeds the maximum of {model.max_positions} "
+                        f"positions of model '{cfg.model}'")
+    topology = topology or Topology.from_sysfs()
+    layout = None if cfg.layout == "none" else cfg.layout
+    placement = plan(topology, instances=None if layout and cfg.instances == 1 else cfg.instances,
+                     cores_per_instance=cfg.cores_per_instance, layout=layout,
+                     use_logical_cores=cfg.use_logical_cores)
+    if cfg.threads is not None and cfg.threads > len(topology.cpu_ids):
+        raise UserError(f"threads={cfg.threads} exceeds the {len(topology.cpu_ids)} CPUs available to this process "
+                        f"({topology.describe()})")
+    if layout and len(placement.instances) != cfg.instances:
+        cfg = dataclasses.replace(cfg, instances=len(placement.instances))
+    return Trial(cfg, model, placement, instance_batch_size(cfg))
+
+
+def worker_specs(trial: Trial, work_dir: Path) -> list[dict]:
+    specs = []
+    for inst, threads in zip(trial.plan.instances, trial.threads):
+        placement = {"id": inst.id, "cpus": list(inst.cpus), "numa_nodes": list(inst.numa_nodes),
+                     "threads": threads}
+        specs.append({
+            "config": trial.cfg.to_dict(),
+            "model": dataclasses.asdict(trial.model),
+            "instance": placement,
+            "batch_size": trial.batch_size,
+            "samples_path": str(work_dir / f"samples-{inst.id}.npz"),
+        })
+    return specs
+
+
+@dataclass
+class TrialOutcome:
+    path: Path | None
+    record: dict
+
+    @property
+    def ok(self) -> bool:
+        return self.record["status"] == "ok"
+
+
+def execute(trial: Trial, on_event=None, host: dict | None = None) -> TrialOutcome:
+    """Runs the trial and commits its result directory (failed trials too, with their reason)."""
+    cfg = trial.cfg
+    host = host or environment.capture()
+    pending = PendingRun(Path(os.path.expanduser(cfg.output_dir)), run_name(cfg))
+    started = time.time()
+    try:
+        with tempfile.TemporaryDirectory(prefix="corescale-") as work:
+            specs = worker_specs(trial, Path(work))
+            outcome = Launcher(Path(work), cfg.timeout, on_event).run(specs, cfg)
+            if outcome.failure and outcome.failure.get("user_error"):
+                pending.discard()
+                raise UserError(outcome.failure["reason"].split(": ", 1)[-1])
+            record = {
+                "config": cfg.to_dict(),
+                "key": cfg.key(),
+                "model": trial.model.identity(),
+                "plan": trial.plan.to_dict(),
+                "environment": host,
+                "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
+                "elapsed_s": None,
+            }
+            for spec in specs:
+                _copy_log(Path(work), pending.tmp, spec["instance"]["id"])
+            if outcome.failure:
+                record.update(status="failed", reason=outcome.failure["reason"], failure=outcome.failure,
+                              valid=False, partial={i: _brief(r) for i, r in outcome.results.items()})
+            else:
+                record.update(_measured(trial, specs, outcome, pending))
+            record["elapsed_s"] = time.time() - started
+            path = pending.commit(record)
+            return TrialOutcome(path, record)
+    except BaseException:
+        pending.discard()
+        raise
+
+
+def _copy_log(work: Path, dest: Path, iid: int) -> None:
+    log = work / f"instance-{iid}.stderr.log"
+    if log.exists() and log.stat().st_size:
+        (dest / log.name).write_bytes(log.read_bytes()[-200_000:])
+
+
+def _brief(report: dict) -> dict:
+    return {k: report.get(k) for k in ("instance", "wall_seconds", "cpu_seconds", "load_seconds")}
+
+
+def _measured(trial: Trial, specs: list[dict], outcome, pending: PendingRun) -> dict:
+    cfg = trial.cfg
+    instances = [InstanceSamples.load(spec["samples_path"], spec["instance"], trial.batch_size,
+                                      outcome.results[spec["instance"]["id"]]) for spec in specs]
+    flops = forward_flops(trial.model, 1, cfg.sequence_length)
+    metrics = run_metrics(instances, outcome.start_ns, cfg.sequence_length, flops)
+    window = (outcome.start_ns, outcome.start_ns + int(metrics["window_s"] * 1e9))
+    pending.write_samples(samples_frame(instances, window))
+    pending.write_config(cfg.to_dict())
+    reports = [outcome.results[spec["instance"]["id"]] for spec in specs]
+    drift = [r["drift"] for r in reports if r.get("drift")]
+    status, reason = "ok", None
+    failed_drift = [d for d in drift if not d["within_tolerance"]]
+    if failed_drift:
+        d = failed_drift[0]
+        status, reason = "failed", (f"outputs drift from {d['reference']}: max rel error {d['max_rel_error']:.2e} "
+                                    f"(tolerance {d['tolerance']:.0e}), cosine {d['cosine_similarity']:.6f}")
+    return {
+        "status": status,
+        "reason": reason,
+        "valid": True,
+        "metrics": metrics,
+        "drift": drift[0] if drift else None,
+        "instances": [{k: v for k, v in r.items() if k != "event"} for r in reports],
+    }

@@ -1,0 +1,121 @@
+"""Statistics of latency samples as properties of one small immutable value object."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from math import ceil, floor, sqrt
+
+import numpy as np
+from scipy import stats as sps
+
+PERCENTILES = (50, 90, 95, 99, 99.9)
+MAD_OUTLIER_THRESHOLD = 5.0  # |x - median| / (1.4826 · MAD)
+BOOTSTRAP_RESAMPLES = 2000
+
+
+@dataclass(frozen=True, eq=False)
+class Measurement:
+    """Latencies in seconds. Every statistic is derived from the raw samples on demand."""
+
+    samples: np.ndarray
+
+    @classmethod
+    def from_ns(cls, durations_ns) -> "Measurement":
+        return cls(np.asarray(durations_ns, dtype=np.float64) / 1e9)
+
+    @property
+    def count(self) -> int:
+        return int(self.samples.size)
+
+    @cached_property
+    def mean(self) -> float:
+        return float(self.samples.mean())
+
+    @cached_property
+    def std(self) -> float:
+        return float(self.samples.std(ddof=1)) if self.count > 1 else 0.0
+
+    @property
+    def min(self) -> float:
+        return float(self.samples.min())
+
+    @property
+    def max(self) -> float:
+        return float(self.samples.max())
+
+    @property
+    def cv(self) -> float:
+        return self.std / self.mean if self.mean else 0.0
+
+    def percentile(self, q: float) -> float:
+        return float(np.percentile(self.samples, q))
+
+    @property
+    def median(self) -> float:
+        return self.percentile(50)
+
+    @cached_property
+    def mean_ci95(self) -> tuple[float, float]:
+        """Student-t interval for the mean."""
+        if self.count < 2:
+            return (self.mean, self.mean)
+        half = sps.t.ppf(0.975, self.count - 1) * self.std / sqrt(self.count)
+        return (self.mean - half, self.mean + half)
+
+    @cached_property
+    def median_ci95(self) -> tuple[float, float]:
+        """Distribution-free interval for the median from order statistics (binomial, normal approx.)."""
+        n = self.count
+        ordered = np.sort(self.samples)
+        if n < 6:  # too few samples for a 95 % order-statistic interval
+            return (float(ordered[0]), float(ordered[-1]))
+        half = 1.96 * sqrt(n) / 2
+        lo = max(int(floor(n / 2 - half)), 0)
+        hi = min(int(ceil(n / 2 + half)), n - 1)
+        return (float(ordered[lo]), float(ordered[hi]))
+
+    @cached_property
+    def mad(self) -> float:
+        return float(np.median(np.abs(self.samples - self.median)))
+
+    @cached_property
+    def outliers(self) -> int:
+        """Samples further than MAD_OUTLIER_THRESHOLD scaled MADs from the median."""
+        scale = 1.4826 * self.mad
+        if scale == 0:
+            return 0
+        return int(np.count_nonzero(np.abs(self.samples - self.median) / scale > MAD_OUTLIER_THRESHOLD))
+
+    def summary(self) -> dict[str, float]:
+        out = {"count": self.count, "mean": self.mean, "std": self.std, "min": self.min, "max": self.max,
+               "cv": self.cv, "mad": self.mad, "outliers": self.outliers}
+        for q in PERCENTILES:
+            out[f"p{q:g}".replace(".", "_")] = self.percentile(q)
+        out["mean_ci95_low"], out["mean_ci95_high"] = self.mean_ci95
+        out["p50_ci95_low"], out["p50_ci95_high"] = self.median_ci95
+        return out
+
+    def __repr__(self) -> str:
+        lo, hi = self.median_ci95
+        return (f"Measurement(n={self.count}, median={self.median * 1e3:.3f} ms "
+                f"[{lo * 1e3:.3f}, {hi * 1e3:.3f}], mean={self.mean * 1e3:.3f} ms, cv={self.cv:.1%})")
+
+
+def bootstrap_ratio_ci(a: np.ndarray, b: np.ndarray, seed: int = 0, stat=np.median) -> tuple[float, float, float]:
+    """Ratio stat(b)/stat(a) with a 95 % percentile-bootstrap interval."""
+    rng = np.random.default_rng(seed)
+    ra = rng.choice(a, size=(BOOTSTRAP_RESAMPLES, a.size))
+    rb = rng.choice(b, size=(BOOTSTRAP_RESAMPLES, b.size))
+    ratios = stat(rb, axis=1) / stat(ra, axis=1)
+    return float(stat(b) / stat(a)), float(np.percentile(ratios, 2.5)), float(np.percentile(ratios, 97.5))
+
+
+def window_throughput(starts_ns, ends_ns, window_start_ns: int, window_end_ns: int, batch_size: int):
+    """Samples completed inside [window_start, window_end] ÷ window length (s). Returns (samples, samples/s)."""
+    starts = np.asarray(starts_ns)
+    ends = np.asarray(ends_ns)
+    done = np.count_nonzero((starts >= window_start_ns) & (ends <= window_end_ns))
+    samples = int(done) * batch_size
+    length = (window_end_ns - window_start_ns) / 1e9
+    return samples, (samples / length if length > 0 else 0.0)
