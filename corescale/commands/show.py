@@ -1,0 +1,29 @@
+"""`corescale show DIR`: re-print a saved result."""
+
+from __future__ import annotations
+
+import json
+
+from corescale.commands import add_common
+
+ORDER = 30
+
+
+def register(sub) -> None:
+    parser = sub.add_parser("show", help="re-print a saved result")
+    add_common(parser)
+    parser.add_argument("path")
+    parser.add_argument("--json", action="store_true")
+    parser.set_defaults(handler=handle)
+
+
+def handle(args) -> int:
+    from corescale.console import print_result
+    from corescale.results import read_result
+
+    record = read_result(args.path)
+    if args.json:
+        print(json.dumps(record, indent=2, default=str))
+    else:
+        print_result(record, args.path)
+    return 0 if record["status"] == "ok" else 1
