@@ -9,6 +9,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import pandas as pd
+
 from corescale import environment
 from corescale.aggregate import InstanceSamples, run_metrics, samples_frame
 from corescale.backends import check_available
@@ -84,62 +86,77 @@ class TrialOutcome:
         return self.record["status"] == "ok"
 
 
-def execute(trial: Trial, on_event=None, host: dict | None = None) -> TrialOutcome:
-    """Runs the trial and commits its result directory (failed trials too, with their reason)."""
+@dataclass
+class Measured:
+    """Everything a trial produced, before it is written anywhere (it may travel from another node)."""
+
+    record: dict
+    samples: pd.DataFrame | None
+    logs: dict[str, bytes]
+
+
+def measure(trial: Trial, on_event=None, host: dict | None = None) -> Measured:
+    """Runs the trial's instances; a failed instance gives a failed record, bad input raises UserError."""
     cfg = trial.cfg
-    host = host or environment.capture()
-    pending = PendingRun(Path(os.path.expanduser(cfg.output_dir)), run_name(cfg))
     started = time.time()
+    record = {
+        "config": cfg.to_dict(),
+        "key": cfg.key(),
+        "model": trial.model.identity(),
+        "plan": trial.plan.to_dict(),
+        "environment": host or environment.capture(),
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
+    }
+    with tempfile.TemporaryDirectory(prefix="corescale-") as work:
+        specs = worker_specs(trial, Path(work))
+        outcome = Launcher(Path(work), cfg.timeout, on_event).run(specs, cfg)
+        if outcome.failure and outcome.failure.get("user_error"):
+            raise UserError(outcome.failure["reason"].split(": ", 1)[-1])
+        logs = {p.name: p.read_bytes()[-200_000:] for p in Path(work).glob("instance-*.stderr.log")
+                if p.stat().st_size}
+        samples = None
+        if outcome.failure:
+            record.update(status="failed", reason=outcome.failure["reason"], failure=outcome.failure,
+                          valid=False, partial={i: _brief(r) for i, r in outcome.results.items()})
+        else:
+            measured, samples = _measured(trial, specs, outcome)
+            record.update(measured)
+    record["elapsed_s"] = time.time() - started
+    return Measured(record, samples, logs)
+
+
+def commit(cfg, measured: Measured) -> TrialOutcome:
+    """Writes the result directory atomically under cfg.output_dir."""
+    pending = PendingRun(Path(os.path.expanduser(cfg.output_dir)), run_name(cfg))
     try:
-        with tempfile.TemporaryDirectory(prefix="corescale-") as work:
-            specs = worker_specs(trial, Path(work))
-            outcome = Launcher(Path(work), cfg.timeout, on_event).run(specs, cfg)
-            if outcome.failure and outcome.failure.get("user_error"):
-                pending.discard()
-                raise UserError(outcome.failure["reason"].split(": ", 1)[-1])
-            record = {
-                "config": cfg.to_dict(),
-                "key": cfg.key(),
-                "model": trial.model.identity(),
-                "plan": trial.plan.to_dict(),
-                "environment": host,
-                "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
-                "elapsed_s": None,
-            }
-            for spec in specs:
-                _copy_log(Path(work), pending.tmp, spec["instance"]["id"])
-            if outcome.failure:
-                record.update(status="failed", reason=outcome.failure["reason"], failure=outcome.failure,
-                              valid=False, partial={i: _brief(r) for i, r in outcome.results.items()})
-            else:
-                record.update(_measured(trial, specs, outcome, pending))
-            record["elapsed_s"] = time.time() - started
-            path = pending.commit(record)
-            return TrialOutcome(path, record)
+        for name, data in measured.logs.items():
+            (pending.tmp / name).write_bytes(data)
+        if measured.samples is not None:
+            pending.write_samples(measured.samples)
+        pending.write_config(cfg.to_dict())
+        return TrialOutcome(pending.commit(measured.record), measured.record)
     except BaseException:
         pending.discard()
         raise
 
 
-def _copy_log(work: Path, dest: Path, iid: int) -> None:
-    log = work / f"instance-{iid}.stderr.log"
-    if log.exists() and log.stat().st_size:
-        (dest / log.name).write_bytes(log.read_bytes()[-200_000:])
+def execute(trial: Trial, on_event=None, host: dict | None = None) -> TrialOutcome:
+    """Measure here, then write the result (failed trials too, with their reason)."""
+    return commit(trial.cfg, measure(trial, on_event, host))
 
 
 def _brief(report: dict) -> dict:
     return {k: report.get(k) for k in ("instance", "wall_seconds", "cpu_seconds", "load_seconds")}
 
 
-def _measured(trial: Trial, specs: list[dict], outcome, pending: PendingRun) -> dict:
+def _measured(trial: Trial, specs: list[dict], outcome) -> tuple[dict, pd.DataFrame]:
     cfg = trial.cfg
     instances = [InstanceSamples.load(spec["samples_path"], spec["instance"], trial.batch_size,
                                       outcome.results[spec["instance"]["id"]]) for spec in specs]
     flops = forward_flops(trial.model, 1, cfg.sequence_length)
     metrics = run_metrics(instances, outcome.start_ns, cfg.sequence_length, flops)
     window = (outcome.start_ns, outcome.start_ns + int(metrics["window_s"] * 1e9))
-    pending.write_samples(samples_frame(instances, window))
-    pending.write_config(cfg.to_dict())
+    frame = samples_frame(instances, window)
     reports = [outcome.results[spec["instance"]["id"]] for spec in specs]
     drift = [r["drift"] for r in reports if r.get("drift")]
     status, reason = "ok", None
@@ -155,4 +172,4 @@ def _measured(trial: Trial, specs: list[dict], outcome, pending: PendingRun) -> 
         "metrics": metrics,
         "drift": drift[0] if drift else None,
         "instances": [{k: v for k, v in r.items() if k != "event"} for r in reports],
-    }
+    }, frame
