@@ -105,19 +105,38 @@ def _local_spec(name: str, path: Path) -> ModelSpec:
     return ModelSpec(name=name, source="local", config=config, path=str(path.resolve()))
 
 
-def _hub_spec(name: str, trust_remote_code: bool) -> ModelSpec:
-    try:
-        from transformers import AutoConfig
+def _hub_reachable(host: str = "huggingface.co") -> bool:
+    import socket
 
-        config = AutoConfig.from_pretrained(name, trust_remote_code=trust_remote_code)
-    except Exception as exc:  # offline, no cache, unknown id: all the same to the user
-        offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0", "false")
-        hint = " (HF_HUB_OFFLINE is set and it is not in the local cache)" if offline else ""
-        raise UserError(
-            f"unknown model '{name}': not a preset ({', '.join(PRESETS)}), not a local directory, "
-            f"and the hub id could not be loaded{hint}: {str(exc).splitlines()[0][:160]}"
-        ) from None
-    return ModelSpec(name=name, source="hub", config=config.to_dict(), path=name)
+    try:
+        socket.getaddrinfo(host, 443)
+    except OSError:
+        return False
+    return True
+
+
+def _hub_spec(name: str, trust_remote_code: bool) -> ModelSpec:
+    """A hub id from the local cache first; the network only when allowed and reachable."""
+    import logging
+
+    from transformers import AutoConfig
+
+    logging.getLogger("huggingface_hub").setLevel(logging.ERROR)
+    offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0", "false")
+    attempts = [True] if offline or not _hub_reachable() else [True, False]
+    error = None
+    for local_only in attempts:
+        try:
+            config = AutoConfig.from_pretrained(name, trust_remote_code=trust_remote_code, local_files_only=local_only)
+            return ModelSpec(name=name, source="hub", config=config.to_dict(), path=name)
+        except Exception as exc:  # noqa: BLE001 - not cached, unknown id, no network: all the same to the user
+            error = exc
+    why = "HF_HUB_OFFLINE is set" if offline else ("the hub is unreachable" if len(attempts) == 1 else "")
+    hint = f" ({why} and it is not in the local cache)" if why else ""
+    raise UserError(
+        f"unknown model '{name}': not a preset ({', '.join(PRESETS)}), not a local directory, "
+        f"and not loadable as a hub id{hint}: {str(error).splitlines()[0][:120]}"
+    )
 
 
 def weights_file_kind(path: Path) -> str | None:

@@ -1,0 +1,31 @@
+# Two commands set up a fresh clone completely:
+#   make run    virtualenv + dependencies, then the default study of this machine, ending in the report
+#   make test   virtualenv + every backend + system packages, then the whole test suite
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: run test system venv clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e '.[all,test]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+system:
+	./.ci/setup-system.sh
+
+run: venv
+	$(BIN)/corescale demo
+
+test: system venv
+	$(BIN)/python -m pytest -q -ra --durations=15 tests
+
+clean:
+	rm -rf $(VENV) outputs test-artifacts

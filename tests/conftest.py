@@ -1,0 +1,22 @@
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+FAST = ["model=bert-tiny", "duration=0.5", "min_iterations=5", "calibrate=false", "warmup.max_iterations=5",
+        "sequence_length=32"]
+
+
+def corescale(*args, env=None, timeout=300):
+    """Runs the real CLI in a fresh process; returns CompletedProcess (text)."""
+    full_env = dict(os.environ, **(env or {}))
+    return subprocess.run([sys.executable, "-m", "corescale.cli", *args], capture_output=True, text=True,
+                          env=full_env, timeout=timeout, cwd=ROOT)
+
+
+@pytest.fixture
+def out_dir(tmp_path):
+    return tmp_path / "outputs"

@@ -1,0 +1,59 @@
+"""Bad input: one clear line on stderr, exit code 2, no traceback, nothing written."""
+
+import pytest
+
+from conftest import corescale
+
+CASES = [
+    (["backend=tensorflowz"], "unknown backend 'tensorflowz'; allowed: "),
+    (["model=bert-huge"], "unknown model 'bert-huge': not a preset"),
+    (["colour=red"], "unknown key 'colour'; allowed keys: model"),
+    (["batch_size=0"], "batch_size must be > 0"),
+    (["sequence_length=-4"], "sequence_length must be > 0"),
+    (["duration=0"], "duration must be > 0"),
+    (["sequence_length=600", "model=bert-tiny"], "exceeds the maximum of 512 positions"),
+    (["threads=4096"], "exceeds the"),
+    (["batch_size=eight"], "batch_size: expected integer, got 'eight'"),
+    (["duration=soon"], "duration: expected float"),
+    (["precision=fp8"], "unknown precision 'fp8'; allowed: fp32, bf16, int8"),
+    (["padding_fraction=1.5"], "padding_fraction must be in [0, 1)"),
+    (["batch_size=[1"], "cannot parse overrides"),
+    (["total_batch_size=3", "instances=2"], "does not split evenly"),
+]
+
+
+@pytest.mark.parametrize("args,message", CASES, ids=[" ".join(c[0]) for c in CASES])
+def test_bad_input(args, message, tmp_path):
+    out = tmp_path / "out"
+    proc = corescale("run", "model=bert-tiny", *args, f"output_dir={out}", "--no-progress")
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert message in lines[0]
+    assert "Traceback" not in proc.stderr
+    assert not out.exists() or not any(out.rglob("*"))
+
+
+def test_local_dir_without_config(tmp_path):
+    (tmp_path / "model").mkdir()
+    proc = corescale("run", f"model={tmp_path / 'model'}", f"output_dir={tmp_path / 'out'}")
+    assert proc.returncode == 2 and "has no config.json" in proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_debug_shows_traceback(tmp_path):
+    proc = corescale("run", "batch_size=0", "--debug", f"output_dir={tmp_path}")
+    assert proc.returncode != 0 and "Traceback" in proc.stderr
+
+
+def test_show_missing_and_corrupt(tmp_path):
+    proc = corescale("show", str(tmp_path))
+    assert proc.returncode == 2 and "no result" in proc.stderr
+    (tmp_path / "result.json").write_text("{")
+    proc = corescale("show", str(tmp_path))
+    assert proc.returncode == 2 and "corrupted" in proc.stderr and len(proc.stderr.splitlines()) == 1
+
+
+def test_unknown_subcommand():
+    proc = corescale("frobnicate")
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1

@@ -1,0 +1,81 @@
+"""The real CLI in fresh processes: a run writes a complete, consistent result; show re-prints it."""
+
+import json
+
+import pandas as pd
+import pytest
+import yaml
+
+from conftest import FAST, corescale
+
+
+@pytest.fixture(scope="module")
+def result_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("run") / "outputs"
+    proc = corescale("run", *FAST, "batch_size=2", "threads=1", f"output_dir={out}", "--no-progress")
+    assert proc.returncode == 0, proc.stderr
+    assert "latency p50" in proc.stdout and "throughput (samples/s)" in proc.stdout
+    (run,) = [p for p in out.iterdir()]
+    return run
+
+
+def test_result_record(result_dir):
+    record = json.loads((result_dir / "result.json").read_text())
+    assert record["schema_version"] == 1 and record["status"] == "ok" and record["valid"]
+    assert record["config"]["batch_size"] == 2 and record["config"]["model"] == "bert-tiny"
+    assert yaml.safe_load((result_dir / "config.yaml").read_text())["threads"] == 1
+    m = record["metrics"]
+    assert m["window_s"] >= 0.5
+    # throughput is samples completed in the window ÷ window length, not 1 / mean latency
+    assert m["throughput_samples_per_s"] == pytest.approx(m["samples_in_window"] / m["window_s"])
+    assert m["samples_in_window"] % 2 == 0
+    assert m["throughput_tokens_per_s"] == pytest.approx(m["throughput_samples_per_s"] * 32)
+    assert m["gflops_per_s"] == pytest.approx(m["throughput_samples_per_s"] * m["flops_per_sample"] / 1e9)
+    assert m["peak_rss_bytes"] > 50e6 and 0 < m["cpu_utilisation"] <= 1.5
+    env = record["environment"]
+    assert env["cpu"]["isa"]["avx2"] in (True, False) and env["topology"]["logical_cpus"] >= 1
+    assert "torch" in env["libraries"] and env["corescale"]["version"]
+    inst = record["instances"][0]
+    assert inst["framework"]["num_threads"] == 1
+    assert "at::get_num_threads() : 1" in inst["framework"]["parallel_info"]
+
+
+def test_raw_samples(result_dir):
+    record = json.loads((result_dir / "result.json").read_text())
+    samples = pd.read_parquet(result_dir / "samples.parquet")
+    timed = samples[samples.phase == "timed"]
+    assert len(timed) == record["metrics"]["latency_s"]["count"]
+    assert (timed.end_ns > timed.start_ns).all()
+    assert timed.latency_ms.median() == pytest.approx(record["metrics"]["latency_s"]["p50"] * 1e3)
+    assert timed.in_window.sum() * 2 == record["metrics"]["samples_in_window"]
+    assert (samples.phase == "warmup").sum() == record["instances"][0]["warmup_iterations"]
+
+
+def test_show_reprints(result_dir):
+    proc = corescale("show", str(result_dir))
+    assert proc.returncode == 0 and "latency p50" in proc.stdout
+    as_json = json.loads(corescale("show", str(result_dir), "--json").stdout)
+    assert as_json["key"]
+
+
+def test_threads_honoured(tmp_path):
+    """Two threads use more CPU per wall second than one (utilisation is CPU time ÷ (wall × threads))."""
+    cpu = {}
+    for threads in (1, 2):
+        out = tmp_path / f"t{threads}"
+        proc = corescale("run", *FAST, "sequence_length=128", "batch_size=4", f"threads={threads}",
+                         f"output_dir={out}", "--no-progress")
+        assert proc.returncode == 0, proc.stderr
+        record = json.loads(next(out.iterdir()).joinpath("result.json").read_text())
+        inst = record["instances"][0]
+        assert inst["framework"]["num_threads"] == threads
+        cpu[threads] = inst["cpu_seconds"] / inst["wall_seconds"]
+    assert cpu[2] > 1.3 * cpu[1]
+
+
+def test_multirun_sweep(tmp_path):
+    out = tmp_path / "sweep"
+    proc = corescale("run", "-m", *FAST, "batch_size=1,2", f"output_dir={out}", "--no-progress")
+    assert proc.returncode == 0, proc.stderr
+    batches = sorted(json.loads((p / "result.json").read_text())["config"]["batch_size"] for p in out.iterdir())
+    assert batches == [1, 2]
