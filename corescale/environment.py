@@ -13,7 +13,8 @@ from pathlib import Path
 import corescale
 
 ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8")
-ENV_PREFIXES = ("OMP_", "KMP_", "MKL_", "GOMP_", "OPENBLAS_", "TF_", "ORT_", "OV_")
+ENV_PREFIXES = ("OMP_", "KMP_", "MKL_", "GOMP_", "OPENBLAS_", "TF_NUM_", "TF_ENABLE_", "TF_XLA", "ORT_", "OV_",
+                "DNNL_", "ONEDNN_")
 ENV_NAMES = ("MALLOC_CONF", "LD_PRELOAD", "HF_HUB_OFFLINE", "CUDA_VISIBLE_DEVICES")
 LIBRARIES = ("torch", "transformers", "numpy", "hydra-core", "onnxruntime", "onnx", "openvino", "tensorflow",
              "keras", "keras-hub", "ray", "pandas", "pyarrow")
