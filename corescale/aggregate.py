@@ -54,6 +54,7 @@ def samples_frame(instances: list[InstanceSamples], window: tuple[int, int]) -> 
 
 
 def instance_metrics(inst: InstanceSamples, window: tuple[int, int], sequence_length: int) -> dict:
+    """One instance's figures; `start_skew_ms` is how late its first timed call began after the common start."""
     latency = Measurement.from_ns(inst.ends_ns - inst.starts_ns)
     samples, rate = window_throughput(inst.starts_ns, inst.ends_ns, *window, inst.batch_size)
     wall = inst.report["wall_seconds"]
@@ -63,6 +64,7 @@ def instance_metrics(inst: InstanceSamples, window: tuple[int, int], sequence_le
         "cpus": inst.cpus,
         "threads": inst.threads,
         "batch_size": inst.batch_size,
+        "start_skew_ms": (int(inst.starts_ns[0]) - window[0]) / 1e6,
         "latency_s": latency.summary(),
         "samples_in_window": samples,
         "throughput_samples_per_s": rate,
@@ -93,6 +95,9 @@ def run_metrics(instances: list[InstanceSamples], start_ns: int, sequence_length
     contaminated = [m["id"] for m in per_instance if m["contaminated"]]
     return {
         "window_s": length_s,
+        "window_start_ns": window[0],
+        "window_end_ns": window[1],
+        "max_start_skew_ms": max(m["start_skew_ms"] for m in per_instance),
         "samples_in_window": samples,
         "throughput_samples_per_s": throughput,
         "throughput_tokens_per_s": throughput * sequence_length,

@@ -6,7 +6,7 @@ import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, List, Optional
 
 from corescale.errors import UserError
 
@@ -15,6 +15,9 @@ PRECISIONS = ("fp32", "bf16", "int8")
 ALLOCATORS = ("default", "jemalloc", "tcmalloc")
 OPENMP_RUNTIMES = ("default", "gnu", "intel")
 LAYOUTS = ("none", "latency", "throughput", "max")
+ORT_GRAPH_OPTIMIZATION_LEVELS = ("disable", "basic", "extended", "all")
+ORT_EXECUTION_MODES = ("sequential", "parallel")
+OV_PERFORMANCE_HINTS = ("LATENCY", "THROUGHPUT", "CUMULATIVE_THROUGHPUT")
 
 
 @dataclass
@@ -26,6 +29,26 @@ class WarmupConfig:
     window: int = 3
     tolerance: float = 0.05
     max_seconds: float = 60.0
+
+
+@dataclass
+class ExecutorConfig:
+    """Where trials run. The base class is `executor=local`: one trial at a time on this machine."""
+
+    name: str = "local"
+
+
+@dataclass
+class RayExecutorConfig(ExecutorConfig):
+    """`executor=ray`: one trial per Ray node that declares the `corescale_node` resource (see docs/ray.md)."""
+
+    name: str = "ray"
+    address: Optional[str] = None  # HOST:PORT of a running cluster, "auto", or None = start a private local Ray
+    node_type: Optional[str] = None  # only nodes with resource `corescale_type:<node_type>`
+    max_retries: int = 2  # re-runs of a trial whose Ray worker or node died
+
+
+EXECUTORS = {"local": ExecutorConfig, "ray": RayExecutorConfig}
 
 
 @dataclass
@@ -65,6 +88,8 @@ class BenchmarkConfig:
     ort_fusion: bool = False
     ov_performance_hint: str = "LATENCY"
     cache_dir: str = "~/.cache/corescale"
+    drift_tolerance: Optional[float] = None  # max_rel_error allowed vs the reference; None = the precision's
+    executor: ExecutorConfig = field(default_factory=ExecutorConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -73,6 +98,7 @@ class BenchmarkConfig:
     def from_dict(cls, data: dict[str, Any]) -> "BenchmarkConfig":
         data = dict(data)
         data["warmup"] = WarmupConfig(**data.get("warmup", {}))
+        data["executor"] = executor_from_dict(data.get("executor") or {})
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
 
@@ -80,8 +106,19 @@ class BenchmarkConfig:
         """Stable hash of everything that changes what is measured (not where it is written)."""
         data = self.to_dict()
         data.pop("output_dir")
+        executor = data.pop("executor")  # where the cluster is does not matter; which machine kind does
+        if executor.get("node_type"):
+            data["node_type"] = executor["node_type"]
         blob = json.dumps(data, sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def executor_from_dict(data: dict[str, Any]) -> ExecutorConfig:
+    name = data.get("name", "local")
+    _one_of("executor", name, EXECUTORS)
+    cls = EXECUTORS[name]
+    known = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in data.items() if k in known})
 
 
 def _positive(name: str, value: float) -> None:
@@ -105,9 +142,13 @@ def validate(cfg: BenchmarkConfig) -> BenchmarkConfig:
     _one_of("allocator", cfg.allocator, ALLOCATORS)
     _one_of("openmp", cfg.openmp, OPENMP_RUNTIMES)
     _one_of("layout", cfg.layout, LAYOUTS)
+    _validate_executor(cfg.executor)
+    _one_of("ort_graph_optimization_level", cfg.ort_graph_optimization_level, ORT_GRAPH_OPTIMIZATION_LEVELS)
+    _one_of("ort_execution_mode", cfg.ort_execution_mode, ORT_EXECUTION_MODES)
+    _one_of("ov_performance_hint", cfg.ov_performance_hint, OV_PERFORMANCE_HINTS)
     for name in ("batch_size", "sequence_length", "duration", "min_iterations", "instances", "timeout"):
         _positive(name, getattr(cfg, name))
-    for name in ("threads", "cores_per_instance", "total_batch_size"):
+    for name in ("threads", "cores_per_instance", "total_batch_size", "drift_tolerance"):
         if getattr(cfg, name) is not None:
             _positive(name, getattr(cfg, name))
     if cfg.interop_threads < 1:
@@ -128,7 +169,26 @@ def validate(cfg: BenchmarkConfig) -> BenchmarkConfig:
     return cfg
 
 
+def _validate_executor(executor: ExecutorConfig) -> None:
+    _one_of("executor", executor.name, EXECUTORS)
+    if isinstance(executor, RayExecutorConfig):
+        if executor.max_retries < 0:
+            raise UserError(f"executor.max_retries must be >= 0 (got {executor.max_retries})")
+        if executor.node_type is not None and not str(executor.node_type).strip():
+            raise UserError("executor.node_type must not be empty (omit it to use every corescale node)")
+
+
+@dataclass
+class _HydraSchema(BenchmarkConfig):
+    """The composed schema: BenchmarkConfig plus the defaults list that selects the executor group."""
+
+    defaults: List[Any] = field(default_factory=lambda: ["_self_", {"executor": "local"}])
+
+
 def register_hydra_schema() -> None:
     from hydra.core.config_store import ConfigStore
 
-    ConfigStore.instance().store(name=SCHEMA_NAME, node=BenchmarkConfig)
+    store = ConfigStore.instance()
+    store.store(name=SCHEMA_NAME, node=_HydraSchema)
+    for name, node in EXECUTORS.items():
+        store.store(group="executor", name=name, node=node)

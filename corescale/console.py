@@ -31,6 +31,12 @@ def result_table(record: dict) -> Table:
     metrics = record.get("metrics")
     if record["status"] != "ok" and not metrics:
         table.add_row("status", "[red]failed[/red]", record.get("reason") or "")
+        failure, partial = record.get("failure") or {}, record.get("partial") or {}
+        tail = (failure.get("stderr_tail") or "").strip().splitlines()[-3:]
+        if tail:
+            table.add_row("last stderr", "", "\n".join(tail))
+        if partial.get("finished_instances"):
+            table.add_row("partial data", "kept, invalid", f"instance(s) {partial['finished_instances']} finished")
         return table
     lat = metrics["latency_s"]
     table.add_row("latency mean (ms)", ms(lat["mean"]), f"{ms(lat['mean_ci95_low'])} – {ms(lat['mean_ci95_high'])}")
@@ -84,8 +90,9 @@ def print_result(record: dict, path=None) -> None:
     if extra is not None:
         console.print(extra)
     if record.get("metrics", {}) and record["metrics"].get("contaminated"):
-        errors.print(f"[yellow]warning:[/yellow] result contaminated by foreign load "
-                     f"({record['metrics']['foreign_load']:.0%} of the pinned CPUs)")
+        from corescale.contamination import contamination_message
+
+        errors.print(f"[yellow]warning:[/yellow] {contamination_message(record['metrics'])}")
     if path is not None:
         console.print(f"result: {path}")
 

@@ -1,24 +1,175 @@
-"""Per-instance process environment and command line: thread counts and pinning set before any import."""
+"""How one instance process is started: its environment, its pinning, the libraries it preloads.
+
+Everything here is decided before the worker's interpreter starts, so no framework can create a thread
+pool before the instance is pinned and its thread count is set. Nothing here writes system files.
+"""
 
 from __future__ import annotations
 
+import functools
 import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
 
 from corescale.cpulist import format_cpulist
+from corescale.errors import UserError
+
+LIB_PATH_ENV = "CORESCALE_LIB_PATH"  # colon-separated directories searched instead of the defaults
+NUMACTL_ENV = "CORESCALE_NUMACTL"  # "0" = never use numactl (pin with sched_setaffinity only)
 
 
-def environment(cfg, placement: dict) -> dict[str, str]:
-    env = dict(os.environ)
+@dataclass(frozen=True)
+class Library:
+    label: str  # as environment.mapped_libraries() names it
+    files: tuple[str, ...]  # file names tried in order
+    install: str  # what to install when it is missing
+
+
+ALLOCATORS = {
+    "jemalloc": Library("jemalloc", ("libjemalloc.so.2", "libjemalloc.so"),
+                        "Debian's libjemalloc2 (apt-get install libjemalloc2)"),
+    "tcmalloc": Library("tcmalloc", ("libtcmalloc.so.4", "libtcmalloc.so", "libtcmalloc_minimal.so.4"),
+                        "Debian's libgoogle-perftools4 (apt-get install libgoogle-perftools4)"),
+}
+INTEL_OPENMP = Library("intel-openmp", ("libiomp5.so",), "the pip package intel-openmp (pip install intel-openmp)")
+GNU_OPENMP_LABEL = "gnu-openmp"  # GNU libgomp comes with the framework: never preloaded, only verified
+
+# Tuning defaults (Intel's published practice); a value already in the user's environment wins.
+JEMALLOC_CONF = "oversize_threshold:1,background_thread:true,metadata_thp:auto"
+KMP_BLOCKTIME = "1"
+
+
+def search_dirs() -> list[Path]:
+    custom = os.environ.get(LIB_PATH_ENV)
+    if custom is not None:
+        return [Path(d) for d in custom.split(":") if d]
+    return [Path(d) for d in ("/usr/lib/x86_64-linux-gnu", "/usr/lib", "/usr/local/lib", f"{sys.prefix}/lib")]
+
+
+def find_library(library: Library, dirs: list[Path] | None = None) -> Path:
+    dirs = search_dirs() if dirs is None else dirs
+    for name in library.files:
+        for directory in dirs:
+            if (directory / name).is_file():
+                return directory / name
+    where = ", ".join(map(str, dirs)) or "(no directories)"
+    raise UserError(f"{library.label}: {library.files[0]} not found in {where}; install {library.install} "
+                    f"or point {LIB_PATH_ENV} at its directory")
+
+
+def requested_libraries(cfg) -> list[Library]:
+    """Libraries to LD_PRELOAD for this config (allocator first)."""
+    wanted = [ALLOCATORS[cfg.allocator]] if cfg.allocator in ALLOCATORS else []
+    if cfg.openmp == "intel":
+        wanted.append(INTEL_OPENMP)
+    return wanted
+
+
+def preload_paths(cfg) -> list[Path]:
+    """Resolves every requested library; raises UserError naming the package when one is missing."""
+    return [find_library(library) for library in requested_libraries(cfg)]
+
+
+def openmp_env(cfg, placement: dict) -> dict[str, str]:
+    """Thread affinity for the OpenMP runtime in use; the process itself is pinned to placement['cpus']."""
+    if cfg.openmp == "intel":
+        return {"KMP_AFFINITY": "granularity=fine,compact,1,0"}
+    # GNU libgomp (what PyTorch ships) and any standard runtime: one place per pinned CPU, threads packed.
+    return {"OMP_PROC_BIND": "close", "OMP_PLACES": ",".join(f"{{{cpu}}}" for cpu in placement["cpus"])}
+
+
+def instance_variables(cfg, placement: dict, preload: list[Path]) -> dict[str, str]:
+    """The variables this tool sets for one instance (recorded with the result)."""
     threads = str(placement["threads"])
-    env.update({
+    env = {
         "OMP_NUM_THREADS": threads,
         "MKL_NUM_THREADS": threads,
         "TF_NUM_INTRAOP_THREADS": threads,
         "TF_NUM_INTEROP_THREADS": str(cfg.interop_threads),
         "CORESCALE_INSTANCE_CPUS": format_cpulist(placement["cpus"]),
-        "PYTHONUNBUFFERED": "1",
-    })
+        **openmp_env(cfg, placement),
+    }
+    if preload:
+        inherited = os.environ.get("LD_PRELOAD", "")
+        env["LD_PRELOAD"] = ":".join([*map(str, preload), *([inherited] if inherited else [])])
+    if cfg.allocator == "jemalloc":
+        env["MALLOC_CONF"] = os.environ.get("MALLOC_CONF", JEMALLOC_CONF)
+    if cfg.openmp == "intel":
+        env["KMP_BLOCKTIME"] = os.environ.get("KMP_BLOCKTIME", KMP_BLOCKTIME)
     return env
 
-def command(placement: dict, argv: list[str]) -> list[str]:
-    return argv
+
+def environment(cfg, placement: dict, preload: list[Path] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    if cfg.openmp == "intel":  # GNU binding variables would be read by libiomp5 too
+        env.pop("OMP_PROC_BIND", None)
+        env.pop("OMP_PLACES", None)
+    env.update(instance_variables(cfg, placement, preload_paths(cfg) if preload is None else preload))
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+@functools.lru_cache(maxsize=8)
+def numactl_works(nodes: str) -> str | None:
+    """Path of a numactl that may bind memory to `nodes` here (containers often forbid set_mempolicy)."""
+    path = shutil.which("numactl")
+    if path is None:
+        return None
+    try:
+        probe = subprocess.run([path, f"--membind={nodes}", "true"], capture_output=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return path if probe.returncode == 0 else None
+
+
+def command_prefix(placement: dict) -> list[str]:
+    """`numactl --physcpubind=CPUS --membind=NODES` when numactl works here, else nothing."""
+    nodes = format_cpulist(placement.get("numa_nodes") or [])
+    numactl = numactl_works(nodes) if nodes and os.environ.get(NUMACTL_ENV) != "0" else None
+    if numactl is None:
+        return []
+    return [numactl, f"--physcpubind={format_cpulist(placement['cpus'])}", f"--membind={nodes}"]
+
+
+def pin_before_exec(cpus):
+    """preexec_fn for Popen: the child is pinned before the interpreter (and any framework) starts."""
+    cpus = list(cpus)
+
+    def pin() -> None:
+        os.sched_setaffinity(0, cpus)
+
+    return pin
+
+
+def verify_mapped(cfg, mapped: dict[str, str], instance: int) -> None:
+    """Raises UserError when a requested allocator/OpenMP runtime is not really in the process."""
+    for library in requested_libraries(cfg):
+        if library.label not in mapped:
+            raise UserError(f"{library.label} was requested but is not mapped in instance {instance}: the "
+                            f"dynamic loader did not load LD_PRELOAD={os.environ.get('LD_PRELOAD', '')}")
+    if cfg.openmp == "gnu":
+        if GNU_OPENMP_LABEL not in mapped:
+            raise UserError(f"openmp=gnu was requested but instance {instance} has no GNU OpenMP (libgomp) "
+                            f"mapped: backend '{cfg.backend}' does not use it")
+        if INTEL_OPENMP.label in mapped:
+            raise UserError(f"openmp=gnu was requested but instance {instance} also maps "
+                            f"{mapped[INTEL_OPENMP.label]}, which takes over the GNU OpenMP calls")
+
+
+def thread_affinities() -> dict[int, list[int]]:
+    """CPUs each thread of this process may run on (OpenMP runtimes bind each thread to its own CPUs)."""
+    from corescale.cpulist import parse_cpulist
+
+    found: dict[int, list[int]] = {}
+    for task in os.listdir("/proc/self/task"):
+        try:
+            status = Path(f"/proc/self/task/{task}/status").read_text()
+        except OSError:
+            continue  # the thread ended meanwhile
+        for line in status.splitlines():
+            if line.startswith("Cpus_allowed_list:"):
+                found[int(task)] = list(parse_cpulist(line.split(":", 1)[1]))
+    return found

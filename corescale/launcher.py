@@ -1,7 +1,8 @@
 """Starts one pinned worker process per instance, holds them at a barrier, starts them together, collects.
 
 Any instance that crashes, is killed, reports an error or overruns the timeout fails the whole run: the
-others are stopped and no process outlives the launcher.
+others are stopped and no process outlives the launcher. Each worker runs in its own session (process
+group), so stopping it also stops anything it spawned.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from corescale import instance_env
 
 START_DELAY_NS = 100_000_000  # the common start instant is this far after the last instance is ready
 STDERR_TAIL_LINES = 12
+STOP_GRACE_S = 3.0  # SIGTERM, then SIGKILL after this long
 
 EventHandler = Callable[[int, dict], None]
 
@@ -30,17 +32,22 @@ class InstanceProcess:
     id: int
     process: subprocess.Popen
     stderr_path: Path
+    launch: dict  # command prefix and the variables set for it (recorded with the result)
     buffer: bytes = b""
-    state: str = "starting"  # starting -> loaded -> ready -> running -> done | failed
+    state: str = "starting"  # starting -> loaded -> ready -> running -> done
+    done: int = 0  # timed calls completed, from progress events
     result: dict | None = None
-    error: dict | None = None
 
     def stderr_tail(self) -> str:
         try:
             lines = self.stderr_path.read_text(errors="replace").splitlines()
         except OSError:
             return ""
-        return "\n".join(line for line in lines[-STDERR_TAIL_LINES:])
+        return "\n".join(lines[-STDERR_TAIL_LINES:])
+
+    def loader_errors(self) -> list[str]:
+        """The dynamic loader's complaints (e.g. an LD_PRELOAD it ignored)."""
+        return [line.strip() for line in self.stderr_tail().splitlines() if "ld.so:" in line]
 
 
 @dataclass
@@ -48,6 +55,7 @@ class LaunchOutcome:
     results: dict[int, dict] = field(default_factory=dict)
     start_ns: int | None = None
     failure: dict | None = None  # {"instance", "reason", "exit_code", "signal", "stderr_tail", "user_error"}
+    states: dict[int, dict] = field(default_factory=dict)  # per instance: state and calls done when it ended
 
 
 class InstanceFailed(Exception):
@@ -72,19 +80,23 @@ class Launcher:
         self.instances: dict[int, InstanceProcess] = {}
 
     def start(self, specs: list[dict], cfg) -> None:
+        preload = instance_env.preload_paths(cfg)  # a missing library is a UserError before anything starts
         for spec in specs:
             placement = spec["instance"]
             iid = placement["id"]
             spec_path = self.work_dir / f"instance-{iid}.json"
             spec_path.write_text(json.dumps(spec))
             stderr_path = self.work_dir / f"instance-{iid}.stderr.log"
-            command = instance_env.command(placement, [sys.executable, "-m", "corescale.worker", str(spec_path)])
+            prefix = instance_env.command_prefix(placement)
+            command = [*prefix, sys.executable, "-m", "corescale.worker", str(spec_path)]
+            launch = {"command_prefix": prefix, "env": instance_env.instance_variables(cfg, placement, preload)}
             with open(stderr_path, "wb") as stderr:
                 process = subprocess.Popen(
                     command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
-                    env=instance_env.environment(cfg, placement), start_new_session=True,
+                    env=instance_env.environment(cfg, placement, preload), start_new_session=True,
+                    preexec_fn=instance_env.pin_before_exec(placement["cpus"]),
                 )
-            self.instances[iid] = InstanceProcess(iid, process, stderr_path)
+            self.instances[iid] = InstanceProcess(iid, process, stderr_path, launch)
 
     def run(self, specs: list[dict], cfg) -> LaunchOutcome:
         outcome = LaunchOutcome()
@@ -93,12 +105,12 @@ class Launcher:
             self._supervise(outcome)
         except InstanceFailed as failed:
             outcome.failure = failed.info
-        except KeyboardInterrupt:
-            outcome.failure = {"instance": None, "reason": "interrupted by the user", "user_error": False}
-            raise
         finally:
             self.stop_all()
-            outcome.results = {i: p.result for i, p in self.instances.items() if p.result is not None}
+            outcome.results = {i: {**p.result, "launch": p.launch} for i, p in self.instances.items()
+                               if p.result is not None}
+            outcome.states = {i: {"state": p.state, "calls_done": p.done, "pid": p.process.pid}
+                              for i, p in self.instances.items()}
         return outcome
 
     def _supervise(self, outcome: LaunchOutcome) -> None:
@@ -110,11 +122,7 @@ class Launcher:
         while any(inst.state != "done" for inst in self.instances.values()):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                waiting = [i.id for i in self.instances.values() if i.state != "done"]
-                raise InstanceFailed({"instance": waiting[0], "reason": (
-                    f"instance {waiting[0]} timed out after {self.timeout_s:g} s (state: "
-                    f"{self.instances[waiting[0]].state})"), "stderr_tail": self.instances[waiting[0]].stderr_tail(),
-                    "user_error": False, **_exit_description(None)})
+                self._timed_out()
             for key, _ in selector.select(timeout=min(remaining, 0.5)):
                 inst = key.data
                 chunk = inst.process.stdout.read()
@@ -125,30 +133,55 @@ class Launcher:
                 inst.buffer += chunk
                 *lines, inst.buffer = inst.buffer.split(b"\n")
                 for line in lines:
-                    self._handle(inst, json.loads(line), outcome)
+                    try:
+                        event = json.loads(line)
+                    except ValueError:
+                        continue  # not a control line (nothing else should reach it; never fatal)
+                    self._handle(inst, event, outcome)
+
+    def _timed_out(self) -> None:
+        waiting = [i for i in self.instances.values() if i.state != "done"]
+        first = waiting[0]
+        states = ", ".join(f"{i.id}: {i.state}" for i in waiting)
+        raise InstanceFailed({"instance": first.id, "instances": [i.id for i in waiting],
+                              "reason": f"instance {first.id} timed out after {self.timeout_s:g} s "
+                                        f"(unfinished instances {states})",
+                              "stderr_tail": first.stderr_tail(), "user_error": False, **_exit_description(None)})
 
     def _handle(self, inst: InstanceProcess, event: dict, outcome: LaunchOutcome) -> None:
         kind = event["event"]
-        self.on_event(inst.id, event)
+        self.on_event(inst.id, {**event, "pid": inst.process.pid})
         if kind == "error":
-            inst.error = event
-            raise InstanceFailed({"instance": inst.id, "reason": f"instance {inst.id}: {event['message']}",
-                                  "traceback": event.get("traceback"), "user_error": event.get("user_error", False),
+            message = event["message"]
+            if event.get("user_error") and inst.loader_errors():
+                message += f" [{inst.loader_errors()[-1]}]"
+            raise InstanceFailed({"instance": inst.id, "reason": f"instance {inst.id}: {message}",
+                                  "message": message, "traceback": event.get("traceback"),
+                                  "user_error": event.get("user_error", False),
                                   "stderr_tail": inst.stderr_tail(), **_exit_description(None)})
         if kind == "ready":
             inst.state = "ready"
             if all(i.state == "ready" for i in self.instances.values()):
-                outcome.start_ns = time.perf_counter_ns() + START_DELAY_NS
-                for other in self.instances.values():
-                    other.process.stdin.write(f"start {outcome.start_ns}\n".encode())
-                    other.process.stdin.flush()
-                    other.state = "running"
-                self.on_event(-1, {"event": "started", "start_ns": outcome.start_ns})
+                self._start_all(outcome)
+        elif kind == "progress":
+            inst.done = event["done"]
         elif kind == "result":
             inst.result = event
             inst.state = "done"
         elif kind == "loaded":
             inst.state = "loaded"
+
+    def _start_all(self, outcome: LaunchOutcome) -> None:
+        """The barrier: every instance is ready; all get the same start instant on one monotonic clock."""
+        outcome.start_ns = time.perf_counter_ns() + START_DELAY_NS
+        for inst in self.instances.values():
+            try:
+                inst.process.stdin.write(f"start {outcome.start_ns}\n".encode())
+                inst.process.stdin.flush()
+            except BrokenPipeError:
+                pass  # it died after `ready`: its end of file is reported on the next select
+            inst.state = "running"
+        self.on_event(-1, {"event": "started", "start_ns": outcome.start_ns})
 
     def _check_exit(self, inst: InstanceProcess) -> None:
         code = inst.process.wait()
@@ -164,14 +197,14 @@ class Launcher:
         for inst in self.instances.values():
             if inst.process.poll() is None:
                 self._signal_group(inst, signal.SIGTERM)
-        deadline = time.monotonic() + 3
+        deadline = time.monotonic() + STOP_GRACE_S
         for inst in self.instances.values():
             try:
                 inst.process.wait(timeout=max(deadline - time.monotonic(), 0.01))
             except subprocess.TimeoutExpired:
                 pass
         for inst in self.instances.values():
-            self._signal_group(inst, signal.SIGKILL)
+            self._signal_group(inst, signal.SIGKILL)  # also whatever the worker spawned
             inst.process.wait()
             for stream in (inst.process.stdin, inst.process.stdout):
                 try:

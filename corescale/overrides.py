@@ -7,8 +7,10 @@ import re
 
 from omegaconf import OmegaConf
 
-from corescale.config import SCHEMA_NAME, BenchmarkConfig, register_hydra_schema, validate
+from corescale.config import EXECUTORS, SCHEMA_NAME, BenchmarkConfig, register_hydra_schema, validate
 from corescale.errors import UserError
+
+GROUPS = {"executor": EXECUTORS}  # config groups: `executor=ray` selects a node, `executor.KEY=V` sets it
 
 
 def _allowed_keys() -> str:
@@ -16,10 +18,35 @@ def _allowed_keys() -> str:
     return ", ".join(names)
 
 
-def _explain(override: str, exc: Exception) -> str:
+def _key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def _group_settings(group: str) -> str:
+    options = GROUPS[group]
+    listed = [f"{name}: {', '.join(f.name for f in dataclasses.fields(node) if f.name != 'name')}"
+              for name, node in options.items() if len(dataclasses.fields(node)) > 1]
+    return f"{group} settings: {'; '.join(listed)}"
+
+
+def _explain_group(key: str, text: str, selected: dict[str, str]) -> str | None:
+    missing = re.search(r"Could not find '(\w+)/([^']*)'", text)
+    if missing and missing.group(1) in GROUPS:
+        group, value = missing.groups()
+        return f"unknown {group} '{value}'; allowed: {', '.join(GROUPS[group])}"
+    group = key.split(".", 1)[0]
+    if "." in key and group in GROUPS and (text.startswith("Could not override") or "not in" in text):
+        return f"unknown key '{key}' for {group}={selected.get(group, 'local')}; {_group_settings(group)}"
+    return None
+
+
+def _explain(override: str, exc: Exception, selected: dict[str, str] | None = None) -> str:
     cause = exc.__cause__ or exc
     text = str(cause).splitlines()[0] if str(cause) else type(cause).__name__
-    key = override.split("=", 1)[0].lstrip("+~")
+    key = _key(override)
+    grouped = _explain_group(key, text, selected or {})
+    if grouped:
+        return grouped
     if text.startswith("Could not override") or "not in struct" in text or "Key '" in text and "not" in text:
         return f"unknown key '{key}'; allowed keys: {_allowed_keys()}"
     match = re.search(r"could not be converted to (\w+)", text)
@@ -52,11 +79,13 @@ def compose(overrides: list[str]) -> BenchmarkConfig:
         try:
             composed = hydra_compose(SCHEMA_NAME, overrides)
         except Exception:  # noqa: BLE001 - hydra raises several kinds; find the override at fault
-            for override in overrides:
+            groups = [o for o in overrides if _key(o) in GROUPS]  # a group's keys need its selection
+            selected = {_key(o): o.split("=", 1)[-1] for o in groups}
+            for override in groups + [o for o in overrides if o not in groups]:
                 try:
-                    hydra_compose(SCHEMA_NAME, [override])
+                    hydra_compose(SCHEMA_NAME, [*(g for g in groups if g != override), override])
                 except Exception as exc:  # noqa: BLE001
-                    raise UserError(_explain(override, exc)) from None
+                    raise UserError(_explain(override, exc, selected)) from None
             raise UserError(f"invalid overrides: {' '.join(overrides)}") from None
     data = OmegaConf.to_container(composed, resolve=True)
     return validate(BenchmarkConfig.from_dict(data))

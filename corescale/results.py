@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -68,12 +69,16 @@ class PendingRun:
         record = {"schema_version": SCHEMA_VERSION, **record}
         write_json_atomic(self.tmp / RESULT_FILE, record)
         _fsync_dir(self.tmp)
-        final = self.root / self.name
-        suffix = 1
-        while final.exists():
-            final = self.root / f"{self.name}.{suffix}"
-            suffix += 1
-        os.rename(self.tmp, final)
+        suffix = 0
+        while True:  # rename never replaces a committed (non-empty) dir: a concurrent writer gets the next name
+            final = self.root / (f"{self.name}.{suffix}" if suffix else self.name)
+            try:
+                os.rename(self.tmp, final)
+                break
+            except OSError as exc:
+                if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR):
+                    raise
+                suffix += 1
         _fsync_dir(self.root)
         return final
 

@@ -6,12 +6,12 @@ import dataclasses
 import os
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
-from corescale import environment
+from corescale import environment, instance_env
 from corescale.aggregate import InstanceSamples, run_metrics, samples_frame
 from corescale.backends import check_available
 from corescale.errors import UserError
@@ -29,6 +29,7 @@ class Trial:
     model: ModelSpec
     plan: Plan
     batch_size: int  # per instance
+    sgemm_known: dict = field(default_factory=dict)  # (cpus, threads) -> GFLOP/s calibrated earlier in a sweep
 
     @property
     def threads(self) -> list[int]:
@@ -37,6 +38,13 @@ class Trial:
 
 def instance_batch_size(cfg) -> int:
     return cfg.total_batch_size // cfg.instances if cfg.total_batch_size else cfg.batch_size
+
+
+def placement_for(cfg, topology: Topology) -> Plan:
+    """The placement plan a config asks for on a topology (also used by `corescale plan`)."""
+    layout = None if cfg.layout == "none" else cfg.layout
+    return plan(topology, instances=None if layout and cfg.instances == 1 else cfg.instances,
+                cores_per_instance=cfg.cores_per_instance, layout=layout, use_logical_cores=cfg.use_logical_cores)
 
 
 def prepare_trial(cfg, topology: Topology | None = None) -> Trial:
@@ -48,11 +56,10 @@ def prepare_trial(cfg, topology: Topology | None = None) -> Trial:
     if cfg.sequence_length > model.max_positions:
         raise UserError(f"sequence_length={cfg.sequence_length} exceeds the maximum of {model.max_positions} "
                         f"positions of model '{cfg.model}'")
+    instance_env.preload_paths(cfg)  # a requested allocator/OpenMP library that is missing
     topology = topology or Topology.from_sysfs()
     layout = None if cfg.layout == "none" else cfg.layout
-    placement = plan(topology, instances=None if layout and cfg.instances == 1 else cfg.instances,
-                     cores_per_instance=cfg.cores_per_instance, layout=layout,
-                     use_logical_cores=cfg.use_logical_cores)
+    placement = placement_for(cfg, topology)
     if cfg.threads is not None and cfg.threads > len(topology.cpu_ids):
         raise UserError(f"threads={cfg.threads} exceeds the {len(topology.cpu_ids)} CPUs available to this process "
                         f"({topology.describe()})")
@@ -72,6 +79,7 @@ def worker_specs(trial: Trial, work_dir: Path) -> list[dict]:
             "instance": placement,
             "batch_size": trial.batch_size,
             "samples_path": str(work_dir / f"samples-{inst.id}.npz"),
+            "sgemm_gflops": trial.sgemm_known.get((tuple(inst.cpus), threads)),
         })
     return specs
 
@@ -115,9 +123,10 @@ def measure(trial: Trial, on_event=None, host: dict | None = None) -> Measured:
         logs = {p.name: p.read_bytes()[-200_000:] for p in Path(work).glob("instance-*.stderr.log")
                 if p.stat().st_size}
         samples = None
-        if outcome.failure:
+        if outcome.failure:  # keep what finished instances measured, flagged invalid
+            partial, samples = _partial(trial, specs, outcome)
             record.update(status="failed", reason=outcome.failure["reason"], failure=outcome.failure,
-                          valid=False, partial={i: _brief(r) for i, r in outcome.results.items()})
+                          valid=False, partial=partial)
         else:
             measured, samples = _measured(trial, specs, outcome)
             record.update(measured)
@@ -145,18 +154,30 @@ def execute(trial: Trial, on_event=None, host: dict | None = None) -> TrialOutco
     return commit(trial.cfg, measure(trial, on_event, host))
 
 
-def _brief(report: dict) -> dict:
-    return {k: report.get(k) for k in ("instance", "wall_seconds", "cpu_seconds", "load_seconds")}
+def _load_instances(trial: Trial, specs: list[dict], outcome) -> list[InstanceSamples]:
+    """Samples of every instance that finished its timed window."""
+    return [InstanceSamples.load(spec["samples_path"], spec["instance"], trial.batch_size,
+                                 outcome.results[spec["instance"]["id"]]) for spec in specs
+            if spec["instance"]["id"] in outcome.results and Path(spec["samples_path"]).is_file()]
+
+
+def _partial(trial: Trial, specs: list[dict], outcome) -> tuple[dict, pd.DataFrame | None]:
+    instances = _load_instances(trial, specs, outcome) if outcome.start_ns else []
+    partial = {"states": outcome.states, "finished_instances": [inst.id for inst in instances], "metrics": None}
+    if not instances:
+        return partial, None
+    partial["metrics"] = run_metrics(instances, outcome.start_ns, trial.cfg.sequence_length,
+                                     forward_flops(trial.model, 1, trial.cfg.sequence_length))
+    m = partial["metrics"]
+    return partial, samples_frame(instances, (m["window_start_ns"], m["window_end_ns"]))
 
 
 def _measured(trial: Trial, specs: list[dict], outcome) -> tuple[dict, pd.DataFrame]:
     cfg = trial.cfg
-    instances = [InstanceSamples.load(spec["samples_path"], spec["instance"], trial.batch_size,
-                                      outcome.results[spec["instance"]["id"]]) for spec in specs]
+    instances = _load_instances(trial, specs, outcome)
     flops = forward_flops(trial.model, 1, cfg.sequence_length)
     metrics = run_metrics(instances, outcome.start_ns, cfg.sequence_length, flops)
-    window = (outcome.start_ns, outcome.start_ns + int(metrics["window_s"] * 1e9))
-    frame = samples_frame(instances, window)
+    frame = samples_frame(instances, (metrics["window_start_ns"], metrics["window_end_ns"]))
     reports = [outcome.results[spec["instance"]["id"]] for spec in specs]
     drift = [r["drift"] for r in reports if r.get("drift")]
     status, reason = "ok", None

@@ -1,43 +1,238 @@
-"""Runs trials strictly one at a time (timing must not share cores), each in fresh worker processes."""
+"""Runs trials strictly one at a time (timing must not share cores), each in fresh worker processes.
+
+Sweeps resume: a trial whose key (resolved config + model identity, see store.trial_key) already has a valid
+result under its output root is skipped; failed or unfinished ones are measured again. Every result is
+committed atomically as soon as its trial ends, so killing a sweep loses nothing already finished. A
+machine-wide lock keeps trials of concurrent sweeps (or runs) from overlapping.
+"""
 
 from __future__ import annotations
+
+import fcntl
+import os
+import tempfile
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
 
 from corescale import environment
 from corescale.console import TrialProgress, console, errors, print_result
 from corescale.errors import UserError
 from corescale.overrides import compose
-from corescale.runner import execute, prepare_trial
+from corescale.runner import Measured, Trial, TrialOutcome, commit, measure, prepare_trial
+from corescale.store import ResultIndex, spec_key
 
 EXIT_OK, EXIT_FAILED = 0, 1
+LOCK_PATH = Path(tempfile.gettempdir()) / "corescale-trials.lock"
+
+
+@contextmanager
+def machine_lock(path: Path = LOCK_PATH):
+    """One trial at a time on this machine, across processes (released by the kernel if we die).
+
+    Yields the seconds spent waiting for another process's trial."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    started = time.monotonic()
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            errors.print(f"waiting for another corescale trial on this machine to finish (lock {path})")
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield time.monotonic() - started
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+@dataclass
+class Planned:
+    number: int
+    overrides: list[str]
+    trial: Trial
+    key: str
+    label: str = ""  # the overrides that tell this trial apart from the others
+
+    @property
+    def root(self) -> Path:
+        return Path(os.path.expanduser(self.trial.cfg.output_dir))
+
+
+@dataclass
+class SweepState:
+    """What a sweep has done so far; feeds the ETA and the closing summary."""
+
+    total: int
+    rows: list[tuple[Planned, str, dict | None, Path | None]] = field(default_factory=list)
+    measured_seconds: list[float] = field(default_factory=list)
+
+    def eta(self, remaining: int) -> str:
+        if not self.measured_seconds:
+            return "ETA after first trial"
+        seconds = remaining * sum(self.measured_seconds) / len(self.measured_seconds)
+        return f"ETA {time.strftime('%H:%M:%S', time.gmtime(seconds))}"
+
+    def count(self, status: str) -> int:
+        return sum(1 for row in self.rows if row[1] == status)
+
+
+class SweepProgress(TrialProgress):
+    """The trial's bars plus one over the whole sweep."""
+
+    def __init__(self, cfg, enabled: bool, done: int, total: int, eta: str):
+        super().__init__(cfg, enabled)
+        self.sweep = (done, total, eta)
+
+    def __enter__(self):
+        super().__enter__()
+        done, total, eta = self.sweep
+        self.progress.add_task(f"sweep {done}/{total}", total=total, completed=done, info=eta)
+        return self
+
+
+def plan_sweep(trials: list[list[str]]) -> list[Planned]:
+    """Every trial composed and checked before the first one runs (bad input: UserError naming the trial)."""
+    planned = []
+    for number, overrides in enumerate(trials, 1):
+        try:
+            trial = prepare_trial(compose(overrides))
+        except UserError as exc:
+            where = f"trial {number} ({' '.join(overrides)}): " if len(trials) > 1 else ""
+            raise UserError(f"{where}{exc}") from None
+        planned.append(Planned(number, overrides, trial, spec_key(trial.cfg, trial.model)))
+    shared = set.intersection(*(set(item.overrides) for item in planned)) if len(planned) > 1 else set()
+    for item in planned:
+        item.label = " ".join(o for o in item.overrides if o not in shared) or " ".join(item.overrides) or "(defaults)"
+    return planned
+
+
+def _failed_record(trial: Trial, reason: str, started: float, host: dict) -> dict:
+    """A trial that raised before producing a record still leaves one, with its reason."""
+    return {"config": trial.cfg.to_dict(), "key": trial.cfg.key(), "model": trial.model.identity(),
+            "plan": trial.plan.to_dict(), "environment": host,
+            "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
+            "status": "failed", "reason": reason, "valid": False, "elapsed_s": time.time() - started}
+
+
+def run_trial(planned: Planned, host: dict, on_event=None, keep_going: bool = True) -> TrialOutcome:
+    """Measure under the machine lock, then commit (failures too). keep_going: errors become failed records."""
+    started = time.time()
+    host = {**host, "load_average": list(os.getloadavg())}
+    with machine_lock() as waited:
+        try:
+            measured = measure(planned.trial, on_event, host)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except UserError as exc:
+            if not keep_going:
+                raise
+            measured = Measured(_failed_record(planned.trial, f"bad input: {exc}", started, host), None, {})
+        except Exception as exc:  # noqa: BLE001 - one broken trial must not end the sweep
+            if not keep_going:
+                raise
+            reason = f"{type(exc).__name__}: {exc}"
+            measured = Measured(_failed_record(planned.trial, reason, started, host), None, {})
+        finished = time.time()  # still holding the lock: no other trial ran before this instant
+    trial = planned.trial
+    reused = [inst.id for inst, threads in zip(trial.plan.instances, trial.threads)
+              if trial.cfg.calibrate and (tuple(inst.cpus), threads) in trial.sgemm_known]
+    measured.record.update(trial_key=planned.key, finished_at=finished, sgemm_reused_instances=reused,
+                           lock_wait_s=waited)
+    return commit(planned.trial.cfg, measured)
 
 
 def run_single(overrides: list[str], progress: bool = True) -> int:
     trial = prepare_trial(compose(overrides))
+    planned = Planned(1, overrides, trial, spec_key(trial.cfg, trial.model), " ".join(overrides))
     with TrialProgress(trial.cfg, enabled=progress) as bars:
-        outcome = execute(trial, on_event=bars)
+        outcome = run_trial(planned, environment.capture(), on_event=bars, keep_going=False)
     print_result(outcome.record, outcome.path)
     if not outcome.ok:
         errors.print(f"[red]run failed:[/red] {outcome.record['reason']}")
     return EXIT_OK if outcome.ok else EXIT_FAILED
 
 
-def run_sweep(trials: list[list[str]], fail_fast: bool = False, progress: bool = True) -> int:
-    configs = [compose(overrides) for overrides in trials]  # every trial checked before the first one runs
-    prepared = [prepare_trial(cfg) for cfg in configs]
-    host = environment.capture()
-    failures = 0
-    for number, (overrides, trial) in enumerate(zip(trials, prepared), 1):
-        console.print(f"[bold]trial {number}/{len(trials)}[/bold]: {' '.join(overrides)}")
-        try:
-            with TrialProgress(trial.cfg, enabled=progress) as bars:
-                outcome = execute(trial, on_event=bars, host=host)
-        except UserError as exc:
-            raise UserError(f"trial {number} ({' '.join(overrides)}): {exc}") from None
-        print_result(outcome.record, outcome.path)
+def remember_sgemm(record: dict, known: dict) -> None:
+    """SGEMM rates a trial calibrated, by (cpus, threads): later trials on the same cores skip calibration."""
+    placed = {inst["id"]: inst for inst in (record.get("plan") or {}).get("instances", [])}
+    for report in record.get("instances") or []:
+        inst = placed.get(report.get("instance"))
+        if inst is not None and report.get("sgemm_gflops"):
+            known[(tuple(inst["cpus"]), inst["threads"])] = report["sgemm_gflops"]
+
+
+def run_sweep(trials: list[list[str]], fail_fast: bool = False, progress: bool = True, resume: bool = True,
+              listener=None) -> int:
+    """listener(planned, instance, event), if given, sees every worker event (benchmarks time the stages)."""
+    planned = plan_sweep(trials)
+    indexes: dict[Path, ResultIndex] = {}
+    host = environment.capture()  # once per sweep: the machine does not change between trials
+    sgemm_known: dict = {}
+    state = SweepState(len(planned))
+    for item in planned:
+        item.trial.sgemm_known = sgemm_known
+        index = indexes.setdefault(item.root, ResultIndex(item.root))
+        existing = index.find(item.key) if resume else None
+        if existing is not None:
+            console.print(f"trial {item.number}/{state.total} skipped (valid result exists: {existing}): "
+                          f"{item.label}", soft_wrap=True)
+            state.rows.append((item, "skipped", None, existing))
+            continue
+        remaining = state.total - item.number + 1
+        eta = state.eta(remaining)
+        console.print(f"[bold]trial {item.number}/{state.total}[/bold] ({eta}): {item.label}")
+        started = time.monotonic()
+        with SweepProgress(item.trial.cfg, progress, item.number - 1, state.total, eta) as bars:
+            outcome = run_trial(item, host, on_event=_tee(bars, listener, item))
+        state.measured_seconds.append(time.monotonic() - started)
+        remember_sgemm(outcome.record, sgemm_known)
+        index.refresh()
+        state.rows.append((item, outcome.record["status"], outcome.record, outcome.path))
+        if progress:
+            print_result(outcome.record, outcome.path)
+        else:
+            console.print(f"  {_brief(outcome.record)} -> {outcome.path}", soft_wrap=True)
         if not outcome.ok:
-            failures += 1
-            errors.print(f"[red]trial {number} failed:[/red] {outcome.record['reason']}")
+            errors.print(f"[red]trial {item.number} failed:[/red] {outcome.record['reason']}")
             if fail_fast:
+                errors.print("stopping the sweep (--fail-fast)")
                 break
-    console.print(f"{len(trials)} trials, {failures} failed")
-    return EXIT_OK if not failures else EXIT_FAILED
+    _summary(state, sorted({str(item.root) for item in planned}))
+    return EXIT_FAILED if state.count("failed") else EXIT_OK
+
+
+def _tee(bars, listener, item):
+    if listener is None:
+        return bars
+
+    def on_event(instance: int, event: dict) -> None:
+        bars(instance, event)
+        listener(item, instance, event)
+
+    return on_event
+
+
+def _brief(record: dict) -> str:
+    metrics = record.get("metrics")
+    if record["status"] != "ok" or not metrics:
+        return f"failed: {record.get('reason')}"
+    return (f"p50 {metrics['latency_s']['p50'] * 1e3:.2f} ms, p99 {metrics['latency_s']['p99'] * 1e3:.2f} ms, "
+            f"{metrics['throughput_samples_per_s']:.2f} samples/s")
+
+
+def _summary(state: SweepState, roots: list[str]) -> None:
+    from rich.table import Table
+
+    table = Table(title="sweep", header_style="bold")
+    for column in ("#", "trial", "status", "result"):
+        table.add_column(column)
+    for item, status, record, path in state.rows:
+        colour = {"ok": "green", "failed": "red"}.get(status, "dim")
+        detail = _brief(record) if record else str(path)
+        table.add_row(str(item.number), item.label, f"[{colour}]{status}[/{colour}]", detail)
+    console.print(table)
+    not_run = state.total - len(state.rows)
+    console.print(f"{state.total} trials: {state.count('ok')} measured ok, {state.count('failed')} failed, "
+                  f"{state.count('skipped')} skipped (already done)" + (f", {not_run} not run" if not_run else ""))
+    for root in roots:
+        console.print(f"results: {root}  (corescale results {root})", soft_wrap=True)

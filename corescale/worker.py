@@ -36,7 +36,7 @@ def process_cpu_seconds() -> float:
 
 
 def run_instance(spec: dict, control: Control) -> None:
-    from corescale import contamination, environment
+    from corescale import contamination, environment, instance_env
     from corescale.config import BenchmarkConfig
     from corescale.models import ModelSpec
 
@@ -51,12 +51,14 @@ def run_instance(spec: dict, control: Control) -> None:
     from corescale.inputs import make_inputs
     from corescale.timing import timed_loop, warm_up
 
-    peak = environment.sgemm_gflops(threads) if cfg.calibrate else None
+    # a sweep passes the SGEMM rate it already calibrated on the same CPUs and thread count
+    peak = (spec.get("sgemm_gflops") or environment.sgemm_gflops(threads)) if cfg.calibrate else None
     inputs = make_inputs(model, spec["batch_size"], cfg.sequence_length, cfg.seed, cfg.padding_fraction)
     backend = create_backend(cfg.backend)
     load_start = time.perf_counter()
     backend.load(model, cfg, threads, inputs)
     load_seconds = time.perf_counter() - load_start
+    instance_env.verify_mapped(cfg, environment.mapped_libraries(), instance["id"])  # asked for = really in
     prepared = backend.prepare(inputs)
 
     def call():
@@ -79,6 +81,7 @@ def run_instance(spec: dict, control: Control) -> None:
     np.savez(spec["samples_path"], starts_ns=samples.starts_ns, ends_ns=samples.ends_ns,
              warmup_ns=np.asarray(warm.durations_ns, dtype=np.int64))
     wall = (samples.ends_ns[-1] - start_ns) / 1e9
+    threads_cpus = instance_env.thread_affinities()
     output = backend.to_numpy(call())
     drift = None
     if cfg.reference:
@@ -97,7 +100,8 @@ def run_instance(spec: dict, control: Control) -> None:
         foreign_cpu_seconds=contamination.foreign_seconds(stat_before, stat_after, own_cpu),
         peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         sgemm_gflops=peak,
-        affinity=sorted(os.sched_getaffinity(0)),
+        affinity=sorted(set().union(*threads_cpus.values())),  # every CPU any of its threads may use
+        thread_affinity={str(tid): cpus for tid, cpus in threads_cpus.items()},
         framework=backend.info(),
         mapped_libraries=environment.mapped_libraries(),
         thread_count=environment.os_thread_count(),

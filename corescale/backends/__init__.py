@@ -21,6 +21,12 @@ BACKENDS: dict[str, BackendEntry] = {
     "pytorch": BackendEntry("corescale.backends.pytorch", "EagerBackend", None, ("torch",)),
     "torchscript": BackendEntry("corescale.backends.pytorch", "TorchScriptBackend", None, ("torch",)),
     "torch_compile": BackendEntry("corescale.backends.pytorch", "CompileBackend", None, ("torch",)),
+    "onnxruntime": BackendEntry("corescale.backends.onnxruntime", "OnnxRuntimeBackend", "onnxruntime",
+                                ("onnxruntime", "onnx")),
+    "openvino": BackendEntry("corescale.backends.openvino", "OpenVinoBackend", "openvino", ("openvino", "onnx")),
+    "tensorflow": BackendEntry("corescale.backends.tensorflow", "EagerBackend", "tensorflow", ("tensorflow",)),
+    "tensorflow_graph": BackendEntry("corescale.backends.tensorflow", "GraphBackend", "tensorflow", ("tensorflow",)),
+    "tensorflow_xla": BackendEntry("corescale.backends.tensorflow", "XlaBackend", "tensorflow", ("tensorflow",)),
 }
 
 

@@ -87,6 +87,7 @@ class TorchScriptBackend(EagerBackend):
 
     def optimize(self, inputs) -> None:
         example = self.prepare(inputs)
+        self.module.requires_grad_(False)  # else autocast's bf16 weight copies need grad: untraceable constants
         with self.stage("trace"), torch.no_grad(), self.autocast():
             traced = torch.jit.trace(self.module, example_kwarg_inputs=example, strict=False)
             self.module = torch.jit.freeze(traced.eval())

@@ -1,0 +1,133 @@
+"""Every backend side by side: latency, throughput, GFLOP/s and % of the measured SGEMM peak.
+
+    python benchmarks/backends.py [--model bert-base] [--batch-sizes 1,8] [--threads 1,2] [--duration 5]
+                                  [--backends pytorch,onnxruntime,...] [--output DIR] [OVERRIDES...]
+
+One pinned instance per trial on `threads` cores (cores_per_instance=threads), trials one at a time through the
+ordinary runner (fresh worker processes, SGEMM calibrated on the same cores and thread count). Backends whose
+extra is not installed are listed and skipped. Prints a markdown table and the P2 goal: the best backend at the
+largest batch size reaches >= 80 % of the SGEMM peak.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+GOAL = 0.80
+# name in the table -> overrides; the ONNX Runtime row uses its transformer fusions (its best configuration)
+BACKENDS = {
+    "pytorch": ["backend=pytorch"],
+    "torchscript": ["backend=torchscript"],
+    "torch_compile": ["backend=torch_compile"],
+    "onnxruntime": ["backend=onnxruntime", "ort_fusion=true"],
+    "openvino": ["backend=openvino"],
+    "tensorflow": ["backend=tensorflow"],
+    "tensorflow_graph": ["backend=tensorflow_graph"],
+    "tensorflow_xla": ["backend=tensorflow_xla"],
+}
+
+
+def grid(args) -> tuple[list[tuple[str, int, int, list[str]]], list[str]]:
+    """(backend, batch size, threads, overrides) for each trial, and the backends skipped for a missing extra."""
+    from corescale.backends import check_available
+    from corescale.errors import UserError
+
+    trials, skipped = [], []
+    for name in args.backends:
+        if name not in BACKENDS:
+            raise SystemExit(f"unknown backend '{name}'; choose from {', '.join(BACKENDS)}")
+        try:
+            check_available(BACKENDS[name][0].split("=")[1])
+        except UserError as exc:
+            skipped.append(f"{name} ({exc})")
+            continue
+        for threads in args.threads:
+            for batch in args.batch_sizes:
+                trials.append((name, batch, threads, [*BACKENDS[name], f"batch_size={batch}", f"threads={threads}",
+                                                      f"cores_per_instance={threads}"]))
+    return trials, skipped
+
+
+def run(trials, base: list[str]) -> list[dict]:
+    from corescale import environment
+    from corescale.overrides import compose
+    from corescale.runner import execute, prepare_trial
+    from corescale.sweep import machine_lock
+
+    host = environment.capture()
+    rows = []
+    for number, (name, batch, threads, overrides) in enumerate(trials, 1):
+        print(f"[{number}/{len(trials)}] {name} bs{batch} {threads} thread(s) ...", file=sys.stderr, flush=True)
+        trial = prepare_trial(compose([*base, *overrides]))
+        with machine_lock():
+            outcome = execute(trial, host=host)
+        rows.append({"backend": name, "batch": batch, "threads": threads, "record": outcome.record})
+    return rows
+
+
+def cells(record: dict) -> list[str]:
+    if record["status"] != "ok":
+        return ["failed: " + str(record.get("reason"))[:60], "", "", "", ""]
+    m = record["metrics"]
+    load = record["instances"][0]["stage_seconds"]
+    stages = ", ".join(f"{k} {v:.1f}" for k, v in load.items())
+    peak = m.get("percent_of_peak")
+    return [f"{m['latency_s']['p50'] * 1e3:.1f}", f"{m['throughput_samples_per_s']:.2f}", f"{m['gflops_per_s']:.1f}",
+            "" if peak is None else f"{peak:.0f} %", stages + (" ⚠ contaminated" if m["contaminated"] else "")]
+
+
+def markdown(rows: list[dict], title: str, skipped: list[str]) -> str:
+    lines = [f"**{title}**", "",
+             "| backend | batch | threads | latency p50 (ms) | samples/s | GFLOP/s | % of SGEMM peak "
+             "| load stages (s) |",
+             "|---|---:|---:|---:|---:|---:|---:|---|"]
+    for row in rows:
+        lines.append("| " + " | ".join([row["backend"], str(row["batch"]), str(row["threads"]),
+                                         *cells(row["record"])]) + " |")
+    ok = [r for r in rows if r["record"]["status"] == "ok" and r["record"]["metrics"].get("percent_of_peak")]
+    if ok:
+        largest = max(r["batch"] for r in ok)
+        for threads in sorted({r["threads"] for r in ok}):
+            candidates = [r for r in ok if r["batch"] == largest and r["threads"] == threads]
+            if candidates:
+                best = max(candidates, key=lambda r: r["record"]["metrics"]["percent_of_peak"])
+                share = best["record"]["metrics"]["percent_of_peak"] / 100
+                verdict = "met" if share >= GOAL else "NOT met"
+                lines.append(f"\nP2 at bs{largest}, {threads} thread(s): best is {best['backend']} at "
+                             f"**{share:.0%}** of the SGEMM peak (goal ≥ {GOAL:.0%}: {verdict})")
+    if skipped:
+        lines.append("\nskipped (extra not installed): " + "; ".join(skipped))
+    return "\n".join(lines)
+
+
+def int_list(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="bert-base")
+    parser.add_argument("--batch-sizes", type=int_list, default=[1, 8])
+    parser.add_argument("--threads", type=int_list, default=[1, 2])
+    parser.add_argument("--sequence-length", type=int, default=128)
+    parser.add_argument("--duration", type=float, default=5.0, help="timed window per trial (s)")
+    parser.add_argument("--backends", type=lambda s: s.split(","), default=list(BACKENDS))
+    parser.add_argument("--output", help="results root (default: a new temp dir)")
+    parser.add_argument("overrides", nargs="*", help="extra corescale overrides, e.g. cache_dir=/tmp/cache")
+    args = parser.parse_args(argv)
+    out = Path(args.output or tempfile.mkdtemp(prefix="corescale-backends-"))
+    base = [f"model={args.model}", f"sequence_length={args.sequence_length}", f"duration={args.duration:g}",
+            "min_iterations=3", f"output_dir={out}", *args.overrides]
+    trials, skipped = grid(args)
+    rows = run(trials, base)
+    title = f"{args.model}, seq {args.sequence_length}, one pinned instance, {args.duration:g} s windows"
+    print(markdown(rows, title, skipped))
+    print(f"\nresults: {out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+"""Sweep overhead: wall time of an 8-trial bert-tiny sweep ÷ the sum of its measurement windows (goal ≤ 1.3).
+
+    python benchmarks/sweep_overhead.py [--duration 10] [--no-calibrate] [--output DIR]
+
+Runs the sweep in this process through corescale.sweep.run_sweep (exactly what `corescale run -m` does), times
+every worker event, and prints where the time went: CLI start, sweep planning, per-trial process start +
+imports (+ SGEMM calibration), model build, warm-up, start barrier, window, tail, stop + aggregate, and the
+write/bookkeeping between trials.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+GRID = ["model=bert-tiny", "batch_size=1,2", "sequence_length=32,64", "instances=1,2"]
+START_DELAY_S = 0.1  # launcher.START_DELAY_NS
+
+
+def cli_start_seconds() -> float:
+    """What `corescale ...` costs before a sweep starts: interpreter, imports, argument parsing."""
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "corescale.cli", "--help"], check=True, capture_output=True)
+    return time.perf_counter() - start
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--duration", type=float, default=10.0, help="measurement window per trial (s)")
+    parser.add_argument("--no-calibrate", action="store_true", help="skip SGEMM calibration (calibrate=false)")
+    parser.add_argument("--output", help="results root (default: a new temp dir)")
+    args = parser.parse_args(argv)
+
+    from corescale import store, sweep
+    from corescale.overrides import expand_sweep
+
+    out = Path(args.output or tempfile.mkdtemp(prefix="corescale-overhead-"))
+    overrides = [*GRID, f"duration={args.duration:g}", f"output_dir={out}",
+                 f"calibrate={'false' if args.no_calibrate else 'true'}"]
+    events: dict[int, dict[str, float]] = defaultdict(dict)  # trial -> last time of each event kind
+
+    def listener(item, instance, event) -> None:
+        events[item.number][event["event"]] = time.time()
+
+    cli = cli_start_seconds()
+    began = time.time()
+    code = sweep.run_sweep(expand_sweep(overrides), progress=False, resume=False, listener=listener)
+    wall = time.time() - began
+    frame = store.load(out, latest=False).frame.sort_values("finished_at", ignore_index=True)
+    records = {row["run"]: store.read_result(row["path"]) for _, row in frame.iterrows()}
+
+    stages = defaultdict(float)
+    print(f"\n{'trial':<34} {'start+imp':>9} {'build':>6} {'warmup':>7} {'window':>7} {'tail':>6} {'stop':>6} "
+          f"{'sgemm':>7}")
+    first_start = None
+    for number, (_, row) in enumerate(frame.iterrows(), 1):
+        record = records[row["run"]]
+        seen = events[number]
+        t0 = record["finished_at"] - record["elapsed_s"]
+        first_start = first_start or t0
+        load = (record.get("metrics") or {}).get("load_seconds", 0.0)
+        window = row["window_s"] or 0.0
+        start_imports = seen["loaded"] - t0 - load
+        warmup = seen["started"] - seen["loaded"]
+        tail = seen["result"] - (seen["started"] + START_DELAY_S + window)
+        stop = record["finished_at"] - seen["result"]
+        for name, value in (("process start + imports (+ SGEMM calibration)", start_imports),
+                            ("model build (incl. transformers import)", load), ("warm-up (+ waiting for the slowest instance)", warmup),
+                            ("start barrier delay", START_DELAY_S), ("measurement windows", window),
+                            ("tail: last call past the window, output check", tail),
+                            ("stop processes + aggregate", stop)):
+            stages[name] += value
+        sgemm = "reused" if record.get("sgemm_reused_instances") else ("off" if args.no_calibrate else "measured")
+        label = f"b{row['batch_size']} s{row['sequence_length']} i{row['instances']}"
+        print(f"{label:<34} {start_imports:9.2f} {load:6.2f} {warmup:7.2f} {window:7.2f} {tail:6.2f} {stop:6.2f} "
+              f"{sgemm:>7}")
+    trial_time = sum(r["elapsed_s"] for r in records.values())
+    stages["sweep planning (compose + checks + environment, once)"] = first_start - began
+    waited = sum(r.get("lock_wait_s", 0.0) for r in records.values())
+    stages["waiting for other processes' trials (machine lock)"] = waited
+    stages["write results + bookkeeping between trials"] = wall - trial_time - (first_start - began) - waited
+    stages["CLI start (python + imports, measured apart)"] = cli
+    total = wall + cli
+    windows = stages["measurement windows"]
+    print(f"\n{len(frame)} trials, duration={args.duration:g} s each, calibrate={not args.no_calibrate}; "
+          f"results in {out}\n")
+    for name, value in sorted(stages.items(), key=lambda kv: -kv[1]):
+        print(f"  {name:<58} {value:8.2f} s  {value / total:6.1%}")
+    print(f"  {'total (CLI start + sweep wall)':<58} {total:8.2f} s")
+    ratio = total / windows if windows else float("inf")
+    print(f"\nsweep overhead = wall / sum of windows = {total:.1f} / {windows:.1f} = {ratio:.2f} "
+          f"(P4 goal <= 1.3: {'met' if ratio <= 1.3 else 'not met'})")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,104 @@
+"""ONNX Runtime (CPU execution provider) on the cached ONNX export; optional transformer fusion and int8."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import onnxruntime as ort
+
+from corescale.backends.base import TimedStages, unbind_calling_thread
+from corescale.backends.onnx_export import drop_if_hit, onnx_model
+from corescale.config import ORT_EXECUTION_MODES, ORT_GRAPH_OPTIMIZATION_LEVELS
+from corescale.errors import UserError
+
+# keyed by the names config.validate() accepts
+GRAPH_OPTIMIZATION_LEVELS = dict(zip(ORT_GRAPH_OPTIMIZATION_LEVELS, (
+    ort.GraphOptimizationLevel.ORT_DISABLE_ALL, ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+    ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED, ort.GraphOptimizationLevel.ORT_ENABLE_ALL)))
+EXECUTION_MODES = dict(zip(ORT_EXECUTION_MODES, (ort.ExecutionMode.ORT_SEQUENTIAL, ort.ExecutionMode.ORT_PARALLEL)))
+PRECISIONS = ("fp32", "int8")
+# onnxruntime's transformer optimizer handles these encoders with its "bert" fusions
+FUSION_MODEL_TYPES = {"bert": "bert", "roberta": "bert", "xlm-roberta": "bert", "camembert": "bert",
+                      "distilbert": "bert", "electra": "bert"}
+
+
+def fuse(spec):
+    """Builder for the fused variant: Attention, EmbedLayerNormalization, SkipLayerNormalization, BiasGelu."""
+    model_type = FUSION_MODEL_TYPES.get(spec.model_type)
+    if model_type is None:
+        raise UserError(f"ort_fusion=true does not know model type '{spec.model_type}'; "
+                        f"supported: {', '.join(FUSION_MODEL_TYPES)}")
+
+    def build(source, target, large):
+        from onnxruntime.transformers.optimizer import optimize_model
+
+        optimized = optimize_model(str(source), model_type=model_type, num_heads=spec.heads,
+                                   hidden_size=spec.hidden, opt_level=0)
+        optimized.save_model_to_file(str(target), use_external_data_format=large)
+    return build
+
+
+def quantize(source, target, large) -> None:
+    """Dynamic quantization: int8 weights, activations quantized per call."""
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    # fused contrib ops defeat shape inference; their outputs are float
+    quantize_dynamic(str(source), str(target), weight_type=QuantType.QInt8, use_external_data_format=large,
+                     extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
+
+
+class OnnxRuntimeBackend(TimedStages):
+    name = "onnxruntime"
+
+    def load(self, spec, cfg, threads, inputs) -> None:
+        if cfg.precision not in PRECISIONS:
+            raise UserError(f"backend onnxruntime supports precision {', '.join(PRECISIONS)} "
+                            f"(got {cfg.precision})")
+        options = ort.SessionOptions()
+        options.graph_optimization_level = GRAPH_OPTIMIZATION_LEVELS[cfg.ort_graph_optimization_level]
+        options.execution_mode = EXECUTION_MODES[cfg.ort_execution_mode]
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = cfg.interop_threads
+        model = onnx_model(spec, cfg, inputs, self)
+        self.cache_hits = {"export": model.cache_hit}
+        steps = [("fuse", f"fused-ort{ort.__version__}", fuse(spec))] if cfg.ort_fusion else []
+        if cfg.precision == "int8":
+            steps.append(("quantize", f"int8-ort{ort.__version__}", quantize))
+        for stage, variant, build in steps:  # each a cached derivative of the previous model
+            with self.stage(stage):
+                model = model.derived(variant, build)
+            self.cache_hits[stage] = drop_if_hit(self, stage, model).cache_hit
+        self.model_path = model.path
+        unbind_calling_thread()  # the session's pool inherits this thread's CPUs
+        with self.stage("session"):
+            self.session = ort.InferenceSession(str(model.path), options, providers=["CPUExecutionProvider"])
+        self.options = options
+
+    def prepare(self, inputs):
+        names = {i.name for i in self.session.get_inputs()}
+        return {name: array for name, array in inputs.items() if name in names}
+
+    def forward(self, prepared):
+        return self.session.run(None, prepared)[0]
+
+    def to_numpy(self, output) -> np.ndarray:
+        return np.asarray(output, dtype=np.float32)
+
+    def info(self) -> dict:
+        import onnx
+
+        graph = onnx.load(str(self.model_path), load_external_data=False).graph
+        return {
+            "framework": "onnxruntime",
+            "version": ort.__version__,
+            "providers": self.session.get_providers(),
+            "intra_op_num_threads": self.options.intra_op_num_threads,
+            "inter_op_num_threads": self.options.inter_op_num_threads,
+            "graph_optimization_level": str(self.options.graph_optimization_level),
+            "execution_mode": str(self.options.execution_mode),
+            "model_path": str(self.model_path),
+            "cache_hits": self.cache_hits,
+            "operators": dict(Counter(node.op_type for node in graph.node).most_common()),
+        }

@@ -1,0 +1,72 @@
+"""OpenVINO CPU plugin on the cached ONNX export: one stream per instance, `threads` inference threads."""
+
+from __future__ import annotations
+
+import numpy as np
+import openvino as ov
+
+from corescale.backends.base import TimedStages, unbind_calling_thread
+from corescale.backends.onnx_export import onnx_model
+from corescale.errors import UserError
+
+INFERENCE_PRECISIONS = {"fp32": "f32", "bf16": "bf16"}
+REPORTED = ("INFERENCE_NUM_THREADS", "NUM_STREAMS", "PERFORMANCE_HINT", "INFERENCE_PRECISION_HINT",
+            "ENABLE_CPU_PINNING", "OPTIMAL_NUMBER_OF_INFER_REQUESTS")
+
+
+def cpu_capabilities(core: ov.Core) -> list[str]:
+    return list(core.get_property("CPU", "OPTIMIZATION_CAPABILITIES"))
+
+
+def _plain(value):
+    if hasattr(value, "get_type_name"):  # an element type such as f32 / bf16
+        return value.get_type_name()
+    return value if isinstance(value, (int, float, bool, str)) else str(value)
+
+
+class OpenVinoBackend(TimedStages):
+    name = "openvino"
+
+    def load(self, spec, cfg, threads, inputs) -> None:
+        if cfg.precision not in INFERENCE_PRECISIONS:
+            raise UserError(f"backend openvino supports precision {', '.join(INFERENCE_PRECISIONS)} "
+                            f"(got {cfg.precision})")
+        unbind_calling_thread()  # OpenVINO reads this thread's CPUs when its CPU plugin loads
+        core = ov.Core()
+        self.capabilities = cpu_capabilities(core)
+        if cfg.precision == "bf16" and "BF16" not in self.capabilities:
+            raise UserError("precision=bf16 on openvino needs a CPU with bf16 instructions (AVX512_BF16 or AMX); "
+                            f"this CPU offers {', '.join(self.capabilities)}")
+        model = onnx_model(spec, cfg, inputs, self)
+        self.cache_hits = {"export": model.cache_hit}
+        with self.stage("convert"):
+            network = core.read_model(str(model.path))
+        config = {
+            "INFERENCE_NUM_THREADS": threads,
+            "NUM_STREAMS": 1,  # one stream per instance: instances are the unit of parallelism here
+            "PERFORMANCE_HINT": cfg.ov_performance_hint,
+            # explicit: OpenVINO would otherwise pick bf16 by itself on CPUs that have it
+            "INFERENCE_PRECISION_HINT": INFERENCE_PRECISIONS[cfg.precision],
+        }
+        with self.stage("compile"):
+            self.compiled = core.compile_model(network, "CPU", config)
+        self.request = self.compiled.create_infer_request()
+
+    def prepare(self, inputs):
+        names = {name for port in self.compiled.inputs for name in port.get_names()}
+        return {name: np.ascontiguousarray(array) for name, array in inputs.items() if name in names}
+
+    def forward(self, prepared):
+        return self.request.infer(prepared, share_inputs=True, share_outputs=True)
+
+    def to_numpy(self, output) -> np.ndarray:
+        return np.array(output[0], dtype=np.float32)  # copies out of the request's own buffer
+
+    def info(self) -> dict:
+        return {
+            "framework": "openvino",
+            "version": ov.get_version(),
+            "cpu_capabilities": self.capabilities,
+            "cache_hits": self.cache_hits,
+            **{key.lower(): _plain(self.compiled.get_property(key)) for key in REPORTED},
+        }

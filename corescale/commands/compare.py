@@ -1,0 +1,65 @@
+"""`corescale compare BEFORE AFTER`: trials matched by config; what got faster or slower, with significance."""
+
+from __future__ import annotations
+
+from corescale.commands import add_common
+from corescale.commands.results import add_selection, load_table, print_wide
+
+ORDER = 70
+
+
+def register(sub) -> None:
+    from corescale.compare import DEFAULT_THRESHOLD
+
+    parser = sub.add_parser("compare", help="compare two result roots: faster/slower, with significance")
+    add_common(parser)
+    parser.add_argument("before", help="results root of the baseline")
+    parser.add_argument("after", help="results root to compare with it")
+    parser.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD,
+                        help=f"flag only changes larger than this fraction (default {DEFAULT_THRESHOLD:g})")
+    parser.add_argument("--ignore", action="append", default=[], metavar="KEY",
+                        help="config key that may differ between matched trials (repeatable), e.g. threads")
+    parser.add_argument("--fail-on-regression", action="store_true",
+                        help="exit 1 when any trial got significantly slower beyond the threshold (for CI)")
+    parser.add_argument("--csv", metavar="PATH", help="write the comparison as CSV ('-' for stdout)")
+    add_selection(parser)
+    parser.set_defaults(handler=handle)
+
+
+def handle(args) -> int:
+    from rich.table import Table
+
+    from corescale.compare import compare_frames
+    from corescale.console import console
+
+    result = compare_frames(load_table(args.before, args).frame, load_table(args.after, args).frame,
+                            args.threshold, args.ignore)
+    rows = result.rows
+    if args.csv:
+        text = rows.to_csv(index=False)
+        if args.csv == "-":
+            print(text, end="")
+        else:
+            with open(args.csv, "w") as handle:
+                handle.write(text)
+    elif not rows.empty:
+        table = Table(title=f"{args.before} → {args.after} (latency p50; threshold {args.threshold:.0%})",
+                      header_style="bold")
+        for column in ("trial", "before ms", "after ms", "change", "95 % CI", "p", "verdict", "throughput"):
+            table.add_column(column, justify="left" if column in ("trial", "verdict") else "right")
+        colours = {"slower": "red", "faster": "green"}
+        for _, row in rows.iterrows():
+            colour = colours.get(row["verdict"], "dim")
+            table.add_row(row["trial"], f"{row['p50_before_ms']:.3f}", f"{row['p50_after_ms']:.3f}", row["change"],
+                          f"{row['ci_low']:.3f}–{row['ci_high']:.3f}", f"{row['p_value']:.2g}",
+                          f"[{colour}]{row['verdict']}[/{colour}]", f"{row['throughput_ratio']:.2f}x")
+        print_wide(table)
+    for side, names in (("before", result.only_before), ("after", result.only_after)):
+        for name in names:
+            console.print(f"only in {side}: {name}", soft_wrap=True)
+    console.print(f"{len(rows)} matched trial(s): {result.regressions} slower, {result.improvements} faster "
+                  f"beyond {args.threshold:.0%}; {len(rows) - result.regressions - result.improvements} unchanged "
+                  "or not significant", soft_wrap=True)
+    if rows.empty:
+        console.print("no trials match by config (use --ignore KEY for keys that differ on purpose)")
+    return 1 if args.fail_on_regression and result.regressions else 0

@@ -1,0 +1,79 @@
+"""`corescale cost ROOT --machine NAME | --price-per-hour P [--slo-p99-ms MS]`: dollars per 1M inferences."""
+
+from __future__ import annotations
+
+from corescale.commands import add_common
+from corescale.commands.results import add_selection, load_table, print_wide
+
+ORDER = 60
+
+
+def register(sub) -> None:
+    parser = sub.add_parser("cost", help="cost per 1M inferences; cheapest layout that meets a p99 SLO")
+    add_common(parser)
+    parser.add_argument("root", nargs="?", help="results root, e.g. outputs/")
+    parser.add_argument("--machine", help="instance type from the price catalog (see --list-machines)")
+    parser.add_argument("--price-per-hour", type=float, help="$/h of the machine you measured on (or, with "
+                        "--machine, that machine's price)")
+    parser.add_argument("--slo-p99-ms", type=float, help="latency bound: p99 must be at most this many ms")
+    parser.add_argument("--catalog", help="YAML price catalog to use instead of the packaged one")
+    parser.add_argument("--list-machines", action="store_true", help="print the price catalog and exit")
+    parser.add_argument("--csv", metavar="PATH", help="write the cost table as CSV ('-' for stdout)")
+    add_selection(parser)
+    parser.set_defaults(handler=handle)
+
+
+def list_machines(catalog_path) -> int:
+    from rich.table import Table
+
+    from corescale.cost import load_catalog
+
+    table = Table(title="price catalog", header_style="bold")
+    for column in ("machine", "$/h", "vCPUs", "cores", "CPU", "note"):
+        table.add_column(column)
+    for m in load_catalog(catalog_path).values():
+        table.add_row(m.name, f"{m.price_per_hour:g}", str(m.vcpus), str(m.physical_cores), m.cpu_model, m.note)
+    print_wide(table)
+    return 0
+
+
+def handle(args) -> int:
+    from rich.table import Table
+
+    from corescale import cost
+    from corescale.console import console, errors
+    from corescale.errors import UserError
+
+    if args.list_machines:
+        return list_machines(args.catalog)
+    if not args.root:
+        raise UserError("corescale cost: give a results root (e.g. outputs/), or --list-machines")
+    if args.slo_p99_ms is not None and args.slo_p99_ms <= 0:
+        raise UserError(f"--slo-p99-ms must be > 0 (got {args.slo_p99_ms})")
+    machine = cost.choose_machine(args.machine, args.price_per_hour, args.catalog)
+    frame = load_table(args.root, args).frame
+    table = cost.cost_table(frame, machine, args.slo_p99_ms)
+    if args.csv:
+        text = table.to_csv(index=False)
+        if args.csv == "-":
+            print(text, end="")
+        else:
+            with open(args.csv, "w") as handle:
+                handle.write(text)
+    else:
+        shown = Table(title=f"cost per 1M inferences on {machine.name} at ${machine.price_per_hour:g}/h",
+                      header_style="bold")
+        for column in ("layout", "basis", "copies", "samples/s", "p99 ms", "$ / 1M", "meets SLO"):
+            shown.add_column(column, justify="left" if column == "layout" else "right")
+        for _, row in table.iterrows():
+            slo = "-" if row["meets_slo"] is None else ("yes" if row["meets_slo"] else "[red]no[/red]")
+            fits = row["copies"] > 0
+            shown.add_row(row["layout"], row["basis"], str(row["copies"]),
+                          f"{row['machine_samples_per_s']:.1f}" if fits else "does not fit",
+                          f"{row['latency_p99_ms']:.1f}", f"{row['cost_per_1m_usd']:.4g}" if fits else "-", slo)
+        print_wide(shown)
+        if (table["basis"] == cost.PROJECTION).any():
+            console.print(f"[yellow]{cost.assumption(machine, table['cpu_model'].iloc[0])}[/yellow]",
+                          soft_wrap=True)
+    (errors if args.csv == "-" else console).print(cost.answer(table, machine, args.slo_p99_ms), soft_wrap=True)
+    return 0 if cost.cheapest(table, args.slo_p99_ms) is not None else 1

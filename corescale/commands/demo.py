@@ -1,0 +1,88 @@
+"""`corescale demo [overrides]`: the default study on this machine, then the HTML report.
+
+bert-base, sequence 128, batch 1: one instance on all cores vs one instance per core (and the instance counts
+between), plus one instance on 1, 2, 4, ... cores. Results go to outputs/demo-<stamp>/ (or OUTPUT_DIR/demo-<stamp>/
+with output_dir=...). Overrides such as model=bert-tiny duration=1 apply to every trial.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from corescale.commands import add_common
+
+ORDER = 5
+DEFAULTS = {"model": "bert-base", "sequence_length": "128", "batch_size": "1"}
+OWNED = ("instances", "cores_per_instance", "threads", "layout", "total_batch_size")
+
+
+def register(sub) -> None:
+    parser = sub.add_parser("demo", help="default study here (all cores vs one instance per core, core "
+                                         "scaling) and its HTML report")
+    add_common(parser)
+    parser.add_argument("--no-progress", action="store_true", help="no live progress display")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides for every trial, e.g. model=bert-tiny duration=1")
+    parser.set_defaults(handler=handle)
+
+
+def _key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def demo_trials(overrides: list[str], physical_cores: int, root: Path) -> list[list[str]]:
+    """Core scaling of one instance (1, 2, 4 ... all cores) and 2 .. N one-core instances."""
+    from corescale.errors import UserError
+    from corescale.studies import default_values
+
+    taken = sorted({_key(o) for o in overrides} & set(OWNED))
+    if taken:
+        raise UserError(f"the demo sets {', '.join(taken)} itself; remove them (use `corescale run -m` or "
+                        "`corescale study` for other layouts)")
+    own = [o for o in overrides if _key(o) != "output_dir"]
+    given = {_key(o) for o in own}
+    base = [f"{k}={v}" for k, v in DEFAULTS.items() if k not in given] + own + [f"output_dir={root}"]
+    counts = default_values(physical_cores)
+    scaling = [[*base, "instances=1", f"cores_per_instance={c}"] for c in counts]
+    per_core = [[*base, f"instances={n}", "cores_per_instance=1"] for n in counts if n > 1]
+    return scaling + per_core
+
+
+def headline(root: Path, physical_cores: int) -> list[str]:
+    """All cores in one instance vs one instance per core, in one line each."""
+    from corescale import store
+
+    frame = store.ok_rows(store.load(root, require=False).frame)
+    lines = []
+    for label, instances, cores in (("one instance on all cores", 1, physical_cores),
+                                    ("one instance per core", physical_cores, 1)):
+        rows = frame[(frame["instances"] == instances) & (frame["cpus_per_instance"] == cores)] if len(frame) else frame
+        if len(rows):
+            row = rows.iloc[-1]
+            lines.append(f"{label} ({instances} × {cores}): {row['throughput_samples_per_s']:.2f} samples/s, "
+                         f"p50 {row['max_instance_p50_ms']:.1f} ms")
+    return lines
+
+
+def handle(args) -> int:
+    from corescale import report, store, sweep
+    from corescale.console import console
+    from corescale.overrides import compose
+    from corescale.topology import Topology
+
+    base_dir = Path(compose([o for o in args.overrides if _key(o) == "output_dir"]).output_dir).expanduser()
+    root = base_dir / f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
+    physical = len(Topology.from_sysfs().physical_cores)
+    trials = demo_trials(args.overrides, physical, root)
+    console.print(f"[bold]corescale demo[/bold]: {len(trials)} trials on {physical} core(s) into {root}",
+                  soft_wrap=True)
+    code = sweep.run_sweep(trials, progress=not args.no_progress)
+    table = store.load(root, require=False)
+    if store.ok_rows(table.frame).empty:
+        console.print(f"[red]no trial succeeded[/red]; see {root}")
+        return sweep.EXIT_FAILED
+    built = report.build(root, root / "report.html", table=table)
+    for line in headline(root, physical):
+        console.print(line, soft_wrap=True)
+    console.print(f"[bold]report: {built.path}[/bold]", soft_wrap=True)
+    return code

@@ -1,0 +1,83 @@
+"""`corescale plan`: where each instance would run, on this machine or on one described by `lscpu -p`."""
+
+from __future__ import annotations
+
+import json
+
+from corescale.commands import add_common
+
+ORDER = 15
+
+
+def register(sub) -> None:
+    parser = sub.add_parser("plan", help="show the placement of instances on cores (no benchmark runs)")
+    add_common(parser)
+    parser.add_argument("--lscpu", metavar="FILE",
+                        help="plan for the machine whose `lscpu -p=CPU,CORE,SOCKET,NODE` output is in FILE")
+    parser.add_argument("--allowed-cpus", metavar="LIST", help="only these CPUs, e.g. 0-23,48-71")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.add_argument("overrides", nargs="*", help="e.g. instances=8 cores_per_instance=6 layout=latency")
+    parser.set_defaults(handler=handle)
+
+
+def load_topology(lscpu: str | None, allowed_cpus: str | None):
+    """The topology to plan on; CPUs asked for with --allowed-cpus must all be usable there."""
+    from pathlib import Path
+
+    from corescale.cpulist import format_cpulist, parse_cpulist
+    from corescale.errors import UserError
+    from corescale.topology import Topology, default_allowed
+
+    allowed = parse_cpulist(allowed_cpus) if allowed_cpus is not None else None
+    if allowed_cpus is not None and not allowed:
+        raise UserError("--allowed-cpus is empty: give a CPU list such as 0-3,8")
+    if lscpu is not None:
+        try:
+            text = Path(lscpu).read_text()
+        except OSError as exc:
+            raise UserError(f"cannot read --lscpu file '{lscpu}': {exc.strerror or exc}") from None
+        whole = Topology.from_lscpu(text)
+    else:
+        whole = Topology.from_sysfs(allowed=default_allowed())
+    if allowed is None:
+        return whole
+    missing = sorted(set(allowed) - set(whole.cpu_ids))
+    if missing:
+        raise UserError(f"--allowed-cpus {format_cpulist(missing)} not usable on that machine "
+                        f"(usable: {format_cpulist(whole.cpu_ids)})")
+    return Topology(tuple(c for c in whole.cpus if c.id in set(allowed)))
+
+
+def plan_document(cfg, topology) -> dict:
+    from corescale.runner import placement_for
+
+    placement = placement_for(cfg, topology)
+    instances = []
+    for inst in placement.instances:
+        entry = inst.to_dict()
+        entry["threads"] = cfg.threads or inst.threads
+        instances.append(entry)
+    return {"topology": topology.describe(), "instances": instances, "warnings": list(placement.warnings)}
+
+
+def handle(args) -> int:
+    from corescale.overrides import compose
+
+    cfg = compose(args.overrides)
+    document = plan_document(cfg, load_topology(args.lscpu, args.allowed_cpus))
+    if args.json:
+        print(json.dumps(document, indent=2))
+        return 0
+    from rich.table import Table
+
+    from corescale.console import console, errors
+
+    table = Table(title="placement", caption=document["topology"], header_style="bold")
+    for column in ("instance", "CPUs", "NUMA nodes", "threads"):
+        table.add_column(column, justify="right")
+    for inst in document["instances"]:
+        table.add_row(str(inst["id"]), inst["cpulist"], ",".join(map(str, inst["numa_nodes"])), str(inst["threads"]))
+    console.print(table)
+    for warning in document["warnings"]:
+        errors.print(f"[yellow]warning:[/yellow] {warning}")
+    return 0

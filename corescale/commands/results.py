@@ -1,0 +1,86 @@
+"""`corescale results ROOT`: every result under a root as one table; filters; CSV export."""
+
+from __future__ import annotations
+
+from corescale.commands import add_common
+
+ORDER = 40
+HEADERS = {"batch_size": "batch", "sequence_length": "seq", "instances": "inst", "cpus_per_instance": "cpus/inst",
+           "threads_per_instance": "threads/inst", "latency_p50_ms": "p50 ms", "latency_p99_ms": "p99 ms",
+           "throughput_samples_per_s": "samples/s", "contaminated": "contam.", "precision": "prec."}
+
+
+def register(sub) -> None:
+    parser = sub.add_parser("results", help="one table of every result under a results root")
+    add_common(parser)
+    parser.add_argument("root", help="results root, e.g. outputs/")
+    add_selection(parser)
+    parser.add_argument("--columns", help="comma-separated columns to show (default: a summary); 'all' for every one")
+    parser.add_argument("--sort", metavar="COLUMN", help="sort by this column")
+    parser.add_argument("--desc", action="store_true", help="with --sort: largest first")
+    parser.add_argument("--csv", metavar="PATH", help="write the table (all columns) as CSV; '-' for stdout")
+    parser.set_defaults(handler=handle)
+
+
+def add_selection(parser) -> None:
+    """Options shared by every command that reads a results root."""
+    parser.add_argument("--where", action="append", default=[], metavar="COL=VALUE",
+                        help="keep rows matching (repeatable; =, !=, <, <=, >, >=; a,b for any of)")
+    parser.add_argument("--all", action="store_true", help="every attempt, not only the latest per trial key")
+
+
+def print_wide(renderable) -> None:
+    """Tables printed to a pipe or file are not wrapped at 80 columns."""
+    from rich.console import Console
+
+    from corescale.console import console
+
+    (console if console.is_terminal else Console(highlight=False, width=220)).print(renderable)
+
+
+def load_table(root, args):
+    """The table, with unreadable files reported on stderr (one line each) and skipped."""
+    from corescale import store
+    from corescale.console import errors
+
+    table = store.load(root, latest=not args.all, where=args.where)
+    for path, reason in table.problems:
+        errors.print(f"[yellow]skipped:[/yellow] {reason}", markup=True, soft_wrap=True)
+    if table.unfinished:
+        errors.print(f"note: {table.unfinished} unfinished run dir(s) (.tmp-*: killed or still running) ignored")
+    return table
+
+
+def handle(args) -> int:
+    from rich.table import Table
+
+    from corescale import store
+    from corescale.console import console
+    from corescale.errors import UserError
+
+    frame = load_table(args.root, args).frame
+    if args.sort:
+        if args.sort not in frame.columns:
+            raise UserError(f"unknown sort column '{args.sort}'; columns: {', '.join(frame.columns)}")
+        frame = frame.sort_values(args.sort, ascending=not args.desc, kind="stable")
+    if args.csv:
+        text = frame.to_csv(index=False)
+        if args.csv == "-":
+            print(text, end="")
+            return 0
+        with open(args.csv, "w") as handle:
+            handle.write(text)
+        console.print(f"{len(frame)} rows written to {args.csv}")
+        return 0
+    columns = store.SUMMARY_COLUMNS if not args.columns else (
+        list(frame.columns) if args.columns == "all" else [c.strip() for c in args.columns.split(",")])
+    unknown = [c for c in columns if c not in frame.columns]
+    if unknown:
+        raise UserError(f"unknown column(s) {', '.join(unknown)}; columns: {', '.join(frame.columns)}")
+    table = Table(title=f"{len(frame)} result(s) under {args.root}", header_style="bold")
+    for column in columns:
+        table.add_column(HEADERS.get(column, column), overflow="fold", justify="left" if column == "run" else "right")
+    for _, row in frame[columns].iterrows():
+        table.add_row(*(store.describe_value(row[c]) for c in columns))
+    print_wide(table)
+    return 0

@@ -1,0 +1,341 @@
+"""Trials on a Ray cluster: one trial at a time per benchmark node, every result committed by the driver.
+
+A benchmark node declares the custom resource `corescale_node: 1` (and optionally a type label
+`corescale_type:<type>: 1`). The driver picks a free node for each trial and submits one Ray task pinned to
+it (num_cpus=0, corescale_node=1, a fresh worker per task). The task re-prepares the trial for its own
+topology, runs the normal launcher there and returns the Measured; the driver commits it to the store.
+
+Faults: a dead worker or node is retried on another node (executor.max_retries times); an error inside the
+benchmark (bad input on that node) becomes a failed result at once. Ray is imported only here, lazily.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from corescale.config import RayExecutorConfig
+from corescale.errors import UserError
+from corescale.executors import (OnOutcome, completed_keys, error_measured, failed_measured, output_root, stamp,
+                                 trial_key)
+from corescale.runner import Measured, Trial, commit
+
+NODE_RESOURCE = "corescale_node"
+TYPE_PREFIX = "corescale_type:"
+LOOPBACK = "127.0.0.1"
+LOCAL_OBJECT_STORE_BYTES = 256 * 2**20
+POLL_S = 5.0  # how often the driver looks at the cluster again while it waits for results
+THREAD_ENV_PREFIXES = ("OMP_", "KMP_", "MKL_", "GOMP_", "OPENBLAS_")
+
+log = logging.getLogger(__name__)
+
+
+def import_ray(loopback: bool = False):
+    """Ray, or a UserError naming the extra. `loopback`: the cluster is (or will be) on 127.0.0.1 only."""
+    if loopback:  # else Ray swaps 127.0.0.1 for this host's public IP, where a loopback cluster is not listening
+        os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # read at import, here and by Ray's processes
+    try:
+        import ray
+    except ImportError:
+        raise UserError("executor=ray needs Ray: pip install 'corescale[ray]'") from None
+    if loopback:
+        import ray._private.ray_constants as constants
+
+        constants.ENABLE_RAY_CLUSTER = False  # in case ray was imported before the variable was set
+    return ray
+
+
+def split_address(address: str) -> tuple[str, int] | None:
+    """(host, port) of HOST:PORT (IPv6 as [::1]:PORT); None for "auto" and other forms Ray resolves itself."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        return None
+    return host.strip("[]"), int(port)
+
+
+def is_loopback(address: str | None) -> bool:
+    if address is None:
+        return True
+    parsed = split_address(address)
+    if parsed is None:
+        return False
+    try:
+        return parsed[0] == "localhost" or ipaddress.ip_address(parsed[0]).is_loopback
+    except ValueError:
+        return False
+
+
+def check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Fails fast with one line where ray.init would retry for minutes."""
+    parsed = split_address(address)
+    if parsed is None:
+        return
+    try:
+        socket.create_connection(parsed, timeout=timeout_s).close()
+    except OSError as exc:
+        raise UserError(f"cannot reach the Ray cluster at '{address}' ({exc.strerror or exc}); start it with "
+                        "`ray start --head --port 6379 ...` or fix executor.address") from None
+
+
+# --- on the node ------------------------------------------------------------------------------------------------
+
+def exec_environment() -> dict[str, str] | None:
+    """The environment this process was started with (before Ray changed os.environ in it)."""
+    try:
+        raw = Path("/proc/self/environ").read_bytes()
+    except OSError:
+        return None
+    pairs = (item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
+    return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in pairs}
+
+
+def restore_thread_env() -> None:
+    """Ray sets OMP_NUM_THREADS (1 for a num_cpus=0 task) inside its workers: undo it, so neither the recorded
+    environment nor the instance processes inherit it (instances get their own thread counts explicitly)."""
+    started_with = exec_environment()
+    if started_with is None:
+        os.environ.pop("OMP_NUM_THREADS", None)
+        return
+    for name in [k for k in os.environ if k.startswith(THREAD_ENV_PREFIXES)]:
+        if name not in started_with:
+            del os.environ[name]
+        elif os.environ[name] != started_with[name]:
+            os.environ[name] = started_with[name]
+
+
+def run_on_node(cfg, node: dict) -> Measured:
+    """The Ray task: prepare the trial for this node's topology, measure it, return everything to the driver."""
+    from corescale import environment
+    from corescale.runner import measure, prepare_trial
+
+    restore_thread_env()
+    started = time.time()
+    host = environment.capture()
+    node = {**node, "hostname": host["hostname"], "cpu_model": host["cpu"]["model"], "pid": os.getpid()}
+    try:
+        measured = measure(prepare_trial(cfg), None, host)
+    except Exception as exc:  # noqa: BLE001 - everything raised here is the benchmark's, not the node's, fault
+        measured = error_measured(cfg, exc, host, started)
+    measured.record["node"] = node
+    measured.record["executor"] = {"started": started, "finished": time.time()}
+    return measured
+
+
+# --- on the driver ----------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Node:
+    id: str
+    ip: str
+    hostname: str
+    types: tuple[str, ...]
+
+    @classmethod
+    def from_ray(cls, entry: dict) -> "Node":
+        types = tuple(sorted(k[len(TYPE_PREFIX):] for k, v in entry["Resources"].items()
+                             if k.startswith(TYPE_PREFIX) and v > 0))
+        return cls(entry["NodeID"], entry.get("NodeManagerAddress", ""), entry.get("NodeManagerHostname", ""), types)
+
+    def matches(self, node_type: str | None) -> bool:
+        return node_type is None or node_type in self.types
+
+    def identity(self, node_type: str | None) -> dict:
+        label = node_type or (self.types[0] if len(self.types) == 1 else None)
+        return {"node_type": label, "node_types": list(self.types), "ray_node_id": self.id, "ip": self.ip,
+                "ray_hostname": self.hostname}
+
+    def describe(self) -> str:
+        return f"{self.hostname or self.ip} ({self.id[:8]})"
+
+
+def benchmark_nodes(ray) -> list[Node]:
+    """Alive nodes that declare the corescale_node resource."""
+    return [Node.from_ray(n) for n in ray.nodes() if n.get("Alive") and n["Resources"].get(NODE_RESOURCE, 0) >= 1]
+
+
+def describe_target(node_type: str | None) -> str:
+    return f"with resources {NODE_RESOURCE} and {TYPE_PREFIX}{node_type}" if node_type else \
+        f"with the resource {NODE_RESOURCE}"
+
+
+def no_node_error(node_type: str | None, nodes: list[Node], detail: str = "") -> UserError:
+    types = sorted({t for n in nodes for t in n.types})
+    have = f"{len(nodes)} corescale node(s) alive" + (f", types: {', '.join(types)}" if types else "")
+    resources = f'{{"{NODE_RESOURCE}": 1' + (f', "{TYPE_PREFIX}{node_type}": 1' if node_type else "") + "}"
+    return UserError(f"no alive Ray node {describe_target(node_type)} ({have}){detail}; start one with "
+                     f"`ray start --address=HEAD:6379 --resources='{resources}'`")
+
+
+@dataclass
+class Attempt:
+    """One trial on its way through the cluster, with the nodes where it already died."""
+
+    trial: Trial
+    key: str
+    failures: list[dict] = field(default_factory=list)
+    node: Node | None = None
+    submitted: float = 0.0
+
+    @property
+    def node_type(self) -> str | None:
+        return getattr(self.trial.cfg.executor, "node_type", None)
+
+    @property
+    def max_retries(self) -> int:
+        return getattr(self.trial.cfg.executor, "max_retries", RayExecutorConfig.max_retries)
+
+    @property
+    def failed_nodes(self) -> set[str]:
+        return {f["ray_node_id"] for f in self.failures}
+
+
+def pick_node(nodes: list[Node], attempt: Attempt, busy: set[str]) -> Node | None:
+    """A free node of the trial's type, preferring nodes where it has not died; None = wait."""
+    matching = [n for n in nodes if n.matches(attempt.node_type)]
+    free = [n for n in matching if n.id not in busy]
+    fresh = [n for n in free if n.id not in attempt.failed_nodes]
+    if fresh:
+        return fresh[0]
+    if any(n.id not in attempt.failed_nodes for n in matching):
+        return None  # an untried node of this type is busy: wait for it rather than reuse a failed one
+    return free[0] if free else None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:300] if text else ''}".rstrip(": ")
+
+
+class RayExecutor:
+    """At most one trial per benchmark node in flight; results committed as they arrive."""
+
+    def __init__(self, settings: RayExecutorConfig):
+        self.settings = settings
+        self.skipped: list[tuple[Trial, str]] = []  # trials not run: (trial, why)
+
+    def run(self, trials: list[Trial], on_outcome: OnOutcome) -> None:
+        queue = self._unfinished(trials)
+        if not queue:
+            return
+        ray = import_ray(loopback=is_loopback(self.settings.address) and not _ray_initialized())
+        started_here = self._connect(ray)
+        in_flight: dict = {}
+        try:
+            self._check_types(ray, queue)
+            self._loop(ray, queue, in_flight, on_outcome)
+        finally:
+            for ref in in_flight:
+                try:
+                    ray.cancel(ref, force=True)
+                except Exception:  # noqa: BLE001 - the task may already be gone
+                    pass
+            if started_here:
+                ray.shutdown()
+
+    def _unfinished(self, trials: list[Trial]) -> list[Attempt]:
+        """Trials without a valid result under their output root (and no earlier twin in this list)."""
+        done: dict = {}
+        queued: set[tuple] = set()
+        queue = []
+        for trial in trials:
+            key, root = trial_key(trial), output_root(trial)
+            if key in done.setdefault(root, completed_keys(root) if root.is_dir() else set()):
+                self.skipped.append((trial, "a valid result with the same key exists"))
+            elif (root, key) in queued:
+                self.skipped.append((trial, "same key as an earlier trial of this sweep"))
+            else:
+                queued.add((root, key))
+                queue.append(Attempt(trial, key))
+        return queue
+
+    def _connect(self, ray) -> bool:
+        """Connects to executor.address, or starts a private local Ray (loopback only, no dashboard).
+        Returns whether this call connected (and so must disconnect)."""
+        if ray.is_initialized():
+            return False
+        options = {"logging_level": logging.WARNING, "log_to_driver": False}
+        address = self.settings.address
+        try:
+            if address is None:
+                ray.init(address="local", include_dashboard=False, _node_ip_address=LOOPBACK, num_cpus=0,
+                         resources={NODE_RESOURCE: 1}, object_store_memory=LOCAL_OBJECT_STORE_BYTES, **options)
+            else:
+                check_reachable(address)
+                ray.init(address=address, **options)
+        except ConnectionError as exc:
+            raise UserError(f"cannot connect to the Ray cluster at '{address}': {_first_line(exc)}; start it with "
+                            "`ray start --head --port 6379 ...` or fix executor.address") from None
+        return True
+
+    def _check_types(self, ray, queue: list[Attempt]) -> None:
+        nodes = benchmark_nodes(ray)
+        for node_type in dict.fromkeys(a.node_type for a in queue):
+            if not any(n.matches(node_type) for n in nodes):
+                raise no_node_error(node_type, nodes)
+
+    def _loop(self, ray, queue: list[Attempt], in_flight: dict, on_outcome: OnOutcome) -> None:
+        remote = ray.remote(num_cpus=0, resources={NODE_RESOURCE: 1}, max_calls=1, max_retries=0,
+                            retry_exceptions=False)(run_on_node)
+        while queue or in_flight:
+            nodes = benchmark_nodes(ray)
+            busy = {a.node.id for a in in_flight.values()}
+            for attempt in list(queue):
+                node = pick_node(nodes, attempt, busy)
+                if node is not None:
+                    queue.remove(attempt)
+                    busy.add(node.id)
+                    in_flight[self._submit(ray, remote, attempt, node)] = attempt
+            if not in_flight:
+                raise no_node_error(queue[0].node_type, nodes,
+                                    f"; {len(queue)} trial(s) not run (rerun the sweep to resume them)")
+            ready, _ = ray.wait(list(in_flight), num_returns=1, timeout=POLL_S)
+            for ref in ready:
+                attempt = in_flight.pop(ref)
+                measured = self._collect(ray, ref, attempt, queue)
+                if measured is not None:
+                    on_outcome(attempt.trial, commit(attempt.trial.cfg, measured))
+
+    @staticmethod
+    def _submit(ray, remote, attempt: Attempt, node: Node):
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        attempt.node, attempt.submitted = node, time.time()
+        strategy = NodeAffinitySchedulingStrategy(node.id, soft=False)
+        log.info("trial %s -> node %s", attempt.key, node.describe())
+        return remote.options(scheduling_strategy=strategy).remote(attempt.trial.cfg, node.identity(attempt.node_type))
+
+    def _collect(self, ray, ref, attempt: Attempt, queue: list[Attempt]) -> Measured | None:
+        """The trial's Measured, stamped for the store; None when it was queued again after a node fault."""
+        from ray.exceptions import RayError, RayTaskError
+
+        node = attempt.node.identity(attempt.node_type)
+        started = attempt.submitted
+        try:
+            measured = ray.get(ref)
+        except RayTaskError as exc:  # raised inside the task: retrying would fail the same way
+            measured = failed_measured(attempt.trial.cfg, f"trial raised on node {attempt.node.describe()}: "
+                                       f"{_first_line(exc.cause or exc)}", {"node": node}, started, node=node)
+        except RayError as exc:  # the worker or the node died
+            attempt.failures.append({**node, "error": _first_line(exc)})
+            if len(attempt.failures) <= attempt.max_retries:
+                log.warning("trial %s: %s on %s; retrying", attempt.key, _first_line(exc), attempt.node.describe())
+                queue.insert(0, attempt)
+                return None
+            reason = (f"Ray worker or node died {len(attempt.failures)} time(s), last on "
+                      f"{attempt.node.describe()}: {_first_line(exc)}")
+            measured = failed_measured(attempt.trial.cfg, reason, {"node": node}, started, node=node)
+        executor = {**measured.record.get("executor", {}), "name": "ray", "attempt": len(attempt.failures) + 1,
+                    "failed_attempts": attempt.failures}
+        return stamp(measured, attempt.trial, attempt.key, executor=executor)
+
+
+def _ray_initialized() -> bool:
+    import sys
+
+    ray = sys.modules.get("ray")
+    return bool(ray and ray.is_initialized())

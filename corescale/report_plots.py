@@ -1,0 +1,181 @@
+"""Report figures not covered by corescale.plots, and the series extraction that feeds every report figure.
+
+`series` finds, in a results table, groups of trials that differ only along the axes of one figure (e.g. the
+cores of one instance), whatever sweeps produced them. Figures are built on the Agg canvas (no pyplot).
+"""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pandas as pd
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from corescale.store import config_columns, ok_rows
+
+# How a trial was measured, not what: never splits a series.
+PROCEDURE = {"output_dir", "cache_dir", "duration", "min_iterations", "timeout", "calibrate", "seed",
+             "warmup.min_iterations", "warmup.max_iterations", "warmup.window", "warmup.tolerance",
+             "warmup.max_seconds", "executor.name", "executor.address", "executor.max_retries"}
+PLACEMENT = ["instances", "cores_per_instance", "threads", "layout", "cpus_total", "cpus_per_instance",
+             "threads_per_instance"]
+
+
+def _norm(value) -> str:
+    if value is None or (pd.api.types.is_scalar(value) and pd.isna(value)):
+        return "-"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def series(frame: pd.DataFrame, axes: list[str], free: list[str] = (), keys: list[str] = (),
+           min_points: int = 2) -> pd.DataFrame:
+    """Valid rows grouped so that within a group only `axes` (and `free`) change; a `group` column labels each.
+
+    keys: derived columns that must also be equal within a group (e.g. cpus_per_instance).
+    Groups with fewer than `min_points` distinct axis points are dropped; repeated points keep the latest.
+    """
+    rows = ok_rows(frame)
+    if rows.empty:
+        return rows
+    by = [c for c in config_columns(rows) if c not in PROCEDURE and c not in axes and c not in free]
+    by += [k for k in keys if k in rows and k not in by]
+    rows = rows.assign(_group=[" ".join(_norm(v) for v in t) for t in rows[by].itertuples(index=False)])
+    rows = rows.drop_duplicates(["_group", *axes], keep="last")
+    sizes = rows.groupby("_group")[axes[0]].transform("size")
+    rows = rows[sizes >= min_points]
+    if rows.empty:
+        return rows.drop(columns="_group")
+    varying = [c for c in by if rows[c].map(_norm).nunique() > 1]
+    labels = {g: " ".join(f"{c}={_norm(r[c])}" for c in varying) for g, r in rows.groupby("_group").first().iterrows()}
+    return rows.assign(group=rows["_group"].map(labels)).drop(columns="_group").reset_index(drop=True)
+
+
+def cores_series(frame: pd.DataFrame) -> pd.DataFrame:
+    """One instance on different core counts (latency vs cores)."""
+    rows = frame[(frame["instances"] == 1) & frame["total_batch_size"].isna()] if not frame.empty else frame
+    return series(rows, ["cpus_total"], PLACEMENT).assign(total_cores=lambda f: f.get("cpus_total"))
+
+
+def instances_series(frame: pd.DataFrame) -> pd.DataFrame:
+    """N instances of the same size, each with its own batch (throughput vs instances)."""
+    rows = frame[frame["total_batch_size"].isna()] if not frame.empty else frame
+    out = series(rows, ["instances"], PLACEMENT, keys=["cpus_per_instance", "threads_per_instance"])
+    return out.assign(total_cores=out.get("cpus_total"), cores_per_instance=out.get("cpus_per_instance"))
+
+
+def batch_split_series(frame: pd.DataFrame) -> pd.DataFrame:
+    """The same samples per step on the same cores, split over N instances (total_batch_size, or equivalent
+    runs: 2 instances of batch 1 on 1 core each split a batch of 2 on 2 cores)."""
+    out = series(frame, ["instances"], [*PLACEMENT, "batch_size", "total_batch_size"], keys=["batch_total",
+                                                                                              "cpus_total"])
+    return out.assign(total_cores=out.get("cpus_total"), cores_per_instance=out.get("cpus_per_instance"),
+                      batch_size=out.get("instance_batch_size"), total_batch_size=out.get("batch_total"))
+
+
+def heatmap_series(frame: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """Per backend, the largest batch × sequence grid measured with everything else equal."""
+    grids = series(frame, ["batch_size", "sequence_length"], min_points=2)
+    out = {}
+    for backend, rows in grids.groupby("backend", sort=True) if not grids.empty else []:
+        best = rows.groupby("group").size().idxmax()
+        out[str(backend)] = rows[rows["group"] == best]
+    return out
+
+
+def backends_series(frame: pd.DataFrame) -> pd.DataFrame:
+    """Configurations measured with two or more backends."""
+    backend_options = ["compile_mode", "ort_graph_optimization_level", "ort_execution_mode", "ort_fusion",
+                       "ov_performance_hint", "reference"]
+    return series(frame, ["backend"], backend_options)
+
+
+# --- figures ----------------------------------------------------------------------------------------------------
+
+def new_figure(width: float = 6.4, height: float = 4.6) -> Figure:
+    fig = Figure(figsize=(width, height), layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def png_bytes(fig: Figure, dpi: int = 110) -> bytes:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=dpi, metadata={"Software": None})  # no URL in the file
+    return buffer.getvalue()
+
+
+def heatmap_figure(grids: dict[str, pd.DataFrame]) -> Figure:
+    """Latency p50 (ms) for batch size × sequence length, one panel per backend (the study's figures 1 and 2)."""
+    fig = new_figure(max(5.2 * len(grids), 6.4), 4.8)
+    axes = fig.subplots(1, len(grids), squeeze=False)[0]
+    for ax, (backend, rows) in zip(axes, grids.items()):
+        table = rows.pivot_table(index="batch_size", columns="sequence_length", values="latency_p50_ms")
+        image = ax.imshow(table.to_numpy(float), cmap="viridis", aspect="auto", origin="lower")
+        ax.set_xticks(range(len(table.columns)), [str(c) for c in table.columns])
+        ax.set_yticks(range(len(table.index)), [str(i) for i in table.index])
+        ax.set_xlabel("sequence length (tokens)")
+        ax.set_ylabel("batch size (samples)")
+        peak = np.nanmax(table.to_numpy(float))
+        for (i, j), value in np.ndenumerate(table.to_numpy(float)):
+            if not np.isnan(value):
+                ax.text(j, i, f"{value:.1f}", ha="center", va="center", fontsize=8,
+                        color="white" if value < 0.6 * peak else "black")
+        ax.set_title(f"{backend}: latency p50 (ms)\n{rows['group'].iloc[0]}".rstrip(), fontsize=10)
+        fig.colorbar(image, ax=ax, label="latency p50 (ms)")
+    return fig
+
+
+def backends_figure(rows: pd.DataFrame) -> Figure:
+    """Latency and throughput of each backend, side by side, per configuration."""
+    fig = new_figure(11, 4.6)
+    left, right = fig.subplots(1, 2)
+    groups = list(dict.fromkeys(rows["group"]))
+    backends = sorted(rows["backend"].unique())
+    width = 0.8 / len(backends)
+    x = np.arange(len(groups))
+    for i, backend in enumerate(backends):
+        mine = rows[rows["backend"] == backend].set_index("group").reindex(groups)
+        offset = x - 0.4 + width * (i + 0.5)
+        left.bar(offset, mine["latency_p50_ms"], width, label=backend)
+        right.bar(offset, mine["throughput_samples_per_s"], width, label=backend)
+    for ax, ylabel, title in ((left, "latency p50 (ms)", "Latency by backend (lower is better)"),
+                              (right, "throughput (samples/s)", "Throughput by backend (higher is better)")):
+        ax.set_xticks(x, [g or "all" for g in groups], rotation=20, ha="right", fontsize=8)
+        ax.set_xlabel("configuration")
+        ax.set_ylabel(ylabel)
+        ax.set_title(title, fontsize=10)
+        ax.grid(axis="y", alpha=0.3)
+        ax.legend(fontsize=8)
+    return fig
+
+
+def cost_figure(tables: dict[str, pd.DataFrame]) -> Figure:
+    """Dollars per 1M inferences per layout; hatched bars are projections to another machine."""
+    layouts = list(dict.fromkeys(label for t in tables.values() for label in t["layout"]))
+    fig = new_figure(9, max(3.0, 0.45 * len(layouts) * len(tables) + 1.5))
+    ax = fig.subplots()
+    height = 0.8 / len(tables)
+    y = np.arange(len(layouts))
+    for i, (machine, table) in enumerate(tables.items()):
+        table = table.drop_duplicates("layout").set_index("layout").reindex(layouts)
+        costs = table["cost_per_1m_usd"].replace([np.inf], np.nan).to_numpy(float)
+        projected = (table["basis"] == "projection").to_numpy()
+        bars = ax.barh(y - 0.4 + height * (i + 0.5), costs, height, label=machine)
+        for bar, hatch in zip(bars, projected):
+            bar.set_hatch("//" if hatch else "")
+        for bar, value in zip(bars, costs):
+            if not np.isnan(value):
+                ax.annotate(f"${value:.3g}", (bar.get_width(), bar.get_y() + bar.get_height() / 2),
+                            xytext=(3, 0), textcoords="offset points", va="center", fontsize=7)
+    ax.set_yticks(y, layouts, fontsize=8)
+    ax.invert_yaxis()
+    ax.margins(x=0.12)  # room for the value labels
+    ax.set_xlabel("cost per 1M inferences (US$)")
+    ax.set_ylabel("measured layout")
+    ax.set_title("Cost per 1M inferences (hatched: projection to that machine)", fontsize=10)
+    ax.grid(axis="x", alpha=0.3)
+    ax.legend(fontsize=8)
+    return fig

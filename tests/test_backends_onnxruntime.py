@@ -1,0 +1,94 @@
+"""ONNX Runtime through the real CLI: agreement with PyTorch, export cache, fusion, int8, threads, 2 instances."""
+
+import pytest
+
+pytest.importorskip("onnxruntime", reason="needs corescale[onnxruntime]")
+
+from conftest import FAST, corescale  # noqa: E402
+from corescale.errors import UserError  # noqa: E402
+from test_backends_common import (assert_agrees_with_pytorch, assert_threads_honoured,  # noqa: E402
+                                  error_line, load, run_record)
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("cache")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, cache):
+    """Order matters: the first run (2 instances, empty cache) exports concurrently, the others reuse it."""
+    def run(name, *overrides):
+        return run_record(tmp_path_factory.mktemp(name), "backend=onnxruntime", f"cache_dir={cache}",
+                          "batch_size=4", "reference=pytorch", *overrides)
+    return {
+        "two_instances": run("two", "instances=2"),  # 1 thread each
+        "fused_2t": run("fused", "threads=2", "ort_fusion=true"),
+        "fused_int8": run("int8", "ort_fusion=true", "precision=int8"),
+    }
+
+
+def test_two_instances_agree_with_pytorch(runs):
+    record = runs["two_instances"]
+    assert len(record["instances"]) == 2
+    assert_agrees_with_pytorch(record)
+    for inst in record["instances"]:
+        fw = inst["framework"]
+        assert fw["framework"] == "onnxruntime" and fw["intra_op_num_threads"] == 1
+        assert fw["inter_op_num_threads"] == 1 and fw["providers"] == ["CPUExecutionProvider"]
+        assert "session" in inst["stage_seconds"]  # load stages recorded apart from inference
+
+
+def test_concurrent_exports_leave_one_complete_cache_entry(runs, cache):
+    entries = sorted(p.name for p in (cache / "onnx").iterdir())
+    base = [e for e in entries if "-" not in e]
+    assert len(base) == 1 and not [e for e in entries if e.startswith(".")], entries  # no temp dirs left
+    assert (cache / "onnx" / base[0] / "model.onnx").stat().st_size > 1e6
+
+
+def test_later_runs_reuse_the_cache(runs):
+    fused = runs["fused_2t"]["instances"][0]
+    assert fused["framework"]["cache_hits"] == {"export": True, "fuse": False}
+    assert "export" not in fused["stage_seconds"] and "fuse" in fused["stage_seconds"]
+    quantized = runs["fused_int8"]["instances"][0]
+    assert quantized["framework"]["cache_hits"] == {"export": True, "fuse": True, "quantize": False}
+    assert "fuse" not in quantized["stage_seconds"] and "quantize" in quantized["stage_seconds"]
+
+
+def test_fusion_makes_transformer_operators_and_agrees(runs):
+    record = runs["fused_2t"]
+    ops = record["instances"][0]["framework"]["operators"]
+    layers = 2  # bert-tiny
+    assert ops.get("Attention") == layers and ops.get("EmbedLayerNormalization") == 1, ops
+    assert ops.get("SkipLayerNormalization") == 2 * layers and ops.get("BiasGelu") == layers, ops
+    assert_agrees_with_pytorch(record)
+
+
+def test_threads_honoured(runs):
+    one, two = runs["two_instances"], runs["fused_2t"]
+    assert two["instances"][0]["framework"]["intra_op_num_threads"] == 2
+    assert_threads_honoured(one, two)
+
+
+def test_int8_dynamic_quantization_within_its_tolerance(runs):
+    record = runs["fused_int8"]
+    drift = record["drift"]
+    assert drift["within_tolerance"] and drift["tolerance"] == 0.25, drift
+    assert drift["max_abs_error"] > 1e-4  # it really ran quantized
+    ops = record["instances"][0]["framework"]["operators"]
+    assert ops.get("QAttention") == 2 and ops.get("MatMulInteger", 0) > 0, ops
+
+
+@pytest.mark.parametrize("override, expected", [
+    ("ort_graph_optimization_level=max", "allowed: disable, basic, extended, all"),
+    ("ort_execution_mode=async", "allowed: sequential, parallel"),
+])
+def test_bad_options_are_one_line_errors(tmp_path, override, expected):
+    proc = corescale("run", "--no-progress", *FAST, "backend=onnxruntime", override, f"cache_dir={tmp_path}",
+                     f"output_dir={tmp_path / 'out'}")
+    assert expected in error_line(proc)
+
+
+def test_unsupported_precision_is_a_clear_error(tmp_path):
+    with pytest.raises(UserError, match="backend onnxruntime supports precision fp32, int8"):
+        load("onnxruntime", tmp_path, precision="bf16")

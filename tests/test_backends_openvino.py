@@ -1,0 +1,71 @@
+"""OpenVINO through the real CLI: agreement with PyTorch, threads and streams, hint, bf16, 2 instances."""
+
+import pytest
+
+ov = pytest.importorskip("openvino", reason="needs corescale[openvino]")
+
+from conftest import FAST, corescale  # noqa: E402
+from corescale.errors import UserError  # noqa: E402
+from test_backends_common import (assert_agrees_with_pytorch, assert_threads_honoured,  # noqa: E402
+                                  error_line, load, run_record)
+
+HAS_BF16 = "BF16" in ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    cache = tmp_path_factory.mktemp("cache")
+
+    def run(name, *overrides):
+        return run_record(tmp_path_factory.mktemp(name), "backend=openvino", f"cache_dir={cache}", "batch_size=4",
+                          *overrides)
+    return {
+        "two_instances": run("two", "instances=2", "reference=pytorch"),  # 1 thread each
+        "2t": run("two_threads", "threads=2", "ov_performance_hint=THROUGHPUT"),
+    }
+
+
+def test_two_instances_agree_with_pytorch(runs):
+    record = runs["two_instances"]
+    assert len(record["instances"]) == 2
+    assert_agrees_with_pytorch(record)
+    for inst in record["instances"]:
+        fw = inst["framework"]
+        assert fw["framework"] == "openvino" and fw["inference_num_threads"] == 1 and fw["num_streams"] == 1
+        assert fw["performance_hint"] == "LATENCY"
+        assert fw["inference_precision_hint"] == "f32"  # explicit, even on CPUs where bf16 would be the default
+        assert {"convert", "compile"} <= set(inst["stage_seconds"])
+
+
+def test_threads_honoured_and_hint_configurable(runs):
+    fw = runs["2t"]["instances"][0]["framework"]
+    assert fw["inference_num_threads"] == 2 and fw["performance_hint"] == "THROUGHPUT"
+    assert fw["num_streams"] == 1  # one stream per instance whatever the hint
+    assert_threads_honoured(runs["two_instances"], runs["2t"])
+
+
+@pytest.mark.skipif(not HAS_BF16, reason="this CPU has no bf16 instructions (AVX512_BF16 or AMX)")
+def test_bf16_runs_within_its_tolerance(tmp_path):
+    record = run_record(tmp_path / "out", "backend=openvino", "precision=bf16", "reference=pytorch",
+                        f"cache_dir={tmp_path / 'cache'}")
+    assert record["instances"][0]["framework"]["inference_precision_hint"] == "bf16"
+    drift = record["drift"]
+    assert drift["within_tolerance"] and drift["max_abs_error"] > 1e-4, drift  # within bf16's, not fp32's
+
+
+@pytest.mark.skipif(HAS_BF16, reason="this CPU has bf16: the error path cannot be reached")
+def test_bf16_without_cpu_support_is_a_clear_error(tmp_path):
+    proc = corescale("run", "--no-progress", *FAST, "backend=openvino", "precision=bf16",
+                     f"cache_dir={tmp_path}", f"output_dir={tmp_path / 'out'}")
+    assert "needs a CPU with bf16 instructions" in error_line(proc)
+
+
+def test_unsupported_precision_is_a_clear_error(tmp_path):
+    with pytest.raises(UserError, match="backend openvino supports precision fp32, bf16"):
+        load("openvino", tmp_path, precision="int8")
+
+
+def test_bad_hint_is_a_one_line_error(tmp_path):
+    proc = corescale("run", "--no-progress", *FAST, "backend=openvino", "ov_performance_hint=FAST",
+                     f"output_dir={tmp_path}")
+    assert "allowed: LATENCY, THROUGHPUT, CUMULATIVE_THROUGHPUT" in error_line(proc)

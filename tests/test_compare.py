@@ -1,0 +1,67 @@
+"""compare: trials matched by config; a real slowdown is flagged, a rerun of the same config is not."""
+
+import numpy as np
+import pytest
+
+from conftest import FAST, corescale
+from corescale import compare, store
+
+# Test machines are shared and noisy (±20 % run to run); a threshold of 30 % keeps reruns of one config under it
+# while the slowdown below (8x the work per call) is far above it.
+THRESHOLD = "0.3"
+
+
+@pytest.fixture(scope="module")
+def roots(tmp_path_factory):
+    base = tmp_path_factory.mktemp("compare")
+    roots = {name: base / name for name in ("before", "rerun", "slower")}
+    settings = [*FAST, "threads=1", "duration=1", "min_iterations=20"]
+    # one sweep: 'before' and its rerun back to back, then the slower variant (batch 8 instead of 1)
+    proc = corescale("run", "-m", *settings, f"output_dir={roots['before']},{roots['rerun']}", "--no-progress")
+    assert proc.returncode == 0, proc.stderr
+    proc = corescale("run", *settings, "batch_size=8", f"output_dir={roots['slower']}", "--no-progress")
+    assert proc.returncode == 0, proc.stderr
+    return roots
+
+
+def test_real_slowdown_is_flagged(roots):
+    proc = corescale("compare", str(roots["before"]), str(roots["slower"]), "--ignore", "batch_size",
+                     "--threshold", THRESHOLD, "--fail-on-regression", "--csv", "-")
+    assert proc.returncode == 1  # CI mode: a regression fails the build
+    result = compare.compare_frames(store.load(roots["before"]).frame, store.load(roots["slower"]).frame,
+                                    float(THRESHOLD), ["batch_size"])
+    [row] = result.rows.to_dict(orient="records")
+    assert row["verdict"] == "slower" and row["ratio"] > 1.3 and row["ci_low"] > 1 and row["p_value"] < 0.05
+    assert "batch_size=1→8" in row["trial"] and "x slower" in row["change"]
+    assert result.regressions == 1 and not result.only_before and not result.only_after
+
+
+def test_rerun_of_the_same_config_is_not_flagged(roots):
+    proc = corescale("compare", str(roots["before"]), str(roots["rerun"]), "--threshold", THRESHOLD,
+                     "--fail-on-regression")
+    assert proc.returncode == 0, proc.stdout
+    assert "1 matched trial(s): 0 slower, 0 faster" in proc.stdout
+
+
+def test_unmatched_trials_are_listed(roots):
+    proc = corescale("compare", str(roots["before"]), str(roots["slower"]))  # batch_size differs: no match
+    assert proc.returncode == 0
+    assert "only in before: " in proc.stdout and "only in after: " in proc.stdout
+    assert "no trials match by config" in proc.stdout
+
+
+def test_significance_on_samples():
+    rng = np.random.default_rng(1)
+    before = rng.lognormal(np.log(10.0), 0.1, 400)
+    same = rng.lognormal(np.log(10.0), 0.1, 400)
+    slower = rng.lognormal(np.log(12.0), 0.1, 400)
+    assert not compare.latency_test(before, same).significant
+    shifted = compare.latency_test(before, slower)
+    assert shifted.significant and shifted.ratio == pytest.approx(1.2, rel=0.05)
+    assert compare.verdict(shifted, 0.10) == "slower" and compare.verdict(shifted, 0.5) == "slower (below threshold)"
+    assert compare.describe_ratio(1.5) == "1.50x slower (+50%)" and compare.describe_ratio(0.8) == "1.25x faster (-20%)"
+
+
+def test_bad_ignore_key_is_one_line(roots):
+    proc = corescale("compare", str(roots["before"]), str(roots["rerun"]), "--ignore", "colour")
+    assert proc.returncode == 2 and "unknown config key(s) colour" in proc.stderr

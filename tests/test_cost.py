@@ -1,0 +1,91 @@
+"""Cost per 1M inferences: the arithmetic, the catalog, projections and the cheapest layout under an SLO."""
+
+import io
+
+import pandas as pd
+import pytest
+
+from conftest import FAST, corescale
+from corescale import cost
+from corescale.errors import UserError
+
+
+def rows(**columns):
+    """A results table as store.load builds it, with the columns cost reads."""
+    base = {"status": "ok", "valid": True, "model": "bert-base", "backend": "pytorch", "batch_size": 1,
+            "instance_batch_size": 1, "sequence_length": 128, "use_logical_cores": False, "contaminated": False,
+            "run": "r", "host_physical_cores": 2, "cpu_model": "AMD EPYC 7B13"}
+    n = len(next(iter(columns.values())))
+    return pd.DataFrame([{**base, **{k: v[i] for k, v in columns.items()}} for i in range(n)])
+
+
+def test_cost_per_million_arithmetic():
+    # $/h ÷ (samples/s × 3600) × 1e6
+    assert cost.cost_per_million(3.6, 1.0) == pytest.approx(1000.0)
+    assert cost.cost_per_million(4.848, 100) == pytest.approx(4.848 / 360000 * 1e6)
+    assert cost.cost_per_million(1.0, 0) == float("inf")
+
+
+def test_catalog_holds_the_study_figures_and_common_machines():
+    catalog = cost.load_catalog()
+    assert (catalog["study-48-cores"].price_per_hour, catalog["study-48-cores"].physical_cores) == (4.848, 48)
+    assert (catalog["study-8-cores"].price_per_hour, catalog["study-8-cores"].physical_cores) == (0.808, 8)
+    assert catalog["c5.metal"].physical_cores == 48 and "8275CL" in catalog["c5.metal"].cpu_model
+    assert all(m.vcpus >= m.physical_cores > 0 and m.price_per_hour > 0 for m in catalog.values())
+    with pytest.raises(UserError, match="unknown machine 'c9.huge'"):
+        cost.find_machine("c9.huge", catalog)
+
+
+def test_measured_price_and_cheapest_layout_under_slo():
+    frame = rows(instances=[1, 2], cpus_per_instance=[2, 1], cpus_total=[2, 2],
+                 throughput_samples_per_s=[10.0, 16.0], latency_p99_ms=[90.0, 140.0])
+    here = cost.choose_machine(None, 0.36, None)
+    table = cost.cost_table(frame, here, slo_p99_ms=100)
+    assert list(table["basis"]) == ["measured", "measured"] and list(table["copies"]) == [1, 1]
+    by_layout = table.set_index("layout")
+    assert by_layout.loc["2 × 1 cores · pytorch · batch 1 each · seq 128", "cost_per_1m_usd"] == pytest.approx(6.25)
+    assert by_layout.loc["1 × 2 cores · pytorch · batch 1 · seq 128", "cost_per_1m_usd"] == pytest.approx(10.0)
+    best = cost.cheapest(table, 100)  # the cheaper layout misses the SLO
+    assert best["layout"].startswith("1 × 2 cores") and best["meets_slo"]
+    assert cost.cheapest(table, None)["layout"].startswith("2 × 1 cores")
+    assert "cheapest measured layout that meets p99 ≤ 100 ms: 1 × 2 cores" in cost.answer(table, here, 100)
+    assert cost.cheapest(table, 50) is None and "no measured layout" in cost.answer(table, here, 50)
+
+
+def test_projection_to_a_bigger_machine_is_labelled_with_its_assumption():
+    frame = rows(instances=[2], cpus_per_instance=[1], cpus_total=[2], throughput_samples_per_s=[16.0],
+                 latency_p99_ms=[50.0])
+    c5 = cost.find_machine("c5.metal", cost.load_catalog())
+    [row] = cost.cost_table(frame, c5).to_dict(orient="records")
+    assert row["basis"] == "projection" and row["copies"] == 24  # 48 cores ÷ 2 cores per copy of the layout
+    assert row["machine_samples_per_s"] == pytest.approx(16.0 * 24)
+    assert row["cost_per_1m_usd"] == pytest.approx(4.08 / (16.0 * 24 * 3600) * 1e6)
+    text = cost.assumption(c5, row["cpu_model"])
+    assert "projection to c5.metal" in text and "linear scaling" in text and "AMD EPYC 7B13" in text
+    same = rows(instances=[1], cpus_per_instance=[48], cpus_total=[48], throughput_samples_per_s=[30.0],
+                latency_p99_ms=[40.0], host_physical_cores=[48], cpu_model=["Intel(R) Xeon(R) Platinum 8275CL CPU"])
+    assert cost.cost_table(same, c5)["basis"].tolist() == ["measured"]  # measured on that very machine type
+
+
+def test_cost_command_end_to_end(tmp_path):
+    out = tmp_path / "outputs"
+    assert corescale("run", *FAST, f"output_dir={out}", "--no-progress").returncode == 0
+    proc = corescale("cost", str(out), "--machine", "c5.metal", "--slo-p99-ms", "10000")
+    assert proc.returncode == 0, proc.stderr
+    assert "projection to c5.metal" in proc.stdout and "cheapest measured layout that meets p99" in proc.stdout
+    here = corescale("cost", str(out), "--price-per-hour", "0.5", "--csv", "-")
+    [row] = pd.read_csv(io.StringIO(here.stdout)).to_dict(orient="records")  # the answer goes to stderr
+    assert "cheapest measured layout" in here.stderr
+    assert row["basis"] == "measured"
+    assert row["cost_per_1m_usd"] == pytest.approx(0.5 / (row["machine_samples_per_s"] * 3600) * 1e6, rel=1e-6)
+    assert corescale("cost", "--list-machines").stdout.count("study-") == 2
+
+
+@pytest.mark.parametrize("args, message", [
+    (["{root}", "--machine", "c9.huge"], "unknown machine 'c9.huge'"),
+    (["{root}"], "give --machine NAME"),
+    (["{root}", "--price-per-hour", "-1"], "must be > 0"),
+])
+def test_cost_bad_input_is_one_line(tmp_path, args, message):
+    proc = corescale("cost", *[a.format(root=tmp_path) for a in args])
+    assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0 and message in proc.stderr

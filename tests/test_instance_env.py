@@ -1,0 +1,122 @@
+"""Per-instance environment, library search, pinning before exec and the mapped-library check."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from corescale import instance_env
+from corescale.config import BenchmarkConfig
+from corescale.errors import UserError
+
+PLACEMENT = {"id": 1, "cpus": [2, 3], "numa_nodes": [0], "threads": 2}
+
+
+def cfg(**kw) -> BenchmarkConfig:
+    return BenchmarkConfig(**kw)
+
+
+def fake_lib(directory, name):
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / name).write_bytes(b"not an ELF file")
+    return directory / name
+
+
+@pytest.mark.parametrize("allocator, package", [("jemalloc", "libjemalloc2"), ("tcmalloc", "libgoogle-perftools4")])
+def test_missing_allocator_names_the_debian_package(tmp_path, monkeypatch, allocator, package):
+    monkeypatch.setenv(instance_env.LIB_PATH_ENV, str(tmp_path))
+    with pytest.raises(UserError) as err:
+        instance_env.preload_paths(cfg(allocator=allocator))
+    message = str(err.value)
+    assert package in message and str(tmp_path) in message and "\n" not in message
+
+
+def test_missing_intel_openmp_names_the_pip_package(tmp_path, monkeypatch):
+    monkeypatch.setenv(instance_env.LIB_PATH_ENV, str(tmp_path))
+    with pytest.raises(UserError, match="pip install intel-openmp"):
+        instance_env.preload_paths(cfg(openmp="intel"))
+
+
+def test_lib_path_replaces_the_default_search(tmp_path, monkeypatch):
+    first, second = tmp_path / "a", tmp_path / "b"
+    wanted = fake_lib(second, "libjemalloc.so.2")
+    fake_lib(first, "libtcmalloc.so.4")
+    monkeypatch.setenv(instance_env.LIB_PATH_ENV, f"{first}:{second}")
+    assert instance_env.search_dirs() == [first, second]
+    assert instance_env.preload_paths(cfg(allocator="jemalloc", openmp="gnu")) == [wanted]
+    assert instance_env.preload_paths(cfg()) == []  # default allocator, default OpenMP: nothing preloaded
+
+
+def test_default_search_covers_system_and_venv_dirs(monkeypatch):
+    monkeypatch.delenv(instance_env.LIB_PATH_ENV, raising=False)
+    dirs = [str(d) for d in instance_env.search_dirs()]
+    assert dirs == ["/usr/lib/x86_64-linux-gnu", "/usr/lib", "/usr/local/lib", f"{sys.prefix}/lib"]
+
+
+def test_thread_counts_and_gnu_binding():
+    env = instance_env.instance_variables(cfg(openmp="gnu"), PLACEMENT, [])
+    assert env["OMP_NUM_THREADS"] == env["MKL_NUM_THREADS"] == "2"
+    assert env["OMP_PROC_BIND"] == "close" and env["OMP_PLACES"] == "{2},{3}"
+    assert env["CORESCALE_INSTANCE_CPUS"] == "2-3"
+    assert "LD_PRELOAD" not in env and "KMP_AFFINITY" not in env
+
+
+def test_intel_binding_and_preload_order(tmp_path, monkeypatch):
+    monkeypatch.setenv("LD_PRELOAD", "/inherited.so")
+    monkeypatch.delenv("KMP_BLOCKTIME", raising=False)
+    monkeypatch.setenv("OMP_PROC_BIND", "spread")  # would be read by libiomp5 too: dropped
+    libs = [tmp_path / "libjemalloc.so.2", tmp_path / "libiomp5.so"]
+    config = cfg(allocator="jemalloc", openmp="intel")
+    env = instance_env.environment(config, PLACEMENT, libs)
+    assert env["LD_PRELOAD"] == f"{libs[0]}:{libs[1]}:/inherited.so"
+    assert env["KMP_AFFINITY"] == "granularity=fine,compact,1,0" and env["KMP_BLOCKTIME"] == "1"
+    assert "OMP_PROC_BIND" not in env and "OMP_PLACES" not in env
+    assert env["MALLOC_CONF"] == instance_env.JEMALLOC_CONF
+
+
+def test_user_tuning_values_win(monkeypatch):
+    monkeypatch.setenv("MALLOC_CONF", "background_thread:false")
+    monkeypatch.setenv("KMP_BLOCKTIME", "200")
+    env = instance_env.instance_variables(cfg(allocator="jemalloc", openmp="intel"), PLACEMENT, [])
+    assert env["MALLOC_CONF"] == "background_thread:false" and env["KMP_BLOCKTIME"] == "200"
+
+
+def test_numactl_prefix_binds_cpus_and_nodes(monkeypatch):
+    monkeypatch.delenv(instance_env.NUMACTL_ENV, raising=False)
+    prefix = instance_env.command_prefix(PLACEMENT)
+    if instance_env.numactl_works("0") is None:
+        assert prefix == []
+    else:
+        assert prefix[1:] == ["--physcpubind=2-3", "--membind=0"]
+    monkeypatch.setenv(instance_env.NUMACTL_ENV, "0")
+    assert instance_env.command_prefix(PLACEMENT) == []
+
+
+def test_pinned_before_the_interpreter_starts():
+    cpu = max(os.sched_getaffinity(0))
+    out = subprocess.run([sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"],
+                         capture_output=True, text=True, preexec_fn=instance_env.pin_before_exec([cpu]), check=True)
+    assert out.stdout.strip() == f"[{cpu}]"
+
+
+GOMP = {"gnu-openmp": "/x/libgomp.so.1"}
+
+
+@pytest.mark.parametrize("config, mapped, error", [
+    (cfg(), {}, None),
+    (cfg(allocator="jemalloc"), {**GOMP, "jemalloc": "/x/libjemalloc.so.2"}, None),
+    (cfg(allocator="jemalloc"), GOMP, "jemalloc was requested but is not mapped in instance 3"),
+    (cfg(allocator="tcmalloc"), {"jemalloc": "/x"}, "tcmalloc was requested"),
+    (cfg(openmp="intel"), {**GOMP, "intel-openmp": "/x/libiomp5.so"}, None),
+    (cfg(openmp="intel"), GOMP, "intel-openmp was requested"),
+    (cfg(openmp="gnu"), GOMP, None),
+    (cfg(openmp="gnu"), {}, "no GNU OpenMP"),
+    (cfg(openmp="gnu"), {**GOMP, "intel-openmp": "/x/libiomp5.so"}, "takes over"),
+])
+def test_verify_mapped(config, mapped, error):
+    if error is None:
+        instance_env.verify_mapped(config, mapped, 3)
+    else:
+        with pytest.raises(UserError, match=error):
+            instance_env.verify_mapped(config, mapped, 3)

@@ -1,0 +1,126 @@
+"""Faults of real instances: killed, stopped, overrunning, raising. The run fails, nothing survives it."""
+
+import os
+import signal
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from conftest import FAST, corescale
+from corescale.launcher import Launcher
+from corescale.overrides import compose
+from corescale.results import read_result, read_samples
+from corescale.runner import execute, prepare_trial, worker_specs
+
+pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 usable CPUs")
+TWO = ["instances=2", "cores_per_instance=1", "timeout=120"]
+
+
+def process_group(pgid: int) -> list[int]:
+    """Live (non-zombie) processes in a process group (each worker leads its own)."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                members.append(int(entry.name))
+    return members
+
+
+def processes_with_env(marker: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker.encode() in (entry / "environ").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+class Saboteur:
+    """on_event hook: records worker pids and sends signals when given events arrive."""
+
+    def __init__(self, actions):
+        self.actions = actions  # {(instance, event kind): (target instance, signal)}
+        self.pids: dict[int, int] = {}
+        self.fired: dict[tuple, float] = {}
+
+    def __call__(self, instance, event):
+        if instance >= 0:
+            self.pids[instance] = event["pid"]
+        key = (instance, event["event"])
+        if key in self.actions and key not in self.fired:
+            target, sig = self.actions[key]
+            os.kill(self.pids[target], sig)
+            self.fired[key] = time.monotonic()
+
+
+def trial(tmp_path, *overrides):
+    return prepare_trial(compose([*FAST, f"output_dir={tmp_path}", *TWO, *overrides]))
+
+
+def test_killed_instance_fails_the_run_and_stops_the_others(tmp_path):
+    saboteur = Saboteur({(1, "progress"): (1, signal.SIGKILL)})  # first progress = inside the window
+    outcome = execute(trial(tmp_path, "duration=20"), on_event=saboteur)
+    stopped_after = time.monotonic() - saboteur.fired[(1, "progress")]
+    record = read_result(outcome.path)
+    assert record["status"] == "failed" and record["valid"] is False
+    failure = record["failure"]
+    assert failure["instance"] == 1 and failure["signal"] == "SIGKILL" and failure["exit_code"] == -9
+    assert "instance 1 was killed by SIGKILL while running" == record["reason"]
+    assert "stderr_tail" in failure
+    assert record["partial"]["states"]["0"]["state"] == "running"  # instance 0 was stopped mid-window
+    assert record["partial"]["finished_instances"] == []
+    assert stopped_after < 10  # not the 20 s window: the survivors were stopped
+    assert all(not process_group(pid) for pid in saboteur.pids.values()), "orphan worker processes"
+
+
+def test_partial_samples_of_finished_instances_are_kept_but_invalid(tmp_path):
+    # instance 1 is frozen in its window, so instance 0 finishes first; then instance 1 is killed
+    saboteur = Saboteur({(1, "progress"): (1, signal.SIGSTOP), (0, "result"): (1, signal.SIGKILL)})
+    outcome = execute(trial(tmp_path), on_event=saboteur)
+    record = read_result(outcome.path)
+    assert record["status"] == "failed" and record["valid"] is False
+    assert record["failure"]["instance"] == 1 and record["failure"]["signal"] == "SIGKILL"
+    partial = record["partial"]
+    assert partial["finished_instances"] == [0]
+    assert partial["metrics"]["samples_in_window"] > 0
+    assert "metrics" not in record  # nothing that reads metrics mistakes it for a valid result
+    samples = read_samples(outcome.path)
+    assert set(samples["instance"]) == {0} and samples["in_window"].sum() > 0
+    assert all(not process_group(pid) for pid in saboteur.pids.values())
+
+
+def test_instance_raising_an_error_reports_its_traceback(tmp_path):
+    t = trial(tmp_path)
+    work = tmp_path / "work"
+    work.mkdir()
+    specs = worker_specs(t, work)
+    specs[1]["samples_path"] = str(tmp_path / "missing-dir" / "samples.npz")  # fails after its window
+    outcome = Launcher(work, 120).run(specs, t.cfg)
+    failure = outcome.failure
+    assert failure["instance"] == 1 and not failure["user_error"]
+    assert "instance 1:" in failure["reason"] and "missing-dir" in failure["reason"]
+    assert "Traceback" in failure["traceback"]
+    assert all(not process_group(state["pid"]) for state in outcome.states.values())
+
+
+def test_overrunning_the_timeout_fails_the_cli_with_no_survivors(tmp_path):
+    marker = f"CORESCALE_TEST_MARK_{uuid.uuid4().hex}"
+    started = time.monotonic()
+    proc = corescale("run", *FAST, *TWO[:2], "duration=60", "timeout=4", f"output_dir={tmp_path}",
+                     "--no-progress", env={marker: "1"}, timeout=120)
+    assert proc.returncode == 1
+    assert "timed out after 4 s" in proc.stderr
+    assert time.monotonic() - started < 40
+    assert processes_with_env(marker) == []
+    (run_dir,) = [p for p in tmp_path.iterdir() if not p.name.startswith(".")]
+    record = read_result(run_dir)
+    assert record["status"] == "failed" and record["failure"]["instance"] in (0, 1)

@@ -1,0 +1,155 @@
+"""Real pinned instances of bert-tiny: pinning and threads seen from inside, allocators, barrier, batch split."""
+
+import json
+import os
+import re
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from conftest import FAST, corescale
+from corescale import instance_env
+from corescale.errors import UserError
+from corescale.overrides import compose
+from corescale.results import read_result, read_samples
+from corescale.runner import execute, prepare_trial
+
+TWO_CPUS = len(os.sched_getaffinity(0)) >= 2
+needs_two_cpus = pytest.mark.skipif(not TWO_CPUS, reason="needs 2 usable CPUs")
+
+
+def library_or_skip(library):
+    try:
+        return instance_env.find_library(library)
+    except UserError as exc:
+        pytest.skip(f"not installed here: {exc}")
+
+
+def run(out, *overrides):
+    outcome = execute(prepare_trial(compose([*FAST, f"output_dir={out}", *overrides])))
+    return outcome.record, outcome.path
+
+
+@pytest.fixture(scope="module")
+def two_instances(tmp_path_factory):
+    """2 instances x 1 core, jemalloc + GNU OpenMP, one batch of 4 split in two."""
+    library_or_skip(instance_env.ALLOCATORS["jemalloc"])
+    if not TWO_CPUS:
+        pytest.skip("needs 2 usable CPUs")
+    record, path = run(tmp_path_factory.mktemp("two"), "instances=2", "cores_per_instance=1",
+                       "total_batch_size=4", "allocator=jemalloc", "openmp=gnu")
+    assert record["status"] == "ok", record.get("reason")
+    return record, path
+
+
+def test_each_instance_is_pinned_with_its_thread_count(two_instances):
+    record, _ = two_instances
+    planned = {i["id"]: i["cpus"] for i in record["plan"]["instances"]}
+    assert sorted(planned) == [0, 1] and not set(planned[0]) & set(planned[1])
+    for report in record["instances"]:
+        cpus = planned[report["instance"]]
+        assert report["affinity"] == cpus  # seen from inside the worker
+        assert report["framework"]["num_threads"] == 1
+        assert 1 <= report["thread_count"] <= 3  # main + at most jemalloc's background thread and one helper
+        env = report["launch"]["env"]
+        assert env["OMP_NUM_THREADS"] == env["MKL_NUM_THREADS"] == "1"
+        assert env["OMP_PLACES"] == f"{{{cpus[0]}}}" and env["OMP_PROC_BIND"] == "close"
+
+
+def test_requested_libraries_are_really_mapped(two_instances):
+    record, _ = two_instances
+    for report in record["instances"]:
+        mapped = report["mapped_libraries"]
+        preloaded = report["launch"]["env"]["LD_PRELOAD"].split(":")[0]
+        assert os.path.realpath(mapped["jemalloc"]) == os.path.realpath(preloaded)
+        assert "gnu-openmp" in mapped and "intel-openmp" not in mapped
+
+
+def test_barrier_every_instance_starts_at_the_common_instant(two_instances):
+    record, path = two_instances
+    metrics = record["metrics"]
+    samples = read_samples(path)
+    timed = samples[samples["phase"] == "timed"]
+    start, end = metrics["window_start_ns"], metrics["window_end_ns"]
+    for instance, rows in timed.groupby("instance"):
+        first = rows["start_ns"].min()
+        assert start <= first <= start + 10_000_000, f"instance {instance} started {(first - start) / 1e6} ms late"
+        assert rows["end_ns"].max() >= end  # every instance was busy through the whole common window
+    assert 0 <= metrics["max_start_skew_ms"] <= 10
+
+
+def test_batch_split_and_aggregation(two_instances):
+    record, path = two_instances
+    metrics = record["metrics"]
+    assert [r["output_shape"][0] for r in record["instances"]] == [2, 2]  # [B/N, S] each
+    assert [m["batch_size"] for m in metrics["instances"]] == [2, 2]
+    samples = read_samples(path)
+    in_window = samples[samples["in_window"]]
+    assert metrics["samples_in_window"] == 2 * len(in_window)
+    assert metrics["throughput_samples_per_s"] == pytest.approx(metrics["samples_in_window"] / metrics["window_s"])
+    assert metrics["window_s"] == pytest.approx((metrics["window_end_ns"] - metrics["window_start_ns"]) / 1e9)
+    timed = samples[samples["phase"] == "timed"]
+    assert metrics["latency_s"]["count"] == len(timed)  # pooled from every raw sample
+    per_instance = [m["latency_s"]["p50"] for m in metrics["instances"]]
+    assert metrics["max_instance_p50_s"] == max(per_instance)
+    for m in metrics["instances"]:
+        rows = timed[timed["instance"] == m["id"]]
+        assert m["latency_s"]["p50"] == pytest.approx(np.percentile(rows["latency_ms"], 50) / 1e3)
+
+
+def test_uneven_batch_split_is_rejected():
+    proc = corescale("run", *FAST, "instances=2", "total_batch_size=3", "--no-progress")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "does not split evenly" in proc.stderr
+
+
+@needs_two_cpus
+def test_one_instance_on_two_cores_with_tcmalloc_and_intel_openmp(tmp_path):
+    tcmalloc = library_or_skip(instance_env.ALLOCATORS["tcmalloc"])
+    library_or_skip(instance_env.INTEL_OPENMP)
+    record, _ = run(tmp_path, "cores_per_instance=2", "allocator=tcmalloc", "openmp=intel")
+    assert record["status"] == "ok", record.get("reason")
+    (report,) = record["instances"]
+    cpus = record["plan"]["instances"][0]["cpus"]
+    assert len(cpus) == 2 and report["affinity"] == cpus and report["framework"]["num_threads"] == 2
+    assert report["thread_count"] >= 2  # the OpenMP pool really has a second thread
+    bound = {tuple(cpus) for cpus in report["thread_affinity"].values()}
+    assert {(cpus[0],), (cpus[1],)} <= bound  # KMP_AFFINITY took effect: one OpenMP thread bound to each CPU
+    assert "intel-openmp" in report["mapped_libraries"]
+    assert os.path.realpath(report["mapped_libraries"]["tcmalloc"]) == os.path.realpath(tcmalloc)
+    env = report["launch"]["env"]
+    assert env["KMP_AFFINITY"].startswith("granularity=fine") and env["KMP_BLOCKTIME"] == "1"
+
+
+def test_missing_allocator_is_one_line_exit_2(tmp_path):
+    out = tmp_path / "out"
+    proc = corescale("run", *FAST, "allocator=jemalloc", f"output_dir={out}", "--no-progress",
+                     env={instance_env.LIB_PATH_ENV: str(tmp_path)})
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0
+    assert "libjemalloc2" in proc.stderr and not out.exists()
+
+
+def test_preload_that_does_not_load_is_an_error_not_a_warning(tmp_path):
+    (tmp_path / "libjemalloc.so.2").write_bytes(b"junk, not a shared library")
+    out = tmp_path / "out"
+    proc = corescale("run", *FAST, "allocator=jemalloc", f"output_dir={out}", "--no-progress",
+                     env={instance_env.LIB_PATH_ENV: str(tmp_path)})
+    assert proc.returncode == 2
+    # another corescale trial on this machine may make it wait first (machine-wide lock): not an error line
+    line = re.sub(r"waiting for another corescale trial.*?lock.*?\)\n", "", proc.stderr, flags=re.S).strip()
+    assert line.count("\n") == 0, line
+    assert "jemalloc was requested but is not mapped in instance 0" in line and "ld.so" in line
+    assert not out.exists() or not any(out.iterdir())
+
+
+def test_result_json_records_the_launch(two_instances):
+    _, path = two_instances
+    record = read_result(path)
+    prefixes = [r["launch"]["command_prefix"] for r in record["instances"]]
+    for prefix, placement in zip(prefixes, record["plan"]["instances"]):
+        if prefix:  # numactl works here
+            assert f"--physcpubind={placement['cpulist']}" in prefix
+    assert json.loads(json.dumps(record)) == record
+    assert isinstance(pd.read_parquet(path / "samples.parquet"), pd.DataFrame)

@@ -1,0 +1,326 @@
+"""RayExecutor on a real Ray cluster of 2 simulated nodes on loopback (ray.cluster_utils.Cluster).
+
+Node `a` sees every CPU; node `b` was started pinned to one CPU, so it is a smaller machine kind: a trial
+that asks for 2 threads is valid on the driver but a bad config on `b`.
+"""
+
+import ipaddress
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from conftest import FAST, ROOT
+from corescale.executors import create_executor, trial_key
+from corescale.overrides import compose, expand_sweep
+from corescale.results import iter_run_dirs, read_result
+from corescale.runner import prepare_trial
+
+pytest.importorskip("ray", reason="Ray is the optional extra corescale[ray]")
+CPUS = sorted(os.sched_getaffinity(0))
+pytestmark = [pytest.mark.skipif(len(CPUS) < 2, reason="needs 2 usable CPUs"), pytest.mark.timeout(240)]
+RAY_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+LOOPBACK = "127.0.0.1"
+QUICK = [*FAST, "warmup.max_iterations=3", "timeout=120"]
+
+
+@contextmanager
+def affinity(cpus):
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cpus)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    tmp = Path(tempfile.mkdtemp(prefix="ray", dir="/tmp"))  # short: Ray's unix socket paths are <= 107 chars
+    patch = pytest.MonkeyPatch()
+    for name, value in {**RAY_ENV, "RAY_TMPDIR": str(tmp)}.items():
+        patch.setenv(name, value)
+    patch.delenv("OMP_NUM_THREADS", raising=False)
+    from ray.cluster_utils import Cluster
+
+    ray_cluster = Cluster()
+    try:
+        ray_cluster.add_node(num_cpus=1, include_dashboard=False, node_ip_address=LOOPBACK,
+                             resources={"corescale_node": 1, "corescale_type:a": 1})
+        with affinity(CPUS[:1]):  # the raylet and every worker it starts inherit this
+            ray_cluster.add_node(num_cpus=1, node_ip_address=LOOPBACK,
+                                 resources={"corescale_node": 1, "corescale_type:b": 1})
+        yield SimpleNamespace(address=ray_cluster.address, tmp=tmp)
+    finally:
+        ray_cluster.shutdown()
+        patch.undo()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def trials_for(address, out, sweep):
+    return [prepare_trial(compose([*QUICK, f"output_dir={out}", "executor=ray", f"executor.address={address}",
+                                   *overrides])) for overrides in expand_sweep(sweep)]
+
+
+def run_trials(trials):
+    outcomes = []
+    executor = create_executor(trials[0].cfg)
+    executor.run(trials, lambda trial, outcome: outcomes.append((trial, outcome)))
+    return executor, outcomes
+
+
+def stored(out):
+    return [read_result(d) for d in iter_run_dirs(out)]
+
+
+def overlap(x, y):
+    return x["started"] < y["finished"] and y["started"] < x["finished"]
+
+
+def test_sweep_over_node_types_runs_one_trial_per_node(cluster, tmp_path):
+    out = tmp_path / "out"
+    trials = trials_for(cluster.address, out, ["executor.node_type=a,b", "batch_size=1,2"])
+    _, outcomes = run_trials(trials)
+
+    assert len(outcomes) == 4
+    records = stored(out)
+    assert len(records) == 4 and all(r["status"] == "ok" and r["valid"] for r in records), \
+        [r.get("reason") for r in records]
+    assert sorted(r["trial_key"] for r in records) == sorted(trial_key(t) for t in trials)
+    for r in records:
+        node = r["node"]
+        assert node["node_type"] == r["config"]["executor"]["node_type"]
+        assert node["hostname"] and node["cpu_model"] and node["ray_node_id"] and node["ip"] == LOOPBACK
+    assert len({r["node"]["ray_node_id"] for r in records}) == 2
+    spans = [dict(r["executor"], node=r["node"]["ray_node_id"]) for r in records]
+    for i, x in enumerate(spans):  # never two trials on one node at once; the two nodes work in parallel
+        for y in spans[i + 1:]:
+            assert not (x["node"] == y["node"] and overlap(x, y))
+    assert any(overlap(x, y) for i, x in enumerate(spans) for y in spans[i + 1:])
+    # Ray's OMP_NUM_THREADS=1 must not reach the instances: threads come from the node's plan
+    for r in records:
+        plan_threads = r["plan"]["instances"][0]["threads"]
+        framework = r["instances"][0]["framework"]
+        assert framework["num_threads"] == plan_threads
+        assert f"OMP_NUM_THREADS : {plan_threads}" in framework["parallel_info"]
+        assert "OMP_NUM_THREADS" not in r["environment"]["env"]
+    by_type = {r["node"]["node_type"]: r["plan"]["instances"][0]["threads"] for r in records}
+    assert by_type == {"a": len(CPUS), "b": 1}
+
+
+def corescale_workers_of(ray_tmp: Path):
+    """(pid, parent pid) of instance processes started under this test's Ray cluster."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+            environ = (proc / "environ").read_bytes().split(b"\0")
+            ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if b"corescale.worker" in cmdline and f"RAY_TMPDIR={ray_tmp}".encode() in environ:
+            found.append((int(proc.name), ppid))
+    return found
+
+
+def kill_first_ray_worker(ray_tmp: Path, killed: list, deadline_s: float = 90):
+    """Kills (SIGKILL) the Ray worker that runs the first trial to start its instances."""
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        for _, ray_worker in corescale_workers_of(ray_tmp):
+            os.kill(ray_worker, signal.SIGKILL)
+            killed.append(ray_worker)
+            return
+        time.sleep(0.2)
+
+
+def test_killed_worker_is_retried_elsewhere_and_bad_config_is_recorded(cluster, tmp_path):
+    import threading
+
+    out = tmp_path / "out"
+    good = trials_for(cluster.address, out, ["batch_size=3"])
+    bad = trials_for(cluster.address, out, ["threads=2", "executor.node_type=b"])  # fits the driver, not b
+    killed = []
+    killer = threading.Thread(target=kill_first_ray_worker, args=(cluster.tmp, killed), daemon=True)
+    killer.start()
+    _, outcomes = run_trials(good + bad)
+    killer.join(timeout=1)
+
+    assert len(killed) == 1
+    records = {r["config"]["batch_size"]: r for r in stored(out)}
+    assert len(records) == 2
+    retried = records[3]
+    assert retried["status"] == "ok", retried.get("reason")
+    assert retried["executor"]["attempt"] == 2
+    failure = retried["executor"]["failed_attempts"][0]
+    assert "WorkerCrashedError" in failure["error"] or "died" in failure["error"]
+    assert failure["ray_node_id"] != retried["node"]["ray_node_id"]  # retried on the other node
+    failed = records[1]
+    assert failed["status"] == "failed" and not failed["valid"]
+    assert failed["reason"].startswith("bad input: threads=2 exceeds the 1 CPUs")
+    assert failed["executor"]["attempt"] == 1 and failed["node"]["node_type"] == "b"
+    assert [o.ok for _, o in outcomes].count(True) == 1
+
+
+def test_worker_that_keeps_dying_is_recorded_failed(cluster, tmp_path):
+    import threading
+
+    out = tmp_path / "out"
+    trials = trials_for(cluster.address, out, ["batch_size=5", "executor.max_retries=0"])
+    killed = []
+    killer = threading.Thread(target=kill_first_ray_worker, args=(cluster.tmp, killed), daemon=True)
+    killer.start()
+    _, outcomes = run_trials(trials)
+    killer.join(timeout=1)
+
+    assert len(killed) == 1 and len(outcomes) == 1 and not outcomes[0][1].ok
+    (record,) = stored(out)
+    assert record["status"] == "failed" and not record["valid"]
+    assert record["reason"].startswith("Ray worker or node died 1 time(s), last on ")
+    assert len(record["executor"]["failed_attempts"]) == 1 and record["node"]["ray_node_id"]
+
+
+DRIVER = """
+import sys
+from corescale.executors import create_executor
+from corescale.overrides import compose, expand_sweep
+from corescale.runner import prepare_trial
+trials = [prepare_trial(compose(o)) for o in expand_sweep(sys.argv[1:])]
+create_executor(trials[0].cfg).run(trials, lambda t, o: print("committed", o.path, flush=True))
+"""
+
+
+def test_killed_driver_resumes_without_duplicates(cluster, tmp_path):
+    out = tmp_path / "out"
+    sweep = [*QUICK, f"output_dir={out}", "executor=ray", f"executor.address={cluster.address}",
+             "batch_size=1,2,3"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    driver = subprocess.Popen([sys.executable, "-c", DRIVER, *sweep], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        first = driver.stdout.readline()  # the first committed result, then the driver dies
+    finally:
+        driver.kill()
+        driver.wait()
+    assert first.startswith("committed ")
+    kept = Path(first.split(" ", 1)[1].strip())
+    before = {d.name: (d / "result.json").stat().st_mtime_ns for d in iter_run_dirs(out)}
+    assert kept.name in before
+
+    trials = trials_for(cluster.address, out, ["batch_size=1,2,3"])
+    executor, outcomes = run_trials(trials)
+
+    assert len(executor.skipped) == len(before)
+    assert len(outcomes) == 3 - len(before)
+    records = stored(out)
+    assert sorted(r["trial_key"] for r in records) == sorted(trial_key(t) for t in trials)  # each once
+    assert all(r["status"] == "ok" for r in records)
+    assert {d.name: (d / "result.json").stat().st_mtime_ns for d in iter_run_dirs(out) if d.name in before} == before
+    again, nothing = run_trials(trials)  # all done: nothing runs
+    assert nothing == [] and len(again.skipped) == 3
+
+
+LOCAL = """
+import json, sys
+import ray
+from corescale.executors import create_executor
+from corescale.overrides import compose
+from corescale.runner import prepare_trial
+trial = prepare_trial(compose(sys.argv[1:]))
+seen = {}
+def check(t, outcome):
+    seen.update(nodes=[n["NodeManagerAddress"] for n in ray.nodes()], record=outcome.record["node"],
+                status=outcome.record["status"])
+    print("running", flush=True)
+    sys.stdin.readline()  # the test looks at the Ray processes meanwhile
+create_executor(trial.cfg).run([trial], check)
+seen["still_connected"] = ray.is_initialized()
+print(json.dumps(seen), flush=True)
+"""
+
+
+def processes_with_env(entry: str):
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and entry.encode() in (proc / "environ").read_bytes().split(b"\0"):
+                yield proc
+        except OSError:
+            continue
+
+
+def decode_address(hex_address: str) -> tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, int]:
+    """An address of /proc/net/tcp{,6} (host byte order, 32-bit words)."""
+    host, port = hex_address.split(":")
+    raw = b"".join(bytes.fromhex(host[i:i + 8])[::-1] for i in range(0, len(host), 8))
+    address = ipaddress.ip_address(raw)
+    return getattr(address, "ipv4_mapped", None) or address, int(port, 16)
+
+
+def listening_sockets(entry: str):
+    """(address, port) of every TCP socket listened on by the processes whose environment holds `entry`."""
+    inodes = set()
+    for proc in processes_with_env(entry):
+        try:
+            links = [os.readlink(fd) for fd in (proc / "fd").iterdir()]
+        except OSError:
+            continue
+        inodes.update(link[8:-1] for link in links if link.startswith("socket:["))
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # 0A = LISTEN
+                found.append(decode_address(fields[1]))
+    return found
+
+
+def test_private_local_ray_binds_loopback_only_without_dashboard(tmp_path):
+    ray_tmp = Path(tempfile.mkdtemp(prefix="ray", dir="/tmp"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env.update(RAY_AUTH_MODE="disabled", RAY_TMPDIR=str(ray_tmp), PYTHONPATH=str(ROOT))
+    driver = subprocess.Popen([sys.executable, "-c", LOCAL, *QUICK, f"output_dir={tmp_path / 'out'}",
+                               "executor=ray"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert driver.stdout.readline() == "running\n"
+        sockets = listening_sockets(f"RAY_TMPDIR={ray_tmp}")
+        out, _ = driver.communicate("go\n", timeout=60)
+    finally:
+        driver.kill()
+        driver.wait()
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+    seen = json.loads(out.strip().splitlines()[-1])
+    assert seen["status"] == "ok"
+    assert seen["nodes"] == [LOOPBACK] and seen["record"]["ip"] == LOOPBACK
+    assert sockets and all(address.is_loopback for address, _ in sockets), sockets
+    assert 8265 not in {port for _, port in sockets}  # no dashboard web server
+    assert not seen["still_connected"]  # the executor stops the Ray it started
+
+
+def test_unknown_node_type_is_one_clear_error(cluster, tmp_path):
+    from corescale.errors import UserError
+
+    trials = trials_for(cluster.address, tmp_path / "out", ["executor.node_type=c5.metal"])
+    with pytest.raises(UserError, match=r"no alive Ray node with resources corescale_node and "
+                                        r"corescale_type:c5.metal \(2 corescale node\(s\) alive, types: a, b\)"):
+        run_trials(trials)
+    assert not (tmp_path / "out").exists()
+
+
+def test_unreachable_cluster_fails_fast(tmp_path):
+    from corescale.errors import UserError
+
+    trials = trials_for("127.0.0.1:1", tmp_path / "out", ["batch_size=1"])
+    started = time.monotonic()
+    with pytest.raises(UserError, match=r"cannot reach the Ray cluster at '127.0.0.1:1' \(Connection refused\)"):
+        run_trials(trials)
+    assert time.monotonic() - started < 10

@@ -1,0 +1,111 @@
+"""Sweeps through the real CLI: resume, failures recorded, SIGKILL mid-sweep, concurrent writers."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
+
+from conftest import FAST, ROOT, corescale
+from corescale import store
+from corescale.results import PendingRun, iter_run_dirs, read_result
+from corescale.sweep import plan_sweep
+
+
+def run_dirs(root):
+    return list(iter_run_dirs(root)) if root.exists() else []
+
+
+def expected_keys(overrides):
+    from corescale.overrides import expand_sweep
+
+    return {item.key for item in plan_sweep(expand_sweep(overrides))}
+
+
+def test_failed_trial_is_recorded_and_the_sweep_goes_on(out_dir):
+    # timeout=0.5 kills the instance while it loads: a real failure, with a reason
+    grid = [*FAST, "timeout=0.5,600", f"output_dir={out_dir}"]
+    proc = corescale("run", "-m", *grid, "--no-progress")
+    assert proc.returncode == 1
+    assert "1 measured ok, 1 failed" in proc.stdout and "timed out" in proc.stderr
+    table = store.load(out_dir).frame.set_index("timeout")
+    assert table.loc[0.5, "status"] == "failed" and "timed out" in table.loc[0.5, "reason"]
+    assert table.loc[600.0, "status"] == "ok"
+
+    rerun = corescale("run", "-m", *grid, "--no-progress")  # the failure is redone, the success is not
+    assert rerun.returncode == 1 and "0 measured ok, 1 failed, 1 skipped" in rerun.stdout
+    assert len(store.load(out_dir).frame) == 2  # latest attempt per key
+    assert len(store.load(out_dir, latest=False).frame) == 3  # every attempt with --all
+    listed = corescale("results", str(out_dir), "--all", "--csv", "-")
+    assert listed.returncode == 0 and len(listed.stdout.strip().splitlines()) == 1 + 3
+
+
+def test_fail_fast_stops_at_first_failure(out_dir):
+    proc = corescale("run", "-m", *FAST, "timeout=0.5,600", f"output_dir={out_dir}", "--no-progress", "--fail-fast")
+    assert proc.returncode == 1 and "--fail-fast" in proc.stderr
+    assert [r["status"] for r in map(read_result, run_dirs(out_dir))] == ["failed"]
+
+
+def test_sigkill_mid_sweep_then_resume_gives_exactly_the_grid(out_dir):
+    grid = [*FAST, "batch_size=1,2,3", f"output_dir={out_dir}"]
+    command = [sys.executable, "-m", "corescale.cli", "run", "-m", *grid, "--no-progress"]
+    proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 240
+    while not run_dirs(out_dir) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert proc.poll() is None, "the sweep ended before it could be killed"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    finished = len(run_dirs(out_dir))
+    assert 1 <= finished < 3
+
+    resumed = corescale("run", "-m", *grid, "--no-progress")
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"{3 - finished} measured ok, 0 failed, {finished} skipped" in resumed.stdout
+    every = store.load(out_dir, latest=False).frame
+    assert len(every) == 3 and every["key"].is_unique  # no duplicates
+    assert set(every["key"]) == expected_keys(grid) and (every["status"] == "ok").all()
+    assert sorted(every["batch_size"]) == [1, 2, 3]
+
+    again = corescale("run", "-m", *grid, "--no-progress")  # all done: nothing is measured again
+    assert again.returncode == 0 and "0 measured ok, 0 failed, 3 skipped" in again.stdout
+    assert len(run_dirs(out_dir)) == 3
+
+
+def test_two_sweeps_into_one_root_lose_nothing(out_dir):
+    grids = ([*FAST, "batch_size=1", f"output_dir={out_dir}"], [*FAST, "batch_size=2", f"output_dir={out_dir}"])
+    procs = [subprocess.Popen([sys.executable, "-m", "corescale.cli", "run", "-m", *grid, "--no-progress"], cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for grid in grids]
+    for proc in procs:
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err
+    table = store.load(out_dir).frame
+    assert sorted(table["batch_size"]) == [1, 2] and (table["status"] == "ok").all()
+    # trials never overlapped in time: the machine lock serialises them across processes
+    spans = sorted((r["finished_at"] - r["elapsed_s"], r["finished_at"]) for r in map(read_result, run_dirs(out_dir)))
+    assert all(end <= next_start for (_, end), (next_start, _) in zip(spans, spans[1:]))
+
+
+def _commit_many(root, count):
+    for number in range(count):
+        pending = PendingRun(root, "same-name")
+        pending.commit({"status": "ok", "config": {}, "n": f"{os.getpid()}-{number}"})
+
+
+def test_concurrent_commits_of_one_run_name_never_clobber(tmp_path):
+    with ProcessPoolExecutor(4, mp_context=get_context("fork")) as pool:
+        list(pool.map(_commit_many, [tmp_path] * 4, [25] * 4))
+    dirs = run_dirs(tmp_path)
+    assert len(dirs) == 100
+    assert len({json.loads((d / "result.json").read_text())["n"] for d in dirs}) == 100
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-")]
+
+
+def test_unknown_sweep_key_is_one_clear_line(out_dir):
+    proc = corescale("run", "-m", *FAST, "batch_sise=1,2", f"output_dir={out_dir}")
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and "unknown key 'batch_sise'" in proc.stderr
+    assert not out_dir.exists()
