@@ -70,7 +70,8 @@ def main(argv=None) -> int:
         tail = seen["result"] - (seen["started"] + START_DELAY_S + window)
         stop = record["finished_at"] - seen["result"]
         for name, value in (("process start + imports (+ SGEMM calibration)", start_imports),
-                            ("model build (incl. transformers import)", load), ("warm-up (+ waiting for the slowest instance)", warmup),
+                            ("model build (incl. transformers import)", load),
+                            ("warm-up (+ waiting for the slowest instance)", warmup),
                             ("start barrier delay", START_DELAY_S), ("measurement windows", window),
                             ("tail: last call past the window, output check", tail),
                             ("stop processes + aggregate", stop)):

@@ -16,6 +16,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rich.markup import escape
+
 from corescale import environment
 from corescale.console import TrialProgress, console, errors, print_result
 from corescale.errors import UserError
@@ -148,7 +150,7 @@ def run_single(overrides: list[str], progress: bool = True) -> int:
         outcome = run_trial(planned, environment.capture(), on_event=bars, keep_going=False)
     print_result(outcome.record, outcome.path)
     if not outcome.ok:
-        errors.print(f"[red]run failed:[/red] {outcome.record['reason']}")
+        errors.print(f"[red]run failed:[/red] {escape(str(outcome.record['reason']))}")
     return EXIT_OK if outcome.ok else EXIT_FAILED
 
 
@@ -175,12 +177,12 @@ def run_sweep(trials: list[list[str]], fail_fast: bool = False, progress: bool =
         existing = index.find(item.key) if resume else None
         if existing is not None:
             console.print(f"trial {item.number}/{state.total} skipped (valid result exists: {existing}): "
-                          f"{item.label}", soft_wrap=True)
+                          f"{escape(item.label)}", soft_wrap=True)
             state.rows.append((item, "skipped", None, existing))
             continue
         remaining = state.total - item.number + 1
         eta = state.eta(remaining)
-        console.print(f"[bold]trial {item.number}/{state.total}[/bold] ({eta}): {item.label}")
+        console.print(f"[bold]trial {item.number}/{state.total}[/bold] ({eta}): {escape(item.label)}")
         started = time.monotonic()
         with SweepProgress(item.trial.cfg, progress, item.number - 1, state.total, eta) as bars:
             outcome = run_trial(item, host, on_event=_tee(bars, listener, item))
@@ -191,9 +193,9 @@ def run_sweep(trials: list[list[str]], fail_fast: bool = False, progress: bool =
         if progress:
             print_result(outcome.record, outcome.path)
         else:
-            console.print(f"  {_brief(outcome.record)} -> {outcome.path}", soft_wrap=True)
+            console.print(f"  {escape(_brief(outcome.record))} -> {escape(str(outcome.path))}", soft_wrap=True)
         if not outcome.ok:
-            errors.print(f"[red]trial {item.number} failed:[/red] {outcome.record['reason']}")
+            errors.print(f"[red]trial {item.number} failed:[/red] {escape(str(outcome.record['reason']))}")
             if fail_fast:
                 errors.print("stopping the sweep (--fail-fast)")
                 break
@@ -229,10 +231,10 @@ def _summary(state: SweepState, roots: list[str]) -> None:
     for item, status, record, path in state.rows:
         colour = {"ok": "green", "failed": "red"}.get(status, "dim")
         detail = _brief(record) if record else str(path)
-        table.add_row(str(item.number), item.label, f"[{colour}]{status}[/{colour}]", detail)
+        table.add_row(str(item.number), escape(item.label), f"[{colour}]{status}[/{colour}]", escape(detail))
     console.print(table)
     not_run = state.total - len(state.rows)
     console.print(f"{state.total} trials: {state.count('ok')} measured ok, {state.count('failed')} failed, "
                   f"{state.count('skipped')} skipped (already done)" + (f", {not_run} not run" if not_run else ""))
     for root in roots:
-        console.print(f"results: {root}  (corescale results {root})", soft_wrap=True)
+        console.print(escape(f"results: {root}  (corescale results {root})"), soft_wrap=True)

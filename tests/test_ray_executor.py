@@ -118,7 +118,7 @@ def test_sweep_over_node_types_runs_one_trial_per_node(cluster, tmp_path):
 
 
 def corescale_workers_of(ray_tmp: Path):
-    """(pid, parent pid) of instance processes started under this test's Ray cluster."""
+    """(pid, parent pid) of instance processes that a live Ray task of this test's cluster started."""
     found = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
@@ -127,9 +127,12 @@ def corescale_workers_of(ray_tmp: Path):
             cmdline = (proc / "cmdline").read_bytes().split(b"\0")
             environ = (proc / "environ").read_bytes().split(b"\0")
             ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            parent = Path(f"/proc/{ppid}/cmdline").read_bytes()
         except (OSError, ValueError, IndexError):
             continue
-        if b"corescale.worker" in cmdline and f"RAY_TMPDIR={ray_tmp}".encode() in environ:
+        # the parent must be the Ray worker running our task (not whoever adopted a dead task's orphans)
+        if (b"corescale.worker" in cmdline and f"RAY_TMPDIR={ray_tmp}".encode() in environ
+                and parent.startswith(b"ray::run_on_node")):
             found.append((int(proc.name), ppid))
     return found
 

@@ -18,22 +18,20 @@ GRAPH_OPTIMIZATION_LEVELS = dict(zip(ORT_GRAPH_OPTIMIZATION_LEVELS, (
     ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED, ort.GraphOptimizationLevel.ORT_ENABLE_ALL)))
 EXECUTION_MODES = dict(zip(ORT_EXECUTION_MODES, (ort.ExecutionMode.ORT_SEQUENTIAL, ort.ExecutionMode.ORT_PARALLEL)))
 PRECISIONS = ("fp32", "int8")
-# onnxruntime's transformer optimizer handles these encoders with its "bert" fusions
-FUSION_MODEL_TYPES = {"bert": "bert", "roberta": "bert", "xlm-roberta": "bert", "camembert": "bert",
-                      "distilbert": "bert", "electra": "bert"}
+# encoders that onnxruntime's transformer optimizer fuses with its model_type "bert"
+FUSION_MODEL_TYPES = ("bert", "roberta", "xlm-roberta", "camembert", "distilbert", "electra")
 
 
 def fuse(spec):
     """Builder for the fused variant: Attention, EmbedLayerNormalization, SkipLayerNormalization, BiasGelu."""
-    model_type = FUSION_MODEL_TYPES.get(spec.model_type)
-    if model_type is None:
+    if spec.model_type not in FUSION_MODEL_TYPES:
         raise UserError(f"ort_fusion=true does not know model type '{spec.model_type}'; "
                         f"supported: {', '.join(FUSION_MODEL_TYPES)}")
 
     def build(source, target, large):
         from onnxruntime.transformers.optimizer import optimize_model
 
-        optimized = optimize_model(str(source), model_type=model_type, num_heads=spec.heads,
+        optimized = optimize_model(str(source), model_type="bert", num_heads=spec.heads,
                                    hidden_size=spec.hidden, opt_level=0)
         optimized.save_model_to_file(str(target), use_external_data_format=large)
     return build

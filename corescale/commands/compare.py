@@ -27,6 +27,7 @@ def register(sub) -> None:
 
 
 def handle(args) -> int:
+    from rich.markup import escape
     from rich.table import Table
 
     from corescale.compare import compare_frames
@@ -43,20 +44,21 @@ def handle(args) -> int:
             with open(args.csv, "w") as handle:
                 handle.write(text)
     elif not rows.empty:
-        table = Table(title=f"{args.before} → {args.after} (latency p50; threshold {args.threshold:.0%})",
+        table = Table(title=escape(f"{args.before} → {args.after} (latency p50; threshold {args.threshold:.0%})"),
                       header_style="bold")
         for column in ("trial", "before ms", "after ms", "change", "95 % CI", "p", "verdict", "throughput"):
             table.add_column(column, justify="left" if column in ("trial", "verdict") else "right")
         colours = {"slower": "red", "faster": "green"}
         for _, row in rows.iterrows():
             colour = colours.get(row["verdict"], "dim")
-            table.add_row(row["trial"], f"{row['p50_before_ms']:.3f}", f"{row['p50_after_ms']:.3f}", row["change"],
+            table.add_row(escape(row["trial"]), f"{row['p50_before_ms']:.3f}", f"{row['p50_after_ms']:.3f}",
+                          row["change"],
                           f"{row['ci_low']:.3f}–{row['ci_high']:.3f}", f"{row['p_value']:.2g}",
                           f"[{colour}]{row['verdict']}[/{colour}]", f"{row['throughput_ratio']:.2f}x")
         print_wide(table)
     for side, names in (("before", result.only_before), ("after", result.only_after)):
         for name in names:
-            console.print(f"only in {side}: {name}", soft_wrap=True)
+            console.print(f"only in {side}: {escape(name)}", soft_wrap=True)
     console.print(f"{len(rows)} matched trial(s): {result.regressions} slower, {result.improvements} faster "
                   f"beyond {args.threshold:.0%}; {len(rows) - result.regressions - result.improvements} unchanged "
                   "or not significant", soft_wrap=True)

@@ -38,6 +38,7 @@ def list_machines(catalog_path) -> int:
 
 
 def handle(args) -> int:
+    from rich.markup import escape
     from rich.table import Table
 
     from corescale import cost
@@ -68,12 +69,13 @@ def handle(args) -> int:
         for _, row in table.iterrows():
             slo = "-" if row["meets_slo"] is None else ("yes" if row["meets_slo"] else "[red]no[/red]")
             fits = row["copies"] > 0
-            shown.add_row(row["layout"], row["basis"], str(row["copies"]),
+            shown.add_row(escape(row["layout"]), row["basis"], str(row["copies"]),
                           f"{row['machine_samples_per_s']:.1f}" if fits else "does not fit",
                           f"{row['latency_p99_ms']:.1f}", f"{row['cost_per_1m_usd']:.4g}" if fits else "-", slo)
         print_wide(shown)
         if (table["basis"] == cost.PROJECTION).any():
-            console.print(f"[yellow]{cost.assumption(machine, table['cpu_model'].iloc[0])}[/yellow]",
+            console.print(f"[yellow]{escape(cost.assumption(machine, table['cpu_model'].iloc[0]))}[/yellow]",
                           soft_wrap=True)
-    (errors if args.csv == "-" else console).print(cost.answer(table, machine, args.slo_p99_ms), soft_wrap=True)
+    (errors if args.csv == "-" else console).print(escape(cost.answer(table, machine, args.slo_p99_ms)),
+                                                   soft_wrap=True)
     return 0 if cost.cheapest(table, args.slo_p99_ms) is not None else 1

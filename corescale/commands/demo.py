@@ -65,6 +65,8 @@ def headline(root: Path, physical_cores: int) -> list[str]:
 
 
 def handle(args) -> int:
+    from rich.markup import escape
+
     from corescale import report, store, sweep
     from corescale.console import console
     from corescale.overrides import compose
@@ -74,15 +76,15 @@ def handle(args) -> int:
     root = base_dir / f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
     physical = len(Topology.from_sysfs().physical_cores)
     trials = demo_trials(args.overrides, physical, root)
-    console.print(f"[bold]corescale demo[/bold]: {len(trials)} trials on {physical} core(s) into {root}",
+    console.print(f"[bold]corescale demo[/bold]: {len(trials)} trials on {physical} core(s) into {escape(str(root))}",
                   soft_wrap=True)
     code = sweep.run_sweep(trials, progress=not args.no_progress)
     table = store.load(root, require=False)
     if store.ok_rows(table.frame).empty:
-        console.print(f"[red]no trial succeeded[/red]; see {root}")
+        console.print(f"[red]no trial succeeded[/red]; see {escape(str(root))}")
         return sweep.EXIT_FAILED
     built = report.build(root, root / "report.html", table=table)
     for line in headline(root, physical):
-        console.print(line, soft_wrap=True)
-    console.print(f"[bold]report: {built.path}[/bold]", soft_wrap=True)
+        console.print(escape(line), soft_wrap=True)
+    console.print(f"[bold]report: {escape(str(built.path))}[/bold]", soft_wrap=True)
     return code

@@ -22,6 +22,8 @@ def register(sub) -> None:
 
 
 def handle(args) -> int:
+    from rich.markup import escape
+
     from corescale import report
     from corescale.console import console
 
@@ -31,5 +33,5 @@ def handle(args) -> int:
     if built.missing:
         console.print(f"charts without enough data: {', '.join(built.missing)} (the report says what to run)",
                       soft_wrap=True)
-    console.print(f"report: {built.path}  ({len(built.charts)} charts, PNGs beside it)", soft_wrap=True)
+    console.print(escape(f"report: {built.path}  ({len(built.charts)} charts, PNGs beside it)"), soft_wrap=True)
     return 0

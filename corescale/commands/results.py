@@ -40,18 +40,21 @@ def print_wide(renderable) -> None:
 
 def load_table(root, args):
     """The table, with unreadable files reported on stderr (one line each) and skipped."""
+    from rich.markup import escape
+
     from corescale import store
     from corescale.console import errors
 
     table = store.load(root, latest=not args.all, where=args.where)
     for path, reason in table.problems:
-        errors.print(f"[yellow]skipped:[/yellow] {reason}", markup=True, soft_wrap=True)
+        errors.print(f"[yellow]skipped:[/yellow] {escape(reason)}", soft_wrap=True)
     if table.unfinished:
         errors.print(f"note: {table.unfinished} unfinished run dir(s) (.tmp-*: killed or still running) ignored")
     return table
 
 
 def handle(args) -> int:
+    from rich.markup import escape
     from rich.table import Table
 
     from corescale import store
@@ -70,17 +73,17 @@ def handle(args) -> int:
             return 0
         with open(args.csv, "w") as handle:
             handle.write(text)
-        console.print(f"{len(frame)} rows written to {args.csv}")
+        console.print(escape(f"{len(frame)} rows written to {args.csv}"), soft_wrap=True)
         return 0
     columns = store.SUMMARY_COLUMNS if not args.columns else (
         list(frame.columns) if args.columns == "all" else [c.strip() for c in args.columns.split(",")])
     unknown = [c for c in columns if c not in frame.columns]
     if unknown:
         raise UserError(f"unknown column(s) {', '.join(unknown)}; columns: {', '.join(frame.columns)}")
-    table = Table(title=f"{len(frame)} result(s) under {args.root}", header_style="bold")
+    table = Table(title=escape(f"{len(frame)} result(s) under {args.root}"), header_style="bold")
     for column in columns:
         table.add_column(HEADERS.get(column, column), overflow="fold", justify="left" if column == "run" else "right")
     for _, row in frame[columns].iterrows():
-        table.add_row(*(store.describe_value(row[c]) for c in columns))
+        table.add_row(*(escape(store.describe_value(row[c])) for c in columns))
     print_wide(table)
     return 0
