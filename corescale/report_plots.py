@@ -177,5 +177,5 @@ def cost_figure(tables: dict[str, pd.DataFrame]) -> Figure:
     ax.set_ylabel("measured layout")
     ax.set_title("Cost per 1M inferences (hatched: projection to that machine)", fontsize=10)
     ax.grid(axis="x", alpha=0.3)
-    ax.legend(fontsize=8)
+    fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncols=len(tables), fontsize=8)
     return fig

@@ -164,6 +164,7 @@ class Encoder(tf.Module):
 class EagerBackend(TimedStages):
     name = "tensorflow"
     mode = "eager"
+    first_call_stage = "first_call"  # what the first call does: nothing special, tracing, XLA compilation
 
     def load(self, spec, cfg, threads, inputs) -> None:
         if cfg.precision != "fp32":
@@ -178,12 +179,11 @@ class EagerBackend(TimedStages):
             self.encoder = Encoder(encoder_weights(torch_model))
         del torch_model
         self.function = self.build(inputs)
-        with self.stage(self.first_call_stage):  # graph tracing / XLA compilation happen on the first call
+        with self.stage(self.first_call_stage):
             self.forward(self.prepare(inputs))
 
-    first_call_stage = "first_call"
-
     def build(self, inputs):
+        """The callable forward() runs: the module itself, eagerly."""
         return self.encoder
 
     def prepare(self, inputs):

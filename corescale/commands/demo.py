@@ -1,7 +1,8 @@
 """`corescale demo [overrides]`: the default study on this machine, then the HTML report.
 
 bert-base, sequence 128, batch 1: one instance on all cores vs one instance per core (and the instance counts
-between), plus one instance on 1, 2, 4, ... cores. Results go to outputs/demo-<stamp>/ (or OUTPUT_DIR/demo-<stamp>/
+between), plus one instance on 1, 2, 4, ... cores, and the per-core instances' samples as one batch on all cores
+(the batch split). Results go to outputs/demo-<stamp>/ (or OUTPUT_DIR/demo-<stamp>/
 with output_dir=...). Overrides such as model=bert-tiny duration=1 apply to every trial.
 """
 
@@ -45,7 +46,23 @@ def demo_trials(overrides: list[str], physical_cores: int, root: Path) -> list[l
     counts = default_values(physical_cores)
     scaling = [[*base, "instances=1", f"cores_per_instance={c}"] for c in counts]
     per_core = [[*base, f"instances={n}", "cores_per_instance=1"] for n in counts if n > 1]
-    return scaling + per_core
+    if physical_cores == 1:
+        return scaling
+    # the batch split: the samples of all one-core instances together, as one batch on all cores
+    batch = _batch_size(base)
+    split = [*[o for o in base if _key(o) != "batch_size"], "instances=1", f"cores_per_instance={physical_cores}",
+             f"batch_size={batch * physical_cores}"]
+    return scaling + per_core + [split]
+
+
+def _batch_size(overrides: list[str]) -> int:
+    from corescale.errors import UserError
+
+    value = [o.split("=", 1)[1] for o in overrides if _key(o) == "batch_size"][-1]
+    try:
+        return int(value)
+    except ValueError:
+        raise UserError(f"the demo needs one batch_size (got '{value}')") from None
 
 
 def headline(root: Path, physical_cores: int) -> list[str]:
@@ -54,13 +71,31 @@ def headline(root: Path, physical_cores: int) -> list[str]:
 
     frame = store.ok_rows(store.load(root, require=False).frame)
     lines = []
-    for label, instances, cores in (("one instance on all cores", 1, physical_cores),
-                                    ("one instance per core", physical_cores, 1)):
-        rows = frame[(frame["instances"] == instances) & (frame["cpus_per_instance"] == cores)] if len(frame) else frame
+    if frame.empty:
+        return lines
+    batch = frame["batch_size"].min()
+    cases = [("one instance on all cores", 1, physical_cores, batch),
+             ("one instance per core", physical_cores, 1, batch),
+             ("their samples as one batch on all cores", 1, physical_cores, batch * physical_cores)]
+    for label, instances, cores, size in cases[:2] if physical_cores == 1 else cases:
+        rows = frame[(frame["instances"] == instances) & (frame["cpus_per_instance"] == cores)
+                     & (frame["batch_size"] == size)]
         if len(rows):
             row = rows.iloc[-1]
-            lines.append(f"{label} ({instances} × {cores}): {row['throughput_samples_per_s']:.2f} samples/s, "
-                         f"p50 {row['max_instance_p50_ms']:.1f} ms")
+            lines.append(f"{label} ({instances} × {cores} cores, batch {size}): "
+                         f"{row['throughput_samples_per_s']:.2f} samples/s, p50 {row['max_instance_p50_ms']:.1f} ms")
+    return lines
+    smallest = frame["batch_size"].min()
+    for label, instances, cores, batch in (
+            ("one instance on all cores", 1, physical_cores, smallest),
+            ("one instance per core", physical_cores, 1, smallest),
+            ("their samples as one batch on all cores", 1, physical_cores, smallest * physical_cores)):
+        rows = frame[(frame["instances"] == instances) & (frame["cpus_per_instance"] == cores)
+                     & (frame["batch_size"] == batch)]
+        if len(rows) and (instances, cores, batch) != (1, 1, smallest) or label.startswith("one instance on"):
+            for _, row in rows.tail(1).iterrows():
+                lines.append(f"{label} ({instances} × {cores} cores, batch {batch}): "
+                             f"{row['throughput_samples_per_s']:.2f} samples/s, p50 {row['max_instance_p50_ms']:.1f} ms")
     return lines
 
 
