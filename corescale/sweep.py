@@ -22,7 +22,8 @@ from corescale import environment
 from corescale.console import TrialProgress, console, errors, print_result
 from corescale.errors import UserError
 from corescale.overrides import compose
-from corescale.runner import Measured, Trial, TrialOutcome, commit, measure, prepare_trial
+from corescale.executors import create_executor, error_measured
+from corescale.runner import Trial, TrialOutcome, commit, measure, prepare_trial
 from corescale.store import ResultIndex, spec_key
 
 EXIT_OK, EXIT_FAILED = 0, 1
@@ -108,14 +109,6 @@ def plan_sweep(trials: list[list[str]]) -> list[Planned]:
     return planned
 
 
-def _failed_record(trial: Trial, reason: str, started: float, host: dict) -> dict:
-    """A trial that raised before producing a record still leaves one, with its reason."""
-    return {"config": trial.cfg.to_dict(), "key": trial.cfg.key(), "model": trial.model.identity(),
-            "plan": trial.plan.to_dict(), "environment": host,
-            "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
-            "status": "failed", "reason": reason, "valid": False, "elapsed_s": time.time() - started}
-
-
 def run_trial(planned: Planned, host: dict, on_event=None, keep_going: bool = True) -> TrialOutcome:
     """Measure under the machine lock, then commit (failures too). keep_going: errors become failed records."""
     started = time.time()
@@ -125,15 +118,11 @@ def run_trial(planned: Planned, host: dict, on_event=None, keep_going: bool = Tr
             measured = measure(planned.trial, on_event, host)
         except (KeyboardInterrupt, SystemExit):
             raise
-        except UserError as exc:
-            if not keep_going:
-                raise
-            measured = Measured(_failed_record(planned.trial, f"bad input: {exc}", started, host), None, {})
         except Exception as exc:  # noqa: BLE001 - one broken trial must not end the sweep
             if not keep_going:
                 raise
-            reason = f"{type(exc).__name__}: {exc}"
-            measured = Measured(_failed_record(planned.trial, reason, started, host), None, {})
+            measured = error_measured(planned.trial.cfg, exc, host, started)
+            measured.record.update(model=planned.trial.model.identity(), plan=planned.trial.plan.to_dict())
         finished = time.time()  # still holding the lock: no other trial ran before this instant
     trial = planned.trial
     reused = [inst.id for inst, threads in zip(trial.plan.instances, trial.threads)
@@ -167,6 +156,8 @@ def run_sweep(trials: list[list[str]], fail_fast: bool = False, progress: bool =
               listener=None) -> int:
     """listener(planned, instance, event), if given, sees every worker event (benchmarks time the stages)."""
     planned = plan_sweep(trials)
+    if planned and planned[0].trial.cfg.executor.name != "local":
+        return _run_remote(planned)
     indexes: dict[Path, ResultIndex] = {}
     host = environment.capture()  # once per sweep: the machine does not change between trials
     sgemm_known: dict = {}
@@ -199,6 +190,28 @@ def run_sweep(trials: list[list[str]], fail_fast: bool = False, progress: bool =
             if fail_fast:
                 errors.print("stopping the sweep (--fail-fast)")
                 break
+    _summary(state, sorted({str(item.root) for item in planned}))
+    return EXIT_FAILED if state.count("failed") else EXIT_OK
+
+
+def _run_remote(planned: list[Planned]) -> int:
+    """Trials fan out over a cluster (executor=ray): the executor resumes, retries and commits each result.
+
+    Trials already in flight on other nodes finish whatever happens, so --fail-fast does not apply here."""
+    state = SweepState(len(planned))
+    by_trial = {id(item.trial): item for item in planned}
+    executor = create_executor(planned[0].trial.cfg)
+
+    def on_outcome(trial: Trial, outcome: TrialOutcome) -> None:
+        item = by_trial[id(trial)]
+        state.rows.append((item, outcome.record["status"], outcome.record, outcome.path))
+        node = (outcome.record.get("node") or {}).get("hostname", "?")
+        console.print(f"trial {item.number}/{state.total} on {escape(str(node))}: "
+                      f"{escape(_brief(outcome.record))} -> {escape(str(outcome.path))}", soft_wrap=True)
+
+    executor.run([item.trial for item in planned], on_outcome)
+    for trial, why in getattr(executor, "skipped", []):
+        state.rows.append((by_trial[id(trial)], "skipped", None, why))
     _summary(state, sorted({str(item.root) for item in planned}))
     return EXIT_FAILED if state.count("failed") else EXIT_OK
 

@@ -1,0 +1,24 @@
+"""`corescale run -m executor=ray` end to end: a private loopback Ray, results with their node, resume."""
+
+import json
+
+import pytest
+
+from conftest import FAST, corescale
+
+pytest.importorskip("ray")
+
+
+def test_cli_sweep_on_private_ray_resumes(tmp_path):
+    out = tmp_path / "out"
+    env = {"RAY_AUTH_MODE": "disabled", "RAY_TMPDIR": f"/tmp/rayc{tmp_path.name[-6:]}"}
+    args = ["run", "-m", "executor=ray", *FAST, "batch_size=1,2", f"output_dir={out}", "--no-progress"]
+    first = corescale(*args, env=env)
+    assert first.returncode == 0, first.stderr
+    records = [json.loads((p / "result.json").read_text()) for p in out.iterdir()]
+    assert sorted(r["config"]["batch_size"] for r in records) == [1, 2]
+    assert all(r["status"] == "ok" and r["node"]["hostname"] for r in records)
+    second = corescale(*args, env=env)
+    assert second.returncode == 0, second.stderr
+    assert "2 skipped" in second.stdout
+    assert len(list(out.iterdir())) == 2
