@@ -60,7 +60,7 @@ def test_show_reprints(result_dir):
 
 def test_threads_honoured(tmp_path):
     """Two threads use more CPU per wall second than one (utilisation is CPU time ÷ (wall × threads))."""
-    cpu = {}
+    cpu, foreign = {}, []
     for threads in (1, 2):
         out = tmp_path / f"t{threads}"
         proc = corescale("run", *FAST, "sequence_length=128", "batch_size=4", f"threads={threads}",
@@ -70,6 +70,9 @@ def test_threads_honoured(tmp_path):
         inst = record["instances"][0]
         assert inst["framework"]["num_threads"] == threads
         cpu[threads] = inst["cpu_seconds"] / inst["wall_seconds"]
+        foreign.append(record["metrics"]["foreign_load"])
+    if max(foreign) > 0.25:
+        pytest.skip(f"foreign load {max(foreign):.0%} on the pinned CPUs: CPU time says nothing about threads")
     assert cpu[2] > 1.3 * cpu[1]
 
 
