@@ -8,6 +8,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from corescale.errors import UserError
+
 
 class Backend(Protocol):
     name: str
@@ -27,6 +29,11 @@ class Backend(Protocol):
 
     def info(self) -> dict[str, Any]:
         """Framework name, version and what it reports about its threads."""
+
+
+def require_precision(backend: str, precision: str, supported) -> None:
+    if precision not in supported:
+        raise UserError(f"backend {backend} supports precision {', '.join(supported)} (got {precision})")
 
 
 class TimedStages:

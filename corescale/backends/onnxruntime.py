@@ -7,7 +7,7 @@ from collections import Counter
 import numpy as np
 import onnxruntime as ort
 
-from corescale.backends.base import TimedStages, unbind_calling_thread
+from corescale.backends.base import TimedStages, require_precision, unbind_calling_thread
 from corescale.backends.onnx_export import drop_if_hit, onnx_model
 from corescale.config import ORT_EXECUTION_MODES, ORT_GRAPH_OPTIMIZATION_LEVELS
 from corescale.errors import UserError
@@ -51,9 +51,7 @@ class OnnxRuntimeBackend(TimedStages):
     name = "onnxruntime"
 
     def load(self, spec, cfg, threads, inputs) -> None:
-        if cfg.precision not in PRECISIONS:
-            raise UserError(f"backend onnxruntime supports precision {', '.join(PRECISIONS)} "
-                            f"(got {cfg.precision})")
+        require_precision(self.name, cfg.precision, PRECISIONS)
         options = ort.SessionOptions()
         options.graph_optimization_level = GRAPH_OPTIMIZATION_LEVELS[cfg.ort_graph_optimization_level]
         options.execution_mode = EXECUTION_MODES[cfg.ort_execution_mode]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import openvino as ov
 
-from corescale.backends.base import TimedStages, unbind_calling_thread
+from corescale.backends.base import TimedStages, require_precision, unbind_calling_thread
 from corescale.backends.onnx_export import onnx_model
 from corescale.errors import UserError
 
@@ -28,9 +28,7 @@ class OpenVinoBackend(TimedStages):
     name = "openvino"
 
     def load(self, spec, cfg, threads, inputs) -> None:
-        if cfg.precision not in INFERENCE_PRECISIONS:
-            raise UserError(f"backend openvino supports precision {', '.join(INFERENCE_PRECISIONS)} "
-                            f"(got {cfg.precision})")
+        require_precision(self.name, cfg.precision, INFERENCE_PRECISIONS)
         unbind_calling_thread()  # OpenVINO reads this thread's CPUs when its CPU plugin loads
         core = ov.Core()
         self.capabilities = cpu_capabilities(core)

@@ -15,7 +15,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # hide TF's INFO lines in th
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from corescale.backends.base import TimedStages, unbind_calling_thread  # noqa: E402
+from corescale.backends.base import TimedStages, require_precision, unbind_calling_thread  # noqa: E402
 from corescale.errors import UserError  # noqa: E402
 
 ACTIVATIONS = {
@@ -167,8 +167,7 @@ class EagerBackend(TimedStages):
     first_call_stage = "first_call"  # what the first call does: nothing special, tracing, XLA compilation
 
     def load(self, spec, cfg, threads, inputs) -> None:
-        if cfg.precision != "fp32":
-            raise UserError(f"backend {self.name} supports precision fp32 only (got {cfg.precision})")
+        require_precision(self.name, cfg.precision, ("fp32",))
         set_tf_threads(threads, cfg.interop_threads)  # before any TF op initialises the runtime
         from corescale.models import build_torch_model
 
