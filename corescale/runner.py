@@ -65,6 +65,9 @@ def prepare_trial(cfg, topology: Topology | None = None) -> Trial:
                         f"({topology.describe()})")
     if layout and len(placement.instances) != cfg.instances:
         cfg = dataclasses.replace(cfg, instances=len(placement.instances))
+        if cfg.total_batch_size and cfg.total_batch_size % cfg.instances:
+            raise UserError(f"total_batch_size={cfg.total_batch_size} does not split evenly over the "
+                            f"{cfg.instances} instances of layout={layout}; choose a multiple of {cfg.instances}")
     return Trial(cfg, model, placement, instance_batch_size(cfg))
 
 

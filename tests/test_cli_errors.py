@@ -57,3 +57,9 @@ def test_show_missing_and_corrupt(tmp_path):
 def test_unknown_subcommand():
     proc = corescale("frobnicate")
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_batch_split_must_divide_the_instances_a_layout_makes(tmp_path):
+    proc = corescale("run", "model=bert-tiny", "layout=max", "total_batch_size=3", f"output_dir={tmp_path / 'o'}")
+    assert proc.returncode == 2 and "does not split evenly" in proc.stderr
+    assert not (tmp_path / "o").exists()
