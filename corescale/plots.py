@@ -70,24 +70,30 @@ def _annotate(ax, xs, ys, texts) -> None:
         ax.annotate(text, (x, y), textcoords="offset points", xytext=(0, 7), ha="center", fontsize=8)
 
 
+def _scaling_lines(ax, data: pd.DataFrame, group, x_col: str, y_col: str, ideal, efficiency) -> None:
+    """Measured line per group, its ideal (from the first point) dashed, efficiency labels on the points."""
+    for label, rows in _groups(data, group, x_col):
+        x = rows[x_col].to_numpy(float)
+        y = rows[y_col].to_numpy(float)
+        line, = ax.plot(x, y, marker="o", label=label or "measured")
+        best = ideal(x, y)
+        ax.plot(x, best, linestyle="--", color=line.get_color(), alpha=0.6,
+                label=f"ideal (linear){' ' + label if label else ''}")
+        _annotate(ax, x, y, [f"{e:.0%}" for e in efficiency(best, y)])
+    _count_axis(ax, data[x_col])
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+
+
 def cores_figure(frame: pd.DataFrame, group: str | None = "group") -> Figure:
     """Latency (p50) vs cores of one instance, a line per group, ideal 1/cores scaling dashed."""
     fig, (ax,) = _figure()
     data = _ok(frame)
-    for label, rows in _groups(data, group, "total_cores"):
-        x = rows["total_cores"].to_numpy(float)
-        y = rows["latency_p50_ms"].to_numpy(float)
-        line, = ax.plot(x, y, marker="o", label=label or "measured")
-        ideal = y[0] * x[0] / x
-        ax.plot(x, ideal, linestyle="--", color=line.get_color(), alpha=0.6,
-                label=f"ideal (linear){' ' + label if label else ''}")
-        _annotate(ax, x, y, [f"{e:.0%}" for e in (ideal / y)])  # efficiency = ideal latency / measured
-    _count_axis(ax, data["total_cores"])
+    _scaling_lines(ax, data, group, "total_cores", "latency_p50_ms",
+                   ideal=lambda x, y: y[0] * x[0] / x, efficiency=lambda ideal, y: ideal / y)
     ax.set_xlabel("cores (one instance)")
     ax.set_ylabel("latency p50 (ms)")
-    ax.set_ylim(bottom=0)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
     _title(ax, "Latency vs cores (labels: scaling efficiency)", data, skip=("total_batch_size",))
     return fig
 
@@ -96,20 +102,10 @@ def instances_figure(frame: pd.DataFrame, group: str | None = "group") -> Figure
     """Total throughput vs number of instances, ideal-linear line dashed, efficiency annotated."""
     fig, (ax,) = _figure()
     data = _ok(frame)
-    for label, rows in _groups(data, group, "instances"):
-        n = rows["instances"].to_numpy(float)
-        t = rows["throughput_samples_per_s"].to_numpy(float)
-        line, = ax.plot(n, t, marker="o", label=label or "measured")
-        ideal = t[0] * n / n[0]
-        ax.plot(n, ideal, linestyle="--", color=line.get_color(), alpha=0.6,
-                label=f"ideal (linear){' ' + label if label else ''}")
-        _annotate(ax, n, t, [f"{e:.0%}" for e in (t / ideal)])
-    _count_axis(ax, data["instances"])
+    _scaling_lines(ax, data, group, "instances", "throughput_samples_per_s",
+                   ideal=lambda n, t: t[0] * n / n[0], efficiency=lambda ideal, t: t / ideal)
     ax.set_xlabel("instances (each pinned to its own cores)")
     ax.set_ylabel("total throughput (samples/s)")
-    ax.set_ylim(bottom=0)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
     cores = sorted(set(data["cores_per_instance"].dropna().astype(int))) if "cores_per_instance" in data else []
     each = f", {cores[0]} core(s) each" if len(cores) == 1 else ""
     _title(ax, f"Throughput vs instances{each} (labels: scaling efficiency)", data, skip=("total_batch_size",))
