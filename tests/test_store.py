@@ -102,3 +102,10 @@ def test_local_model_files_change_the_key(tmp_path):
     preset = compose(["model=bert-tiny"])
     assert store.spec_key(preset, resolve_model("bert-tiny")) != store.spec_key(
         compose(["model=bert-tiny", "batch_size=2"]), resolve_model("bert-tiny"))
+
+
+def test_csv_to_an_unwritable_place_is_one_line(root, tmp_path):
+    proc = corescale("results", str(root), "--csv", str(tmp_path / "no" / "such" / "dir" / "x.csv"))
+    assert proc.returncode == 2 and "cannot write --csv" in proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("corescale: error:")]
+    assert len(errors) == 1 and "Traceback" not in proc.stderr and not (tmp_path / "no").exists()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from corescale.commands import add_common
-from corescale.commands.results import add_selection, load_table, print_wide
+from corescale.commands.results import add_selection, load_table, print_wide, write_csv
 
 ORDER = 70
 
@@ -37,12 +37,7 @@ def handle(args) -> int:
                             args.threshold, args.ignore)
     rows = result.rows
     if args.csv:
-        text = rows.to_csv(index=False)
-        if args.csv == "-":
-            print(text, end="")
-        else:
-            with open(args.csv, "w") as handle:
-                handle.write(text)
+        write_csv(rows, args.csv)
     elif not rows.empty:
         table = Table(title=escape(f"{args.before} → {args.after} (latency p50; threshold {args.threshold:.0%})"),
                       header_style="bold")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from corescale.commands import add_common
-from corescale.commands.results import add_selection, load_table, print_wide
+from corescale.commands.results import add_selection, load_table, print_wide, write_csv
 
 ORDER = 60
 
@@ -55,12 +55,7 @@ def handle(args) -> int:
     frame = load_table(args.root, args).frame
     table = cost.cost_table(frame, machine, args.slo_p99_ms)
     if args.csv:
-        text = table.to_csv(index=False)
-        if args.csv == "-":
-            print(text, end="")
-        else:
-            with open(args.csv, "w") as handle:
-                handle.write(text)
+        write_csv(table, args.csv)
     else:
         shown = Table(title=f"cost per 1M inferences on {machine.name} at ${machine.price_per_hour:g}/h",
                       header_style="bold")

@@ -53,6 +53,26 @@ def load_table(root, args):
     return table
 
 
+def write_csv(frame, dest: str) -> None:
+    """CSV to stdout ('-') or to a file, written whole (temp file + rename)."""
+    import os
+    import tempfile
+
+    text = frame.to_csv(index=False)
+    if dest == "-":
+        print(text, end="")
+        return
+    from corescale.errors import UserError
+
+    folder = os.path.dirname(os.path.abspath(dest))
+    try:
+        with tempfile.NamedTemporaryFile("w", dir=folder, prefix=".tmp-", suffix=".csv", delete=False) as tmp:
+            tmp.write(text)
+        os.replace(tmp.name, dest)
+    except OSError as exc:
+        raise UserError(f"cannot write --csv '{dest}': {exc.strerror}") from None
+
+
 def handle(args) -> int:
     from rich.markup import escape
     from rich.table import Table
@@ -67,12 +87,9 @@ def handle(args) -> int:
             raise UserError(f"unknown sort column '{args.sort}'; columns: {', '.join(frame.columns)}")
         frame = frame.sort_values(args.sort, ascending=not args.desc, kind="stable")
     if args.csv:
-        text = frame.to_csv(index=False)
+        write_csv(frame, args.csv)
         if args.csv == "-":
-            print(text, end="")
             return 0
-        with open(args.csv, "w") as handle:
-            handle.write(text)
         console.print(escape(f"{len(frame)} rows written to {args.csv}"), soft_wrap=True)
         return 0
     columns = store.SUMMARY_COLUMNS if not args.columns else (
