@@ -46,24 +46,19 @@ def _heatmap(frame, context):
     return report_plots.heatmap_figure(grids) if grids else None
 
 
-def _cores(frame, context):
-    rows = report_plots.cores_series(frame)
-    return plots.cores_figure(rows) if not rows.empty else None
+def _series_chart(series, figure):
+    """A chart drawn from one table of rows picked out of the results (None when there are none)."""
+    def build(frame, context):
+        rows = series(frame)
+        return figure(rows) if not rows.empty else None
+
+    return build
 
 
-def _instances(frame, context):
-    rows = report_plots.instances_series(frame)
-    return plots.instances_figure(rows) if not rows.empty else None
-
-
-def _batch(frame, context):
-    rows = report_plots.batch_split_series(frame)
-    return plots.batch_figure(rows) if not rows.empty else None
-
-
-def _backends(frame, context):
-    rows = report_plots.backends_series(frame)
-    return report_plots.backends_figure(rows) if not rows.empty else None
+_cores = _series_chart(report_plots.cores_series, plots.cores_figure)
+_instances = _series_chart(report_plots.instances_series, plots.instances_figure)
+_batch = _series_chart(report_plots.batch_split_series, plots.batch_figure)
+_backends = _series_chart(report_plots.backends_series, report_plots.backends_figure)
 
 
 def _cost(frame, context):
