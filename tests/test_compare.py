@@ -15,7 +15,8 @@ THRESHOLD = "0.3"
 def roots(tmp_path_factory):
     base = tmp_path_factory.mktemp("compare")
     roots = {name: base / name for name in ("before", "rerun", "slower")}
-    settings = [*FAST, "threads=1", "duration=1", "min_iterations=20"]
+    # seq 128: calls of several ms, steadier than sub-millisecond ones on a shared machine
+    settings = [*FAST, "sequence_length=128", "threads=1", "duration=1.5", "min_iterations=20"]
     # one sweep: 'before' and its rerun back to back, then the slower variant (batch 8 instead of 1)
     proc = corescale("run", "-m", *settings, f"output_dir={roots['before']},{roots['rerun']}", "--no-progress")
     assert proc.returncode == 0, proc.stderr
