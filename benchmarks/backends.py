@@ -53,10 +53,10 @@ def grid(args) -> tuple[list[tuple[str, int, int, list[str]]], list[str]]:
 
 
 def run(trials, base: list[str]) -> list[dict]:
-    from corescale import environment
+    from corescale.machine import environment
+    from corescale.measure.runner import execute, prepare_trial
     from corescale.overrides import compose
-    from corescale.runner import execute, prepare_trial
-    from corescale.sweep import machine_lock
+    from corescale.trials.sweep import machine_lock
 
     host = environment.capture()
     rows = []

@@ -17,10 +17,10 @@ import torch
 
 from corescale.backends import create_backend
 from corescale.config import BenchmarkConfig, WarmupConfig
-from corescale.inputs import make_inputs
-from corescale.models import build_torch_model, resolve_model
-from corescale.stats import Measurement, bootstrap_ratio_ci
-from corescale.timing import timed_loop, warm_up
+from corescale.measure.stats import Measurement, bootstrap_ratio_ci
+from corescale.measure.timing import timed_loop, warm_up
+from corescale.workload.inputs import make_inputs
+from corescale.workload.models import build_torch_model, resolve_model
 
 
 def bare_loop(model, inputs, seconds: float) -> list[int]:

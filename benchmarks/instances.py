@@ -25,10 +25,10 @@ SETUPS = {  # name -> overrides
 
 
 def run_setups(base: list[str], repeats: int) -> dict[str, list[dict]]:
-    from corescale import environment
+    from corescale.machine import environment
+    from corescale.measure.runner import execute, prepare_trial
     from corescale.overrides import compose
-    from corescale.runner import execute, prepare_trial
-    from corescale.sweep import machine_lock
+    from corescale.trials.sweep import machine_lock
 
     trials = {name: prepare_trial(compose([*base, *extra])) for name, extra in SETUPS.items()}
     host = environment.capture()

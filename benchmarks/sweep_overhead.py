@@ -2,7 +2,7 @@
 
     python benchmarks/sweep_overhead.py [--duration 10] [--no-calibrate] [--output DIR]
 
-Runs the sweep in this process through corescale.sweep.run_sweep (exactly what `corescale run -m` does), times
+Runs the sweep in this process through corescale.trials.sweep.run_sweep (exactly what `corescale run -m` does), times
 every worker event, and prints where the time went: CLI start, sweep planning, per-trial process start +
 imports (+ SGEMM calibration), model build, warm-up, start barrier, window, tail, stop + aggregate, and the
 write/bookkeeping between trials.
@@ -36,8 +36,9 @@ def main(argv=None) -> int:
     parser.add_argument("--output", help="results root (default: a new temp dir)")
     args = parser.parse_args(argv)
 
-    from corescale import store, sweep
     from corescale.overrides import expand_sweep
+    from corescale.results import store
+    from corescale.trials import sweep
 
     out = Path(args.output or tempfile.mkdtemp(prefix="corescale-overhead-"))
     overrides = [*GRID, f"duration={args.duration:g}", f"output_dir={out}",

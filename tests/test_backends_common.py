@@ -5,7 +5,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import FAST, ROOT, corescale
 
 
@@ -23,8 +22,8 @@ def load(backend: str, cache_dir, **overrides):
     """The backend loaded in this process on bert-tiny (for checks that need no timed run)."""
     from corescale.backends import create_backend
     from corescale.config import BenchmarkConfig
-    from corescale.inputs import make_inputs
-    from corescale.models import resolve_model
+    from corescale.workload.inputs import make_inputs
+    from corescale.workload.models import resolve_model
 
     spec = resolve_model("bert-tiny")
     inputs = make_inputs(spec, 1, 8, seed=0)

@@ -5,9 +5,9 @@ import pytest
 pytest.importorskip("onnxruntime", reason="needs corescale[onnxruntime]")
 
 from conftest import FAST, corescale  # noqa: E402
+from test_backends_common import assert_agrees_with_pytorch, assert_threads_honoured, error_line, load, run_record  # noqa: E402
+
 from corescale.errors import UserError  # noqa: E402
-from test_backends_common import (assert_agrees_with_pytorch, assert_threads_honoured,  # noqa: E402
-                                  error_line, load, run_record)
 
 
 @pytest.fixture(scope="module")

@@ -4,8 +4,9 @@ import pytest
 
 pytest.importorskip("tensorflow", reason="needs corescale[tensorflow]")
 
-from corescale.errors import UserError  # noqa: E402
 from test_backends_common import assert_agrees_with_pytorch, assert_threads_honoured, load, run_record  # noqa: E402
+
+from corescale.errors import UserError  # noqa: E402
 
 VARIANTS = {"tensorflow": ("eager", "first_call"), "tensorflow_graph": ("graph", "trace"),
             "tensorflow_xla": ("xla", "compile")}

@@ -1,7 +1,6 @@
 """Bad input: one clear line on stderr, exit code 2, no traceback, nothing written."""
 
 import pytest
-
 from conftest import corescale
 
 CASES = [

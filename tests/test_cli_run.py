@@ -5,7 +5,6 @@ import json
 import pandas as pd
 import pytest
 import yaml
-
 from conftest import FAST, corescale
 
 

@@ -2,9 +2,9 @@
 
 import numpy as np
 import pytest
-
 from conftest import FAST, corescale
-from corescale import compare, store
+
+from corescale.results import compare, store
 
 # Test machines are shared and noisy (±20 % run to run); a threshold of 30 % keeps reruns of one config under it
 # while the slowdown below (8x the work per call) is far above it.

@@ -5,12 +5,12 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import FAST
-from corescale import contamination
-from corescale.console import print_result
+
+from corescale.measure import contamination
+from corescale.measure.runner import execute, prepare_trial
 from corescale.overrides import compose
-from corescale.runner import execute, prepare_trial
+from corescale.report.console import print_result
 
 TICK = os.sysconf("SC_CLK_TCK")
 STAT = """cpu  900 0 300 9000 0 0 0 0 0 0

@@ -4,10 +4,10 @@ import io
 
 import pandas as pd
 import pytest
-
 from conftest import FAST, corescale
-from corescale import cost
+
 from corescale.errors import UserError
+from corescale.results import cost
 
 
 def rows(**columns):

@@ -1,7 +1,7 @@
 import pytest
 
-from corescale.cpulist import format_cpulist, parse_cpulist
 from corescale.errors import UserError
+from corescale.machine.cpulist import format_cpulist, parse_cpulist
 
 
 @pytest.mark.parametrize(

@@ -3,9 +3,10 @@
 from pathlib import Path
 
 from conftest import FAST, corescale
-from corescale import store
+
 from corescale.commands.demo import demo_trials
-from corescale.topology import Topology
+from corescale.machine.topology import Topology
+from corescale.results import store
 
 
 def test_demo_runs_the_study_and_ends_with_the_report(tmp_path):

@@ -4,9 +4,9 @@ import json
 
 import numpy as np
 import pytest
-
 from conftest import FAST, corescale
-from corescale.drift import TOLERANCES, drift_metrics
+
+from corescale.measure.drift import TOLERANCES, drift_metrics
 
 RNG = np.random.default_rng(0)
 REF = RNG.normal(size=(2, 8, 16)).astype(np.float32)

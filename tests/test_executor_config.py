@@ -4,14 +4,14 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import FAST, ROOT, corescale
+
 from corescale.config import BenchmarkConfig, ExecutorConfig, RayExecutorConfig
 from corescale.errors import UserError
-from corescale.executors import LocalExecutor, create_executor
+from corescale.measure.runner import prepare_trial
 from corescale.overrides import compose, expand_sweep
-from corescale.results import iter_run_dirs, read_result
-from corescale.runner import prepare_trial
+from corescale.results.files import iter_run_dirs, read_result
+from corescale.trials import LocalExecutor, create_executor
 
 TINY = ["model=bert-tiny"]
 
@@ -87,7 +87,7 @@ def test_missing_ray_names_the_extra():
     code = ("import sys; sys.modules['ray'] = None\n"  # this interpreter cannot import ray
             "from corescale.config import RayExecutorConfig\n"
             "from corescale.errors import UserError\n"
-            "from corescale.executors.ray_executor import import_ray\n"
+            "from corescale.trials.ray import import_ray\n"
             "try:\n    import_ray()\nexcept UserError as exc:\n    print(exc)\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert proc.stdout.strip() == "executor=ray needs Ray: pip install 'corescale[ray]'", proc.stderr

@@ -1,7 +1,7 @@
 import pytest
 
-from corescale.flops import encoder_flops, forward_flops
-from corescale.models import resolve_model
+from corescale.workload.flops import encoder_flops, forward_flops
+from corescale.workload.models import resolve_model
 
 REFERENCE_GFLOP = {8: 1.36, 64: 11.02, 128: 22.35, 256: 45.90, 512: 96.64}  # bert-base, shared/reference §4
 

@@ -6,9 +6,9 @@ import sys
 
 import pytest
 
-from corescale import instance_env
 from corescale.config import BenchmarkConfig
 from corescale.errors import UserError
+from corescale.machine import instance_env
 
 PLACEMENT = {"id": 1, "cpus": [2, 3], "numa_nodes": [0], "threads": 2}
 

@@ -7,12 +7,12 @@ import uuid
 from pathlib import Path
 
 import pytest
-
 from conftest import FAST, corescale
-from corescale.launcher import Launcher
+
+from corescale.measure.launcher import Launcher
+from corescale.measure.runner import execute, prepare_trial, worker_specs
 from corescale.overrides import compose
-from corescale.results import read_result, read_samples
-from corescale.runner import execute, prepare_trial, worker_specs
+from corescale.results.files import read_result, read_samples
 
 pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 usable CPUs")
 TWO = ["instances=2", "cores_per_instance=1", "timeout=120"]
@@ -74,7 +74,7 @@ def test_killed_instance_fails_the_run_and_stops_the_others(tmp_path):
     assert record["status"] == "failed" and record["valid"] is False
     failure = record["failure"]
     assert failure["instance"] == 1 and failure["signal"] == "SIGKILL" and failure["exit_code"] == -9
-    assert "instance 1 was killed by SIGKILL while running" == record["reason"]
+    assert record["reason"] == "instance 1 was killed by SIGKILL while running"
     assert "stderr_tail" in failure
     assert record["partial"]["states"]["0"]["state"] == "running"  # instance 0 was stopped mid-window
     assert record["partial"]["finished_instances"] == []

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from corescale.errors import UserError
-from corescale.inputs import make_inputs
-from corescale.models import PRESETS, build_torch_model, resolve_model
+from corescale.workload.inputs import make_inputs
+from corescale.workload.models import PRESETS, build_torch_model, resolve_model
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))

@@ -7,13 +7,13 @@ import re
 import numpy as np
 import pandas as pd
 import pytest
-
 from conftest import FAST, corescale
-from corescale import instance_env
+
 from corescale.errors import UserError
+from corescale.machine import instance_env
+from corescale.measure.runner import execute, prepare_trial
 from corescale.overrides import compose
-from corescale.results import read_result, read_samples
-from corescale.runner import execute, prepare_trial
+from corescale.results.files import read_result, read_samples
 
 TWO_CPUS = len(os.sched_getaffinity(0)) >= 2
 needs_two_cpus = pytest.mark.skipif(not TWO_CPUS, reason="needs 2 usable CPUs")

@@ -4,8 +4,8 @@ from pathlib import Path
 import pytest
 
 from corescale.errors import UserError
-from corescale.placement import InstancePlacement, Plan, plan
-from corescale.topology import Topology
+from corescale.machine.placement import InstancePlacement, Plan, plan
+from corescale.machine.topology import Topology
 
 DATA = Path(__file__).parent / "data"
 

@@ -4,8 +4,8 @@ import json
 from pathlib import Path
 
 import pytest
-
 from conftest import corescale
+
 from corescale.cli import main
 
 C5 = str(Path(__file__).parent / "data" / "c5_metal.lscpu")  # 2 sockets x 24 cores, node = socket

@@ -5,13 +5,13 @@ import json
 import numpy as np
 import pytest
 import torch
-
 from conftest import FAST, corescale
+
 from corescale.backends import create_backend
 from corescale.config import BenchmarkConfig
-from corescale.drift import drift_metrics
-from corescale.inputs import make_inputs
-from corescale.models import resolve_model
+from corescale.measure.drift import drift_metrics
+from corescale.workload.inputs import make_inputs
+from corescale.workload.models import resolve_model
 
 HAS_INT8_ENGINE = any(e != "none" for e in torch.backends.quantized.supported_engines)
 

@@ -5,9 +5,9 @@ import pytest
 
 from corescale.backends import create_backend
 from corescale.config import BenchmarkConfig
-from corescale.drift import drift_metrics
-from corescale.inputs import make_inputs
-from corescale.models import resolve_model
+from corescale.measure.drift import drift_metrics
+from corescale.workload.inputs import make_inputs
+from corescale.workload.models import resolve_model
 
 SPEC = resolve_model("bert-tiny")
 INPUTS = make_inputs(SPEC, 2, 16, seed=0, padding_fraction=0.25)

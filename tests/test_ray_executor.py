@@ -18,12 +18,12 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-
 from conftest import FAST, ROOT
-from corescale.executors import create_executor, trial_key
+
+from corescale.measure.runner import prepare_trial
 from corescale.overrides import compose, expand_sweep
-from corescale.results import iter_run_dirs, read_result
-from corescale.runner import prepare_trial
+from corescale.results.files import iter_run_dirs, read_result
+from corescale.trials import create_executor, trial_key
 
 pytest.importorskip("ray", reason="Ray is the optional extra corescale[ray]")
 CPUS = sorted(os.sched_getaffinity(0))
@@ -131,7 +131,7 @@ def corescale_workers_of(ray_tmp: Path):
         except (OSError, ValueError, IndexError):
             continue
         # the parent must be the Ray worker running our task (not whoever adopted a dead task's orphans)
-        if (b"corescale.worker" in cmdline and f"RAY_TMPDIR={ray_tmp}".encode() in environ
+        if (b"corescale.measure.worker" in cmdline and f"RAY_TMPDIR={ray_tmp}".encode() in environ
                 and parent.startswith(b"ray::run_on_node")):
             found.append((int(proc.name), ppid))
     return found
@@ -196,9 +196,9 @@ def test_worker_that_keeps_dying_is_recorded_failed(cluster, tmp_path):
 
 DRIVER = """
 import sys
-from corescale.executors import create_executor
+from corescale.trials import create_executor
 from corescale.overrides import compose, expand_sweep
-from corescale.runner import prepare_trial
+from corescale.measure.runner import prepare_trial
 trials = [prepare_trial(compose(o)) for o in expand_sweep(sys.argv[1:])]
 create_executor(trials[0].cfg).run(trials, lambda t, o: print("committed", o.path, flush=True))
 """
@@ -236,9 +236,9 @@ def test_killed_driver_resumes_without_duplicates(cluster, tmp_path):
 LOCAL = """
 import json, sys
 import ray
-from corescale.executors import create_executor
+from corescale.trials import create_executor
 from corescale.overrides import compose
-from corescale.runner import prepare_trial
+from corescale.measure.runner import prepare_trial
 trial = prepare_trial(compose(sys.argv[1:]))
 seen = {}
 def check(t, outcome):

@@ -8,9 +8,9 @@ import tempfile
 from pathlib import Path
 
 import pytest
-
 from conftest import FAST, ROOT, corescale
-from corescale.report import CHARTS
+
+from corescale.report.html import CHARTS
 
 CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = ROOT / "test-artifacts"

@@ -10,11 +10,11 @@ import pandas as pd
 import pytest
 
 from corescale.errors import UserError
-from corescale.results import PendingRun, iter_run_dirs, read_result, read_samples, write_json_atomic
+from corescale.results.files import PendingRun, iter_run_dirs, read_result, read_samples, write_json_atomic
 
 WRITER = r"""
 import sys, numpy as np, pandas as pd
-from corescale.results import PendingRun
+from corescale.results.files import PendingRun
 root = sys.argv[1]
 big = {"payload": ["x" * 100] * 20000}
 i = 0

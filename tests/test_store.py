@@ -5,12 +5,12 @@ import shutil
 
 import pandas as pd
 import pytest
-
 from conftest import FAST, corescale
-from corescale import store
+
 from corescale.errors import UserError
-from corescale.models import resolve_model
 from corescale.overrides import compose
+from corescale.results import store
+from corescale.workload.models import resolve_model
 
 
 @pytest.fixture(scope="module")

@@ -8,11 +8,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import FAST, corescale
 from matplotlib.figure import Figure
 
-from conftest import FAST, corescale
-from corescale import plots, studies
 from corescale.errors import UserError
+from corescale.report import plots
+from corescale.trials import studies
 
 STUDY_DIR = Path("/tmp/study")
 

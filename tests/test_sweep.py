@@ -10,9 +10,10 @@ from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 
 from conftest import FAST, ROOT, corescale
-from corescale import store
-from corescale.results import PendingRun, iter_run_dirs, read_result
-from corescale.sweep import plan_sweep
+
+from corescale.results import store
+from corescale.results.files import PendingRun, iter_run_dirs, read_result
+from corescale.trials.sweep import plan_sweep
 
 
 def run_dirs(root):

@@ -3,7 +3,7 @@ import time
 import numpy as np
 
 from corescale.config import WarmupConfig
-from corescale.timing import is_stable, timed_loop, warm_up
+from corescale.measure.timing import is_stable, timed_loop, warm_up
 
 
 def test_is_stable():

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from corescale.errors import UserError
-from corescale.topology import Cpu, Topology, cgroup_cpu_quota, cgroup_cpuset, default_allowed
+from corescale.machine.topology import Cpu, Topology, cgroup_cpu_quota, cgroup_cpuset, default_allowed
 
 DATA = Path(__file__).parent / "data"
 

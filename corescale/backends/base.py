@@ -60,7 +60,7 @@ def unbind_calling_thread() -> None:
     """
     import os
 
-    from corescale.cpulist import parse_cpulist
+    from corescale.machine.cpulist import parse_cpulist
 
     cpus = parse_cpulist(os.environ.get("CORESCALE_INSTANCE_CPUS", ""))
     if cpus:

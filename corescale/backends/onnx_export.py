@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from corescale.backends.pytorch import wrapped_torch_model
-from corescale.inputs import make_inputs
+from corescale.workload.inputs import make_inputs
 
 OPSET = 17
 # The TorchScript-based exporter: onnxruntime's transformer optimizer fully fuses only its graphs.

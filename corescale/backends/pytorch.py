@@ -9,7 +9,7 @@ import torch
 
 from corescale.backends.base import TimedStages
 from corescale.errors import UserError
-from corescale.models import build_torch_model
+from corescale.workload.models import build_torch_model
 
 
 class LastHiddenState(torch.nn.Module):

@@ -169,7 +169,7 @@ class EagerBackend(TimedStages):
     def load(self, spec, cfg, threads, inputs) -> None:
         require_precision(self.name, cfg.precision, ("fp32",))
         set_tf_threads(threads, cfg.interop_threads)  # before any TF op initialises the runtime
-        from corescale.models import build_torch_model
+        from corescale.workload.models import build_torch_model
 
         with self.stage("build_model"):
             torch_model = build_torch_model(spec, cfg.seed, cfg.trust_remote_code, cfg.allow_pickle)

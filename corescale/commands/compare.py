@@ -9,7 +9,7 @@ ORDER = 70
 
 
 def register(sub) -> None:
-    from corescale.compare import DEFAULT_THRESHOLD
+    from corescale.results.compare import DEFAULT_THRESHOLD
 
     parser = sub.add_parser("compare", help="compare two result roots: faster/slower, with significance")
     add_common(parser)
@@ -30,8 +30,8 @@ def handle(args) -> int:
     from rich.markup import escape
     from rich.table import Table
 
-    from corescale.compare import compare_frames
-    from corescale.console import console
+    from corescale.report.console import console
+    from corescale.results.compare import compare_frames
 
     result = compare_frames(load_table(args.before, args).frame, load_table(args.after, args).frame,
                             args.threshold, args.ignore)

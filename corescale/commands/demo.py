@@ -34,7 +34,7 @@ def _key(override: str) -> str:
 def demo_trials(overrides: list[str], physical_cores: int, root: Path) -> list[list[str]]:
     """Core scaling of one instance (1, 2, 4 ... all cores) and 2 .. N one-core instances."""
     from corescale.errors import UserError
-    from corescale.studies import default_values
+    from corescale.trials.studies import default_values
 
     taken = sorted({_key(o) for o in overrides} & set(OWNED))
     if taken:
@@ -67,7 +67,7 @@ def _batch_size(overrides: list[str]) -> int:
 
 def headline(root: Path, physical_cores: int) -> list[str]:
     """All cores in one instance vs one instance per core, in one line each."""
-    from corescale import store
+    from corescale.results import store
 
     frame = store.ok_rows(store.load(root, require=False).frame)
     lines = []
@@ -85,27 +85,17 @@ def headline(root: Path, physical_cores: int) -> list[str]:
             lines.append(f"{label} ({instances} × {cores} cores, batch {size}): "
                          f"{row['throughput_samples_per_s']:.2f} samples/s, p50 {row['max_instance_p50_ms']:.1f} ms")
     return lines
-    smallest = frame["batch_size"].min()
-    for label, instances, cores, batch in (
-            ("one instance on all cores", 1, physical_cores, smallest),
-            ("one instance per core", physical_cores, 1, smallest),
-            ("their samples as one batch on all cores", 1, physical_cores, smallest * physical_cores)):
-        rows = frame[(frame["instances"] == instances) & (frame["cpus_per_instance"] == cores)
-                     & (frame["batch_size"] == batch)]
-        if len(rows) and (instances, cores, batch) != (1, 1, smallest) or label.startswith("one instance on"):
-            for _, row in rows.tail(1).iterrows():
-                lines.append(f"{label} ({instances} × {cores} cores, batch {batch}): "
-                             f"{row['throughput_samples_per_s']:.2f} samples/s, p50 {row['max_instance_p50_ms']:.1f} ms")
-    return lines
 
 
 def handle(args) -> int:
     from rich.markup import escape
 
-    from corescale import report, store, sweep
-    from corescale.console import console
+    from corescale.machine.topology import Topology
     from corescale.overrides import compose
-    from corescale.topology import Topology
+    from corescale.report import html as report
+    from corescale.report.console import console
+    from corescale.results import store
+    from corescale.trials import sweep
 
     base_dir = Path(compose([o for o in args.overrides if _key(o) == "output_dir"]).output_dir).expanduser()
     root = base_dir / f"demo-{time.strftime('%Y%m%d-%H%M%S')}"

@@ -18,12 +18,12 @@ def register(sub) -> None:
 
 
 def handle(args) -> int:
-    from corescale import environment
-    from corescale.console import console
+    from corescale.machine import environment
+    from corescale.report.console import console
 
     host = environment.capture()
     if not args.no_calibrate:
-        from corescale.topology import Topology
+        from corescale.machine.topology import Topology
 
         threads = len(Topology.from_sysfs().cpu_ids)
         host["sgemm_gflops"] = {"threads": threads, "gflops": round(environment.sgemm_gflops(threads), 1)}

@@ -24,9 +24,9 @@ def load_topology(lscpu: str | None, allowed_cpus: str | None):
     """The topology to plan on; CPUs asked for with --allowed-cpus must all be usable there."""
     from pathlib import Path
 
-    from corescale.cpulist import format_cpulist, parse_cpulist
     from corescale.errors import UserError
-    from corescale.topology import Topology, default_allowed
+    from corescale.machine.cpulist import format_cpulist, parse_cpulist
+    from corescale.machine.topology import Topology, default_allowed
 
     allowed = parse_cpulist(allowed_cpus) if allowed_cpus is not None else None
     if allowed_cpus is not None and not allowed:
@@ -49,7 +49,7 @@ def load_topology(lscpu: str | None, allowed_cpus: str | None):
 
 
 def plan_document(cfg, topology) -> dict:
-    from corescale.runner import placement_for
+    from corescale.measure.runner import placement_for
 
     placement = placement_for(cfg, topology)
     instances = []
@@ -70,7 +70,7 @@ def handle(args) -> int:
         return 0
     from rich.table import Table
 
-    from corescale.console import console, errors
+    from corescale.report.console import console, errors
 
     table = Table(title="placement", caption=document["topology"], header_style="bold")
     for column in ("instance", "CPUs", "NUMA nodes", "threads"):

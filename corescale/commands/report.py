@@ -24,8 +24,8 @@ def register(sub) -> None:
 def handle(args) -> int:
     from rich.markup import escape
 
-    from corescale import report
-    from corescale.console import console
+    from corescale.report import html as report
+    from corescale.report.console import console
 
     table = load_table(args.root, args)
     built = report.build(args.root, args.output, args.machine, args.price_per_hour, args.slo_p99_ms,

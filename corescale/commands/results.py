@@ -33,7 +33,7 @@ def print_wide(renderable) -> None:
     """Tables printed to a pipe or file are not wrapped at 80 columns."""
     from rich.console import Console
 
-    from corescale.console import console
+    from corescale.report.console import console
 
     (console if console.is_terminal else Console(highlight=False, width=220)).print(renderable)
 
@@ -42,11 +42,11 @@ def load_table(root, args):
     """The table, with unreadable files reported on stderr (one line each) and skipped."""
     from rich.markup import escape
 
-    from corescale import store
-    from corescale.console import errors
+    from corescale.report.console import errors
+    from corescale.results import store
 
     table = store.load(root, latest=not args.all, where=args.where)
-    for path, reason in table.problems:
+    for _path, reason in table.problems:
         errors.print(f"[yellow]skipped:[/yellow] {escape(reason)}", soft_wrap=True)
     if table.unfinished:
         errors.print(f"note: {table.unfinished} unfinished run dir(s) (.tmp-*: killed or still running) ignored")
@@ -77,9 +77,9 @@ def handle(args) -> int:
     from rich.markup import escape
     from rich.table import Table
 
-    from corescale import store
-    from corescale.console import console
     from corescale.errors import UserError
+    from corescale.report.console import console
+    from corescale.results import store
 
     frame = load_table(args.root, args).frame
     if args.sort:

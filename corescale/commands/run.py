@@ -20,8 +20,8 @@ def register(sub) -> None:
 
 
 def handle(args) -> int:
-    from corescale import sweep
     from corescale.overrides import expand_sweep
+    from corescale.trials import sweep
 
     if args.multirun:
         return sweep.run_sweep(expand_sweep(args.overrides), fail_fast=args.fail_fast,

@@ -18,8 +18,8 @@ def register(sub) -> None:
 
 
 def handle(args) -> int:
-    from corescale.console import print_result
-    from corescale.results import read_result
+    from corescale.report.console import print_result
+    from corescale.results.files import read_result
 
     record = read_result(args.path)
     if args.json:

@@ -8,7 +8,7 @@ ORDER = 12
 
 
 def register(sub) -> None:
-    from corescale.studies import KINDS
+    from corescale.trials.studies import KINDS
 
     parser = sub.add_parser("study", help="scaling study: latency vs cores, throughput vs instances, batch split")
     add_common(parser)
@@ -37,8 +37,8 @@ def parse_values(text: str | None) -> list[int] | None:
 
 
 def handle(args) -> int:
-    from corescale.console import console
-    from corescale.studies import rich_table, run_study
+    from corescale.report.console import console
+    from corescale.trials.studies import rich_table, run_study
 
     frame, files, failures = run_study(args.kind, args.overrides, parse_values(args.values),
                                        progress=not args.no_progress, fail_fast=args.fail_fast)

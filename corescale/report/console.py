@@ -90,7 +90,7 @@ def print_result(record: dict, path=None) -> None:
     if extra is not None:
         console.print(extra)
     if record.get("metrics", {}) and record["metrics"].get("contaminated"):
-        from corescale.contamination import contamination_message
+        from corescale.measure.contamination import contamination_message
 
         errors.print(f"[yellow]warning:[/yellow] {contamination_message(record['metrics'])}")
     if path is not None:

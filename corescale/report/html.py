@@ -16,10 +16,12 @@ from typing import Callable
 
 import pandas as pd
 
-from corescale import cost, plots, report_plots
 from corescale.errors import UserError
-from corescale.results import read_result
-from corescale.store import Table, describe_value, load, ok_rows
+from corescale.report import charts as report_plots
+from corescale.report import plots
+from corescale.results import cost
+from corescale.results.files import read_result
+from corescale.results.store import Table, describe_value, load, ok_rows
 
 STUDY_MACHINES = ("study-48-cores", "study-8-cores")  # the original study's cost comparison
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from corescale import instance_env
+from corescale.machine import instance_env
 
 START_DELAY_NS = 100_000_000  # the common start instant is this far after the last instance is ready
 STDERR_TAIL_LINES = 12
@@ -88,7 +88,7 @@ class Launcher:
             spec_path.write_text(json.dumps(spec))
             stderr_path = self.work_dir / f"instance-{iid}.stderr.log"
             prefix = instance_env.command_prefix(placement)
-            command = [*prefix, sys.executable, "-m", "corescale.worker", str(spec_path)]
+            command = [*prefix, sys.executable, "-m", "corescale.measure.worker", str(spec_path)]
             launch = {"command_prefix": prefix, "env": instance_env.instance_variables(cfg, placement, preload)}
             with open(stderr_path, "wb") as stderr:
                 process = subprocess.Popen(

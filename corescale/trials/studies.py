@@ -211,8 +211,8 @@ FIGURES = {"cores": "cores_figure", "instances": "instances_figure", "batch": "b
 
 def write_outputs(kind: str, study_dir: Path, frame: pd.DataFrame, document: dict) -> dict[str, Path]:
     """study.csv, study.png, study.json in the study directory (each written whole, then renamed)."""
-    from corescale import plots
-    from corescale.results import write_json_atomic
+    from corescale.report import plots
+    from corescale.results.files import write_json_atomic
 
     paths = {name: study_dir / file for name, file in FILES.items()}
     write_csv_atomic(frame, paths["csv"])
@@ -228,12 +228,12 @@ def write_outputs(kind: str, study_dir: Path, frame: pd.DataFrame, document: dic
 def run_study(kind: str, overrides: list[str], values: list[int] | None = None, progress: bool = True,
               fail_fast: bool = False, topology=None) -> tuple[pd.DataFrame, dict[str, Path], int]:
     """Runs every trial strictly one at a time; returns (table, files, failed trial count)."""
-    from corescale import environment
-    from corescale.console import TrialProgress, console, errors
+    from corescale.machine import environment
+    from corescale.machine.topology import Topology
+    from corescale.measure.runner import execute, prepare_trial
     from corescale.overrides import compose, expand_sweep
-    from corescale.runner import execute, prepare_trial
-    from corescale.sweep import machine_lock
-    from corescale.topology import Topology
+    from corescale.report.console import TrialProgress, console, errors
+    from corescale.trials.sweep import machine_lock
 
     topology = topology or Topology.from_sysfs()
     check_overrides(kind, overrides)

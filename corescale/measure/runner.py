@@ -11,16 +11,16 @@ from pathlib import Path
 
 import pandas as pd
 
-from corescale import environment, instance_env
-from corescale.aggregate import InstanceSamples, run_metrics, samples_frame
 from corescale.backends import check_available
 from corescale.errors import UserError
-from corescale.flops import forward_flops
-from corescale.launcher import Launcher
-from corescale.models import ModelSpec, resolve_model
-from corescale.placement import Plan, plan
-from corescale.results import PendingRun, run_name
-from corescale.topology import Topology
+from corescale.machine import environment, instance_env
+from corescale.machine.placement import Plan, plan
+from corescale.machine.topology import Topology
+from corescale.measure.aggregate import InstanceSamples, run_metrics, samples_frame
+from corescale.measure.launcher import Launcher
+from corescale.results.files import PendingRun, run_name
+from corescale.workload.flops import forward_flops
+from corescale.workload.models import ModelSpec, resolve_model
 
 
 @dataclass

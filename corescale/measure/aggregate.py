@@ -7,8 +7,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from corescale.contamination import CONTAMINATION_THRESHOLD, foreign_fraction
-from corescale.stats import Measurement, window_throughput
+from corescale.measure.contamination import CONTAMINATION_THRESHOLD, foreign_fraction
+from corescale.measure.stats import Measurement, window_throughput
 
 
 @dataclass

@@ -18,13 +18,13 @@ from pathlib import Path
 
 from rich.markup import escape
 
-from corescale import environment
-from corescale.console import TrialProgress, console, errors, print_result
 from corescale.errors import UserError
+from corescale.machine import environment
+from corescale.measure.runner import Trial, TrialOutcome, commit, measure, prepare_trial
 from corescale.overrides import compose
-from corescale.executors import create_executor, error_measured
-from corescale.runner import Trial, TrialOutcome, commit, measure, prepare_trial
-from corescale.store import ResultIndex, spec_key
+from corescale.report.console import TrialProgress, console, errors, print_result
+from corescale.results.store import ResultIndex, spec_key
+from corescale.trials import create_executor, error_measured
 
 EXIT_OK, EXIT_FAILED = 0, 1
 LOCK_PATH = Path(tempfile.gettempdir()) / "corescale-trials.lock"

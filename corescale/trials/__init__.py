@@ -12,21 +12,21 @@ import traceback
 from pathlib import Path
 from typing import Callable
 
-from corescale.runner import Measured, Trial, TrialOutcome, commit, measure
+from corescale.measure.runner import Measured, Trial, TrialOutcome, commit, measure
 
 OnOutcome = Callable[[Trial, TrialOutcome], None]
 
 
 def trial_key(trial: Trial) -> str:
     """The resume key of a trial (resolved config + model identity), as sweeps use it."""
-    from corescale.store import spec_key
+    from corescale.results.store import spec_key
 
     return spec_key(trial.cfg, trial.model)
 
 
 def completed_keys(root) -> set[str]:
     """Keys of the trials that already have a valid, successful result under root."""
-    from corescale.store import ResultIndex
+    from corescale.results.store import ResultIndex
 
     index = ResultIndex(root)
     index.refresh()
@@ -89,7 +89,7 @@ def create_executor(cfg):
 
     settings = cfg.executor
     if isinstance(settings, RayExecutorConfig):
-        from corescale.executors.ray_executor import RayExecutor
+        from corescale.trials.ray import RayExecutor
 
         return RayExecutor(settings)
     if settings.name == "local":

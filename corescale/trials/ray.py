@@ -21,9 +21,8 @@ from pathlib import Path
 
 from corescale.config import RayExecutorConfig
 from corescale.errors import UserError
-from corescale.executors import (OnOutcome, completed_keys, error_measured, failed_measured, output_root, stamp,
-                                 trial_key)
-from corescale.runner import Measured, Trial, commit
+from corescale.measure.runner import Measured, Trial, commit
+from corescale.trials import OnOutcome, completed_keys, error_measured, failed_measured, output_root, stamp, trial_key
 
 NODE_RESOURCE = "corescale_node"
 TYPE_PREFIX = "corescale_type:"
@@ -110,8 +109,8 @@ def restore_thread_env() -> None:
 
 def run_on_node(cfg, node: dict) -> Measured:
     """The Ray task: prepare the trial for this node's topology, measure it, return everything to the driver."""
-    from corescale import environment
-    from corescale.runner import measure, prepare_trial
+    from corescale.machine import environment
+    from corescale.measure.runner import measure, prepare_trial
 
     restore_thread_env()
     started = time.time()

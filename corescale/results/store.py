@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from corescale.errors import UserError
-from corescale.results import RESULT_FILE, TMP_PREFIX, iter_run_dirs, read_result, read_samples
+from corescale.results.files import RESULT_FILE, TMP_PREFIX, iter_run_dirs, read_result, read_samples
 
 # Columns shown by `corescale results` unless --columns says otherwise.
 SUMMARY_COLUMNS = ["status", "model", "backend", "precision", "batch_size", "sequence_length", "instances",
@@ -216,9 +216,9 @@ _NOT_CONFIG = {*_run_columns(_MINIMAL, Path("run")), *_metric_columns(_MINIMAL),
 def _coerce(series: pd.Series, text: str):
     if text.lower() in ("none", "null", ""):
         return None
-    if pd.api.types.is_bool_dtype(series) or set(series.dropna().unique()) <= {True, False}:
-        if text.lower() in ("true", "false"):
-            return text.lower() == "true"
+    boolean = pd.api.types.is_bool_dtype(series) or set(series.dropna().unique()) <= {True, False}
+    if boolean and text.lower() in ("true", "false"):
+        return text.lower() == "true"
     if pd.api.types.is_numeric_dtype(series):
         try:
             return float(text)

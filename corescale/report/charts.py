@@ -1,4 +1,4 @@
-"""Report figures not covered by corescale.plots, and the series extraction that feeds every report figure.
+"""Report figures not covered by corescale.report.plots, and the series extraction that feeds every report figure.
 
 `series` finds, in a results table, groups of trials that differ only along the axes of one figure (e.g. the
 cores of one instance), whatever sweeps produced them. Figures are built on the Agg canvas (no pyplot).
@@ -13,7 +13,7 @@ import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from corescale.store import config_columns, ok_rows
+from corescale.results.store import config_columns, ok_rows
 
 # How a trial was measured, not what: never splits a series.
 PROCEDURE = {"output_dir", "cache_dir", "duration", "min_iterations", "timeout", "calibrate", "seed",

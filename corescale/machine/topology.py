@@ -12,8 +12,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from corescale.cpulist import format_cpulist, parse_cpulist
 from corescale.errors import UserError
+from corescale.machine.cpulist import format_cpulist, parse_cpulist
 
 SYSFS_CPU_ROOT = "/sys/devices/system/cpu"
 SYSFS_NODE_ROOT = "/sys/devices/system/node"

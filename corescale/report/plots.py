@@ -1,6 +1,6 @@
 """Scaling figures, one function per figure: a DataFrame of results in, a matplotlib Figure out.
 
-Columns read (as corescale.studies builds them; other tables may provide the same names):
+Columns read (as corescale.trials.studies builds them; other tables may provide the same names):
   group (optional: one line per value), status (optional: only "ok" rows are drawn),
   total_cores, instances, latency_p50_ms, max_instance_p50_ms, throughput_samples_per_s,
   and for the subtitle, when present: model, backend, batch_size, total_batch_size, sequence_length.

@@ -79,9 +79,9 @@ def thp_setting() -> str | None:
 
 
 def capture() -> dict:
-    """Host facts (no framework imported). Topology details come from corescale.topology."""
-    from corescale.cpulist import format_cpulist
-    from corescale.topology import Topology, cgroup_cpu_quota
+    """Host facts (no framework imported). Topology details come from corescale.machine.topology."""
+    from corescale.machine.cpulist import format_cpulist
+    from corescale.machine.topology import Topology, cgroup_cpu_quota
 
     topo = Topology.from_sysfs()
     return {

@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from corescale.cpulist import format_cpulist
 from corescale.errors import UserError
-from corescale.topology import Topology
+from corescale.machine.cpulist import format_cpulist
+from corescale.machine.topology import Topology
 
 LAYOUTS = ("latency", "throughput", "max")
 LATENCY_CORES = 4  # cores per instance in latency layout, as Intel's launcher

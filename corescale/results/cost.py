@@ -17,7 +17,7 @@ import pandas as pd
 import yaml
 
 from corescale.errors import UserError
-from corescale.store import ok_rows
+from corescale.results.store import ok_rows
 
 FIELDS = ("price_per_hour", "vcpus", "physical_cores")
 MEASURED, PROJECTION = "measured", "projection"

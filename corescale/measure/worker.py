@@ -1,6 +1,6 @@
 """One instance: pinned process that loads a backend, warms up, waits for the common start, and measures.
 
-Run as `python -m corescale.worker SPEC.json` by the launcher. Protocol with the parent:
+Run as `python -m corescale.measure.worker SPEC.json` by the launcher. Protocol with the parent:
 - control lines (JSON) go to the original stdout; library noise is sent to stderr;
 - the parent writes `start <perf_counter_ns>` (or `abort`) on stdin once every instance is ready.
 """
@@ -36,9 +36,10 @@ def process_cpu_seconds() -> float:
 
 
 def run_instance(spec: dict, control: Control) -> None:
-    from corescale import contamination, environment, instance_env
     from corescale.config import BenchmarkConfig
-    from corescale.models import ModelSpec
+    from corescale.machine import environment, instance_env
+    from corescale.measure import contamination
+    from corescale.workload.models import ModelSpec
 
     cfg = BenchmarkConfig.from_dict(spec["config"])
     instance = spec["instance"]
@@ -48,8 +49,8 @@ def run_instance(spec: dict, control: Control) -> None:
     model = ModelSpec(**spec["model"])
 
     from corescale.backends import create_backend
-    from corescale.inputs import make_inputs
-    from corescale.timing import timed_loop, warm_up
+    from corescale.measure.timing import timed_loop, warm_up
+    from corescale.workload.inputs import make_inputs
 
     # a sweep passes the SGEMM rate it already calibrated on the same CPUs and thread count
     peak = (spec.get("sgemm_gflops") or environment.sgemm_gflops(threads)) if cfg.calibrate else None
@@ -85,7 +86,7 @@ def run_instance(spec: dict, control: Control) -> None:
     output = backend.to_numpy(call())
     drift = None
     if cfg.reference:
-        from corescale.drift import compare_with_reference
+        from corescale.measure.drift import compare_with_reference
 
         drift = compare_with_reference(cfg, model, threads, inputs, output)
     control.send(

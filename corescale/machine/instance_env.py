@@ -14,8 +14,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from corescale.cpulist import format_cpulist
 from corescale.errors import UserError
+from corescale.machine.cpulist import format_cpulist
 
 LIB_PATH_ENV = "CORESCALE_LIB_PATH"  # colon-separated directories searched instead of the defaults
 NUMACTL_ENV = "CORESCALE_NUMACTL"  # "0" = never use numactl (pin with sched_setaffinity only)
@@ -161,7 +161,7 @@ def verify_mapped(cfg, mapped: dict[str, str], instance: int) -> None:
 
 def thread_affinities() -> dict[int, list[int]]:
     """CPUs each thread of this process may run on (OpenMP runtimes bind each thread to its own CPUs)."""
-    from corescale.cpulist import parse_cpulist
+    from corescale.machine.cpulist import parse_cpulist
 
     found: dict[int, list[int]] = {}
     for task in os.listdir("/proc/self/task"):

@@ -15,8 +15,8 @@ import pandas as pd
 from scipy import stats as sps
 
 from corescale.errors import UserError
-from corescale.stats import bootstrap_ratio_ci
-from corescale.store import config_columns, ok_rows, timed_latencies_ms
+from corescale.measure.stats import bootstrap_ratio_ci
+from corescale.results.store import config_columns, ok_rows, timed_latencies_ms
 
 ALPHA = 0.05
 BLOCKS = 50

@@ -1,0 +1,1 @@
+"""The machine: topology, CPU lists, placement of instances, environment, per-instance env."""

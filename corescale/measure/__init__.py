@@ -1,0 +1,1 @@
+"""One trial measured: runner (prepare -> measure -> commit), launcher, worker, timing, statistics."""

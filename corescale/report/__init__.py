@@ -1,0 +1,1 @@
+"""What a person sees: console output, plots, the HTML report."""

@@ -1,0 +1,1 @@
+"""Results: files written atomically, the store (one table), compare, cost."""

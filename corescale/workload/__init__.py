@@ -1,0 +1,1 @@
+"""What is run: models, inputs, FLOPs."""
