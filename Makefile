@@ -1,12 +1,12 @@
 # Two commands set up a fresh clone completely:
 #   make run    virtualenv + dependencies, then the default study of this machine, ending in the report
-#   make test   virtualenv + every backend + system packages, then the whole test suite
+#   make test   virtualenv + every backend + system packages, the lint gate (ruff), then the whole test suite
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test system venv clean
+.PHONY: run test lint system venv clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -24,7 +24,10 @@ system:
 run: venv
 	$(BIN)/corescale demo
 
-test: system venv
+lint: venv
+	$(BIN)/ruff check corescale tests benchmarks
+
+test: system venv lint
 	$(BIN)/python -m pytest -q -ra --durations=15 tests
 
 clean:

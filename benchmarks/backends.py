@@ -23,7 +23,7 @@ BACKENDS = {
     "pytorch": ["backend=pytorch"],
     "torchscript": ["backend=torchscript"],
     "torch_compile": ["backend=torch_compile"],
-    "onnxruntime": ["backend=onnxruntime", "ort_fusion=true"],
+    "onnxruntime": ["backend=onnxruntime", "backend.fusion=true"],
     "openvino": ["backend=openvino"],
     "tensorflow": ["backend=tensorflow"],
     "tensorflow_graph": ["backend=tensorflow_graph"],
@@ -54,18 +54,17 @@ def grid(args) -> tuple[list[tuple[str, int, int, list[str]]], list[str]]:
 
 def run(trials, base: list[str]) -> list[dict]:
     from corescale.machine import environment
-    from corescale.measure.runner import execute, prepare_trial
+    from corescale.measure.runner import prepare_trial
     from corescale.overrides import compose
-    from corescale.trials.sweep import machine_lock
+    from corescale.trials.local import run_trial
 
     host = environment.capture()
     rows = []
     for number, (name, batch, threads, overrides) in enumerate(trials, 1):
         print(f"[{number}/{len(trials)}] {name} bs{batch} {threads} thread(s) ...", file=sys.stderr, flush=True)
         trial = prepare_trial(compose([*base, *overrides]))
-        with machine_lock():
-            outcome = execute(trial, host=host)
-        rows.append({"backend": name, "batch": batch, "threads": threads, "record": outcome.record})
+        outcome = run_trial(trial, host)  # under the machine lock
+        rows.append({"backend": name, "batch": batch, "threads": threads, "record": outcome.record.to_json()})
     return rows
 
 
@@ -74,7 +73,7 @@ def peaks(rows: list[dict]) -> dict[int, float]:
     (a calibration disturbed by other load only comes out lower)."""
     best: dict[int, float] = {}
     for row in rows:
-        gflops = row["record"].get("metrics", {}).get("sgemm_peak_gflops")
+        gflops = (row["record"].get("metrics") or {}).get("sgemm_peak_gflops")
         if gflops:
             best[row["threads"]] = max(best.get(row["threads"], 0.0), gflops)
     return best

@@ -26,9 +26,9 @@ SETUPS = {  # name -> overrides
 
 def run_setups(base: list[str], repeats: int) -> dict[str, list[dict]]:
     from corescale.machine import environment
-    from corescale.measure.runner import execute, prepare_trial
+    from corescale.measure.runner import prepare_trial
     from corescale.overrides import compose
-    from corescale.trials.sweep import machine_lock
+    from corescale.trials.local import run_trial
 
     trials = {name: prepare_trial(compose([*base, *extra])) for name, extra in SETUPS.items()}
     host = environment.capture()
@@ -36,11 +36,10 @@ def run_setups(base: list[str], repeats: int) -> dict[str, list[dict]]:
     for repeat in range(repeats):
         for name, trial in trials.items():
             print(f"[{repeat + 1}/{repeats}] {name} ...", file=sys.stderr, flush=True)
-            with machine_lock():  # no other corescale trial on this machine overlaps
-                outcome = execute(trial, host=host)
+            outcome = run_trial(trial, host)  # under the machine lock: no other corescale trial overlaps
             if not outcome.ok:
-                raise SystemExit(f"{name} failed: {outcome.record['reason']}")
-            records[name].append(outcome.record)
+                raise SystemExit(f"{name} failed: {outcome.record.reason}")
+            records[name].append(outcome.record.to_json())
     return records
 
 

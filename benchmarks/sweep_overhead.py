@@ -38,22 +38,26 @@ def main(argv=None) -> int:
 
     from corescale.overrides import expand_sweep
     from corescale.results import store
-    from corescale.trials import sweep
+    from corescale.results.files import read_result
+    from corescale.trials.local import Listener
+    from corescale.trials.sweep import plan_sweep, run_sweep
 
     out = Path(args.output or tempfile.mkdtemp(prefix="corescale-overhead-"))
     overrides = [*GRID, f"duration={args.duration:g}", f"output_dir={out}",
                  f"calibrate={'false' if args.no_calibrate else 'true'}"]
     events: dict[int, dict[str, float]] = defaultdict(dict)  # trial -> last time of each event kind
 
-    def listener(item, instance, event) -> None:
-        events[item.number][event["event"]] = time.time()
+    class Timer(Listener):
+        def worker_event(self, item, instance, event) -> None:
+            events[item.number][event["event"]] = time.time()
 
     cli = cli_start_seconds()
     began = time.time()
-    code = sweep.run_sweep(expand_sweep(overrides), progress=False, resume=False, listener=listener)
+    state = run_sweep(plan_sweep(expand_sweep(overrides)), Timer(), resume=False)
+    code = 1 if state.failed else 0
     wall = time.time() - began
     frame = store.load(out, latest=False).frame.sort_values("finished_at", ignore_index=True)
-    records = {row["run"]: store.read_result(row["path"]) for _, row in frame.iterrows()}
+    records = {row["run"]: read_result(row["path"]).to_json() for _, row in frame.iterrows()}
 
     stages = defaultdict(float)
     print(f"\n{'trial':<34} {'start+imp':>9} {'build':>6} {'warmup':>7} {'window':>7} {'tail':>6} {'stop':>6} "

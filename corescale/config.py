@@ -5,9 +5,12 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, List, Optional
 
+from corescale.backends import OPTIONS, BackendOptions
 from corescale.errors import UserError
 
 SCHEMA_NAME = "corescale"
@@ -15,9 +18,23 @@ PRECISIONS = ("fp32", "bf16", "int8")
 ALLOCATORS = ("default", "jemalloc", "tcmalloc")
 OPENMP_RUNTIMES = ("default", "gnu", "intel")
 LAYOUTS = ("none", "latency", "throughput", "max")
-ORT_GRAPH_OPTIMIZATION_LEVELS = ("disable", "basic", "extended", "all")
-ORT_EXECUTION_MODES = ("sequential", "parallel")
-OV_PERFORMANCE_HINTS = ("LATENCY", "THROUGHPUT", "CUMULATIVE_THROUGHPUT")
+# 0.1's flat backend options -> (backend, option in its group)
+RENAMED_OPTIONS = {
+    "compile_mode": ("torch_compile", "mode"),
+    "ort_graph_optimization_level": ("onnxruntime", "graph_optimization_level"),
+    "ort_execution_mode": ("onnxruntime", "execution_mode"),
+    "ort_fusion": ("onnxruntime", "fusion"),
+    "ov_performance_hint": ("openvino", "performance_hint"),
+}
+# What changes a measurement, besides the backend and its options: key() hashes these and compare matches on them.
+# Not paths, caches, timeouts or where a trial is dispatched.
+MEASURED_FIELDS = (
+    "model", "trust_remote_code", "precision", "batch_size", "sequence_length", "padding_fraction", "threads",
+    "interop_threads", "warmup", "duration", "min_iterations", "seed", "instances", "cores_per_instance",
+    "total_batch_size", "layout", "use_logical_cores", "allocator", "openmp", "calibrate", "reference",
+    "drift_tolerance",
+)
+KEY_VERSION = 2  # bump when a default changes what is measured
 
 
 @dataclass
@@ -54,7 +71,8 @@ EXECUTORS = {"local": ExecutorConfig, "ray": RayExecutorConfig}
 @dataclass
 class BenchmarkConfig:
     model: str = "bert-base"
-    backend: str = "pytorch"
+    # `backend=NAME backend.OPTION=VALUE`; the field holds the base type so Hydra can merge any backend's node
+    backend: BackendOptions = field(default_factory=BackendOptions)
     precision: str = "fp32"
     batch_size: int = 1
     sequence_length: int = 128
@@ -80,37 +98,101 @@ class BenchmarkConfig:
     # worker supervision
     timeout: float = 600.0  # seconds an instance may take in all before it is killed
     calibrate: bool = True  # measure SGEMM GFLOP/s on the instance cores
-    # backend options
-    reference: Optional[str] = None  # run this backend on the same inputs and compare outputs
-    compile_mode: str = "default"  # torch.compile mode
-    ort_graph_optimization_level: str = "all"
-    ort_execution_mode: str = "sequential"
-    ort_fusion: bool = False
-    ov_performance_hint: str = "LATENCY"
+    # output checks and caches
+    reference: Optional[str] = None  # run this backend (default options) on the same inputs and compare outputs
     cache_dir: str = "~/.cache/corescale"
     drift_tolerance: Optional[float] = None  # max_rel_error allowed vs the reference; None = the precision's
     executor: ExecutorConfig = field(default_factory=ExecutorConfig)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.backend, str):  # Python API: BenchmarkConfig(backend="openvino")
+            self.backend = backend_from_dict({"name": self.backend})
+        elif type(self.backend) is BackendOptions:  # the schema's placeholder -> the named backend's options
+            self.backend = backend_from_dict({"name": self.backend.name})
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "BenchmarkConfig":
-        data = dict(data)
+        data = migrate_config_v1(data)
         data["warmup"] = WarmupConfig(**data.get("warmup", {}))
         data["executor"] = executor_from_dict(data.get("executor") or {})
+        data["backend"] = backend_from_dict(data.get("backend") or {})
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
 
-    def key(self) -> str:
-        """Stable hash of everything that changes what is measured (not where it is written)."""
+    @property
+    def results_root(self) -> Path:
+        return Path(os.path.expanduser(self.output_dir))
+
+    @property
+    def instance_batch_size(self) -> int:
+        """Samples per forward call of one instance (a total batch is split evenly over the instances)."""
+        return self.total_batch_size // self.instances if self.total_batch_size else self.batch_size
+
+    def measured(self) -> dict[str, Any]:
+        """The fields that change what is measured, flat with dotted names (what key() hashes and compare
+        matches on): MEASURED_FIELDS, the backend and the options it was given other than their defaults, and
+        the executor's machine kind (where the cluster is does not matter; which kind of node does)."""
         data = self.to_dict()
-        data.pop("output_dir")
-        executor = data.pop("executor")  # where the cluster is does not matter; which machine kind does
-        if executor.get("node_type"):
-            data["node_type"] = executor["node_type"]
-        blob = json.dumps(data, sort_keys=True, default=str)
+        flat = flatten({name: data[name] for name in MEASURED_FIELDS})
+        flat["backend.name"] = self.backend.name
+        flat.update({f"backend.{k}": v for k, v in self.backend.changed().items()})
+        node_type = getattr(self.executor, "node_type", None)
+        if node_type:
+            flat["executor.node_type"] = node_type
+        return flat
+
+    def key(self) -> str:
+        """Stable hash of what is measured (see measured())."""
+        blob = json.dumps({"key_version": KEY_VERSION, **self.measured()}, sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def is_measured(column: str) -> bool:
+    """Whether a flattened config column is part of what measured() (and so key()) covers; `backend` is the
+    results table's name for backend.name."""
+    top = column.split(".", 1)[0]
+    return top in MEASURED_FIELDS or top == "backend" or column == "executor.node_type"
+
+
+def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested dicts -> one level with dotted names (`warmup.window`)."""
+    out: dict[str, Any] = {}
+    for name, value in data.items():
+        if isinstance(value, dict):
+            out.update(flatten(value, f"{prefix}{name}."))
+        else:
+            out[f"{prefix}{name}"] = value
+    return out
+
+
+def migrate_config_v1(data: dict[str, Any]) -> dict[str, Any]:
+    """A config dict of any version -> today's shape: 0.1 kept `backend` as a name and every backend's
+    options flat beside it; they move into the backend group (other backends' options are dropped)."""
+    data = dict(data)
+    backend = data.get("backend")
+    if isinstance(backend, str) or backend is None:
+        name = backend or "pytorch"
+        group = {"name": name}
+        for old, (owner, option) in RENAMED_OPTIONS.items():
+            if old in data and owner == name:
+                group[option] = data[old]
+        data["backend"] = group
+    for old in RENAMED_OPTIONS:
+        data.pop(old, None)
+    return data
+
+
+def backend_from_dict(data: dict[str, Any] | BackendOptions) -> BackendOptions:
+    if isinstance(data, BackendOptions):
+        return data
+    name = data.get("name", "pytorch")
+    _one_of("backend", name, sorted(OPTIONS))
+    cls = OPTIONS[name]
+    known = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in data.items() if k in known})
 
 
 def executor_from_dict(data: dict[str, Any]) -> ExecutorConfig:
@@ -133,19 +215,15 @@ def _one_of(name: str, value: str, allowed) -> None:
 
 def validate(cfg: BenchmarkConfig) -> BenchmarkConfig:
     """Checks that need no model or machine; model- and machine-specific checks live with those stages."""
-    from corescale.backends import BACKENDS
-
-    _one_of("backend", cfg.backend, sorted(BACKENDS))
+    _one_of("backend", cfg.backend.name, sorted(OPTIONS))
+    cfg.backend.validate()
     if cfg.reference is not None:
-        _one_of("reference backend", cfg.reference, sorted(BACKENDS))
+        _one_of("reference backend", cfg.reference, sorted(OPTIONS))
     _one_of("precision", cfg.precision, PRECISIONS)
     _one_of("allocator", cfg.allocator, ALLOCATORS)
     _one_of("openmp", cfg.openmp, OPENMP_RUNTIMES)
     _one_of("layout", cfg.layout, LAYOUTS)
     _validate_executor(cfg.executor)
-    _one_of("ort_graph_optimization_level", cfg.ort_graph_optimization_level, ORT_GRAPH_OPTIMIZATION_LEVELS)
-    _one_of("ort_execution_mode", cfg.ort_execution_mode, ORT_EXECUTION_MODES)
-    _one_of("ov_performance_hint", cfg.ov_performance_hint, OV_PERFORMANCE_HINTS)
     for name in ("batch_size", "sequence_length", "duration", "min_iterations", "instances", "timeout"):
         _positive(name, getattr(cfg, name))
     for name in ("threads", "cores_per_instance", "total_batch_size", "drift_tolerance"):
@@ -180,9 +258,9 @@ def _validate_executor(executor: ExecutorConfig) -> None:
 
 @dataclass
 class _HydraSchema(BenchmarkConfig):
-    """The composed schema: BenchmarkConfig plus the defaults list that selects the executor group."""
+    """The composed schema: BenchmarkConfig plus the defaults list that selects the executor and backend groups."""
 
-    defaults: List[Any] = field(default_factory=lambda: ["_self_", {"executor": "local"}])
+    defaults: List[Any] = field(default_factory=lambda: ["_self_", {"executor": "local"}, {"backend": "pytorch"}])
 
 
 def register_hydra_schema() -> None:
@@ -192,3 +270,5 @@ def register_hydra_schema() -> None:
     store.store(name=SCHEMA_NAME, node=_HydraSchema)
     for name, node in EXECUTORS.items():
         store.store(group="executor", name=name, node=node)
+    for name, node in OPTIONS.items():
+        store.store(group="backend", name=name, node=node)

@@ -7,10 +7,20 @@ import re
 
 from omegaconf import OmegaConf
 
-from corescale.config import EXECUTORS, SCHEMA_NAME, BenchmarkConfig, register_hydra_schema, validate
+from corescale.backends import OPTIONS
+from corescale.config import (
+    EXECUTORS,
+    RENAMED_OPTIONS,
+    SCHEMA_NAME,
+    BenchmarkConfig,
+    register_hydra_schema,
+    validate,
+)
 from corescale.errors import UserError
 
-GROUPS = {"executor": EXECUTORS}  # config groups: `executor=ray` selects a node, `executor.KEY=V` sets it
+# config groups: `backend=onnxruntime` selects a node, `backend.fusion=true` sets one of its options
+GROUPS = {"backend": OPTIONS, "executor": EXECUTORS}
+DEFAULT_SELECTION = {"backend": "pytorch", "executor": "local"}
 
 
 def _allowed_keys() -> str:
@@ -18,7 +28,7 @@ def _allowed_keys() -> str:
     return ", ".join(names)
 
 
-def _key(override: str) -> str:
+def override_key(override: str) -> str:
     return override.split("=", 1)[0].lstrip("+~")
 
 
@@ -36,24 +46,36 @@ def _explain_group(key: str, text: str, selected: dict[str, str]) -> str | None:
         return f"unknown {group} '{value}'; allowed: {', '.join(GROUPS[group])}"
     group = key.split(".", 1)[0]
     if "." in key and group in GROUPS and (text.startswith("Could not override") or "not in" in text):
-        return f"unknown key '{key}' for {group}={selected.get(group, 'local')}; {_group_settings(group)}"
+        return (f"unknown key '{key}' for {group}={selected.get(group, DEFAULT_SELECTION[group])}; "
+                f"{_group_settings(group)}")
     return None
 
 
 def _explain(override: str, exc: Exception, selected: dict[str, str] | None = None) -> str:
     cause = exc.__cause__ or exc
     text = str(cause).splitlines()[0] if str(cause) else type(cause).__name__
-    key = _key(override)
+    key = override_key(override)
     grouped = _explain_group(key, text, selected or {})
     if grouped:
         return grouped
     if text.startswith("Could not override") or "not in struct" in text or "Key '" in text and "not" in text:
         return f"unknown key '{key}'; allowed keys: {_allowed_keys()}"
-    match = re.search(r"could not be converted to (\w+)", text)
+    match = re.search(r"could not be converted to (\w+)", text) or re.search(r"is not a valid (\w+)", text)
     if match:
         value = override.split("=", 1)[1] if "=" in override else ""
         return f"{key}: expected {match.group(1).lower()}, got '{value}'"
     return f"invalid override '{override}': {text}"
+
+
+def check_renamed(overrides: list[str]) -> None:
+    """0.1's flat backend options name their new spelling."""
+    for override in overrides:
+        key = override_key(override)
+        if key in RENAMED_OPTIONS:
+            owner, option = RENAMED_OPTIONS[key]
+            value = override.split("=", 1)[1] if "=" in override else "VALUE"
+            raise UserError(f"'{key}' is now an option of the backend group: write backend={owner} "
+                            f"backend.{option}={value}")
 
 
 def parse_overrides(overrides: list[str]):
@@ -73,14 +95,15 @@ def compose(overrides: list[str]) -> BenchmarkConfig:
     from hydra.core.global_hydra import GlobalHydra
 
     register_hydra_schema()
+    check_renamed(overrides)
     parse_overrides(overrides)
     GlobalHydra.instance().clear()
     with initialize(version_base=None, config_path=None):
         try:
             composed = hydra_compose(SCHEMA_NAME, overrides)
         except Exception:  # noqa: BLE001 - hydra raises several kinds; find the override at fault
-            groups = [o for o in overrides if _key(o) in GROUPS]  # a group's keys need its selection
-            selected = {_key(o): o.split("=", 1)[-1] for o in groups}
+            groups = [o for o in overrides if override_key(o) in GROUPS]  # a group's keys need its selection
+            selected = {override_key(o): o.split("=", 1)[-1] for o in groups}
             for override in groups + [o for o in overrides if o not in groups]:
                 try:
                     hydra_compose(SCHEMA_NAME, [*(g for g in groups if g != override), override])

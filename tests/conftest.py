@@ -20,3 +20,17 @@ def corescale(*args, env=None, timeout=300):
 @pytest.fixture
 def out_dir(tmp_path):
     return tmp_path / "outputs"
+
+
+def execute(trial, on_event=None):
+    """One prepared trial through the local trial loop (lock, measure, commit); returns its TrialOutcome."""
+    from corescale.trials.local import run_trial
+
+    return run_trial(trial, on_event=on_event)
+
+
+def raw_record(path) -> dict:
+    """result.json as written (what a user's script reads)."""
+    import json
+
+    return json.loads((Path(path) / "result.json").read_text())

@@ -23,8 +23,8 @@ def runs(tmp_path_factory, cache):
                           "batch_size=4", "reference=pytorch", *overrides)
     return {
         "two_instances": run("two", "instances=2"),  # 1 thread each
-        "fused_2t": run("fused", "threads=2", "ort_fusion=true"),
-        "fused_int8": run("int8", "ort_fusion=true", "precision=int8"),
+        "fused_2t": run("fused", "threads=2", "backend.fusion=true"),
+        "fused_int8": run("int8", "backend.fusion=true", "precision=int8"),
     }
 
 
@@ -80,8 +80,9 @@ def test_int8_dynamic_quantization_within_its_tolerance(runs):
 
 
 @pytest.mark.parametrize("override, expected", [
-    ("ort_graph_optimization_level=max", "allowed: disable, basic, extended, all"),
-    ("ort_execution_mode=async", "allowed: sequential, parallel"),
+    ("backend.graph_optimization_level=max", "allowed: disable, basic, extended, all"),
+    ("backend.execution_mode=async", "allowed: sequential, parallel"),
+    ("ort_fusion=true", "write backend=onnxruntime backend.fusion=true"),  # 0.1's spelling names the new one
 ])
 def test_bad_options_are_one_line_errors(tmp_path, override, expected):
     proc = corescale("run", "--no-progress", *FAST, "backend=onnxruntime", override, f"cache_dir={tmp_path}",

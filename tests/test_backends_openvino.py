@@ -21,7 +21,7 @@ def runs(tmp_path_factory):
                           *overrides)
     return {
         "two_instances": run("two", "instances=2", "reference=pytorch"),  # 1 thread each
-        "2t": run("two_threads", "threads=2", "ov_performance_hint=THROUGHPUT"),
+        "2t": run("two_threads", "threads=2", "backend.performance_hint=THROUGHPUT"),
     }
 
 
@@ -66,6 +66,6 @@ def test_unsupported_precision_is_a_clear_error(tmp_path):
 
 
 def test_bad_hint_is_a_one_line_error(tmp_path):
-    proc = corescale("run", "--no-progress", *FAST, "backend=openvino", "ov_performance_hint=FAST",
+    proc = corescale("run", "--no-progress", *FAST, "backend=openvino", "backend.performance_hint=FAST",
                      f"output_dir={tmp_path}")
     assert "allowed: LATENCY, THROUGHPUT, CUMULATIVE_THROUGHPUT" in error_line(proc)

@@ -3,12 +3,13 @@
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
-from conftest import FAST
+from conftest import FAST, execute
 
 from corescale.measure import contamination
-from corescale.measure.runner import execute, prepare_trial
+from corescale.measure.runner import prepare_trial
 from corescale.overrides import compose
 from corescale.report.console import print_result
 
@@ -44,7 +45,8 @@ def test_foreign_time_is_busy_time_minus_own_time(tmp_path):
 
 
 def test_message_names_instances_figure_and_threshold():
-    text = contamination.contamination_message({"foreign_load": 0.42, "contaminated_instances": [0, 2]})
+    metrics = SimpleNamespace(foreign_load=0.42, contaminated_instances=[0, 2])
+    text = contamination.contamination_message(metrics)
     assert "42%" in text and "instance(s) 0, 2" in text and f"{contamination.CONTAMINATION_THRESHOLD:.0%}" in text
 
 
@@ -66,13 +68,13 @@ def test_cpu_burner_on_the_pinned_cpu_flags_the_result(tmp_path, capsys):
             burner.kill()
             burner.wait()
     assert len(burners) == 1
-    metrics = outcome.record["metrics"]
-    assert outcome.record["status"] == "ok"
+    metrics = outcome.record.metrics
+    assert outcome.record.status == "ok"
     # sharing one CPU with a busy loop: the scheduler gives the burner about half of it
-    assert metrics["contaminated"] is True and metrics["contaminated_instances"] == [0]
-    assert metrics["foreign_load"] > 0.25
-    instance = metrics["instances"][0]
-    assert instance["contaminated"] and instance["foreign_load"] == metrics["foreign_load"]
-    assert instance["cpu_utilisation"] < 0.8  # its own CPU time fell well short of wall x threads
+    assert metrics.contaminated is True and metrics.contaminated_instances == [0]
+    assert metrics.foreign_load > 0.25
+    instance = metrics.instances[0]
+    assert instance.contaminated and instance.foreign_load == metrics.foreign_load
+    assert instance.cpu_utilisation < 0.8  # its own CPU time fell well short of wall x threads
     print_result(outcome.record)
     assert "contaminated" in capsys.readouterr().err

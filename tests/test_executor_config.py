@@ -1,4 +1,4 @@
-"""The executor config group: `executor=local|ray`, its settings, keys, errors, and create_executor."""
+"""The executor config group: `executor=local|ray`, its settings, keys, errors; the local trial loop."""
 
 import subprocess
 import sys
@@ -11,7 +11,7 @@ from corescale.errors import UserError
 from corescale.measure.runner import prepare_trial
 from corescale.overrides import compose, expand_sweep
 from corescale.results.files import iter_run_dirs, read_result
-from corescale.trials import LocalExecutor, create_executor
+from corescale.trials.local import Listener, Planned, run_trials
 
 TINY = ["model=bert-tiny"]
 
@@ -19,7 +19,6 @@ TINY = ["model=bert-tiny"]
 def test_default_is_local_and_keeps_existing_keys():
     cfg = compose(TINY)
     assert cfg.executor == ExecutorConfig() and cfg.executor.name == "local"
-    assert isinstance(create_executor(cfg), LocalExecutor)
     legacy = cfg.to_dict()
     legacy.pop("executor")  # a config written before executors existed means the same measurement
     assert BenchmarkConfig.from_dict(legacy) == cfg
@@ -93,13 +92,22 @@ def test_missing_ray_names_the_extra():
     assert proc.stdout.strip() == "executor=ray needs Ray: pip install 'corescale[ray]'", proc.stderr
 
 
-def test_local_executor_runs_and_commits_each_trial(tmp_path):
+def test_local_loop_runs_and_commits_each_trial(tmp_path):
     out = tmp_path / "out"
-    trials = [prepare_trial(compose([*FAST, f"output_dir={out}", f"batch_size={b}"])) for b in (1, 2)]
+    planned = [Planned(n, [f"batch_size={b}"], prepare_trial(compose([*FAST, f"output_dir={out}", f"batch_size={b}"])))
+               for n, b in enumerate((1, 2), 1)]
     seen = []
-    create_executor(trials[0].cfg).run(trials, lambda trial, outcome: seen.append((trial, outcome)))
-    assert [t for t, _ in seen] == trials
+
+    class Recorder(Listener):
+        def finished(self, item, outcome, state):
+            seen.append((item, outcome))
+
+    state = run_trials(planned, Recorder())
+    assert [item for item, _ in seen] == planned and state.count("ok") == 2
     assert all(o.ok and o.path.is_dir() for _, o in seen)
     records = [read_result(d) for d in iter_run_dirs(out)]
-    assert sorted(r["config"]["batch_size"] for r in records) == [1, 2]
-    assert all(r["executor"] == {"name": "local"} and r["trial_key"] and r["finished_at"] for r in records)
+    assert sorted(r.config.batch_size for r in records) == [1, 2]
+    assert all(r.executor == {"name": "local"} and r.trial_key and r.finished_at for r in records)
+    assert {r.trial_key for r in records} == {item.key for item in planned}
+    again = run_trials(planned, Recorder())  # resume: both have a valid result now
+    assert again.count("skipped") == 2 and len(seen) == 2 and len(list(iter_run_dirs(out))) == 2

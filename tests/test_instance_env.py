@@ -9,8 +9,9 @@ import pytest
 from corescale.config import BenchmarkConfig
 from corescale.errors import UserError
 from corescale.machine import instance_env
+from corescale.machine.placement import InstancePlacement, InstanceSpec
 
-PLACEMENT = {"id": 1, "cpus": [2, 3], "numa_nodes": [0], "threads": 2}
+PLACEMENT = InstanceSpec(InstancePlacement(1, (2, 3), (0,), 2), threads=2, batch_size=1)
 
 
 def cfg(**kw) -> BenchmarkConfig:

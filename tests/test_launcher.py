@@ -1,5 +1,6 @@
 """Faults of real instances: killed, stopped, overrunning, raising. The run fails, nothing survives it."""
 
+import dataclasses
 import os
 import signal
 import time
@@ -7,10 +8,10 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import FAST, corescale
+from conftest import FAST, corescale, execute
 
 from corescale.measure.launcher import Launcher
-from corescale.measure.runner import execute, prepare_trial, worker_specs
+from corescale.measure.runner import prepare_trial
 from corescale.overrides import compose
 from corescale.results.files import read_result, read_samples
 
@@ -71,13 +72,14 @@ def test_killed_instance_fails_the_run_and_stops_the_others(tmp_path):
     outcome = execute(trial(tmp_path, "duration=20"), on_event=saboteur)
     stopped_after = time.monotonic() - saboteur.fired[(1, "progress")]
     record = read_result(outcome.path)
-    assert record["status"] == "failed" and record["valid"] is False
-    failure = record["failure"]
-    assert failure["instance"] == 1 and failure["signal"] == "SIGKILL" and failure["exit_code"] == -9
-    assert record["reason"] == "instance 1 was killed by SIGKILL while running"
-    assert "stderr_tail" in failure
-    assert record["partial"]["states"]["0"]["state"] == "running"  # instance 0 was stopped mid-window
-    assert record["partial"]["finished_instances"] == []
+    assert record.status == "failed" and record.valid is False
+    failure = record.failure
+    assert failure.kind == "signal" and failure.instance == 1 and failure.signal == "SIGKILL"
+    assert failure.exit_code == -9
+    assert record.reason == "instance 1: killed by SIGKILL while running"
+    assert isinstance(failure.stderr_tail, str)
+    assert record.partial.states["0"]["state"] == "running"  # instance 0 was stopped mid-window
+    assert record.partial.finished_instances == []
     assert stopped_after < 10  # not the 20 s window: the survivors were stopped
     assert all(not process_group(pid) for pid in saboteur.pids.values()), "orphan worker processes"
 
@@ -87,12 +89,12 @@ def test_partial_samples_of_finished_instances_are_kept_but_invalid(tmp_path):
     saboteur = Saboteur({(1, "progress"): (1, signal.SIGSTOP), (0, "result"): (1, signal.SIGKILL)})
     outcome = execute(trial(tmp_path), on_event=saboteur)
     record = read_result(outcome.path)
-    assert record["status"] == "failed" and record["valid"] is False
-    assert record["failure"]["instance"] == 1 and record["failure"]["signal"] == "SIGKILL"
-    partial = record["partial"]
-    assert partial["finished_instances"] == [0]
-    assert partial["metrics"]["samples_in_window"] > 0
-    assert "metrics" not in record  # nothing that reads metrics mistakes it for a valid result
+    assert record.status == "failed" and record.valid is False
+    assert record.failure.instance == 1 and record.failure.signal == "SIGKILL"
+    partial = record.partial
+    assert partial.finished_instances == [0]
+    assert partial.metrics.samples_in_window > 0
+    assert record.metrics is None  # nothing that reads metrics mistakes it for a valid result
     samples = read_samples(outcome.path)
     assert set(samples["instance"]) == {0} and samples["in_window"].sum() > 0
     assert all(not process_group(pid) for pid in saboteur.pids.values())
@@ -102,13 +104,13 @@ def test_instance_raising_an_error_reports_its_traceback(tmp_path):
     t = trial(tmp_path)
     work = tmp_path / "work"
     work.mkdir()
-    specs = worker_specs(t, work)
-    specs[1]["samples_path"] = str(tmp_path / "missing-dir" / "samples.npz")  # fails after its window
-    outcome = Launcher(work, 120).run(specs, t.cfg)
+    specs = t.instance_specs(work)
+    specs[1] = dataclasses.replace(specs[1], samples_path=str(tmp_path / "missing-dir" / "samples.npz"))  # fails
+    outcome = Launcher(work, 120).run(specs, t.cfg, t.model)  # after its window
     failure = outcome.failure
-    assert failure["instance"] == 1 and not failure["user_error"]
-    assert "instance 1:" in failure["reason"] and "missing-dir" in failure["reason"]
-    assert "Traceback" in failure["traceback"]
+    assert failure.instance == 1 and failure.kind == "error"
+    assert failure.reason.startswith("instance 1:") and "missing-dir" in failure.reason
+    assert "Traceback" in failure.traceback
     assert all(not process_group(state["pid"]) for state in outcome.states.values())
 
 
@@ -123,4 +125,4 @@ def test_overrunning_the_timeout_fails_the_cli_with_no_survivors(tmp_path):
     assert processes_with_env(marker) == []
     (run_dir,) = [p for p in tmp_path.iterdir() if not p.name.startswith(".")]
     record = read_result(run_dir)
-    assert record["status"] == "failed" and record["failure"]["instance"] in (0, 1)
+    assert record.status == "failed" and record.failure.kind == "timeout" and record.failure.instance in (0, 1)

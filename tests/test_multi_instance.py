@@ -7,13 +7,13 @@ import re
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import FAST, corescale
+from conftest import FAST, corescale, execute, raw_record
 
 from corescale.errors import UserError
 from corescale.machine import instance_env
-from corescale.measure.runner import execute, prepare_trial
+from corescale.measure.runner import prepare_trial
 from corescale.overrides import compose
-from corescale.results.files import read_result, read_samples
+from corescale.results.files import read_samples
 
 TWO_CPUS = len(os.sched_getaffinity(0)) >= 2
 needs_two_cpus = pytest.mark.skipif(not TWO_CPUS, reason="needs 2 usable CPUs")
@@ -28,7 +28,7 @@ def library_or_skip(library):
 
 def run(out, *overrides):
     outcome = execute(prepare_trial(compose([*FAST, f"output_dir={out}", *overrides])))
-    return outcome.record, outcome.path
+    return raw_record(outcome.path), outcome.path
 
 
 @pytest.fixture(scope="module")
@@ -146,7 +146,7 @@ def test_preload_that_does_not_load_is_an_error_not_a_warning(tmp_path):
 
 def test_result_json_records_the_launch(two_instances):
     _, path = two_instances
-    record = read_result(path)
+    record = raw_record(path)
     prefixes = [r["launch"]["command_prefix"] for r in record["instances"]]
     for prefix, placement in zip(prefixes, record["plan"]["instances"]):
         if prefix:  # numactl works here

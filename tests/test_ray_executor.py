@@ -18,12 +18,13 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from conftest import FAST, ROOT
+from conftest import FAST, ROOT, raw_record
 
-from corescale.measure.runner import prepare_trial
-from corescale.overrides import compose, expand_sweep
-from corescale.results.files import iter_run_dirs, read_result
-from corescale.trials import create_executor, trial_key
+from corescale.overrides import expand_sweep
+from corescale.results.files import iter_run_dirs
+from corescale.trials.local import Listener
+from corescale.trials.ray import RayExecutor
+from corescale.trials.sweep import plan_sweep
 
 pytest.importorskip("ray", reason="Ray is the optional extra corescale[ray]")
 CPUS = sorted(os.sched_getaffinity(0))
@@ -67,19 +68,24 @@ def cluster():
 
 
 def trials_for(address, out, sweep):
-    return [prepare_trial(compose([*QUICK, f"output_dir={out}", "executor=ray", f"executor.address={address}",
-                                   *overrides])) for overrides in expand_sweep(sweep)]
+    return plan_sweep([[*QUICK, f"output_dir={out}", "executor=ray", f"executor.address={address}", *overrides]
+                       for overrides in expand_sweep(sweep)])
 
 
-def run_trials(trials):
+def run_trials(planned):
+    """(loop state, [(planned, outcome)]) of a run on the cluster."""
     outcomes = []
-    executor = create_executor(trials[0].cfg)
-    executor.run(trials, lambda trial, outcome: outcomes.append((trial, outcome)))
-    return executor, outcomes
+
+    class Recorder(Listener):
+        def finished(self, item, outcome, state):
+            outcomes.append((item, outcome))
+
+    state = RayExecutor(planned[0].trial.cfg.executor).run(planned, Recorder())
+    return state, outcomes
 
 
 def stored(out):
-    return [read_result(d) for d in iter_run_dirs(out)]
+    return [raw_record(d) for d in iter_run_dirs(out)]
 
 
 def overlap(x, y):
@@ -95,7 +101,7 @@ def test_sweep_over_node_types_runs_one_trial_per_node(cluster, tmp_path):
     records = stored(out)
     assert len(records) == 4 and all(r["status"] == "ok" and r["valid"] for r in records), \
         [r.get("reason") for r in records]
-    assert sorted(r["trial_key"] for r in records) == sorted(trial_key(t) for t in trials)
+    assert sorted(r["trial_key"] for r in records) == sorted(t.key for t in trials)
     for r in records:
         node = r["node"]
         assert node["node_type"] == r["config"]["executor"]["node_type"]
@@ -196,11 +202,15 @@ def test_worker_that_keeps_dying_is_recorded_failed(cluster, tmp_path):
 
 DRIVER = """
 import sys
-from corescale.trials import create_executor
-from corescale.overrides import compose, expand_sweep
-from corescale.measure.runner import prepare_trial
-trials = [prepare_trial(compose(o)) for o in expand_sweep(sys.argv[1:])]
-create_executor(trials[0].cfg).run(trials, lambda t, o: print("committed", o.path, flush=True))
+from corescale.overrides import expand_sweep
+from corescale.trials.local import Listener
+from corescale.trials.ray import RayExecutor
+from corescale.trials.sweep import plan_sweep
+planned = plan_sweep(expand_sweep(sys.argv[1:]))
+class Printer(Listener):
+    def finished(self, item, outcome, state):
+        print("committed", outcome.path, flush=True)
+RayExecutor(planned[0].trial.cfg.executor).run(planned, Printer())
 """
 
 
@@ -221,32 +231,32 @@ def test_killed_driver_resumes_without_duplicates(cluster, tmp_path):
     assert kept.name in before
 
     trials = trials_for(cluster.address, out, ["batch_size=1,2,3"])
-    executor, outcomes = run_trials(trials)
+    state, outcomes = run_trials(trials)
 
-    assert len(executor.skipped) == len(before)
+    assert state.count("skipped") == len(before)
     assert len(outcomes) == 3 - len(before)
     records = stored(out)
-    assert sorted(r["trial_key"] for r in records) == sorted(trial_key(t) for t in trials)  # each once
+    assert sorted(r["trial_key"] for r in records) == sorted(t.key for t in trials)  # each once
     assert all(r["status"] == "ok" for r in records)
     assert {d.name: (d / "result.json").stat().st_mtime_ns for d in iter_run_dirs(out) if d.name in before} == before
     again, nothing = run_trials(trials)  # all done: nothing runs
-    assert nothing == [] and len(again.skipped) == 3
+    assert nothing == [] and again.count("skipped") == 3
 
 
 LOCAL = """
 import json, sys
 import ray
-from corescale.trials import create_executor
-from corescale.overrides import compose
-from corescale.measure.runner import prepare_trial
-trial = prepare_trial(compose(sys.argv[1:]))
+from corescale.trials.local import Listener
+from corescale.trials.sweep import plan_sweep, run_sweep
+planned = plan_sweep([sys.argv[1:]])
 seen = {}
-def check(t, outcome):
-    seen.update(nodes=[n["NodeManagerAddress"] for n in ray.nodes()], record=outcome.record["node"],
-                status=outcome.record["status"])
-    print("running", flush=True)
-    sys.stdin.readline()  # the test looks at the Ray processes meanwhile
-create_executor(trial.cfg).run([trial], check)
+class Check(Listener):
+    def finished(self, item, outcome, state):
+        seen.update(nodes=[n["NodeManagerAddress"] for n in ray.nodes()], record=outcome.record.node,
+                    status=outcome.record.status)
+        print("running", flush=True)
+        sys.stdin.readline()  # the test looks at the Ray processes meanwhile
+run_sweep(planned, Check())
 seen["still_connected"] = ray.is_initialized()
 print(json.dumps(seen), flush=True)
 """

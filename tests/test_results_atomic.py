@@ -8,9 +8,17 @@ import time
 
 import pandas as pd
 import pytest
+from conftest import raw_record
 
 from corescale.errors import UserError
-from corescale.results.files import PendingRun, iter_run_dirs, read_result, read_samples, write_json_atomic
+from corescale.results.files import (
+    PendingRun,
+    iter_run_dirs,
+    read_result,
+    read_samples,
+    write_atomic,
+    write_json_atomic,
+)
 
 WRITER = r"""
 import sys, numpy as np, pandas as pd
@@ -35,7 +43,7 @@ def test_killed_writer_leaves_no_valid_looking_result(tmp_path, delay):
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     for run in iter_run_dirs(tmp_path):  # whatever is visible is whole
-        record = read_result(run)
+        record = raw_record(run)
         assert record["status"] == "ok" and len(record["payload"]) == 20000
         assert len(read_samples(run)) == 400_000
     committed = {p.name for p in iter_run_dirs(tmp_path)}
@@ -58,3 +66,9 @@ def test_json_atomic_and_schema_check(tmp_path):
     assert (tmp_path / "x.json").read_text().strip().startswith("{")
     with pytest.raises(UserError, match="not a corescale result"):
         read_result(tmp_path / "x.json")
+    write_json_atomic(tmp_path / "future.json", {"schema_version": 99})
+    with pytest.raises(UserError, match="schema_version 99"):  # a newer corescale's record: refused, one line
+        read_result(tmp_path / "future.json")
+    with pytest.raises(UserError, match="cannot write figure"):
+        write_atomic(tmp_path / "no" / "dir" / "f.png", b"x", "figure")
+    assert not (tmp_path / "no").exists()

@@ -10,6 +10,7 @@ from conftest import FAST, corescale
 from corescale.errors import UserError
 from corescale.overrides import compose
 from corescale.results import store
+from corescale.results.record import spec_key
 from corescale.workload.models import resolve_model
 
 
@@ -95,12 +96,12 @@ def test_local_model_files_change_the_key(tmp_path):
     (model_dir / "config.json").write_text(json.dumps({"model_type": "bert", "hidden_size": 8}))
     (model_dir / "model.safetensors").write_bytes(b"weights v1")
     cfg = compose([f"model={model_dir}"])
-    before = store.spec_key(cfg, resolve_model(cfg.model))
-    assert store.spec_key(cfg, resolve_model(cfg.model)) == before  # stable
+    before = spec_key(cfg, resolve_model(cfg.model))
+    assert spec_key(cfg, resolve_model(cfg.model)) == before  # stable
     (model_dir / "model.safetensors").write_bytes(b"weights v2, retrained")
-    assert store.spec_key(cfg, resolve_model(cfg.model)) != before
+    assert spec_key(cfg, resolve_model(cfg.model)) != before
     preset = compose(["model=bert-tiny"])
-    assert store.spec_key(preset, resolve_model("bert-tiny")) != store.spec_key(
+    assert spec_key(preset, resolve_model("bert-tiny")) != spec_key(
         compose(["model=bert-tiny", "batch_size=2"]), resolve_model("bert-tiny"))
 
 

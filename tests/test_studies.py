@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +14,7 @@ from matplotlib.figure import Figure
 
 from corescale.errors import UserError
 from corescale.report import plots
+from corescale.report.study import write_study
 from corescale.trials import studies
 
 STUDY_DIR = Path("/tmp/study")
@@ -182,8 +184,10 @@ def test_cores_study_cli(tmp_path):
 
 @needs_two_cpus
 def test_instances_study(tmp_path):
-    table, files, failures = studies.run_study("instances", [*TINY, f"output_dir={tmp_path}"], progress=False)
-    assert failures == 0
+    study = studies.run_study("instances", [*TINY, f"output_dir={tmp_path}"])
+    write_study(study)
+    table = study.frame
+    assert study.failures == 0 and study.state.count("ok") == 2
     check_study_dir(tmp_path, "instances", 2)
     assert table["instances"].tolist() == [1, 2]
     assert table["ideal_throughput_samples_per_s"].iloc[1] == pytest.approx(
@@ -194,12 +198,38 @@ def test_instances_study(tmp_path):
 
 @needs_two_cpus
 def test_batch_study(tmp_path):
-    table, files, failures = studies.run_study("batch", [*TINY, "total_batch_size=4", f"output_dir={tmp_path}"],
-                                               progress=False)
-    assert failures == 0
+    study = studies.run_study("batch", [*TINY, "total_batch_size=4", f"output_dir={tmp_path}"])
+    write_study(study)
+    table = study.frame
+    assert study.failures == 0
     check_study_dir(tmp_path, "batch", 2)
     assert table["batch_size"].tolist() == [4, 2] and table["cores_per_instance"].tolist() == [2, 1]
     assert (table["max_instance_p50_ms"] > 0).all() and table["throughput_gain"].iloc[0] == 1.0
+
+
+def test_study_records_a_failed_trial_and_resumes_by_key(tmp_path):
+    pytest.importorskip("onnxruntime")
+    # bf16 is refused inside the instance (a user error there): recorded as that trial's failure, not the end
+    args = ["study", "cores", *TINY, "backend=onnxruntime", "precision=fp32,bf16", f"output_dir={tmp_path}",
+            "--values", "1", "--no-progress"]
+    first = corescale(*args)
+    assert first.returncode == 1, first.stderr
+    assert "1 of 2 trial(s) failed" in first.stderr
+    (study_dir,) = [p for p in tmp_path.iterdir() if p.name.startswith("study-cores-")]
+    document = json.loads((study_dir / "study.json").read_text())
+    assert [t["status"] for t in document["trials"]] == ["ok", "failed"] and document["failed_trials"] == 1
+    assert "supports precision fp32, int8" in document["trials"][1]["reason"]
+    assert all(t["trial_key"] for t in document["trials"]) and not any(t["resumed"] for t in document["trials"])
+    runs = {p.name for p in study_dir.iterdir() if (p / "result.json").is_file()}
+    time.sleep(1.1)  # a new study directory name
+    again = corescale(*args)
+    assert again.returncode == 1 and "1 trial(s) resumed from earlier results" in again.stdout
+    (second,) = [p for p in tmp_path.iterdir() if p.name.startswith("study-cores-") and p != study_dir]
+    redone = json.loads((second / "study.json").read_text())
+    assert [t["resumed"] for t in redone["trials"]] == [True, False]  # the ok trial reused, the failed one again
+    assert redone["trials"][0]["path"] == document["trials"][0]["path"]
+    assert redone["table"][0]["throughput_samples_per_s"] == document["table"][0]["throughput_samples_per_s"]
+    assert len([p for p in second.iterdir() if (p / "result.json").is_file()]) == 1 and len(runs) == 2
 
 
 def test_study_errors_are_one_line_exit_2(tmp_path):

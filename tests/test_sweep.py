@@ -27,14 +27,15 @@ def expected_keys(overrides):
 
 
 def test_failed_trial_is_recorded_and_the_sweep_goes_on(out_dir):
-    # timeout=0.5 kills the instance while it loads: a real failure, with a reason
-    grid = [*FAST, "timeout=0.5,600", f"output_dir={out_dir}"]
+    # int8 drifts from the fp32 reference by far more than 1e-12: a real failure found by the worker, with a
+    # reason (a timeout would not do: it is not part of the trial key, so both trials would be one)
+    grid = [*FAST, "precision=int8", "reference=pytorch", "drift_tolerance=1e-12,1", f"output_dir={out_dir}"]
     proc = corescale("run", "-m", *grid, "--no-progress")
     assert proc.returncode == 1
-    assert "1 measured ok, 1 failed" in proc.stdout and "timed out" in proc.stderr
-    table = store.load(out_dir).frame.set_index("timeout")
-    assert table.loc[0.5, "status"] == "failed" and "timed out" in table.loc[0.5, "reason"]
-    assert table.loc[600.0, "status"] == "ok"
+    assert "1 measured ok, 1 failed" in proc.stdout and "outputs drift from pytorch" in proc.stderr
+    table = store.load(out_dir).frame.set_index("drift_tolerance")
+    assert table.loc[1e-12, "status"] == "failed" and "drift" in table.loc[1e-12, "reason"]
+    assert table.loc[1.0, "status"] == "ok"
 
     rerun = corescale("run", "-m", *grid, "--no-progress")  # the failure is redone, the success is not
     assert rerun.returncode == 1 and "0 measured ok, 1 failed, 1 skipped" in rerun.stdout
@@ -47,7 +48,7 @@ def test_failed_trial_is_recorded_and_the_sweep_goes_on(out_dir):
 def test_fail_fast_stops_at_first_failure(out_dir):
     proc = corescale("run", "-m", *FAST, "timeout=0.5,600", f"output_dir={out_dir}", "--no-progress", "--fail-fast")
     assert proc.returncode == 1 and "--fail-fast" in proc.stderr
-    assert [r["status"] for r in map(read_result, run_dirs(out_dir))] == ["failed"]
+    assert [r.status for r in map(read_result, run_dirs(out_dir))] == ["failed"]
 
 
 def test_sigkill_mid_sweep_then_resume_gives_exactly_the_grid(out_dir):
@@ -86,7 +87,7 @@ def test_two_sweeps_into_one_root_lose_nothing(out_dir):
     table = store.load(out_dir).frame
     assert sorted(table["batch_size"]) == [1, 2] and (table["status"] == "ok").all()
     # trials never overlapped in time: the machine lock serialises them across processes
-    spans = sorted((r["finished_at"] - r["elapsed_s"], r["finished_at"]) for r in map(read_result, run_dirs(out_dir)))
+    spans = sorted((r.finished_at - r.elapsed_s, r.finished_at) for r in map(read_result, run_dirs(out_dir)))
     assert all(end <= next_start for (_, end), (next_start, _) in zip(spans, spans[1:]))
 
 

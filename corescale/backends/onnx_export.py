@@ -19,7 +19,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from corescale.backends.pytorch import wrapped_torch_model
+from corescale.backends.pytorch.backend import wrapped_torch_model
 from corescale.workload.inputs import make_inputs
 
 OPSET = 17

@@ -1,4 +1,5 @@
-"""Subcommands: each module here has ORDER, register(subparsers) and sets a `handler` default."""
+"""Subcommands: each module here has ORDER, register(subparsers) and sets a `handler` default; modules named
+`_*` hold shared helpers."""
 
 from __future__ import annotations
 
@@ -13,5 +14,6 @@ def add_common(parser: argparse.ArgumentParser) -> None:
 
 
 def command_modules():
-    modules = [importlib.import_module(f"{__name__}.{info.name}") for info in pkgutil.iter_modules(__path__)]
+    modules = [importlib.import_module(f"{__name__}.{info.name}") for info in pkgutil.iter_modules(__path__)
+               if not info.name.startswith("_")]  # _common.py: shared helpers, not a subcommand
     return sorted(modules, key=lambda module: getattr(module, "ORDER", 100))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from corescale.commands import add_common
-from corescale.commands.results import add_selection, load_table, print_wide, write_csv
+from corescale.commands._common import add_selection, load_table, print_wide, write_csv
 
 ORDER = 70
 

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from corescale.commands import add_common
+from corescale.overrides import override_key
 
 ORDER = 5
 DEFAULTS = {"model": "bert-base", "sequence_length": "128", "batch_size": "1"}
@@ -27,21 +28,17 @@ def register(sub) -> None:
     parser.set_defaults(handler=handle)
 
 
-def _key(override: str) -> str:
-    return override.split("=", 1)[0].lstrip("+~")
-
-
 def demo_trials(overrides: list[str], physical_cores: int, root: Path) -> list[list[str]]:
     """Core scaling of one instance (1, 2, 4 ... all cores) and 2 .. N one-core instances."""
     from corescale.errors import UserError
     from corescale.trials.studies import default_values
 
-    taken = sorted({_key(o) for o in overrides} & set(OWNED))
+    taken = sorted({override_key(o) for o in overrides} & set(OWNED))
     if taken:
         raise UserError(f"the demo sets {', '.join(taken)} itself; remove them (use `corescale run -m` or "
                         "`corescale study` for other layouts)")
-    own = [o for o in overrides if _key(o) != "output_dir"]
-    given = {_key(o) for o in own}
+    own = [o for o in overrides if override_key(o) != "output_dir"]
+    given = {override_key(o) for o in own}
     base = [f"{k}={v}" for k, v in DEFAULTS.items() if k not in given] + own + [f"output_dir={root}"]
     counts = default_values(physical_cores)
     scaling = [[*base, "instances=1", f"cores_per_instance={c}"] for c in counts]
@@ -50,15 +47,15 @@ def demo_trials(overrides: list[str], physical_cores: int, root: Path) -> list[l
         return scaling
     # the batch split: the samples of all one-core instances together, as one batch on all cores
     batch = _batch_size(base)
-    split = [*[o for o in base if _key(o) != "batch_size"], "instances=1", f"cores_per_instance={physical_cores}",
-             f"batch_size={batch * physical_cores}"]
+    split = [*[o for o in base if override_key(o) != "batch_size"], "instances=1",
+             f"cores_per_instance={physical_cores}", f"batch_size={batch * physical_cores}"]
     return scaling + per_core + [split]
 
 
 def _batch_size(overrides: list[str]) -> int:
     from corescale.errors import UserError
 
-    value = [o.split("=", 1)[1] for o in overrides if _key(o) == "batch_size"][-1]
+    value = [o.split("=", 1)[1] for o in overrides if override_key(o) == "batch_size"][-1]
     try:
         return int(value)
     except ValueError:
@@ -90,26 +87,28 @@ def headline(root: Path, physical_cores: int) -> list[str]:
 def handle(args) -> int:
     from rich.markup import escape
 
+    from corescale.commands import run
     from corescale.machine.topology import Topology
     from corescale.overrides import compose
     from corescale.report import html as report
-    from corescale.report.console import console
+    from corescale.report.console import console, print_path
     from corescale.results import store
-    from corescale.trials import sweep
+    from corescale.trials.sweep import plan_sweep
 
-    base_dir = Path(compose([o for o in args.overrides if _key(o) == "output_dir"]).output_dir).expanduser()
-    root = base_dir / f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
+    base = compose([o for o in args.overrides if override_key(o) == "output_dir"]).results_root
+    root = base / f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
     physical = len(Topology.from_sysfs().physical_cores)
     trials = demo_trials(args.overrides, physical, root)
     console.print(f"[bold]corescale demo[/bold]: {len(trials)} trials on {physical} core(s) into {escape(str(root))}",
                   soft_wrap=True)
-    code = sweep.run_sweep(trials, progress=not args.no_progress)
+    args.fail_fast, args.rerun = False, False
+    code = run.sweep(plan_sweep(trials), args)
     table = store.load(root, require=False)
     if store.ok_rows(table.frame).empty:
-        console.print(f"[red]no trial succeeded[/red]; see {escape(str(root))}")
-        return sweep.EXIT_FAILED
+        console.print(f"[red]no trial succeeded[/red]; see {escape(str(root))}", soft_wrap=True)
+        return run.EXIT_FAILED
     built = report.build(root, root / "report.html", table=table)
     for line in headline(root, physical):
         console.print(escape(line), soft_wrap=True)
-    console.print(f"[bold]report: {escape(str(built.path))}[/bold]", soft_wrap=True)
+    print_path("report", built.path)
     return code

@@ -49,14 +49,13 @@ def load_topology(lscpu: str | None, allowed_cpus: str | None):
 
 
 def plan_document(cfg, topology) -> dict:
+    from corescale.machine.placement import instance_specs
     from corescale.measure.runner import placement_for
 
     placement = placement_for(cfg, topology)
-    instances = []
-    for inst in placement.instances:
-        entry = inst.to_dict()
-        entry["threads"] = cfg.threads or inst.threads
-        instances.append(entry)
+    specs = instance_specs(placement, cfg.threads, cfg.instance_batch_size)
+    instances = [{k: v for k, v in spec.to_json().items() if k not in ("samples_path", "sgemm_gflops")}
+                 for spec in specs]
     return {"topology": topology.describe(), "instances": instances, "warnings": list(placement.warnings)}
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from corescale.commands import add_common
+from corescale.commands._common import add_selection, load_table, print_wide, write_csv
 
 ORDER = 40
 HEADERS = {"batch_size": "batch", "sequence_length": "seq", "instances": "inst", "cpus_per_instance": "cpus/inst",
@@ -20,57 +21,6 @@ def register(sub) -> None:
     parser.add_argument("--desc", action="store_true", help="with --sort: largest first")
     parser.add_argument("--csv", metavar="PATH", help="write the table (all columns) as CSV; '-' for stdout")
     parser.set_defaults(handler=handle)
-
-
-def add_selection(parser) -> None:
-    """Options shared by every command that reads a results root."""
-    parser.add_argument("--where", action="append", default=[], metavar="COL=VALUE",
-                        help="keep rows matching (repeatable; =, !=, <, <=, >, >=; a,b for any of)")
-    parser.add_argument("--all", action="store_true", help="every attempt, not only the latest per trial key")
-
-
-def print_wide(renderable) -> None:
-    """Tables printed to a pipe or file are not wrapped at 80 columns."""
-    from rich.console import Console
-
-    from corescale.report.console import console
-
-    (console if console.is_terminal else Console(highlight=False, width=220)).print(renderable)
-
-
-def load_table(root, args):
-    """The table, with unreadable files reported on stderr (one line each) and skipped."""
-    from rich.markup import escape
-
-    from corescale.report.console import errors
-    from corescale.results import store
-
-    table = store.load(root, latest=not args.all, where=args.where)
-    for _path, reason in table.problems:
-        errors.print(f"[yellow]skipped:[/yellow] {escape(reason)}", soft_wrap=True)
-    if table.unfinished:
-        errors.print(f"note: {table.unfinished} unfinished run dir(s) (.tmp-*: killed or still running) ignored")
-    return table
-
-
-def write_csv(frame, dest: str) -> None:
-    """CSV to stdout ('-') or to a file, written whole (temp file + rename)."""
-    import os
-    import tempfile
-
-    text = frame.to_csv(index=False)
-    if dest == "-":
-        print(text, end="")
-        return
-    from corescale.errors import UserError
-
-    folder = os.path.dirname(os.path.abspath(dest))
-    try:
-        with tempfile.NamedTemporaryFile("w", dir=folder, prefix=".tmp-", suffix=".csv", delete=False) as tmp:
-            tmp.write(text)
-        os.replace(tmp.name, dest)
-    except OSError as exc:
-        raise UserError(f"cannot write --csv '{dest}': {exc.strerror}") from None
 
 
 def handle(args) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from corescale.commands import add_common
+from corescale.commands._common import add_loop_options
 
 ORDER = 10
 
@@ -11,19 +12,55 @@ def register(sub) -> None:
     parser = sub.add_parser("run", help="benchmark one configuration, or sweep with -m")
     add_common(parser)
     parser.add_argument("-m", "--multirun", action="store_true", help="sweep: comma lists / range() become trials")
-    parser.add_argument("--fail-fast", action="store_true", help="stop a sweep at its first failed trial")
-    parser.add_argument("--no-progress", action="store_true", help="no live progress display")
-    parser.add_argument("--rerun", action="store_true",
-                        help="sweep: measure every trial again, even those with a valid result already")
+    add_loop_options(parser, "trial of a sweep")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. batch_size=8 model=bert-tiny")
     parser.set_defaults(handler=handle)
 
 
+EXIT_OK, EXIT_FAILED = 0, 1
+
+
 def handle(args) -> int:
     from corescale.overrides import expand_sweep
-    from corescale.trials import sweep
+    from corescale.trials.sweep import plan_sweep
 
+    planned = plan_sweep(expand_sweep(args.overrides) if args.multirun else [args.overrides])
     if args.multirun:
-        return sweep.run_sweep(expand_sweep(args.overrides), fail_fast=args.fail_fast,
-                               progress=not args.no_progress, resume=not args.rerun)
-    return sweep.run_single(args.overrides, progress=not args.no_progress)
+        return sweep(planned, args)
+    return single(planned, args)
+
+
+def _on_lock_wait(path) -> None:
+    from corescale.report.console import errors
+
+    errors.print(f"waiting for another corescale trial on this machine to finish (lock {path})", soft_wrap=True)
+
+
+def single(planned, args) -> int:
+    """One configuration: measured again every time; bad input inside an instance is exit 2."""
+    from corescale.report.console import ConsoleListener
+    from corescale.trials.sweep import run_sweep
+
+    with ConsoleListener("run", progress=not args.no_progress) as listener:
+        state = run_sweep(planned, listener, resume=False, keep_going=False, on_lock_wait=_on_lock_wait)
+    return EXIT_FAILED if state.failed else EXIT_OK
+
+
+def sweep(planned, args, **listener_options) -> int:
+    """A grid: resumed by key, failed trials recorded, a summary table at the end."""
+    from rich.markup import escape
+
+    from corescale.report.console import ConsoleListener, console, errors, loop_summary, loop_table
+    from corescale.trials.sweep import run_sweep
+
+    options = {"progress": not args.no_progress, "tables": not args.no_progress, **listener_options}
+    with ConsoleListener("trial", **options) as listener:
+        state = run_sweep(planned, listener, fail_fast=args.fail_fast, resume=not args.rerun,
+                          on_lock_wait=_on_lock_wait)
+    if state.stopped:
+        errors.print("stopped the sweep at its first failed trial (--fail-fast)")
+    console.print(loop_table(state))
+    console.print(loop_summary(state))
+    for root in sorted({str(item.root) for item in planned}):
+        console.print(escape(f"results: {root}  (corescale results {root})"), soft_wrap=True)
+    return EXIT_FAILED if state.failed else EXIT_OK

@@ -23,7 +23,7 @@ def handle(args) -> int:
 
     record = read_result(args.path)
     if args.json:
-        print(json.dumps(record, indent=2, default=str))
+        print(json.dumps(record.to_json(), indent=2, default=str))
     else:
         print_result(record, args.path)
-    return 0 if record["status"] == "ok" else 1
+    return 0 if record.ok else 1

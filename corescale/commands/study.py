@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from corescale.commands import add_common
+from corescale.commands._common import add_loop_options
 
 ORDER = 12
 
@@ -16,8 +17,7 @@ def register(sub) -> None:
                         "throughput vs instances; batch: total_batch_size split over N instances")
     parser.add_argument("--values", metavar="LIST", help="the study axis (cores or instances), e.g. 1,2,4 "
                         "(default: powers of two up to the machine; batch: divisors of total_batch_size)")
-    parser.add_argument("--fail-fast", action="store_true", help="stop at the first failed trial")
-    parser.add_argument("--no-progress", action="store_true", help="no live progress display")
+    add_loop_options(parser)
     parser.add_argument("overrides", nargs="*", help="Hydra overrides; comma lists sweep, e.g. sequence_length=32,128")
     parser.set_defaults(handler=handle)
 
@@ -37,14 +37,19 @@ def parse_values(text: str | None) -> list[int] | None:
 
 
 def handle(args) -> int:
-    from corescale.report.console import console
-    from corescale.trials.studies import rich_table, run_study
+    from corescale.report.console import ConsoleListener, console, errors, print_path, study_table
+    from corescale.report.study import write_study
+    from corescale.trials.studies import run_study
 
-    frame, files, failures = run_study(args.kind, args.overrides, parse_values(args.values),
-                                       progress=not args.no_progress, fail_fast=args.fail_fast)
-    console.print(rich_table(args.kind, frame))
+    with ConsoleListener(f"{args.kind} study", progress=not args.no_progress, tables=False) as listener:
+        study = run_study(args.kind, args.overrides, parse_values(args.values), listener,
+                          fail_fast=args.fail_fast, resume=not args.rerun)
+    files = write_study(study)
+    console.print(study_table(args.kind, study.frame))
+    if study.reused:
+        console.print(f"{len(study.reused)} trial(s) resumed from earlier results (--rerun measures them again)")
     for name, path in files.items():
-        console.print(f"{name}: {path}")
-    if failures:
-        console.print(f"[red]{failures} of {len(frame)} trial(s) failed[/red]")
-    return 1 if failures else 0
+        print_path(name, path)
+    if study.failures:
+        errors.print(f"[red]{study.failures} of {len(study.frame)} trial(s) failed[/red]")
+    return 1 if study.failures else 0

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import corescale
+from corescale.machine.topology import read_text
 
 ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8")
 ENV_PREFIXES = ("OMP_", "KMP_", "MKL_", "GOMP_", "OPENBLAS_", "TF_NUM_", "TF_ENABLE_", "TF_XLA", "ORT_", "OV_",
@@ -22,15 +23,8 @@ WATCHED_LIBS = {"jemalloc": "libjemalloc", "tcmalloc": "libtcmalloc", "intel-ope
                 "gnu-openmp": "libgomp", "llvm-openmp": "libomp."}
 
 
-def _read(path: str) -> str | None:
-    try:
-        return Path(path).read_text().strip()
-    except OSError:
-        return None
-
-
 def cpuinfo() -> dict:
-    text = _read("/proc/cpuinfo") or ""
+    text = read_text("/proc/cpuinfo") or ""
     fields: dict[str, str] = {}
     for line in text.splitlines():
         if ":" in line:
@@ -46,7 +40,7 @@ def cpuinfo() -> dict:
 
 
 def memory_bytes() -> int | None:
-    match = re.search(r"MemTotal:\s+(\d+) kB", _read("/proc/meminfo") or "")
+    match = re.search(r"MemTotal:\s+(\d+) kB", read_text("/proc/meminfo") or "")
     return int(match.group(1)) * 1024 if match else None
 
 
@@ -73,7 +67,7 @@ def library_versions() -> dict[str, str]:
 
 
 def thp_setting() -> str | None:
-    text = _read("/sys/kernel/mm/transparent_hugepage/enabled")
+    text = read_text("/sys/kernel/mm/transparent_hugepage/enabled")
     match = re.search(r"\[(\w+)\]", text or "")
     return match.group(1) if match else text
 
@@ -99,7 +93,7 @@ def capture() -> dict:
         "os_cpu_count": os.cpu_count(),
         "memory_bytes": memory_bytes(),
         "kernel": platform.release(),
-        "governor": _read("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor"),
+        "governor": read_text("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor"),
         "transparent_hugepages": thp_setting(),
         "python": platform.python_version(),
         "libraries": library_versions(),
@@ -113,7 +107,7 @@ def capture() -> dict:
 def mapped_libraries() -> dict[str, str]:
     """Allocator and OpenMP libraries really mapped into this process (from /proc/self/maps)."""
     found: dict[str, str] = {}
-    for line in (_read("/proc/self/maps") or "").splitlines():
+    for line in (read_text("/proc/self/maps") or "").splitlines():
         path = line.split()[-1] if line.count(" ") >= 5 else ""
         name = os.path.basename(path)
         for label, stem in WATCHED_LIBS.items():

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from corescale.errors import UserError
 from corescale.machine.cpulist import format_cpulist
+from corescale.machine.placement import InstanceSpec
 
 LIB_PATH_ENV = "CORESCALE_LIB_PATH"  # colon-separated directories searched instead of the defaults
 NUMACTL_ENV = "CORESCALE_NUMACTL"  # "0" = never use numactl (pin with sched_setaffinity only)
@@ -73,24 +74,24 @@ def preload_paths(cfg) -> list[Path]:
     return [find_library(library) for library in requested_libraries(cfg)]
 
 
-def openmp_env(cfg, placement: dict) -> dict[str, str]:
-    """Thread affinity for the OpenMP runtime in use; the process itself is pinned to placement['cpus']."""
+def openmp_env(cfg, spec: InstanceSpec) -> dict[str, str]:
+    """Thread affinity for the OpenMP runtime in use; the process itself is pinned to spec.cpus."""
     if cfg.openmp == "intel":
         return {"KMP_AFFINITY": "granularity=fine,compact,1,0"}
     # GNU libgomp (what PyTorch ships) and any standard runtime: one place per pinned CPU, threads packed.
-    return {"OMP_PROC_BIND": "close", "OMP_PLACES": ",".join(f"{{{cpu}}}" for cpu in placement["cpus"])}
+    return {"OMP_PROC_BIND": "close", "OMP_PLACES": ",".join(f"{{{cpu}}}" for cpu in spec.cpus)}
 
 
-def instance_variables(cfg, placement: dict, preload: list[Path]) -> dict[str, str]:
+def instance_variables(cfg, spec: InstanceSpec, preload: list[Path]) -> dict[str, str]:
     """The variables this tool sets for one instance (recorded with the result)."""
-    threads = str(placement["threads"])
+    threads = str(spec.threads)
     env = {
         "OMP_NUM_THREADS": threads,
         "MKL_NUM_THREADS": threads,
         "TF_NUM_INTRAOP_THREADS": threads,
         "TF_NUM_INTEROP_THREADS": str(cfg.interop_threads),
-        "CORESCALE_INSTANCE_CPUS": format_cpulist(placement["cpus"]),
-        **openmp_env(cfg, placement),
+        "CORESCALE_INSTANCE_CPUS": format_cpulist(spec.cpus),
+        **openmp_env(cfg, spec),
     }
     if preload:
         inherited = os.environ.get("LD_PRELOAD", "")
@@ -102,12 +103,12 @@ def instance_variables(cfg, placement: dict, preload: list[Path]) -> dict[str, s
     return env
 
 
-def environment(cfg, placement: dict, preload: list[Path] | None = None) -> dict[str, str]:
+def environment(cfg, spec: InstanceSpec, preload: list[Path] | None = None) -> dict[str, str]:
     env = dict(os.environ)
     if cfg.openmp == "intel":  # GNU binding variables would be read by libiomp5 too
         env.pop("OMP_PROC_BIND", None)
         env.pop("OMP_PLACES", None)
-    env.update(instance_variables(cfg, placement, preload_paths(cfg) if preload is None else preload))
+    env.update(instance_variables(cfg, spec, preload_paths(cfg) if preload is None else preload))
     env["PYTHONUNBUFFERED"] = "1"
     return env
 
@@ -125,13 +126,13 @@ def numactl_works(nodes: str) -> str | None:
     return path if probe.returncode == 0 else None
 
 
-def command_prefix(placement: dict) -> list[str]:
+def command_prefix(spec: InstanceSpec) -> list[str]:
     """`numactl --physcpubind=CPUS --membind=NODES` when numactl works here, else nothing."""
-    nodes = format_cpulist(placement.get("numa_nodes") or [])
+    nodes = format_cpulist(spec.numa_nodes)
     numactl = numactl_works(nodes) if nodes and os.environ.get(NUMACTL_ENV) != "0" else None
     if numactl is None:
         return []
-    return [numactl, f"--physcpubind={format_cpulist(placement['cpus'])}", f"--membind={nodes}"]
+    return [numactl, f"--physcpubind={format_cpulist(spec.cpus)}", f"--membind={nodes}"]
 
 
 def pin_before_exec(cpus):
@@ -153,7 +154,7 @@ def verify_mapped(cfg, mapped: dict[str, str], instance: int) -> None:
     if cfg.openmp == "gnu":
         if GNU_OPENMP_LABEL not in mapped:
             raise UserError(f"openmp=gnu was requested but instance {instance} has no GNU OpenMP (libgomp) "
-                            f"mapped: backend '{cfg.backend}' does not use it")
+                            f"mapped: backend '{cfg.backend.name}' does not use it")
         if INTEL_OPENMP.label in mapped:
             raise UserError(f"openmp=gnu was requested but instance {instance} also maps "
                             f"{mapped[INTEL_OPENMP.label]}, which takes over the GNU OpenMP calls")

@@ -7,13 +7,15 @@ by lowest CPU id; an instance stays inside one NUMA node whenever one has room f
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from corescale.config import LAYOUTS as CONFIG_LAYOUTS
 from corescale.errors import UserError
 from corescale.machine.cpulist import format_cpulist
-from corescale.machine.topology import Topology
+from corescale.machine.topology import Topology, plural
 
-LAYOUTS = ("latency", "throughput", "max")
+LAYOUTS = tuple(name for name in CONFIG_LAYOUTS if name != "none")
 LATENCY_CORES = 4  # cores per instance in latency layout, as Intel's launcher
 
 
@@ -36,6 +38,53 @@ class InstancePlacement:
             "numa_nodes": list(self.numa_nodes),
             "threads": self.threads,
         }
+
+
+@dataclass(frozen=True)
+class InstanceSpec:
+    """One instance as it runs: where it is placed, the threads it really uses (the `threads` override applied
+    once, here), its batch, where it writes its samples, and an SGEMM rate already calibrated on its CPUs."""
+
+    placement: InstancePlacement
+    threads: int
+    batch_size: int
+    samples_path: str = ""
+    sgemm_gflops: float | None = None
+
+    @property
+    def id(self) -> int:
+        return self.placement.id
+
+    @property
+    def cpus(self) -> tuple[int, ...]:
+        return self.placement.cpus
+
+    @property
+    def numa_nodes(self) -> tuple[int, ...]:
+        return self.placement.numa_nodes
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.placement.to_dict(), "threads": self.threads, "batch_size": self.batch_size,
+                "samples_path": self.samples_path, "sgemm_gflops": self.sgemm_gflops}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> InstanceSpec:
+        cpus = tuple(data["cpus"])
+        placement = InstancePlacement(data["id"], cpus, tuple(data.get("numa_nodes") or ()), len(cpus))
+        return cls(placement, data["threads"], data["batch_size"], data.get("samples_path", ""),
+                   data.get("sgemm_gflops"))
+
+
+def instance_specs(plan: Plan, threads: int | None, batch_size: int, work_dir=None,
+                   sgemm: dict | None = None) -> list[InstanceSpec]:
+    """The plan's instances as they run: the `threads` override (None = one per CPU) is applied here and
+    nowhere else; samples go to work_dir; an SGEMM rate known for (cpus, threads) is handed on."""
+    specs = []
+    for inst in plan.instances:
+        n = inst.threads if threads is None else threads
+        path = str(Path(work_dir) / f"samples-{inst.id}.npz") if work_dir else ""
+        specs.append(InstanceSpec(inst, n, batch_size, path, (sgemm or {}).get((inst.cpus, n))))
+    return specs
 
 
 @dataclass(frozen=True)
@@ -82,7 +131,7 @@ def plan(
             per = LATENCY_CORES if layout == "latency" else 1
             if cores_per_instance is not None:
                 raise UserError(
-                    f"layout '{layout}' uses {_n(per, 'core')} per instance: do not also set cores_per_instance"
+                    f"layout '{layout}' uses {plural(per, 'core')} per instance: do not also set cores_per_instance"
                 )
             if per > total:
                 warnings.append(f"layout '{layout}' wants {per} cores per instance; only {total} usable, using {total}")
@@ -135,15 +184,15 @@ def _cannot_place(topology: Topology, instances: int, per: int | None) -> str:
     total = len(topology.physical_cores)
     sizes = [len(topology.cores_in_node(n)) for n in topology.numa_nodes]
     node_sizes = str(sizes[0]) if len(set(sizes)) == 1 else "+".join(map(str, sizes))
-    what = f"{_n(instances, 'instance')} x {_n(per, 'core')}" if per else _n(instances, "instance")
+    what = f"{plural(instances, 'instance')} x {plural(per, 'core')}" if per else plural(instances, "instance")
     per = per or 1
     most = total // per
-    fit = f"at most {_n(most, 'instance')} of {_n(per, 'core')} {'fits' if most == 1 else 'fit'}"
+    fit = f"at most {plural(most, 'instance')} of {plural(per, 'core')} {'fits' if most == 1 else 'fit'}"
     if most == 0:
-        fit = f"no instance of {_n(per, 'core')} fits"
+        fit = f"no instance of {plural(per, 'core')} fits"
     return (
-        f"cannot place {what}: {_n(total, 'physical core')} usable "
-        f"({_n(len(topology.sockets), 'socket')}, {_n(len(sizes), 'NUMA node')} of {node_sizes}); {fit}"
+        f"cannot place {what}: {plural(total, 'physical core')} usable "
+        f"({plural(len(topology.sockets), 'socket')}, {plural(len(sizes), 'NUMA node')} of {node_sizes}); {fit}"
     )
 
 
@@ -152,5 +201,3 @@ def _check_count(name: str, value: int | None) -> None:
         raise UserError(f"{name} must be a whole number >= 1 (got {value!r})")
 
 
-def _n(n: int, word: str) -> str:
-    return f"{n} {word}{'' if n == 1 else 's'}"

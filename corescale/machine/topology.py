@@ -82,10 +82,10 @@ class Topology:
     def describe(self) -> str:
         """E.g. "2 sockets, 4 NUMA nodes, 48 physical cores, 96 logical CPUs usable"."""
         parts = [
-            _plural(len(self.sockets), "socket"),
-            _plural(len(self.numa_nodes), "NUMA node"),
-            _plural(len(self.physical_cores), "physical core"),
-            _plural(len(self.cpus), "logical CPU"),
+            plural(len(self.sockets), "socket"),
+            plural(len(self.numa_nodes), "NUMA node"),
+            plural(len(self.physical_cores), "physical core"),
+            plural(len(self.cpus), "logical CPU"),
         ]
         return ", ".join(parts) + " usable"
 
@@ -107,7 +107,7 @@ class Topology:
         for d in Path(node_root).glob("node*"):
             m = re.fullmatch(r"node([0-9]+)", d.name)
             if m:
-                for cpu in parse_cpulist(_read(d / "cpulist") or ""):
+                for cpu in parse_cpulist(read_text(d / "cpulist") or ""):
                     node_of[cpu] = int(m[1])
         # Core identity: (package, lowest thread sibling), which is machine-unique; the sibling
         # list is the kernel's definition of "same core". Without it, (package, core_id).
@@ -117,7 +117,7 @@ class Topology:
             topo = root / f"cpu{cpu}" / "topology"
             package = _read_int(topo / "physical_package_id")
             package = 0 if package is None else package
-            siblings = parse_cpulist(_read(topo / "thread_siblings_list") or "")
+            siblings = parse_cpulist(read_text(topo / "thread_siblings_list") or "")
             if siblings:
                 ident = ("siblings", package, min(siblings + (cpu,)))
             else:
@@ -199,7 +199,7 @@ def default_allowed(cgroup_cpuset_paths: Sequence[str | os.PathLike[str]] = CGRO
 def cgroup_cpuset(paths: Sequence[str | os.PathLike[str]] = CGROUP_CPUSET_PATHS) -> tuple[int, ...] | None:
     """CPUs of the first readable, non-empty cgroup cpuset file, or None."""
     for path in paths:
-        text = _read(Path(path))
+        text = read_text(Path(path))
         if text:
             return parse_cpulist(text)
     return None
@@ -208,15 +208,15 @@ def cgroup_cpuset(paths: Sequence[str | os.PathLike[str]] = CGROUP_CPUSET_PATHS)
 def cgroup_cpu_quota(root: str | os.PathLike[str] = CGROUP_ROOT) -> float | None:
     """CPU bandwidth limit in CPUs (cgroup v2 cpu.max or v1 cfs quota/period); None if unlimited."""
     root = Path(root)
-    v2 = _read(root / "cpu.max")
+    v2 = read_text(root / "cpu.max")
     if v2 is not None:
         fields = v2.split()
         quota, period = fields[0], fields[1] if len(fields) > 1 else "100000"
     else:
         for v1 in (root / "cpu", root / "cpu,cpuacct", root):
-            quota_text = _read(v1 / "cpu.cfs_quota_us")
+            quota_text = read_text(v1 / "cpu.cfs_quota_us")
             if quota_text is not None:
-                quota, period = quota_text, _read(v1 / "cpu.cfs_period_us") or "100000"
+                quota, period = quota_text, read_text(v1 / "cpu.cfs_period_us") or "100000"
                 break
         else:
             return None
@@ -244,31 +244,32 @@ def _usable(cpus: list[Cpu], allowed: Iterable[int], source: str) -> Topology:
 
 
 def _sysfs_online(root: Path) -> tuple[int, ...]:
-    text = _read(root / "online")
+    text = read_text(root / "online")
     if text is not None:
         return parse_cpulist(text)
     # No `online` file: every cpuN directory whose own `online` flag is not 0.
     cpus = [int(d.name[3:]) for d in root.glob("cpu[0-9]*") if d.name[3:].isdigit()]
-    online = tuple(sorted(c for c in cpus if _read(root / f"cpu{c}" / "online") != "0"))
+    online = tuple(sorted(c for c in cpus if read_text(root / f"cpu{c}" / "online") != "0"))
     if not online:
         raise UserError(f"cannot read the CPU list from {root}: no `online` file and no cpuN directories")
     return online
 
 
-def _read(path: Path) -> str | None:
+def read_text(path) -> str | None:
+    """A sysfs/procfs file's stripped text, or None when it cannot be read."""
     try:
-        return path.read_text().strip()
+        return Path(path).read_text().strip()
     except OSError:
         return None
 
 
 def _read_int(path: Path) -> int | None:
-    text = _read(path)
+    text = read_text(path)
     try:
         return int(text) if text is not None else None
     except ValueError:
         return None
 
 
-def _plural(n: int, word: str) -> str:
+def plural(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"

@@ -7,8 +7,10 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from corescale.machine.placement import InstanceSpec
 from corescale.measure.contamination import CONTAMINATION_THRESHOLD, foreign_fraction
-from corescale.measure.stats import Measurement, window_throughput
+from corescale.results.record import InstanceMetrics, RunMetrics
+from corescale.results.stats import Measurement, window_throughput
 
 
 @dataclass
@@ -23,9 +25,9 @@ class InstanceSamples:
     report: dict  # what the worker sent with its result
 
     @classmethod
-    def load(cls, path, placement: dict, batch_size: int, report: dict) -> "InstanceSamples":
-        with np.load(path) as data:
-            return cls(placement["id"], placement["cpus"], placement["threads"], batch_size,
+    def load(cls, spec: InstanceSpec, report: dict) -> InstanceSamples:
+        with np.load(spec.samples_path) as data:
+            return cls(spec.id, list(spec.cpus), spec.threads, spec.batch_size,
                        data["starts_ns"], data["ends_ns"], data["warmup_ns"], report)
 
 
@@ -53,65 +55,65 @@ def samples_frame(instances: list[InstanceSamples], window: tuple[int, int]) -> 
     return pd.concat(frames, ignore_index=True)
 
 
-def instance_metrics(inst: InstanceSamples, window: tuple[int, int], sequence_length: int) -> dict:
+def instance_metrics(inst: InstanceSamples, window: tuple[int, int], sequence_length: int) -> InstanceMetrics:
     """One instance's figures; `start_skew_ms` is how late its first timed call began after the common start."""
     latency = Measurement.from_ns(inst.ends_ns - inst.starts_ns)
     samples, rate = window_throughput(inst.starts_ns, inst.ends_ns, *window, inst.batch_size)
     wall = inst.report["wall_seconds"]
     foreign = foreign_fraction(inst.report["foreign_cpu_seconds"], wall, len(inst.cpus))
-    return {
-        "id": inst.id,
-        "cpus": inst.cpus,
-        "threads": inst.threads,
-        "batch_size": inst.batch_size,
-        "start_skew_ms": (int(inst.starts_ns[0]) - window[0]) / 1e6,
-        "latency_s": latency.summary(),
-        "samples_in_window": samples,
-        "throughput_samples_per_s": rate,
-        "throughput_tokens_per_s": rate * sequence_length,
-        "cpu_utilisation": inst.report["cpu_seconds"] / (wall * inst.threads) if wall > 0 else 0.0,
-        "foreign_load": foreign,
-        "contaminated": foreign > CONTAMINATION_THRESHOLD,
-        "peak_rss_bytes": inst.report["peak_rss_bytes"],
-        "sgemm_gflops": inst.report.get("sgemm_gflops"),
-        "load_seconds": inst.report["load_seconds"],
-        "stage_seconds": inst.report["stage_seconds"],
-        "warmup_iterations": inst.report["warmup_iterations"],
-        "warmup_converged": inst.report["warmup_converged"],
-    }
+    return InstanceMetrics(
+        id=inst.id,
+        cpus=list(inst.cpus),
+        threads=inst.threads,
+        batch_size=inst.batch_size,
+        start_skew_ms=(int(inst.starts_ns[0]) - window[0]) / 1e6,
+        latency_s=latency.summary(),
+        samples_in_window=samples,
+        throughput_samples_per_s=rate,
+        throughput_tokens_per_s=rate * sequence_length,
+        cpu_utilisation=inst.report["cpu_seconds"] / (wall * inst.threads) if wall > 0 else 0.0,
+        foreign_load=foreign,
+        contaminated=foreign > CONTAMINATION_THRESHOLD,
+        peak_rss_bytes=inst.report["peak_rss_bytes"],
+        sgemm_gflops=inst.report.get("sgemm_gflops"),
+        load_seconds=inst.report["load_seconds"],
+        stage_seconds=inst.report["stage_seconds"],
+        warmup_iterations=inst.report["warmup_iterations"],
+        warmup_converged=inst.report["warmup_converged"],
+    )
 
 
 def run_metrics(instances: list[InstanceSamples], start_ns: int, sequence_length: int,
-                flops_per_sample: float) -> dict:
+                flops_per_sample: float) -> RunMetrics:
     window = common_window(instances, start_ns)
     per_instance = [instance_metrics(inst, window, sequence_length) for inst in instances]
     pooled = Measurement.from_ns(np.concatenate([inst.ends_ns - inst.starts_ns for inst in instances]))
     length_s = (window[1] - window[0]) / 1e9
-    samples = sum(m["samples_in_window"] for m in per_instance)
+    samples = sum(m.samples_in_window for m in per_instance)
     throughput = samples / length_s if length_s > 0 else 0.0
-    peaks = [m["sgemm_gflops"] for m in per_instance]
+    peaks = [m.sgemm_gflops for m in per_instance]
     peak = sum(peaks) if all(p is not None for p in peaks) else None
     gflops = throughput * flops_per_sample / 1e9
-    contaminated = [m["id"] for m in per_instance if m["contaminated"]]
-    return {
-        "window_s": length_s,
-        "window_start_ns": window[0],
-        "window_end_ns": window[1],
-        "max_start_skew_ms": max(m["start_skew_ms"] for m in per_instance),
-        "samples_in_window": samples,
-        "throughput_samples_per_s": throughput,
-        "throughput_tokens_per_s": throughput * sequence_length,
-        "latency_s": pooled.summary(),
-        "max_instance_p50_s": max(m["latency_s"]["p50"] for m in per_instance),
-        "gflops_per_s": gflops,
-        "sgemm_peak_gflops": peak,
-        "percent_of_peak": 100 * gflops / peak if peak else None,
-        "flops_per_sample": flops_per_sample,
-        "peak_rss_bytes": max(m["peak_rss_bytes"] for m in per_instance),
-        "cpu_utilisation": float(np.mean([m["cpu_utilisation"] for m in per_instance])),
-        "foreign_load": max(m["foreign_load"] for m in per_instance),
-        "contaminated": bool(contaminated),
-        "contaminated_instances": contaminated,
-        "load_seconds": max(m["load_seconds"] for m in per_instance),
-        "instances": per_instance,
-    }
+    contaminated = [m.id for m in per_instance if m.contaminated]
+    return RunMetrics(
+        window_s=length_s,
+        window_start_ns=window[0],
+        window_end_ns=window[1],
+        max_start_skew_ms=max(m.start_skew_ms for m in per_instance),
+        samples_in_window=samples,
+        throughput_samples_per_s=throughput,
+        throughput_tokens_per_s=throughput * sequence_length,
+        latency_s=pooled.summary(),
+        max_instance_p50_s=max(m.latency_s["p50"] for m in per_instance),
+        gflops_per_s=gflops,
+        sgemm_peak_gflops=peak,
+        percent_of_peak=100 * gflops / peak if peak else None,
+        flops_per_sample=flops_per_sample,
+        peak_rss_bytes=max(m.peak_rss_bytes for m in per_instance),
+        cpu_utilisation=float(np.mean([m.cpu_utilisation for m in per_instance])),
+        foreign_load=max(m.foreign_load for m in per_instance),
+        contaminated=bool(contaminated),
+        contaminated_instances=contaminated,
+        load_seconds=max(m.load_seconds for m in per_instance),
+        instances=per_instance,
+    )

@@ -37,8 +37,8 @@ def foreign_fraction(foreign_seconds: float, wall_seconds: float, cpus: int) -> 
     return foreign_seconds / capacity if capacity > 0 else 0.0
 
 
-def contamination_message(metrics: dict) -> str:
+def contamination_message(metrics) -> str:
     """One line for the console about a run whose pinned CPUs were shared with other work."""
-    ids = ", ".join(map(str, metrics["contaminated_instances"]))
-    return (f"result contaminated: other processes used {metrics['foreign_load']:.0%} of the pinned CPUs of "
+    ids = ", ".join(map(str, metrics.contaminated_instances))
+    return (f"result contaminated: other processes used {metrics.foreign_load:.0%} of the pinned CPUs of "
             f"instance(s) {ids} during the timed window (threshold {CONTAMINATION_THRESHOLD:.0%})")

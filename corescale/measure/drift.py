@@ -42,9 +42,9 @@ def compare_with_reference(cfg, model, threads: int, inputs, output: np.ndarray)
     """Runs the reference backend at fp32 in this process (after the timed window) and compares."""
     import dataclasses
 
-    from corescale.backends import create_backend
+    from corescale.backends import OPTIONS, create_backend
 
-    ref_cfg = dataclasses.replace(cfg, backend=cfg.reference, precision="fp32", reference=None)
+    ref_cfg = dataclasses.replace(cfg, backend=OPTIONS[cfg.reference](), precision="fp32", reference=None)
     reference = create_backend(cfg.reference)
     reference.load(model, ref_cfg, threads, inputs)
     ref_out = reference.to_numpy(reference.forward(reference.prepare(inputs)))

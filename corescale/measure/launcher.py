@@ -7,6 +7,7 @@ group), so stopping it also stops anything it spawned.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import selectors
@@ -19,6 +20,8 @@ from pathlib import Path
 from typing import Callable
 
 from corescale.machine import instance_env
+from corescale.machine.placement import InstanceSpec
+from corescale.results.record import Failure
 
 START_DELAY_NS = 100_000_000  # the common start instant is this far after the last instance is ready
 STDERR_TAIL_LINES = 12
@@ -54,22 +57,14 @@ class InstanceProcess:
 class LaunchOutcome:
     results: dict[int, dict] = field(default_factory=dict)
     start_ns: int | None = None
-    failure: dict | None = None  # {"instance", "reason", "exit_code", "signal", "stderr_tail", "user_error"}
-    states: dict[int, dict] = field(default_factory=dict)  # per instance: state and calls done when it ended
+    failure: Failure | None = None
+    states: dict[str, dict] = field(default_factory=dict)  # per instance id: state and calls done when it ended
 
 
 class InstanceFailed(Exception):
-    def __init__(self, info: dict):
-        super().__init__(info["reason"])
-        self.info = info
-
-
-def _exit_description(code: int | None) -> dict:
-    if code is None:
-        return {"exit_code": None, "signal": None}
-    if code < 0:
-        return {"exit_code": code, "signal": signal.Signals(-code).name}
-    return {"exit_code": code, "signal": None}
+    def __init__(self, failure: Failure):
+        super().__init__(failure.reason)
+        self.failure = failure
 
 
 class Launcher:
@@ -79,37 +74,36 @@ class Launcher:
         self.on_event = on_event or (lambda instance, event: None)
         self.instances: dict[int, InstanceProcess] = {}
 
-    def start(self, specs: list[dict], cfg) -> None:
+    def start(self, specs: list[InstanceSpec], cfg, model) -> None:
         preload = instance_env.preload_paths(cfg)  # a missing library is a UserError before anything starts
+        job = {"config": cfg.to_dict(), "model": dataclasses.asdict(model)}
         for spec in specs:
-            placement = spec["instance"]
-            iid = placement["id"]
-            spec_path = self.work_dir / f"instance-{iid}.json"
-            spec_path.write_text(json.dumps(spec))
-            stderr_path = self.work_dir / f"instance-{iid}.stderr.log"
-            prefix = instance_env.command_prefix(placement)
+            spec_path = self.work_dir / f"instance-{spec.id}.json"
+            spec_path.write_text(json.dumps({**job, "instance": spec.to_json()}))
+            stderr_path = self.work_dir / f"instance-{spec.id}.stderr.log"
+            prefix = instance_env.command_prefix(spec)
             command = [*prefix, sys.executable, "-m", "corescale.measure.worker", str(spec_path)]
-            launch = {"command_prefix": prefix, "env": instance_env.instance_variables(cfg, placement, preload)}
+            launch = {"command_prefix": prefix, "env": instance_env.instance_variables(cfg, spec, preload)}
             with open(stderr_path, "wb") as stderr:
                 process = subprocess.Popen(
                     command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
-                    env=instance_env.environment(cfg, placement, preload), start_new_session=True,
-                    preexec_fn=instance_env.pin_before_exec(placement["cpus"]),
+                    env=instance_env.environment(cfg, spec, preload), start_new_session=True,
+                    preexec_fn=instance_env.pin_before_exec(spec.cpus),
                 )
-            self.instances[iid] = InstanceProcess(iid, process, stderr_path, launch)
+            self.instances[spec.id] = InstanceProcess(spec.id, process, stderr_path, launch)
 
-    def run(self, specs: list[dict], cfg) -> LaunchOutcome:
+    def run(self, specs: list[InstanceSpec], cfg, model) -> LaunchOutcome:
         outcome = LaunchOutcome()
         try:
-            self.start(specs, cfg)
+            self.start(specs, cfg, model)
             self._supervise(outcome)
         except InstanceFailed as failed:
-            outcome.failure = failed.info
+            outcome.failure = failed.failure
         finally:
             self.stop_all()
             outcome.results = {i: {**p.result, "launch": p.launch} for i, p in self.instances.items()
                                if p.result is not None}
-            outcome.states = {i: {"state": p.state, "calls_done": p.done, "pid": p.process.pid}
+            outcome.states = {str(i): {"state": p.state, "calls_done": p.done, "pid": p.process.pid}
                               for i, p in self.instances.items()}
         return outcome
 
@@ -143,10 +137,8 @@ class Launcher:
         waiting = [i for i in self.instances.values() if i.state != "done"]
         first = waiting[0]
         states = ", ".join(f"{i.id}: {i.state}" for i in waiting)
-        raise InstanceFailed({"instance": first.id, "instances": [i.id for i in waiting],
-                              "reason": f"instance {first.id} timed out after {self.timeout_s:g} s "
-                                        f"(unfinished instances {states})",
-                              "stderr_tail": first.stderr_tail(), "user_error": False, **_exit_description(None)})
+        message = f"timed out after {self.timeout_s:g} s (unfinished instances {states})"
+        raise InstanceFailed(Failure("timeout", message, first.id, stderr_tail=first.stderr_tail()))
 
     def _handle(self, inst: InstanceProcess, event: dict, outcome: LaunchOutcome) -> None:
         kind = event["event"]
@@ -155,10 +147,9 @@ class Launcher:
             message = event["message"]
             if event.get("user_error") and inst.loader_errors():
                 message += f" [{inst.loader_errors()[-1]}]"
-            raise InstanceFailed({"instance": inst.id, "reason": f"instance {inst.id}: {message}",
-                                  "message": message, "traceback": event.get("traceback"),
-                                  "user_error": event.get("user_error", False),
-                                  "stderr_tail": inst.stderr_tail(), **_exit_description(None)})
+            kind = "user" if event.get("user_error") else "error"
+            raise InstanceFailed(Failure(kind, message, inst.id, stderr_tail=inst.stderr_tail(),
+                                         traceback=event.get("traceback")))
         if kind == "ready":
             inst.state = "ready"
             if all(i.state == "ready" for i in self.instances.values()):
@@ -187,10 +178,10 @@ class Launcher:
         code = inst.process.wait()
         if inst.state == "done":
             return
-        exit_info = _exit_description(code)
-        how = f"was killed by {exit_info['signal']}" if exit_info["signal"] else f"exited with code {code}"
-        raise InstanceFailed({"instance": inst.id, "reason": f"instance {inst.id} {how} while {inst.state}",
-                              "stderr_tail": inst.stderr_tail(), "user_error": False, **exit_info})
+        name = signal.Signals(-code).name if code < 0 else None
+        how = f"killed by {name}" if name else f"exited with code {code}"
+        raise InstanceFailed(Failure("signal" if name else "crash", f"{how} while {inst.state}", inst.id, code,
+                                     name, inst.stderr_tail()))
 
     def stop_all(self) -> None:
         """SIGTERM the process groups, then SIGKILL what is left: no orphans."""

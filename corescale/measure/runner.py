@@ -1,55 +1,58 @@
-"""One trial: config -> model spec -> placement plan -> launch pinned instances -> metrics -> result dir."""
+"""One trial: config -> model spec -> placement plan -> pinned instances -> TrialRecord -> result directory.
+
+`prepare_trial` makes every check that needs no process; `measure` runs the instances and returns a `Measured`
+(the record, its samples and logs: it may travel from another node); `commit` writes it atomically. The trial
+loop (trials/local.py) is what calls these, under the machine lock.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-import os
 import tempfile
 import time
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
 from corescale.backends import check_available
+from corescale.config import BenchmarkConfig
 from corescale.errors import UserError
 from corescale.machine import environment, instance_env
-from corescale.machine.placement import Plan, plan
+from corescale.machine.placement import InstanceSpec, Plan, instance_specs, plan
 from corescale.machine.topology import Topology
 from corescale.measure.aggregate import InstanceSamples, run_metrics, samples_frame
-from corescale.measure.launcher import Launcher
+from corescale.measure.launcher import Launcher, LaunchOutcome
 from corescale.results.files import PendingRun, run_name
+from corescale.results.record import Failure, Partial, RunMetrics, TrialRecord, spec_key
 from corescale.workload.flops import forward_flops
 from corescale.workload.models import ModelSpec, resolve_model
 
+SgemmRates = Mapping[tuple[tuple[int, ...], int], float]  # (cpus, threads) -> GFLOP/s calibrated earlier
 
-@dataclass
+
+@dataclass(frozen=True)
 class Trial:
-    cfg: object
+    cfg: BenchmarkConfig
     model: ModelSpec
     plan: Plan
-    batch_size: int  # per instance
-    sgemm_known: dict = field(default_factory=dict)  # (cpus, threads) -> GFLOP/s calibrated earlier in a sweep
+    key: str  # the trial key resume looks up (config key + model identity)
 
-    @property
-    def threads(self) -> list[int]:
-        return [inst.threads if self.cfg.threads is None else self.cfg.threads for inst in self.plan.instances]
+    def instance_specs(self, work_dir: Path | None = None, sgemm: SgemmRates | None = None) -> list[InstanceSpec]:
+        return instance_specs(self.plan, self.cfg.threads, self.cfg.instance_batch_size, work_dir, dict(sgemm or {}))
 
 
-def instance_batch_size(cfg) -> int:
-    return cfg.total_batch_size // cfg.instances if cfg.total_batch_size else cfg.batch_size
-
-
-def placement_for(cfg, topology: Topology) -> Plan:
+def placement_for(cfg: BenchmarkConfig, topology: Topology) -> Plan:
     """The placement plan a config asks for on a topology (also used by `corescale plan`)."""
     layout = None if cfg.layout == "none" else cfg.layout
     return plan(topology, instances=None if layout and cfg.instances == 1 else cfg.instances,
                 cores_per_instance=cfg.cores_per_instance, layout=layout, use_logical_cores=cfg.use_logical_cores)
 
 
-def prepare_trial(cfg, topology: Topology | None = None) -> Trial:
+def prepare_trial(cfg: BenchmarkConfig, topology: Topology | None = None) -> Trial:
     """Every check that can be made before a process starts; raises UserError with one clear line."""
-    check_available(cfg.backend)
+    check_available(cfg.backend.name)
     if cfg.reference:
         check_available(cfg.reference)
     model = resolve_model(cfg.model, cfg.trust_remote_code)
@@ -58,142 +61,110 @@ def prepare_trial(cfg, topology: Topology | None = None) -> Trial:
                         f"positions of model '{cfg.model}'")
     instance_env.preload_paths(cfg)  # a requested allocator/OpenMP library that is missing
     topology = topology or Topology.from_sysfs()
-    layout = None if cfg.layout == "none" else cfg.layout
     placement = placement_for(cfg, topology)
     if cfg.threads is not None and cfg.threads > len(topology.cpu_ids):
         raise UserError(f"threads={cfg.threads} exceeds the {len(topology.cpu_ids)} CPUs available to this process "
                         f"({topology.describe()})")
-    if layout and len(placement.instances) != cfg.instances:
+    if cfg.layout != "none" and len(placement.instances) != cfg.instances:
         cfg = dataclasses.replace(cfg, instances=len(placement.instances))
         if cfg.total_batch_size and cfg.total_batch_size % cfg.instances:
             raise UserError(f"total_batch_size={cfg.total_batch_size} does not split evenly over the "
-                            f"{cfg.instances} instances of layout={layout}; choose a multiple of {cfg.instances}")
-    return Trial(cfg, model, placement, instance_batch_size(cfg))
-
-
-def worker_specs(trial: Trial, work_dir: Path) -> list[dict]:
-    specs = []
-    for inst, threads in zip(trial.plan.instances, trial.threads):
-        placement = {"id": inst.id, "cpus": list(inst.cpus), "numa_nodes": list(inst.numa_nodes),
-                     "threads": threads}
-        specs.append({
-            "config": trial.cfg.to_dict(),
-            "model": dataclasses.asdict(trial.model),
-            "instance": placement,
-            "batch_size": trial.batch_size,
-            "samples_path": str(work_dir / f"samples-{inst.id}.npz"),
-            "sgemm_gflops": trial.sgemm_known.get((tuple(inst.cpus), threads)),
-        })
-    return specs
+                            f"{cfg.instances} instances of layout={cfg.layout}; choose a multiple of {cfg.instances}")
+    return Trial(cfg, model, placement, spec_key(cfg, model))
 
 
 @dataclass
 class TrialOutcome:
     path: Path | None
-    record: dict
+    record: TrialRecord
 
     @property
     def ok(self) -> bool:
-        return self.record["status"] == "ok"
+        return self.record.ok
 
 
 @dataclass
 class Measured:
     """Everything a trial produced, before it is written anywhere (it may travel from another node)."""
 
-    record: dict
+    record: TrialRecord
     samples: pd.DataFrame | None
     logs: dict[str, bytes]
 
 
-def measure(trial: Trial, on_event=None, host: dict | None = None) -> Measured:
+def new_record(trial: Trial, host: dict | None, started: float) -> TrialRecord:
+    return TrialRecord(config=trial.cfg, key=trial.cfg.key(), trial_key=trial.key, model=trial.model.identity(),
+                       plan=trial.plan.to_dict(), environment=host or {},
+                       started_at=time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)))
+
+
+def failed_measured(trial: Trial, failure: Failure, host: dict | None, started: float) -> Measured:
+    """A trial that ended before producing its own record still leaves one, with its reason."""
+    record = new_record(trial, host, started).fail(failure)
+    record.elapsed_s = time.time() - started
+    return Measured(record, None, {})
+
+
+def measure(trial: Trial, on_event=None, host: dict | None = None, sgemm: SgemmRates | None = None) -> Measured:
     """Runs the trial's instances; a failed instance gives a failed record, bad input raises UserError."""
-    cfg = trial.cfg
     started = time.time()
-    record = {
-        "config": cfg.to_dict(),
-        "key": cfg.key(),
-        "model": trial.model.identity(),
-        "plan": trial.plan.to_dict(),
-        "environment": host or environment.capture(),
-        "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
-    }
+    record = new_record(trial, host or environment.capture(), started)
+    samples = None
     with tempfile.TemporaryDirectory(prefix="corescale-") as work:
-        specs = worker_specs(trial, Path(work))
-        outcome = Launcher(Path(work), cfg.timeout, on_event).run(specs, cfg)
-        if outcome.failure and outcome.failure.get("user_error"):
-            raise UserError(outcome.failure["reason"].split(": ", 1)[-1])
+        specs = trial.instance_specs(Path(work), sgemm)
+        record.specs = [spec.to_json() for spec in specs]
+        outcome = Launcher(Path(work), trial.cfg.timeout, on_event).run(specs, trial.cfg, trial.model)
+        if outcome.failure and outcome.failure.kind == "user":
+            raise UserError(outcome.failure.message)
         logs = {p.name: p.read_bytes()[-200_000:] for p in Path(work).glob("instance-*.stderr.log")
                 if p.stat().st_size}
-        samples = None
+        instances = _load_instances(specs, outcome) if outcome.start_ns else []
+        metrics, samples = _metrics(trial, instances, outcome.start_ns) if instances else (None, None)
         if outcome.failure:  # keep what finished instances measured, flagged invalid
-            partial, samples = _partial(trial, specs, outcome)
-            record.update(status="failed", reason=outcome.failure["reason"], failure=outcome.failure,
-                          valid=False, partial=partial)
+            record.partial = Partial(outcome.states, [inst.id for inst in instances], metrics)
+            record.fail(outcome.failure)
         else:
-            measured, samples = _measured(trial, specs, outcome)
-            record.update(measured)
-    record["elapsed_s"] = time.time() - started
+            _finish(record, metrics, [outcome.results[spec.id] for spec in specs])
+    record.elapsed_s = time.time() - started
     return Measured(record, samples, logs)
 
 
-def commit(cfg, measured: Measured) -> TrialOutcome:
-    """Writes the result directory atomically under cfg.output_dir."""
-    pending = PendingRun(Path(os.path.expanduser(cfg.output_dir)), run_name(cfg))
+def commit(measured: Measured) -> TrialOutcome:
+    """Writes the result directory atomically under the config's results root."""
+    cfg = measured.record.config
+    pending = PendingRun(cfg.results_root, run_name(cfg))
     try:
         for name, data in measured.logs.items():
             (pending.tmp / name).write_bytes(data)
         if measured.samples is not None:
             pending.write_samples(measured.samples)
         pending.write_config(cfg.to_dict())
-        return TrialOutcome(pending.commit(measured.record), measured.record)
+        return TrialOutcome(pending.commit(measured.record.to_json()), measured.record)
     except BaseException:
         pending.discard()
         raise
 
 
-def execute(trial: Trial, on_event=None, host: dict | None = None) -> TrialOutcome:
-    """Measure here, then write the result (failed trials too, with their reason)."""
-    return commit(trial.cfg, measure(trial, on_event, host))
-
-
-def _load_instances(trial: Trial, specs: list[dict], outcome) -> list[InstanceSamples]:
+def _load_instances(specs: list[InstanceSpec], outcome: LaunchOutcome) -> list[InstanceSamples]:
     """Samples of every instance that finished its timed window."""
-    return [InstanceSamples.load(spec["samples_path"], spec["instance"], trial.batch_size,
-                                 outcome.results[spec["instance"]["id"]]) for spec in specs
-            if spec["instance"]["id"] in outcome.results and Path(spec["samples_path"]).is_file()]
+    return [InstanceSamples.load(spec, outcome.results[spec.id]) for spec in specs
+            if spec.id in outcome.results and Path(spec.samples_path).is_file()]
 
 
-def _partial(trial: Trial, specs: list[dict], outcome) -> tuple[dict, pd.DataFrame | None]:
-    instances = _load_instances(trial, specs, outcome) if outcome.start_ns else []
-    partial = {"states": outcome.states, "finished_instances": [inst.id for inst in instances], "metrics": None}
-    if not instances:
-        return partial, None
-    partial["metrics"] = run_metrics(instances, outcome.start_ns, trial.cfg.sequence_length,
-                                     forward_flops(trial.model, 1, trial.cfg.sequence_length))
-    m = partial["metrics"]
-    return partial, samples_frame(instances, (m["window_start_ns"], m["window_end_ns"]))
+def _metrics(trial: Trial, instances: list[InstanceSamples], start_ns: int) -> tuple[RunMetrics, pd.DataFrame]:
+    length = trial.cfg.sequence_length
+    metrics = run_metrics(instances, start_ns, length, forward_flops(trial.model, 1, length))
+    return metrics, samples_frame(instances, (metrics.window_start_ns, metrics.window_end_ns))
 
 
-def _measured(trial: Trial, specs: list[dict], outcome) -> tuple[dict, pd.DataFrame]:
-    cfg = trial.cfg
-    instances = _load_instances(trial, specs, outcome)
-    flops = forward_flops(trial.model, 1, cfg.sequence_length)
-    metrics = run_metrics(instances, outcome.start_ns, cfg.sequence_length, flops)
-    frame = samples_frame(instances, (metrics["window_start_ns"], metrics["window_end_ns"]))
-    reports = [outcome.results[spec["instance"]["id"]] for spec in specs]
+def _finish(record: TrialRecord, metrics: RunMetrics, reports: list[dict]) -> None:
+    record.metrics = metrics
+    record.instances = [{k: v for k, v in r.items() if k != "event"} for r in reports]
     drift = [r["drift"] for r in reports if r.get("drift")]
-    status, reason = "ok", None
-    failed_drift = [d for d in drift if not d["within_tolerance"]]
-    if failed_drift:
-        d = failed_drift[0]
-        status, reason = "failed", (f"outputs drift from {d['reference']}: max rel error {d['max_rel_error']:.2e} "
-                                    f"(tolerance {d['tolerance']:.0e}), cosine {d['cosine_similarity']:.6f}")
-    return {
-        "status": status,
-        "reason": reason,
-        "valid": True,
-        "metrics": metrics,
-        "drift": drift[0] if drift else None,
-        "instances": [{k: v for k, v in r.items() if k != "event"} for r in reports],
-    }, frame
+    record.drift = drift[0] if drift else None
+    over = [d for d in drift if not d["within_tolerance"]]
+    if over:  # the figures are real (valid), the outputs are wrong (failed)
+        d = over[0]
+        record.fail(Failure("drift", f"outputs drift from {d['reference']}: max rel error {d['max_rel_error']:.2e} "
+                                     f"(tolerance {d['tolerance']:.0e}), cosine {d['cosine_similarity']:.6f}"),
+                    valid=True)

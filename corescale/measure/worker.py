@@ -35,31 +35,32 @@ def process_cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def run_instance(spec: dict, control: Control) -> None:
+def run_instance(job: dict, control: Control) -> None:
     from corescale.config import BenchmarkConfig
     from corescale.machine import environment, instance_env
+    from corescale.machine.placement import InstanceSpec
     from corescale.measure import contamination
     from corescale.workload.models import ModelSpec
 
-    cfg = BenchmarkConfig.from_dict(spec["config"])
-    instance = spec["instance"]
-    cpus = instance["cpus"]
+    cfg = BenchmarkConfig.from_dict(job["config"])
+    spec = InstanceSpec.from_json(job["instance"])
+    cpus = list(spec.cpus)
     os.sched_setaffinity(0, cpus)  # before any framework creates its thread pool
-    threads = instance["threads"]
-    model = ModelSpec(**spec["model"])
+    threads = spec.threads
+    model = ModelSpec(**job["model"])
 
     from corescale.backends import create_backend
     from corescale.measure.timing import timed_loop, warm_up
     from corescale.workload.inputs import make_inputs
 
     # a sweep passes the SGEMM rate it already calibrated on the same CPUs and thread count
-    peak = (spec.get("sgemm_gflops") or environment.sgemm_gflops(threads)) if cfg.calibrate else None
-    inputs = make_inputs(model, spec["batch_size"], cfg.sequence_length, cfg.seed, cfg.padding_fraction)
-    backend = create_backend(cfg.backend)
+    peak = (spec.sgemm_gflops or environment.sgemm_gflops(threads)) if cfg.calibrate else None
+    inputs = make_inputs(model, spec.batch_size, cfg.sequence_length, cfg.seed, cfg.padding_fraction)
+    backend = create_backend(cfg.backend.name)
     load_start = time.perf_counter()
     backend.load(model, cfg, threads, inputs)
     load_seconds = time.perf_counter() - load_start
-    instance_env.verify_mapped(cfg, environment.mapped_libraries(), instance["id"])  # asked for = really in
+    instance_env.verify_mapped(cfg, environment.mapped_libraries(), spec.id)  # asked for = really in
     prepared = backend.prepare(inputs)
 
     def call():
@@ -79,7 +80,7 @@ def run_instance(spec: dict, control: Control) -> None:
     own_cpu = process_cpu_seconds() - cpu_before
     import numpy as np
 
-    np.savez(spec["samples_path"], starts_ns=samples.starts_ns, ends_ns=samples.ends_ns,
+    np.savez(spec.samples_path, starts_ns=samples.starts_ns, ends_ns=samples.ends_ns,
              warmup_ns=np.asarray(warm.durations_ns, dtype=np.int64))
     wall = (samples.ends_ns[-1] - start_ns) / 1e9
     threads_cpus = instance_env.thread_affinities()
@@ -91,7 +92,7 @@ def run_instance(spec: dict, control: Control) -> None:
         drift = compare_with_reference(cfg, model, threads, inputs, output)
     control.send(
         "result",
-        instance=instance["id"],
+        instance=spec.id,
         load_seconds=load_seconds,
         stage_seconds=dict(backend.timings),
         warmup_iterations=len(warm.durations_ns),
@@ -115,9 +116,9 @@ def run_instance(spec: dict, control: Control) -> None:
 def main(argv: list[str]) -> int:
     control = Control()
     with open(argv[0]) as handle:
-        spec = json.load(handle)
+        job = json.load(handle)
     try:
-        run_instance(spec, control)
+        run_instance(job, control)
     except BaseException as exc:  # report everything to the parent, which decides what to show
         from corescale.errors import UserError
 

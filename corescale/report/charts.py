@@ -13,7 +13,7 @@ import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from corescale.results.store import config_columns, ok_rows
+from corescale.results.store import config_columns, normalise_value, ok_rows
 
 # How a trial was measured, not what: never splits a series.
 PROCEDURE = {"output_dir", "cache_dir", "duration", "min_iterations", "timeout", "calibrate", "seed",
@@ -24,11 +24,9 @@ PLACEMENT = ["instances", "cores_per_instance", "threads", "layout", "cpus_total
 
 
 def _norm(value) -> str:
-    if value is None or (pd.api.types.is_scalar(value) and pd.isna(value)):
-        return "-"
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    return str(value)
+    """A value as a legend shows it ('-' for none)."""
+    text = normalise_value(value)
+    return "-" if text == "None" else text
 
 
 def series(frame: pd.DataFrame, axes: list[str], free: list[str] = (), keys: list[str] = (),

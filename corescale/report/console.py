@@ -5,8 +5,11 @@ from __future__ import annotations
 import time
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
+
+from corescale.results.record import TrialRecord
 
 console = Console(stderr=False, highlight=False)
 errors = Console(stderr=True, highlight=False)
@@ -20,81 +23,84 @@ def _bytes(n: float | None) -> str:
     return "-" if n is None else f"{n / 2**20:.0f} MiB"
 
 
-def result_table(record: dict) -> Table:
-    cfg = record["config"]
-    title = (f"{cfg['model']} · {cfg['backend']} · {cfg['precision']} · batch {cfg['batch_size']} · "
-             f"seq {cfg['sequence_length']} · {cfg['instances']} instance(s)")
+def result_table(record: TrialRecord) -> Table:
+    cfg = record.config
+    title = escape(f"{cfg.model} · {cfg.backend.name} · {cfg.precision} · batch {cfg.batch_size} · "
+                   f"seq {cfg.sequence_length} · {cfg.instances} instance(s)")
     table = Table(title=title, show_header=True, header_style="bold")
     table.add_column("metric")
     table.add_column("value", justify="right")
     table.add_column("95 % CI / detail", justify="right")
-    metrics = record.get("metrics")
-    if record["status"] != "ok" and not metrics:
-        table.add_row("status", "[red]failed[/red]", record.get("reason") or "")
-        failure, partial = record.get("failure") or {}, record.get("partial") or {}
-        tail = (failure.get("stderr_tail") or "").strip().splitlines()[-3:]
+    metrics = record.metrics
+    if metrics is None:
+        table.add_row("status", "[red]failed[/red]", escape(record.reason or ""))
+        tail = (record.failure.stderr_tail if record.failure else "").strip().splitlines()[-3:]
         if tail:
-            table.add_row("last stderr", "", "\n".join(tail))
-        if partial.get("finished_instances"):
-            table.add_row("partial data", "kept, invalid", f"instance(s) {partial['finished_instances']} finished")
+            table.add_row("last stderr", "", escape("\n".join(tail)))
+        if record.partial and record.partial.finished_instances:
+            table.add_row("partial data", "kept, invalid", f"instance(s) {record.partial.finished_instances} finished")
         return table
-    lat = metrics["latency_s"]
+    lat = metrics.latency_s
     table.add_row("latency mean (ms)", ms(lat["mean"]), f"{ms(lat['mean_ci95_low'])} – {ms(lat['mean_ci95_high'])}")
     table.add_row("latency p50 (ms)", ms(lat["p50"]), f"{ms(lat['p50_ci95_low'])} – {ms(lat['p50_ci95_high'])}")
     table.add_row("latency p90 / p99 (ms)", f"{ms(lat['p90'])} / {ms(lat['p99'])}",
                   f"min {ms(lat['min'])} · max {ms(lat['max'])}")
     table.add_row("latency CV", f"{lat['cv']:.1%}", f"{lat['count']} calls · {lat['outliers']} outliers (MAD)")
-    if len(metrics["instances"]) > 1:
-        table.add_row("max instance p50 (ms)", ms(metrics["max_instance_p50_s"]), "the study's 'latency = max'")
-    table.add_row("throughput (samples/s)", f"{metrics['throughput_samples_per_s']:.2f}",
-                  f"{metrics['samples_in_window']} samples in {metrics['window_s']:.2f} s window")
-    table.add_row("throughput (tokens/s)", f"{metrics['throughput_tokens_per_s']:.0f}", "")
-    peak = metrics.get("sgemm_peak_gflops")
-    table.add_row("GFLOP/s", f"{metrics['gflops_per_s']:.1f}",
-                  f"{metrics['percent_of_peak']:.0f} % of SGEMM {peak:.0f}" if peak else "")
-    table.add_row("peak RSS", _bytes(metrics["peak_rss_bytes"]), "largest instance")
-    table.add_row("CPU utilisation", f"{metrics['cpu_utilisation']:.0%}", "CPU time ÷ (wall × threads)")
-    load = metrics["instances"][0]
-    stages = ", ".join(f"{k} {v:.2f} s" for k, v in load["stage_seconds"].items())
-    table.add_row("load (s)", f"{metrics['load_seconds']:.2f}", stages)
-    if metrics["contaminated"]:
-        table.add_row("[red]contaminated[/red]", f"{metrics['foreign_load']:.0%}",
-                      f"foreign load on pinned CPUs of instance(s) {metrics['contaminated_instances']}")
-    if record.get("drift"):
-        d = record["drift"]
+    if len(metrics.instances) > 1:
+        table.add_row("max instance p50 (ms)", ms(metrics.max_instance_p50_s), "the study's 'latency = max'")
+    table.add_row("throughput (samples/s)", f"{metrics.throughput_samples_per_s:.2f}",
+                  f"{metrics.samples_in_window} samples in {metrics.window_s:.2f} s window")
+    table.add_row("throughput (tokens/s)", f"{metrics.throughput_tokens_per_s:.0f}", "")
+    peak = metrics.sgemm_peak_gflops
+    table.add_row("GFLOP/s", f"{metrics.gflops_per_s:.1f}",
+                  f"{metrics.percent_of_peak:.0f} % of SGEMM {peak:.0f}" if peak else "")
+    table.add_row("peak RSS", _bytes(metrics.peak_rss_bytes), "largest instance")
+    table.add_row("CPU utilisation", f"{metrics.cpu_utilisation:.0%}", "CPU time ÷ (wall × threads)")
+    stages = ", ".join(f"{k} {v:.2f} s" for k, v in metrics.instances[0].stage_seconds.items())
+    table.add_row("load (s)", f"{metrics.load_seconds:.2f}", stages)
+    if metrics.contaminated:
+        table.add_row("[red]contaminated[/red]", f"{metrics.foreign_load:.0%}",
+                      f"foreign load on pinned CPUs of instance(s) {metrics.contaminated_instances}")
+    if record.drift:
+        d = record.drift
         table.add_row(f"drift vs {d['reference']}", f"{d['max_abs_error']:.2e}",
                       f"cos {d['cosine_similarity']:.6f} · {'ok' if d['within_tolerance'] else 'OVER tolerance'}")
-    if record["status"] != "ok":
-        table.add_row("status", "[red]failed[/red]", record.get("reason") or "")
+    if not record.ok:
+        table.add_row("status", "[red]failed[/red]", escape(record.reason or ""))
     return table
 
 
-def instances_table(record: dict) -> Table | None:
-    metrics = record.get("metrics")
-    if not metrics or len(metrics["instances"]) < 2:
+def instances_table(record: TrialRecord) -> Table | None:
+    metrics = record.metrics
+    if not metrics or len(metrics.instances) < 2:
         return None
     table = Table(title="per instance", header_style="bold")
     for column in ("id", "cpus", "threads", "p50 ms", "p99 ms", "samples/s", "CPU util", "foreign load"):
         table.add_column(column, justify="right")
-    for inst in metrics["instances"]:
-        lat = inst["latency_s"]
-        table.add_row(str(inst["id"]), ",".join(map(str, inst["cpus"])), str(inst["threads"]), ms(lat["p50"]),
-                      ms(lat["p99"]), f"{inst['throughput_samples_per_s']:.2f}", f"{inst['cpu_utilisation']:.0%}",
-                      f"{inst['foreign_load']:.0%}")
+    for inst in metrics.instances:
+        lat = inst.latency_s
+        table.add_row(str(inst.id), ",".join(map(str, inst.cpus)), str(inst.threads), ms(lat["p50"]),
+                      ms(lat["p99"]), f"{inst.throughput_samples_per_s:.2f}", f"{inst.cpu_utilisation:.0%}",
+                      f"{inst.foreign_load:.0%}")
     return table
 
 
-def print_result(record: dict, path=None) -> None:
+def print_result(record: TrialRecord, path=None) -> None:
     console.print(result_table(record))
     extra = instances_table(record)
     if extra is not None:
         console.print(extra)
-    if record.get("metrics", {}) and record["metrics"].get("contaminated"):
+    if record.metrics and record.metrics.contaminated:
         from corescale.measure.contamination import contamination_message
 
-        errors.print(f"[yellow]warning:[/yellow] {contamination_message(record['metrics'])}")
+        errors.print(f"[yellow]warning:[/yellow] {escape(contamination_message(record.metrics))}")
     if path is not None:
-        console.print(f"result: {path}")
+        print_path("result", path)
+
+
+def print_path(label: str, path) -> None:
+    """Machine-readable lines are printed plain: never wrapped at the terminal width, never read as markup."""
+    print(f"{label}: {path}", flush=True)
 
 
 class TrialProgress:
@@ -103,7 +109,7 @@ class TrialProgress:
     def __init__(self, cfg, enabled: bool = True):
         self.cfg = cfg
         self.progress = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[info]}"),
-                                 TimeRemainingColumn(), refresh_per_second=10, transient=True, console=console,
+                                 TimeRemainingColumn(), refresh_per_second=10, transient=True, console=errors,
                                  disable=not enabled)
         self.warmup = None
         self.timed = None
@@ -132,3 +138,140 @@ class TrialProgress:
             self.done[instance] = event["done"]
             elapsed = min(time.monotonic() - self.started_at, self.cfg.duration)
             self.progress.update(self.timed, completed=elapsed, info=f"{sum(self.done.values())} calls")
+
+
+class SweepProgress(TrialProgress):
+    """The trial's bars plus one over the whole loop."""
+
+    def __init__(self, cfg, enabled: bool, done: int, total: int, eta: str):
+        super().__init__(cfg, enabled)
+        self.sweep = (done, total, eta)
+
+    def __enter__(self):
+        super().__enter__()
+        done, total, eta = self.sweep
+        self.progress.add_task(f"trials {done}/{total}", total=total, completed=done, info=eta)
+        return self
+
+
+def eta_text(state, remaining: int) -> str:
+    seconds = state.eta_seconds(remaining)
+    return "ETA after first trial" if seconds is None else f"ETA {time.strftime('%H:%M:%S', time.gmtime(seconds))}"
+
+
+def brief(record: TrialRecord) -> str:
+    """One line: the headline figures of an ok trial, or why it failed."""
+    m = record.metrics
+    if not record.ok or m is None:
+        return f"failed: {record.reason}"
+    flag = " (contaminated)" if m.contaminated else ""
+    return (f"p50 {m.latency_s['p50'] * 1e3:.2f} ms, p99 {m.latency_s['p99'] * 1e3:.2f} ms, "
+            f"{m.throughput_samples_per_s:.2f} samples/s{flag}")
+
+
+class ConsoleListener:
+    """Draws a trial loop (trials/local.py's Listener): a heading per trial, live bars while it runs, then the
+    full result table (one trial, or with live progress) or one line. Use as a context manager: bars left
+    open by an error are closed on the way out."""
+
+    def __init__(self, what: str = "trial", progress: bool = True, tables: bool = True, extra=None):
+        self.what = what  # "trial", "cores study", ...
+        self.progress = progress
+        self.tables = tables  # the full result table after each trial (else one line)
+        self.extra = extra  # extra(instance, event) also sees every worker event (benchmarks time stages)
+        self.bars: TrialProgress | None = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._close(*exc)
+
+    def _close(self, *exc) -> None:
+        if self.bars is not None:
+            self.bars.__exit__(*(exc or (None, None, None)))
+            self.bars = None
+
+    def skipped(self, item, existing, state) -> None:
+        console.print(escape(f"{self.what} {item.number}/{state.total} skipped (valid result exists: {existing}): "
+                             f"{item.label}"), soft_wrap=True)
+
+    def starting(self, item, state) -> None:
+        eta = eta_text(state, state.total - item.number + 1)
+        if state.total > 1:
+            console.print(f"[bold]{escape(self.what)} {item.number}/{state.total}[/bold] ({eta}): "
+                          f"{escape(item.label)}", soft_wrap=True)
+        bars = SweepProgress(item.trial.cfg, self.progress, item.number - 1, state.total, eta) if state.total > 1 \
+            else TrialProgress(item.trial.cfg, self.progress)
+        self.bars = bars.__enter__()
+
+    def worker_event(self, item, instance, event) -> None:
+        if self.bars is not None:
+            self.bars(instance, event)
+        if self.extra is not None:
+            self.extra(item, instance, event)
+
+    def finished(self, item, outcome, state) -> None:
+        self._close()
+        record = outcome.record
+        where = f" on {record.node.get('hostname', '?')}" if record.node and record.node.get("hostname") else ""
+        if self.tables:
+            print_result(record, outcome.path)
+        else:
+            console.print(escape(f"  {self.what} {item.number}/{state.total}{where}: {brief(record)}"),
+                          soft_wrap=True)
+            print_path("  result", outcome.path)
+        if not outcome.ok:
+            errors.print(f"[red]{escape(self.what)} {item.number} failed:[/red] {escape(str(record.reason))}",
+                         soft_wrap=True)
+
+
+def loop_table(state, title: str = "sweep") -> Table:
+    """Every trial of a loop: number, label, status, headline figures or where the result already was."""
+    table = Table(title=title, header_style="bold")
+    for column in ("#", "trial", "status", "result"):
+        table.add_column(column)
+    for row in state.rows:
+        colour = {"ok": "green", "failed": "red"}.get(row.status, "dim")
+        detail = brief(row.record) if row.record else str(row.path)
+        table.add_row(str(row.item.number), escape(row.item.label), f"[{colour}]{row.status}[/{colour}]",
+                      escape(detail))
+    return table
+
+
+def loop_summary(state) -> str:
+    not_run = state.total - len(state.rows)
+    return (f"{state.total} trials: {state.count('ok')} measured ok, {state.count('failed')} failed, "
+            f"{state.count('skipped')} skipped (already done)" + (f", {not_run} not run" if not_run else ""))
+
+
+STUDY_COLUMNS = {  # what the printed study table shows, per study: (column, header, format)
+    "cores": [("cores", "cores", "{:.0f}"), ("latency_p50_ms", "p50 ms", "{:.2f}"),
+              ("latency_p99_ms", "p99 ms", "{:.2f}"), ("speedup", "speedup", "{:.2f}x"),
+              ("efficiency", "efficiency", "{:.0%}")],
+    "instances": [("instances", "instances", "{:.0f}"), ("cores_per_instance", "cores each", "{:.0f}"),
+                  ("throughput_samples_per_s", "samples/s", "{:.2f}"),
+                  ("ideal_throughput_samples_per_s", "ideal samples/s", "{:.2f}"),
+                  ("efficiency", "efficiency", "{:.0%}"), ("max_instance_p50_ms", "max p50 ms", "{:.2f}")],
+    "batch": [("instances", "instances", "{:.0f}"), ("cores_per_instance", "cores each", "{:.0f}"),
+              ("batch_size", "batch each", "{:.0f}"), ("max_instance_p50_ms", "max p50 ms", "{:.2f}"),
+              ("throughput_samples_per_s", "samples/s", "{:.2f}"), ("throughput_gain", "gain", "{:.2f}x")],
+}
+
+
+def study_table(kind: str, frame) -> Table:
+    import pandas as pd
+
+    table = Table(title=f"{kind} study", header_style="bold")
+    columns = [c for c in STUDY_COLUMNS[kind] if c[0] in frame]
+    show_group = frame["group"].astype(bool).any()
+    if show_group:
+        table.add_column("group")
+    for _, header, _ in columns:
+        table.add_column(header, justify="right")
+    table.add_column("status")
+    for _, row in frame.iterrows():
+        cells = [fmt.format(row[col]) if pd.notna(row[col]) else "-" for col, _, fmt in columns]
+        status = "contaminated" if row["status"] == "ok" and row["contaminated"] else row["status"]
+        table.add_row(*([escape(row["group"])] if show_group else []), *cells, status)
+    return table

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import base64
 import html
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +19,7 @@ from corescale.errors import UserError
 from corescale.report import charts as report_plots
 from corescale.report import plots
 from corescale.results import cost
-from corescale.results.files import read_result
+from corescale.results.files import read_result, write_atomic
 from corescale.results.store import Table, describe_value, load, ok_rows
 
 STUDY_MACHINES = ("study-48-cores", "study-8-cores")  # the original study's cost comparison
@@ -190,7 +189,7 @@ def environment_html(frame: pd.DataFrame) -> str:
     """The machine of the latest result, and a warning when results come from several machines."""
     latest = frame.sort_values("finished_at").iloc[-1]
     try:
-        env = read_result(latest["path"]).get("environment") or {}
+        env = read_result(latest["path"]).environment or {}
     except UserError:
         env = {}
     cpu, topo = env.get("cpu") or {}, env.get("topology") or {}
@@ -250,12 +249,6 @@ def cost_html(context: dict) -> str:
 
 # --- building ---------------------------------------------------------------------------------------------------
 
-def _write_png(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".tmp-{path.name}")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
 def build(root, out: Path | None = None, machine: str | None = None, price: float | None = None,
           slo: float | None = None, where: list[str] | None = None, latest: bool = True,
           table: Table | None = None) -> Built:
@@ -280,7 +273,7 @@ def build(root, out: Path | None = None, machine: str | None = None, price: floa
         else:
             png = report_plots.png_bytes(figure)
             png_path = out.with_name(f"{out.stem}-{chart.id}.png")
-            _write_png(png_path, png)
+            write_atomic(png_path, png, "figure")
             built.charts.append(chart.id)
             built.pngs.append(png_path)
             body = _figure_html(chart, png, png_path.name)
@@ -292,7 +285,7 @@ def build(root, out: Path | None = None, machine: str | None = None, price: floa
     if table.problems:
         items = "".join(f"<li>{e(reason)}</li>" for _, reason in table.problems)
         sections.append(("problems", "Skipped result files", f"<ul>{items}</ul>"))
-    _write_html(out, _page(root, frame, sections))
+    write_atomic(out, _page(root, frame, sections), "report")
     return built
 
 
@@ -310,7 +303,3 @@ def _page(root, frame: pd.DataFrame, sections: list[tuple[str, str, str]]) -> st
             f"<script>{SORT_JS}</script></body></html>")
 
 
-def _write_html(path: Path, text: str) -> None:
-    tmp = path.with_name(f".tmp-{path.name}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)

@@ -9,12 +9,9 @@ No pyplot: figures are built directly on the Agg canvas, so nothing here touches
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 import pandas as pd
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, NullLocator
 
@@ -23,8 +20,9 @@ SUBTITLE_COLUMNS = (("model", "{}"), ("backend", "{}"), ("batch_size", "batch {}
 
 
 def _figure(columns: int = 1) -> tuple[Figure, list]:
-    fig = Figure(figsize=(6.4 * columns, 4.6), layout="constrained")
-    FigureCanvasAgg(fig)
+    from corescale.report.charts import new_figure
+
+    fig = new_figure(6.4 * columns, 4.6)
     axes = [fig.add_subplot(1, columns, i + 1) for i in range(columns)]
     return fig, axes
 
@@ -140,14 +138,7 @@ def batch_figure(frame: pd.DataFrame, group: str | None = "group") -> Figure:
 
 def save_figure(fig: Figure, path: Path, dpi: int = 120) -> Path:
     """Writes the figure (format from the suffix) whole, then renames it into place."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=path.suffix)
-    os.close(fd)
-    try:
-        fig.savefig(tmp, dpi=dpi)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    from corescale.results.files import write_atomic
+
+    return write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=dpi), "figure")
 

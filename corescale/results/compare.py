@@ -8,6 +8,7 @@ A change is flagged when it is significant (p < ALPHA and the interval excludes 
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 import numpy as np
@@ -15,23 +16,28 @@ import pandas as pd
 from scipy import stats as sps
 
 from corescale.errors import UserError
-from corescale.measure.stats import bootstrap_ratio_ci
-from corescale.results.store import config_columns, ok_rows, timed_latencies_ms
+from corescale.results.stats import bootstrap_ratio_ci
+from corescale.results.store import normalise_value, ok_rows, timed_latencies_ms
 
 ALPHA = 0.05
 BLOCKS = 50
 DEFAULT_THRESHOLD = 0.10
-# where things are written or how they were dispatched, not what is measured
-NOT_MATCHED = ("output_dir", "cache_dir", "executor.name", "executor.address", "executor.max_retries")
+def measured_keys(frames: list[pd.DataFrame]) -> list[str]:
+    """Every measured config key of the trials (config.measured(): exactly what trial keys hash), as the
+    results table names its columns (`backend` for backend.name)."""
+    keys = dict.fromkeys(_column(k) for frame in frames if "measured" in frame
+                         for text in frame["measured"].dropna() for k in json.loads(text))
+    return list(keys)
 
 
-def match_columns(frames: list[pd.DataFrame], ignore: list[str]) -> list[str]:
-    """Config keys two trials must share to be compared (every config key, less NOT_MATCHED and ignore)."""
-    columns = list(dict.fromkeys(c for frame in frames for c in config_columns(frame)))
-    unknown = [name for name in ignore if name not in columns]
-    if unknown:
-        raise UserError(f"--ignore: unknown config key(s) {', '.join(unknown)}; keys: {', '.join(columns)}")
-    return [c for c in columns if c not in NOT_MATCHED and c not in ignore]
+def _column(key: str) -> str:
+    return "backend" if key == "backend.name" else key
+
+
+def _identity(text: str, ignore: set[str]) -> str:
+    """A trial's measured fields less the ignored ones: two trials match when these are equal."""
+    fields = {k: v for k, v in json.loads(text).items() if _column(k) not in ignore}
+    return json.dumps({k: normalise_value(v) for k, v in fields.items()}, sort_keys=True)
 
 
 def block_medians(samples: np.ndarray, blocks: int = BLOCKS) -> np.ndarray:
@@ -93,36 +99,46 @@ class Comparison:
         return int((self.rows["verdict"] == "faster").sum()) if not self.rows.empty else 0
 
 
-def _norm(value) -> str:
-    """One spelling per value across tables: NaN/None alike, 8.0 as 8."""
-    if value is None or (pd.api.types.is_scalar(value) and pd.isna(value)):
-        return "None"
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    return str(value)
-
-
-def _match_key(frame: pd.DataFrame, columns: list[str]) -> pd.Series:
-    present = [c for c in columns if c in frame.columns]
-    return pd.Series(["|".join(_norm(v) for v in values) for values in frame[present].itertuples(index=False)],
-                     index=frame.index, dtype=object)
+def _match_key(frame: pd.DataFrame, ignore: set[str]) -> pd.Series:
+    return frame["measured"].map(lambda text: _identity(text, ignore)).astype(object)
 
 
 def _labels(frame: pd.DataFrame, varying: list[str]) -> list[str]:
+    """What tells a trial apart from the others (keys a trial does not have, e.g. another backend's options, are
+    left out)."""
     shown = varying or ["model", "backend", "batch_size", "sequence_length", "instances"]
-    return [" ".join(f"{c}={_norm(row[c])}" for c in shown if c in frame.columns) for _, row in frame.iterrows()]
+    return [" ".join(f"{c}={normalise_value(row[c])}" for c in shown if c in frame.columns and not _missing(row[c]))
+            for _, row in frame.iterrows()]
+
+
+def _changes(pair: pd.Series, ignored: list[str]) -> list[str]:
+    """`key=before→after` for the ignored keys that differ within a matched pair."""
+    changes = []
+    for c in ignored:
+        old, new = normalise_value(pair.get(f"{c}_before")), normalise_value(pair.get(f"{c}_after"))
+        if old != new:
+            changes.append(f"{c}={old}→{new}")
+    return changes
+
+
+def _missing(value) -> bool:
+    return value is None or (pd.api.types.is_scalar(value) and pd.isna(value))
 
 
 def compare_frames(before: pd.DataFrame, after: pd.DataFrame, threshold: float = DEFAULT_THRESHOLD,
                    ignore: list[str] | None = None) -> Comparison:
     if threshold < 0:
         raise UserError(f"--threshold must be >= 0 (got {threshold})")
-    columns = match_columns([before, after], ignore or [])
+    keys = measured_keys([before, after])
+    unknown = [name for name in ignore or [] if name not in keys]
+    if unknown:
+        raise UserError(f"--ignore: unknown config key(s) {', '.join(unknown)}; keys: {', '.join(keys)}")
+    skip = set(ignore or [])
     before, after = ok_rows(before), ok_rows(after)
-    before = before.assign(_match=_match_key(before, columns)).drop_duplicates("_match", keep="last")
-    after = after.assign(_match=_match_key(after, columns)).drop_duplicates("_match", keep="last")
+    before = before.assign(_match=_match_key(before, skip)).drop_duplicates("_match", keep="last")
+    after = after.assign(_match=_match_key(after, skip)).drop_duplicates("_match", keep="last")
     both = pd.concat([before, after])
-    varying = [c for c in columns if c in both.columns and both[c].map(_norm).nunique() > 1]
+    varying = [c for c in keys if c not in skip and c in both.columns and both[c].map(normalise_value).nunique() > 1]
     before, after = before.assign(_label=_labels(before, varying)), after.assign(_label=_labels(after, varying))
     pairs = before.merge(after, on="_match", suffixes=("_before", "_after"))
     rows = []
@@ -130,9 +146,7 @@ def compare_frames(before: pd.DataFrame, after: pd.DataFrame, threshold: float =
         test = latency_test(timed_latencies_ms(pair["path_before"]), timed_latencies_ms(pair["path_after"]))
         ratio_tput = pair["throughput_samples_per_s_after"] / pair["throughput_samples_per_s_before"]
         rows.append({
-            "trial": " ".join([pair["_label_before"]] + [
-                f"{c}={_norm(pair[f'{c}_before'])}→{_norm(pair[f'{c}_after'])}" for c in ignore or []
-                if _norm(pair[f"{c}_before"]) != _norm(pair[f"{c}_after"])]).strip(),
+            "trial": " ".join([pair["_label_before"], *_changes(pair, ignore or [])]).strip(),
             "p50_before_ms": pair["latency_p50_ms_before"], "p50_after_ms": pair["latency_p50_ms_after"],
             "ratio": test.ratio, "ci_low": test.ci_low, "ci_high": test.ci_high, "p_value": test.p_value,
             "change": describe_ratio(test.ratio), "verdict": verdict(test, threshold),

@@ -1,4 +1,5 @@
-"""Result directories: written whole into a hidden temp dir, then renamed into place (atomic)."""
+"""Files written whole: one atomic writer for every file corescale makes, and result directories written
+into a hidden temp dir, then renamed into place."""
 
 from __future__ import annotations
 
@@ -10,14 +11,14 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pandas as pd
 import yaml
 
-from corescale.errors import UserError
+from corescale.errors import UserError, read_json
+from corescale.results.record import TrialRecord
 
-SCHEMA_VERSION = 1
 RESULT_FILE = "result.json"
 SAMPLES_FILE = "samples.parquet"
 TMP_PREFIX = ".tmp-"
@@ -31,13 +32,34 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
+def write_atomic(path: Path, data: str | bytes | Callable[[Path], None], what: str = "") -> Path:
+    """Writes `path` whole or not at all: into a temp file beside it, fsynced, then renamed over it.
+
+    `data` is the content, or a function that writes the temp path it is given (matplotlib's savefig).
+    An unwritable place is a UserError naming `what` (e.g. "--csv") and the path."""
     path = Path(path)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=TMP_PREFIX, suffix=".json", delete=False) as tmp:
-        json.dump(data, tmp, indent=2, default=str)
-        tmp.flush()
-        os.fsync(tmp.fileno())
-    os.replace(tmp.name, path)
+    try:
+        fd, name = tempfile.mkstemp(dir=path.parent, prefix=TMP_PREFIX, suffix=path.suffix)
+    except OSError as exc:
+        raise UserError(f"cannot write {what + ' ' if what else ''}'{path}': {exc.strerror}") from None
+    tmp = Path(name)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            if callable(data):
+                data(tmp)
+            else:
+                handle.write(data.encode() if isinstance(data, str) else data)
+                handle.flush()
+                os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_json_atomic(path: Path, data: Any) -> Path:
+    return write_atomic(path, json.dumps(data, indent=2, default=str))
 
 
 def slug(text: str) -> str:
@@ -46,7 +68,7 @@ def slug(text: str) -> str:
 
 def run_name(cfg) -> str:
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    return (f"{stamp}-{slug(os.path.basename(cfg.model.rstrip('/')))}-{cfg.backend}-{cfg.precision}"
+    return (f"{stamp}-{slug(os.path.basename(cfg.model.rstrip('/')))}-{cfg.backend.name}-{cfg.precision}"
             f"-b{cfg.batch_size}-s{cfg.sequence_length}-i{cfg.instances}-{cfg.key()[:8]}")
 
 
@@ -66,7 +88,7 @@ class PendingRun:
         (self.tmp / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
 
     def commit(self, record: dict) -> Path:
-        record = {"schema_version": SCHEMA_VERSION, **record}
+        """`record` is TrialRecord.to_json(); the directory appears under its final name only now."""
         write_json_atomic(self.tmp / RESULT_FILE, record)
         _fsync_dir(self.tmp)
         suffix = 0
@@ -86,19 +108,19 @@ class PendingRun:
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
-def read_result(path: Path) -> dict:
-    """The result record of a run directory (or of a result.json path)."""
+def read_result(path: Path) -> TrialRecord:
+    """The record of a run directory (or of a result.json path), of any schema this version reads."""
     path = Path(path)
     file = path / RESULT_FILE if path.is_dir() else path
     if not file.is_file():
         raise UserError(f"no result at '{path}': expected a run directory holding {RESULT_FILE}")
+    data = read_json(file, "result file")
+    if not isinstance(data, dict) or "schema_version" not in data:
+        raise UserError(f"'{file}' is not a corescale result (no schema_version)")
     try:
-        record = json.loads(file.read_text())
-    except ValueError as exc:
-        raise UserError(f"corrupted result file '{file}': {exc}") from None
-    if not isinstance(record, dict) or record.get("schema_version") != SCHEMA_VERSION:
-        raise UserError(f"'{file}' is not a corescale result (schema_version {SCHEMA_VERSION} expected)")
-    return record
+        return TrialRecord.from_json(data)
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:  # valid JSON, wrong shape
+        raise UserError(f"malformed result '{file}': {type(exc).__name__}: {exc}") from None
 
 
 def read_samples(path: Path) -> pd.DataFrame:

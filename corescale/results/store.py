@@ -7,7 +7,6 @@ Unreadable result files are reported in `Table.problems` and skipped.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import time
@@ -17,43 +16,16 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from corescale.config import flatten as flatten_dict
 from corescale.errors import UserError
 from corescale.results.files import RESULT_FILE, TMP_PREFIX, iter_run_dirs, read_result, read_samples
+from corescale.results.record import TrialRecord
 
 # Columns shown by `corescale results` unless --columns says otherwise.
 SUMMARY_COLUMNS = ["status", "model", "backend", "precision", "batch_size", "sequence_length", "instances",
                    "cpus_per_instance", "threads_per_instance", "latency_p50_ms", "latency_p99_ms",
                    "throughput_samples_per_s", "contaminated", "run"]
 _FILTER = re.compile(r"^\s*([A-Za-z_][\w.]*)\s*(!=|>=|<=|=|>|<)\s*(.*?)\s*$")
-
-
-# --- keys -------------------------------------------------------------------------------------------------------
-
-def model_files(path: str | None) -> list | None:
-    """Names, sizes and mtimes of a local model directory's files: a changed weight file changes the key."""
-    if not path or not Path(path).is_dir():
-        return None
-    return [[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in sorted(Path(path).iterdir())
-            if p.is_file() and not p.name.startswith(".")]
-
-
-def trial_key(config_key: str, model_identity: dict, files: list | None = None) -> str:
-    """Resume key: the resolved config hash plus the model identity (and a local model's file listing)."""
-    blob = json.dumps({"config": config_key, "model": model_identity, "files": files}, sort_keys=True, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
-def spec_key(cfg, spec) -> str:
-    return trial_key(cfg.key(), spec.identity(), model_files(spec.path) if spec.source == "local" else None)
-
-
-def record_key(record: dict) -> str:
-    """The key a record was written under (records written before trial keys existed: config + identity)."""
-    return record.get("trial_key") or trial_key(record.get("key", ""), record.get("model") or {})
-
-
-def is_valid_ok(record: dict) -> bool:
-    return record.get("status") == "ok" and bool(record.get("valid", True))
 
 
 # --- reading ----------------------------------------------------------------------------------------------------
@@ -74,14 +46,12 @@ def check_root(root) -> Path:
     return root
 
 
-def scan(root) -> tuple[list[tuple[Path, dict]], list[tuple[Path, str]]]:
+def scan(root) -> tuple[list[tuple[Path, TrialRecord]], list[tuple[Path, str]]]:
     """(run dir, record) for every readable result under root, and (path, reason) for the others."""
     found, problems = [], []
     for run_dir in iter_run_dirs(root):
         try:
             record = read_result(run_dir)
-            if not isinstance(record.get("config"), dict) or "status" not in record:
-                raise UserError(f"'{run_dir / RESULT_FILE}' has no config or status")
         except UserError as exc:
             problems.append((run_dir, str(exc)))
             continue
@@ -115,34 +85,19 @@ def load(root, latest: bool = True, where: list[str] | None = None, require: boo
     return Table(frame, problems, unfinished)
 
 
-def _flat_config(config: dict, prefix: str = "") -> dict:
-    out = {}
-    for name, value in config.items():
-        if isinstance(value, dict):
-            out.update(_flat_config(value, f"{prefix}{name}."))
-        else:
-            out[f"{prefix}{name}"] = value
-    return out
+def ms(seconds: float | None) -> float | None:
+    """Seconds -> milliseconds, None stays None."""
+    return None if seconds is None else seconds * 1e3
 
 
-def _ms(value) -> float | None:
-    return None if value is None else value * 1e3
-
-
-def _finished_at(record: dict, path: Path) -> float:
-    if record.get("finished_at") is not None:
-        return float(record["finished_at"])
+def _finished_at(record: TrialRecord, path: Path) -> float:
+    if record.finished_at is not None:
+        return float(record.finished_at)
     try:
-        started = time.mktime(time.strptime(record["started_at"][:19], "%Y-%m-%dT%H:%M:%S"))
-        return started + float(record.get("elapsed_s") or 0)
-    except (KeyError, TypeError, ValueError):
+        started = time.mktime(time.strptime(record.started_at[:19], "%Y-%m-%dT%H:%M:%S"))
+        return started + float(record.elapsed_s or 0)
+    except (TypeError, ValueError):
         return (path / RESULT_FILE).stat().st_mtime
-
-
-def _instance_batch(config: dict) -> int:
-    """Samples per forward call of one instance (a total batch is split evenly over the instances)."""
-    total = config.get("total_batch_size")
-    return total // max(config.get("instances") or 1, 1) if total else config.get("batch_size")
 
 
 def config_columns(frame: pd.DataFrame) -> list[str]:
@@ -150,65 +105,87 @@ def config_columns(frame: pd.DataFrame) -> list[str]:
     return [c for c in frame.columns if c not in _NOT_CONFIG]
 
 
-def flatten(record: dict, path: Path) -> dict:
+def flatten(record: TrialRecord, path: Path) -> dict:
     """One table row: run, key, status, flattened config, layout facts, key metrics, host."""
-    row = {**_run_columns(record, path), **_flat_config(record["config"]), **_metric_columns(record)}
+    config = record.config.to_dict()
+    config["backend"] = {"name": record.config.backend.name, **record.config.backend.options()}
+    row = {**_run_columns(record, path), **flatten_dict(config), **_metric_columns(record)}
+    row["backend"] = row.pop("backend.name")  # the column people filter on
+    row["measured"] = json.dumps(record.config.measured(), sort_keys=True, default=str)  # what the key hashes
     row["path"] = str(path)
     return row
 
 
-def _run_columns(record: dict, path: Path) -> dict:
+def normalise_value(value) -> str:
+    """One spelling per value across tables: NaN/None alike, 8.0 as 8."""
+    if value is None or (pd.api.types.is_scalar(value) and pd.isna(value)):
+        return "None"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def _run_columns(record: TrialRecord, path: Path) -> dict:
     return {
         "run": Path(path).name,
-        "key": record_key(record),
-        "status": record.get("status"),
-        "valid": bool(record.get("valid", False)),
-        "reason": record.get("reason"),
-        "started_at": record.get("started_at"),
+        "key": record.trial_key,
+        "status": record.status,
+        "valid": record.valid,
+        "reason": record.reason,
+        "started_at": record.started_at,
         "finished_at": _finished_at(record, Path(path)),
-        "elapsed_s": record.get("elapsed_s"),
+        "elapsed_s": record.elapsed_s,
     }
 
 
-def _metric_columns(record: dict) -> dict:
-    metrics = record.get("metrics") or {}
-    latency = metrics.get("latency_s") or {}
-    placed = (record.get("plan") or {}).get("instances") or []
-    env = record.get("environment") or {}
+def _metric_columns(record: TrialRecord) -> dict:
+    m = record.metrics
+    latency = m.latency_s if m else {}
+    placed = record.placed
+    env = record.environment or {}
+    batch = record.config.instance_batch_size
     return {
         "cpus_total": sum(len(inst.get("cpus", [])) for inst in placed) or None,
         "cpus_per_instance": len(placed[0].get("cpus", [])) if placed else None,
         "threads_per_instance": placed[0].get("threads") if placed else None,
-        "instance_batch_size": _instance_batch(record["config"]),
-        "batch_total": _instance_batch(record["config"]) * len(placed) if placed else None,
-        "throughput_samples_per_s": metrics.get("throughput_samples_per_s"),
-        "throughput_tokens_per_s": metrics.get("throughput_tokens_per_s"),
-        "latency_mean_ms": _ms(latency.get("mean")),
-        "latency_p50_ms": _ms(latency.get("p50")),
-        "latency_p90_ms": _ms(latency.get("p90")),
-        "latency_p99_ms": _ms(latency.get("p99")),
+        "instance_batch_size": batch,
+        "batch_total": batch * len(placed) if placed else None,
+        "throughput_samples_per_s": m.throughput_samples_per_s if m else None,
+        "throughput_tokens_per_s": m.throughput_tokens_per_s if m else None,
+        "latency_mean_ms": ms(latency.get("mean")),
+        "latency_p50_ms": ms(latency.get("p50")),
+        "latency_p90_ms": ms(latency.get("p90")),
+        "latency_p99_ms": ms(latency.get("p99")),
         "latency_cv": latency.get("cv"),
-        "max_instance_p50_ms": _ms(metrics.get("max_instance_p50_s")),
-        "gflops_per_s": metrics.get("gflops_per_s"),
-        "percent_of_peak": metrics.get("percent_of_peak"),
-        "peak_rss_mib": None if metrics.get("peak_rss_bytes") is None else metrics["peak_rss_bytes"] / 2**20,
-        "cpu_utilisation": metrics.get("cpu_utilisation"),
-        "foreign_load": metrics.get("foreign_load"),
-        "contaminated": metrics.get("contaminated"),
-        "window_s": metrics.get("window_s"),
-        "samples_in_window": metrics.get("samples_in_window"),
-        "load_s": metrics.get("load_seconds"),
+        "max_instance_p50_ms": ms(m.max_instance_p50_s) if m else None,
+        "gflops_per_s": m.gflops_per_s if m else None,
+        "percent_of_peak": m.percent_of_peak if m else None,
+        "peak_rss_mib": m.peak_rss_bytes / 2**20 if m else None,
+        "cpu_utilisation": m.cpu_utilisation if m else None,
+        "foreign_load": m.foreign_load if m else None,
+        "contaminated": m.contaminated if m else None,
+        "window_s": m.window_s if m else None,
+        "samples_in_window": m.samples_in_window if m else None,
+        "load_s": m.load_seconds if m else None,
         "host": env.get("hostname"),
-        "node_type": (record.get("node") or {}).get("node_type"),  # Ray sweeps: the machine kind
+        "node_type": (record.node or {}).get("node_type"),  # Ray sweeps: the machine kind
         "cpu_model": (env.get("cpu") or {}).get("model"),
         "host_physical_cores": (env.get("topology") or {}).get("physical_cores"),
         "host_logical_cpus": (env.get("topology") or {}).get("logical_cpus"),
+        "schema_migrated_from": record.schema_migrated_from,
     }
 
 
-# the column names flatten() adds around the config (from a minimal record; only the names are used)
-_MINIMAL = {"config": {"batch_size": 1}, "finished_at": 0, "plan": {"instances": [{"cpus": [0], "threads": 1}]}}
-_NOT_CONFIG = {*_run_columns(_MINIMAL, Path("run")), *_metric_columns(_MINIMAL), "path"}
+def _not_config() -> set[str]:
+    """The column names flatten() adds around the config (from a minimal record; only the names are used)."""
+    from corescale.config import BenchmarkConfig
+
+    minimal = TrialRecord(BenchmarkConfig(), "", "", {}, {"instances": [{"cpus": [0], "threads": 1}]}, {}, "",
+                          finished_at=0)
+    return {*_run_columns(minimal, Path("run")), *_metric_columns(minimal), "measured", "path"}
+
+
+_NOT_CONFIG = _not_config()
 
 
 # --- filters ----------------------------------------------------------------------------------------------------
@@ -305,8 +282,9 @@ class ResultIndex:
                 record = read_result(run_dir)
             except (UserError, OSError):
                 continue
-            if is_valid_ok(record):
-                self.ok[record_key(record)] = run_dir
+            if record.valid_ok:
+                for key in (record.trial_key, *record.legacy_keys):  # old keys stay findable
+                    self.ok[key] = run_dir
 
     def find(self, key: str) -> Path | None:
         self.refresh()

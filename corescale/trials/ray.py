@@ -11,6 +11,7 @@ benchmark (bad input on that node) becomes a failed result at once. Ray is impor
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import logging
 import os
@@ -21,8 +22,10 @@ from pathlib import Path
 
 from corescale.config import RayExecutorConfig
 from corescale.errors import UserError
-from corescale.measure.runner import Measured, Trial, commit
-from corescale.trials import OnOutcome, completed_keys, error_measured, failed_measured, output_root, stamp, trial_key
+from corescale.measure.runner import Measured, Trial, commit, failed_measured
+from corescale.results.record import Failure
+from corescale.results.store import ResultIndex
+from corescale.trials.local import Listener, LoopState, Planned, Row, stamp
 
 NODE_RESOURCE = "corescale_node"
 TYPE_PREFIX = "corescale_type:"
@@ -107,8 +110,8 @@ def restore_thread_env() -> None:
             os.environ[name] = started_with[name]
 
 
-def run_on_node(cfg, node: dict) -> Measured:
-    """The Ray task: prepare the trial for this node's topology, measure it, return everything to the driver."""
+def run_on_node(trial: Trial, node: dict) -> Measured:
+    """The Ray task: prepare the driver's trial for this node's topology, measure it, return everything."""
     from corescale.machine import environment
     from corescale.measure.runner import measure, prepare_trial
 
@@ -117,11 +120,12 @@ def run_on_node(cfg, node: dict) -> Measured:
     host = environment.capture()
     node = {**node, "hostname": host["hostname"], "cpu_model": host["cpu"]["model"], "pid": os.getpid()}
     try:
-        measured = measure(prepare_trial(cfg), None, host)
+        here = prepare_trial(trial.cfg)
+        measured = measure(dataclasses.replace(here, key=trial.key), None, host)  # the driver's key: resume
     except Exception as exc:  # noqa: BLE001 - everything raised here is the benchmark's, not the node's, fault
-        measured = error_measured(cfg, exc, host, started)
-    measured.record["node"] = node
-    measured.record["executor"] = {"started": started, "finished": time.time()}
+        measured = failed_measured(trial, Failure.from_exception(exc), host, started)
+    measured.record.node = node
+    measured.record.executor = {"started": started, "finished": time.time()}
     return measured
 
 
@@ -174,11 +178,18 @@ def no_node_error(node_type: str | None, nodes: list[Node], detail: str = "") ->
 class Attempt:
     """One trial on its way through the cluster, with the nodes where it already died."""
 
-    trial: Trial
-    key: str
+    item: Planned
     failures: list[dict] = field(default_factory=list)
     node: Node | None = None
     submitted: float = 0.0
+
+    @property
+    def trial(self) -> Trial:
+        return self.item.trial
+
+    @property
+    def key(self) -> str:
+        return self.item.key
 
     @property
     def node_type(self) -> str | None:
@@ -215,18 +226,20 @@ class RayExecutor:
 
     def __init__(self, settings: RayExecutorConfig):
         self.settings = settings
-        self.skipped: list[tuple[Trial, str]] = []  # trials not run: (trial, why)
 
-    def run(self, trials: list[Trial], on_outcome: OnOutcome) -> None:
-        queue = self._unfinished(trials)
+    def run(self, planned: list[Planned], listener: Listener | None = None) -> LoopState:
+        listener = listener or Listener()
+        state = LoopState(len(planned))
+        queue = self._unfinished(planned, state, listener)
         if not queue:
-            return
+            return state
         ray = import_ray(loopback=is_loopback(self.settings.address) and not _ray_initialized())
         started_here = self._connect(ray)
         in_flight: dict = {}
         try:
             self._check_types(ray, queue)
-            self._loop(ray, queue, in_flight, on_outcome)
+            self._loop(ray, queue, in_flight, state, listener)
+            return state
         finally:
             for ref in in_flight:
                 try:
@@ -236,20 +249,22 @@ class RayExecutor:
             if started_here:
                 ray.shutdown()
 
-    def _unfinished(self, trials: list[Trial]) -> list[Attempt]:
-        """Trials without a valid result under their output root (and no earlier twin in this list)."""
-        done: dict = {}
-        queued: set[tuple] = set()
+    @staticmethod
+    def _unfinished(planned: list[Planned], state: LoopState, listener: Listener) -> list[Attempt]:
+        """Trials without a valid result under their results root (and no earlier twin in this list)."""
+        indexes: dict[Path, ResultIndex] = {}
+        queued: dict[tuple, Planned] = {}
         queue = []
-        for trial in trials:
-            key, root = trial_key(trial), output_root(trial)
-            if key in done.setdefault(root, completed_keys(root) if root.is_dir() else set()):
-                self.skipped.append((trial, "a valid result with the same key exists"))
-            elif (root, key) in queued:
-                self.skipped.append((trial, "same key as an earlier trial of this sweep"))
+        for item in planned:
+            existing = indexes.setdefault(item.index_root, ResultIndex(item.index_root)).find(item.key)
+            if existing is None and (item.root, item.key) in queued:
+                existing = Path(f"(same key as trial {queued[(item.root, item.key)].number} of this sweep)")
+            if existing is not None:
+                state.rows.append(Row(item, "skipped", None, existing))
+                listener.skipped(item, existing, state)
             else:
-                queued.add((root, key))
-                queue.append(Attempt(trial, key))
+                queued[(item.root, item.key)] = item
+                queue.append(Attempt(item))
         return queue
 
     def _connect(self, ray) -> bool:
@@ -277,7 +292,7 @@ class RayExecutor:
             if not any(n.matches(node_type) for n in nodes):
                 raise no_node_error(node_type, nodes)
 
-    def _loop(self, ray, queue: list[Attempt], in_flight: dict, on_outcome: OnOutcome) -> None:
+    def _loop(self, ray, queue: list[Attempt], in_flight: dict, state: LoopState, listener: Listener) -> None:
         remote = ray.remote(num_cpus=0, resources={NODE_RESOURCE: 1}, max_calls=1, max_retries=0,
                             retry_exceptions=False)(run_on_node)
         while queue or in_flight:
@@ -288,6 +303,7 @@ class RayExecutor:
                 if node is not None:
                     queue.remove(attempt)
                     busy.add(node.id)
+                    listener.starting(attempt.item, state)
                     in_flight[self._submit(ray, remote, attempt, node)] = attempt
             if not in_flight:
                 raise no_node_error(queue[0].node_type, nodes,
@@ -297,7 +313,9 @@ class RayExecutor:
                 attempt = in_flight.pop(ref)
                 measured = self._collect(ray, ref, attempt, queue)
                 if measured is not None:
-                    on_outcome(attempt.trial, commit(attempt.trial.cfg, measured))
+                    outcome = commit(measured)
+                    state.rows.append(Row(attempt.item, outcome.record.status, outcome.record, outcome.path))
+                    listener.finished(attempt.item, outcome, state)
 
     @staticmethod
     def _submit(ray, remote, attempt: Attempt, node: Node):
@@ -306,7 +324,7 @@ class RayExecutor:
         attempt.node, attempt.submitted = node, time.time()
         strategy = NodeAffinitySchedulingStrategy(node.id, soft=False)
         log.info("trial %s -> node %s", attempt.key, node.describe())
-        return remote.options(scheduling_strategy=strategy).remote(attempt.trial.cfg, node.identity(attempt.node_type))
+        return remote.options(scheduling_strategy=strategy).remote(attempt.trial, node.identity(attempt.node_type))
 
     def _collect(self, ray, ref, attempt: Attempt, queue: list[Attempt]) -> Measured | None:
         """The trial's Measured, stamped for the store; None when it was queued again after a node fault."""
@@ -317,20 +335,21 @@ class RayExecutor:
         try:
             measured = ray.get(ref)
         except RayTaskError as exc:  # raised inside the task: retrying would fail the same way
-            measured = failed_measured(attempt.trial.cfg, f"trial raised on node {attempt.node.describe()}: "
-                                       f"{_first_line(exc.cause or exc)}", {"node": node}, started, node=node)
+            cause = _first_line(exc.cause or exc)
+            failure = Failure("error", f"trial raised on node {attempt.node.describe()}: {cause}")
+            measured = failed_measured(attempt.trial, failure, {"node": node}, started)
         except RayError as exc:  # the worker or the node died
             attempt.failures.append({**node, "error": _first_line(exc)})
             if len(attempt.failures) <= attempt.max_retries:
                 log.warning("trial %s: %s on %s; retrying", attempt.key, _first_line(exc), attempt.node.describe())
                 queue.insert(0, attempt)
                 return None
-            reason = (f"Ray worker or node died {len(attempt.failures)} time(s), last on "
-                      f"{attempt.node.describe()}: {_first_line(exc)}")
-            measured = failed_measured(attempt.trial.cfg, reason, {"node": node}, started, node=node)
-        executor = {**measured.record.get("executor", {}), "name": "ray", "attempt": len(attempt.failures) + 1,
+            failure = Failure("crash", f"Ray worker or node died {len(attempt.failures)} time(s), last on "
+                                       f"{attempt.node.describe()}: {_first_line(exc)}")
+            measured = failed_measured(attempt.trial, failure, {"node": node}, started)
+        executor = {**(measured.record.executor or {}), "name": "ray", "attempt": len(attempt.failures) + 1,
                     "failed_attempts": attempt.failures}
-        return stamp(measured, attempt.trial, attempt.key, executor=executor)
+        return stamp(measured, node=measured.record.node or node, executor=executor)
 
 
 def _ray_initialized() -> bool:

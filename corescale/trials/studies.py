@@ -4,22 +4,25 @@
 - instances: 1..N instances of a fixed size (total throughput vs instances, ideal-linear line, efficiency)
 - batch:     one total batch B split over N instances sharing all cores (max instance latency, throughput)
 
-The grid and the table maths are pure; `run_study` runs the trials one at a time through the runner.
+The grid and the table maths are pure; `run_study` runs the trials through the one local loop (local.py):
+they resume by key (a valid result anywhere under the results root is reused) and a failed trial is recorded
+in the table, never the end of the study.
 """
 
 from __future__ import annotations
 
 import math
-import os
-import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from corescale.errors import UserError
+from corescale.overrides import override_key
+from corescale.results.record import TrialRecord
+from corescale.results.store import ms
 
 KINDS = ("cores", "instances", "batch")
 AXIS = {"cores": "cores", "instances": "instances", "batch": "instances"}  # the x of each study
@@ -30,7 +33,6 @@ OWNED_KEYS = {
     "batch": ("instances", "cores_per_instance", "threads", "layout", "batch_size", "output_dir"),
 }
 DEFAULT_TOTAL_BATCH = 8  # the original study's batch split
-FILES = {"csv": "study.csv", "figure": "study.png", "json": "study.json"}
 
 
 @dataclass(frozen=True)
@@ -46,10 +48,6 @@ def default_values(limit: int) -> list[int]:
     return values + [limit] if limit >= 1 else []
 
 
-def _key(override: str) -> str:
-    return override.split("=", 1)[0].lstrip("+~")
-
-
 def group_labels(groups: list[list[str]]) -> list[str]:
     """Per group, the overrides that are not common to all groups (what a legend should say)."""
     common = set.intersection(*(set(g) for g in groups)) if groups else set()
@@ -59,7 +57,7 @@ def group_labels(groups: list[list[str]]) -> list[str]:
 def check_overrides(kind: str, overrides: list[str]) -> None:
     if kind not in KINDS:
         raise UserError(f"unknown study '{kind}'; allowed: {', '.join(KINDS)}")
-    taken = sorted({_key(o) for o in overrides} & set(OWNED_KEYS[kind]) - {"output_dir"})
+    taken = sorted({override_key(o) for o in overrides} & set(OWNED_KEYS[kind]) - {"output_dir"})
     if taken:
         raise UserError(f"study '{kind}' sets {', '.join(taken)} itself; remove {' '.join(taken)} from the "
                         f"overrides (use --values to choose the {AXIS[kind]} counts)")
@@ -106,10 +104,10 @@ def trial_grid(kind: str, overrides: list[str], physical_cores: int, study_dir: 
     labels = group_labels(groups)
     trials = []
     for group, label in zip(groups, labels):
-        given = {_key(o) for o in group}
+        given = {override_key(o) for o in group}
         for value, extra in axis_trials(kind, compose(group), physical_cores, values):
-            extra = [o for o in extra if _key(o) not in given]  # the user's own setting stays (same value)
-            own = [o for o in group if _key(o) != "output_dir"]  # results go into the study directory
+            extra = [o for o in extra if override_key(o) not in given]  # the user's own setting stays (same value)
+            own = [o for o in group if override_key(o) != "output_dir"]  # results go into the study directory
             trials.append(StudyTrial(tuple([*own, *extra, f"output_dir={study_dir}"]), label, value))
     return trials
 
@@ -117,40 +115,40 @@ def trial_grid(kind: str, overrides: list[str], physical_cores: int, study_dir: 
 # ---- the table -------------------------------------------------------------------------------------------
 
 
-def _ms(value):
-    return value * 1e3 if value is not None else np.nan
+def _ms(seconds: float | None) -> float:
+    value = ms(seconds)
+    return np.nan if value is None else value
 
 
-def trial_row(kind: str, trial: StudyTrial, record: dict, path) -> dict:
+def trial_row(kind: str, trial: StudyTrial, record: TrialRecord, path) -> dict:
     """One table row from a trial's result record (failed trials keep NaN figures)."""
-    cfg = record["config"]
-    plan = record["plan"]["instances"]
-    metrics = record.get("metrics") or {}
-    latency = metrics.get("latency_s") or {}
+    cfg = record.config
+    placed = record.placed
+    m = record.metrics
+    latency = m.latency_s if m else {}
     return {
         "study": kind,
         "group": trial.group,
         AXIS[kind]: trial.value,
-        "model": cfg["model"],
-        "backend": cfg["backend"],
-        "sequence_length": cfg["sequence_length"],
-        "batch_size": (cfg["total_batch_size"] // cfg["instances"]) if cfg.get("total_batch_size") else
-        cfg["batch_size"],
-        "total_batch_size": cfg.get("total_batch_size") or cfg["batch_size"] * cfg["instances"],
-        "instances": cfg["instances"],
-        "cores_per_instance": len(plan[0]["cpus"]) if plan else np.nan,
-        "total_cores": sum(len(i["cpus"]) for i in plan),
-        "status": record["status"],
-        "valid": bool(record.get("valid")),
-        "contaminated": bool(metrics.get("contaminated", False)),
-        "foreign_load": metrics.get("foreign_load", np.nan),
+        "model": cfg.model,
+        "backend": cfg.backend.name,
+        "sequence_length": cfg.sequence_length,
+        "batch_size": cfg.instance_batch_size,
+        "total_batch_size": cfg.total_batch_size or cfg.batch_size * cfg.instances,
+        "instances": cfg.instances,
+        "cores_per_instance": len(placed[0]["cpus"]) if placed else np.nan,
+        "total_cores": sum(len(i["cpus"]) for i in placed),
+        "status": record.status,
+        "valid": record.valid,
+        "contaminated": bool(m and m.contaminated),
+        "foreign_load": m.foreign_load if m else np.nan,
         "latency_p50_ms": _ms(latency.get("p50")),
         "latency_mean_ms": _ms(latency.get("mean")),
         "latency_p90_ms": _ms(latency.get("p90")),
         "latency_p99_ms": _ms(latency.get("p99")),
-        "max_instance_p50_ms": _ms(metrics.get("max_instance_p50_s")),
-        "throughput_samples_per_s": metrics.get("throughput_samples_per_s", np.nan),
-        "throughput_tokens_per_s": metrics.get("throughput_tokens_per_s", np.nan),
+        "max_instance_p50_ms": _ms(m.max_instance_p50_s) if m else np.nan,
+        "throughput_samples_per_s": m.throughput_samples_per_s if m else np.nan,
+        "throughput_tokens_per_s": m.throughput_tokens_per_s if m else np.nan,
         "path": str(path) if path is not None else "",
     }
 
@@ -196,109 +194,71 @@ def study_frame(kind: str, rows: list[dict]) -> pd.DataFrame:
 # ---- files -----------------------------------------------------------------------------------------------
 
 
-def write_csv_atomic(frame: pd.DataFrame, path: Path) -> None:
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=".tmp-", suffix=".csv", delete=False) as tmp:
-        frame.to_csv(tmp, index=False)
-    os.replace(tmp.name, path)
-
-
 def study_dir_name(kind: str) -> str:
     return f"study-{kind}-{time.strftime('%Y%m%d-%H%M%S')}"
-
-
-FIGURES = {"cores": "cores_figure", "instances": "instances_figure", "batch": "batch_figure"}
-
-
-def write_outputs(kind: str, study_dir: Path, frame: pd.DataFrame, document: dict) -> dict[str, Path]:
-    """study.csv, study.png, study.json in the study directory (each written whole, then renamed)."""
-    from corescale.report import plots
-    from corescale.results.files import write_json_atomic
-
-    paths = {name: study_dir / file for name, file in FILES.items()}
-    write_csv_atomic(frame, paths["csv"])
-    plots.save_figure(getattr(plots, FIGURES[kind])(frame), paths["figure"])
-    table = frame.replace({np.nan: None}).to_dict(orient="records")
-    write_json_atomic(paths["json"], {**document, "table": table, "files": FILES})
-    return paths
 
 
 # ---- running -------------------------------------------------------------------------------------------
 
 
-def run_study(kind: str, overrides: list[str], values: list[int] | None = None, progress: bool = True,
-              fail_fast: bool = False, topology=None) -> tuple[pd.DataFrame, dict[str, Path], int]:
-    """Runs every trial strictly one at a time; returns (table, files, failed trial count)."""
-    from corescale.machine import environment
+@dataclass
+class StudyResult:
+    """A study's table and JSON document; report/study.py writes them (and the figure) into `study_dir`."""
+
+    kind: str
+    study_dir: Path
+    frame: pd.DataFrame
+    document: dict
+    state: object  # the loop's LoopState
+    reused: list[Path] = field(default_factory=list)  # results of earlier runs that this study resumed from
+
+    @property
+    def failures(self) -> int:
+        return int((self.frame["status"] != "ok").sum()) if "status" in self.frame else 0
+
+
+def plan_study(kind: str, overrides: list[str], values: list[int] | None = None, topology=None):
+    """(study dir, trials, planned loop items): every trial composed and checked before any runs."""
     from corescale.machine.topology import Topology
-    from corescale.measure.runner import execute, prepare_trial
     from corescale.overrides import compose, expand_sweep
-    from corescale.report.console import TrialProgress, console, errors
-    from corescale.trials.sweep import machine_lock
+    from corescale.trials.sweep import plan_sweep
 
     topology = topology or Topology.from_sysfs()
     check_overrides(kind, overrides)
     first = compose(expand_sweep(overrides)[0] if overrides else [])  # output_dir is shared by all trials
-    study_dir = Path(os.path.expanduser(first.output_dir)) / study_dir_name(kind)
+    study_dir = first.results_root / study_dir_name(kind)
     trials = trial_grid(kind, overrides, len(topology.physical_cores), study_dir, values)
-    prepared = [prepare_trial(compose(list(t.overrides)), topology) for t in trials]  # all checked first
-    host = environment.capture()
+    planned = plan_sweep([list(t.overrides) for t in trials], topology)
+    for item, trial in zip(planned, trials):
+        item.label = f"{AXIS[kind]}={trial.value}" + (f" {trial.group}" if trial.group else "")
+        item.resume_root = first.results_root  # earlier studies and runs under the same root count
+    return study_dir, trials, planned, topology
+
+
+def run_study(kind: str, overrides: list[str], values: list[int] | None = None, listener=None,
+              fail_fast: bool = False, topology=None, resume: bool = True) -> StudyResult:
+    """Runs the study's trials through the local loop; returns the table, its document and the loop state."""
+    from corescale.machine import environment
+    from corescale.results.files import read_result
+    from corescale.trials.local import run_trials
+
+    study_dir, trials, planned, topology = plan_study(kind, overrides, values, topology)
     study_dir.mkdir(parents=True, exist_ok=True)
-    rows, runs, failures = [], [], 0
-    for number, (trial, prep) in enumerate(zip(trials, prepared), 1):
-        label = f"{AXIS[kind]}={trial.value}" + (f" {trial.group}" if trial.group else "")
-        console.print(f"[bold]{kind} study {number}/{len(trials)}[/bold]: {label}")
-        with TrialProgress(prep.cfg, enabled=progress) as bars, machine_lock():  # no other trial overlaps
-            outcome = execute(prep, on_event=bars, host=host)
-        rows.append(trial_row(kind, trial, outcome.record, outcome.path))
-        runs.append({"overrides": list(trial.overrides), "path": str(outcome.path), "status": outcome.record["status"],
-                     "reason": outcome.record.get("reason")})
-        if not outcome.ok:
-            failures += 1
-            errors.print(f"[red]trial {number} failed:[/red] {outcome.record['reason']}")
-            if fail_fast:
-                break
-        else:
-            console.print(summary_line(rows[-1]))
+    state = run_trials(planned, listener, resume=resume, fail_fast=fail_fast)
+    by_item = {id(row.item): row for row in state.rows}
+    rows, runs, reused = [], [], []
+    for item, trial in zip(planned, trials):
+        row = by_item.get(id(item))
+        if row is None:  # not run: --fail-fast stopped the study first
+            continue
+        record = row.record if row.record is not None else read_result(row.path)
+        if row.status == "skipped":
+            reused.append(row.path)
+        rows.append(trial_row(kind, trial, record, row.path))
+        runs.append({"overrides": list(trial.overrides), "path": str(row.path), "status": record.status,
+                     "reason": record.reason, "resumed": row.status == "skipped", "trial_key": record.trial_key})
     frame = study_frame(kind, rows)
     document = {"study": kind, "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "overrides": overrides,
-                "values": values, "topology": topology.describe(), "environment": host, "trials": runs,
-                "failed_trials": failures}
-    return frame, write_outputs(kind, study_dir, frame, document), failures
-
-
-def summary_line(row: dict) -> str:
-    flag = " [yellow](contaminated)[/yellow]" if row["contaminated"] else ""
-    return (f"  p50 {row['latency_p50_ms']:.2f} ms · max instance p50 {row['max_instance_p50_ms']:.2f} ms · "
-            f"{row['throughput_samples_per_s']:.2f} samples/s{flag}")
-
-
-COLUMNS = {  # what the printed table shows, per study: (column, header, format)
-    "cores": [("cores", "cores", "{:.0f}"), ("latency_p50_ms", "p50 ms", "{:.2f}"),
-              ("latency_p99_ms", "p99 ms", "{:.2f}"), ("speedup", "speedup", "{:.2f}x"),
-              ("efficiency", "efficiency", "{:.0%}")],
-    "instances": [("instances", "instances", "{:.0f}"), ("cores_per_instance", "cores each", "{:.0f}"),
-                  ("throughput_samples_per_s", "samples/s", "{:.2f}"),
-                  ("ideal_throughput_samples_per_s", "ideal samples/s", "{:.2f}"),
-                  ("efficiency", "efficiency", "{:.0%}"), ("max_instance_p50_ms", "max p50 ms", "{:.2f}")],
-    "batch": [("instances", "instances", "{:.0f}"), ("cores_per_instance", "cores each", "{:.0f}"),
-              ("batch_size", "batch each", "{:.0f}"), ("max_instance_p50_ms", "max p50 ms", "{:.2f}"),
-              ("throughput_samples_per_s", "samples/s", "{:.2f}"), ("throughput_gain", "gain", "{:.2f}x")],
-}
-
-
-def rich_table(kind: str, frame: pd.DataFrame):
-    from rich.table import Table
-
-    table = Table(title=f"{kind} study", header_style="bold")
-    columns = [c for c in COLUMNS[kind] if c[0] in frame]
-    show_group = frame["group"].astype(bool).any()
-    if show_group:
-        table.add_column("group")
-    for _, header, _ in columns:
-        table.add_column(header, justify="right")
-    table.add_column("status")
-    for _, row in frame.iterrows():
-        cells = [fmt.format(row[col]) if pd.notna(row[col]) else "-" for col, _, fmt in columns]
-        status = "contaminated" if row["status"] == "ok" and row["contaminated"] else row["status"]
-        table.add_row(*([row["group"]] if show_group else []), *cells, status)
-    return table
+                "values": values, "topology": topology.describe(), "environment": environment.capture(),
+                "trials": runs, "failed_trials": int((frame["status"] != "ok").sum()) if rows else 0}
+    return StudyResult(kind, study_dir, frame, document, state, reused)

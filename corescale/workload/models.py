@@ -6,13 +6,12 @@ validate against. `build_torch_model` runs inside the worker.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from corescale.errors import UserError
+from corescale.errors import UserError, read_json
 
 _BERT = dict(model_type="bert", vocab_size=30522, max_position_embeddings=512, type_vocab_size=2,
              hidden_act="gelu", layer_norm_eps=1e-12)
@@ -98,10 +97,7 @@ def _local_spec(name: str, path: Path) -> ModelSpec:
     config_file = path / "config.json"
     if not config_file.is_file():
         raise UserError(f"model directory '{name}' has no config.json")
-    try:
-        config = json.loads(config_file.read_text())
-    except ValueError as exc:
-        raise UserError(f"model directory '{name}': config.json is not valid JSON ({exc})") from None
+    config = read_json(config_file, f"model directory '{name}': config.json")
     return ModelSpec(name=name, source="local", config=config, path=str(path.resolve()))
 
 

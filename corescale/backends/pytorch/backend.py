@@ -101,7 +101,7 @@ class CompileBackend(EagerBackend):
     name = "torch_compile"
 
     def load(self, spec, cfg, threads, inputs) -> None:
-        self.mode = cfg.compile_mode
+        self.mode = cfg.backend.mode
         super().load(spec, cfg, threads, inputs)
 
     def optimize(self, inputs) -> None:

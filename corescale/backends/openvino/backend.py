@@ -42,7 +42,7 @@ class OpenVinoBackend(TimedStages):
         config = {
             "INFERENCE_NUM_THREADS": threads,
             "NUM_STREAMS": 1,  # one stream per instance: instances are the unit of parallelism here
-            "PERFORMANCE_HINT": cfg.ov_performance_hint,
+            "PERFORMANCE_HINT": cfg.backend.performance_hint,
             # explicit: OpenVINO would otherwise pick bf16 by itself on CPUs that have it
             "INFERENCE_PRECISION_HINT": INFERENCE_PRECISIONS[cfg.precision],
         }

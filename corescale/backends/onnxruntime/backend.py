@@ -9,14 +9,15 @@ import onnxruntime as ort
 
 from corescale.backends.base import TimedStages, require_precision, unbind_calling_thread
 from corescale.backends.onnx_export import drop_if_hit, onnx_model
-from corescale.config import ORT_EXECUTION_MODES, ORT_GRAPH_OPTIMIZATION_LEVELS
+from corescale.backends.onnxruntime.options import EXECUTION_MODES as MODE_NAMES
+from corescale.backends.onnxruntime.options import GRAPH_OPTIMIZATION_LEVELS as LEVEL_NAMES
 from corescale.errors import UserError
 
-# keyed by the names config.validate() accepts
-GRAPH_OPTIMIZATION_LEVELS = dict(zip(ORT_GRAPH_OPTIMIZATION_LEVELS, (
+# keyed by the names OnnxRuntimeOptions accepts
+GRAPH_OPTIMIZATION_LEVELS = dict(zip(LEVEL_NAMES, (
     ort.GraphOptimizationLevel.ORT_DISABLE_ALL, ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
     ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED, ort.GraphOptimizationLevel.ORT_ENABLE_ALL)))
-EXECUTION_MODES = dict(zip(ORT_EXECUTION_MODES, (ort.ExecutionMode.ORT_SEQUENTIAL, ort.ExecutionMode.ORT_PARALLEL)))
+EXECUTION_MODES = dict(zip(MODE_NAMES, (ort.ExecutionMode.ORT_SEQUENTIAL, ort.ExecutionMode.ORT_PARALLEL)))
 PRECISIONS = ("fp32", "int8")
 # encoders that onnxruntime's transformer optimizer fuses with its model_type "bert"
 FUSION_MODEL_TYPES = ("bert", "roberta", "xlm-roberta", "camembert", "distilbert", "electra")
@@ -25,7 +26,7 @@ FUSION_MODEL_TYPES = ("bert", "roberta", "xlm-roberta", "camembert", "distilbert
 def fuse(spec):
     """Builder for the fused variant: Attention, EmbedLayerNormalization, SkipLayerNormalization, BiasGelu."""
     if spec.model_type not in FUSION_MODEL_TYPES:
-        raise UserError(f"ort_fusion=true does not know model type '{spec.model_type}'; "
+        raise UserError(f"backend.fusion=true does not know model type '{spec.model_type}'; "
                         f"supported: {', '.join(FUSION_MODEL_TYPES)}")
 
     def build(source, target, large):
@@ -53,13 +54,13 @@ class OnnxRuntimeBackend(TimedStages):
     def load(self, spec, cfg, threads, inputs) -> None:
         require_precision(self.name, cfg.precision, PRECISIONS)
         options = ort.SessionOptions()
-        options.graph_optimization_level = GRAPH_OPTIMIZATION_LEVELS[cfg.ort_graph_optimization_level]
-        options.execution_mode = EXECUTION_MODES[cfg.ort_execution_mode]
+        options.graph_optimization_level = GRAPH_OPTIMIZATION_LEVELS[cfg.backend.graph_optimization_level]
+        options.execution_mode = EXECUTION_MODES[cfg.backend.execution_mode]
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = cfg.interop_threads
         model = onnx_model(spec, cfg, inputs, self)
         self.cache_hits = {"export": model.cache_hit}
-        steps = [("fuse", f"fused-ort{ort.__version__}", fuse(spec))] if cfg.ort_fusion else []
+        steps = [("fuse", f"fused-ort{ort.__version__}", fuse(spec))] if cfg.backend.fusion else []
         if cfg.precision == "int8":
             steps.append(("quantize", f"int8-ort{ort.__version__}", quantize))
         for stage, variant, build in steps:  # each a cached derivative of the previous model

@@ -1,0 +1,1 @@
+"""ONNX Runtime on the cached ONNX export."""

@@ -1,0 +1,1 @@
+"""OpenVINO's CPU plugin on the cached ONNX export."""

@@ -1,0 +1,1 @@
+"""PyTorch family: eager, TorchScript, torch.compile."""

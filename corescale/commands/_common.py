@@ -1,0 +1,53 @@
+"""Helpers shared by the commands (discovery skips modules whose names start with `_`)."""
+
+from __future__ import annotations
+
+
+def add_loop_options(parser, what: str = "trial") -> None:
+    """Options of every command that runs trials through the loop."""
+    parser.add_argument("--fail-fast", action="store_true", help=f"stop at the first failed {what}")
+    parser.add_argument("--no-progress", action="store_true", help="no live progress display")
+    parser.add_argument("--rerun", action="store_true",
+                        help="measure every trial again, even those with a valid result under the results root")
+
+
+def add_selection(parser) -> None:
+    """Options shared by every command that reads a results root."""
+    parser.add_argument("--where", action="append", default=[], metavar="COL=VALUE",
+                        help="keep rows matching (repeatable; =, !=, <, <=, >, >=; a,b for any of)")
+    parser.add_argument("--all", action="store_true", help="every attempt, not only the latest per trial key")
+
+
+def print_wide(renderable) -> None:
+    """Tables printed to a pipe or file are not wrapped at 80 columns."""
+    from rich.console import Console
+
+    from corescale.report.console import console
+
+    (console if console.is_terminal else Console(highlight=False, width=220)).print(renderable)
+
+
+def load_table(root, args):
+    """The table, with unreadable files reported on stderr (one line each) and skipped."""
+    from rich.markup import escape
+
+    from corescale.report.console import errors
+    from corescale.results import store
+
+    table = store.load(root, latest=not args.all, where=args.where)
+    for _path, reason in table.problems:
+        errors.print(f"[yellow]skipped:[/yellow] {escape(reason)}", soft_wrap=True)
+    if table.unfinished:
+        errors.print(f"note: {table.unfinished} unfinished run dir(s) (.tmp-*: killed or still running) ignored")
+    return table
+
+
+def write_csv(frame, dest: str) -> None:
+    """CSV to stdout ('-') or to a file, written whole (temp file + rename)."""
+    from corescale.results.files import write_atomic
+
+    text = frame.to_csv(index=False)
+    if dest == "-":
+        print(text, end="")
+        return
+    write_atomic(dest, text, "--csv")

@@ -1,0 +1,283 @@
+"""The typed result of one trial: `TrialRecord` (+ `RunMetrics`, `InstanceMetrics`, `Failure`), its JSON form
+and the migrations that read every older schema.
+
+JSON is the record's dataclass fields as they are, plus `schema_version` and a derived `reason` line for people
+reading the file. Records written by corescale 0.1 (schema 1) are migrated on load: backend options move into
+the `backend` group, failures become a `Failure`, keys are recomputed under today's definition and the old ones
+kept in `legacy_keys`, so resume and latest-per-key still find them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from corescale.config import BenchmarkConfig, migrate_config_v1
+from corescale.errors import UserError
+
+SCHEMA_VERSION = 2
+FAILURE_KINDS = ("user", "crash", "timeout", "signal", "error", "drift", "interrupted")
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why a trial did not give a valid measurement; made once where it happens, never parsed back."""
+
+    kind: str  # one of FAILURE_KINDS
+    message: str
+    instance: int | None = None  # the instance at fault, None when the trial failed as a whole
+    exit_code: int | None = None
+    signal: str | None = None
+    stderr_tail: str = ""
+    traceback: str | None = None
+
+    @property
+    def reason(self) -> str:
+        """The one line shown to people."""
+        prefix = {"user": "bad input: "}.get(self.kind, "")
+        where = f"instance {self.instance}: " if self.instance is not None and self.kind != "user" else ""
+        return f"{prefix}{where}{self.message}"
+
+    @classmethod
+    def from_exception(cls, exc: BaseException) -> Failure:
+        """A UserError keeps its one line; anything else keeps its type and traceback."""
+        if isinstance(exc, UserError):
+            return cls("user", str(exc))
+        return cls("error", f"{type(exc).__name__}: {exc}", traceback="".join(
+            traceback.format_exception(type(exc), exc, exc.__traceback__)))
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Failure:
+        return cls(**{k: v for k, v in data.items() if k in _names(cls)})
+
+
+@dataclass
+class InstanceMetrics:
+    id: int
+    cpus: list[int]
+    threads: int
+    batch_size: int
+    start_skew_ms: float  # how late the instance's first timed call began after the common start
+    latency_s: dict[str, float]  # stats.Measurement.summary()
+    samples_in_window: float
+    throughput_samples_per_s: float
+    throughput_tokens_per_s: float
+    cpu_utilisation: float
+    foreign_load: float
+    contaminated: bool
+    peak_rss_bytes: int
+    sgemm_gflops: float | None
+    load_seconds: float
+    stage_seconds: dict[str, float]
+    warmup_iterations: int
+    warmup_converged: bool
+
+
+@dataclass
+class RunMetrics:
+    window_s: float
+    window_start_ns: int
+    window_end_ns: int
+    max_start_skew_ms: float
+    samples_in_window: float
+    throughput_samples_per_s: float
+    throughput_tokens_per_s: float
+    latency_s: dict[str, float]  # pooled over instances
+    max_instance_p50_s: float
+    gflops_per_s: float
+    sgemm_peak_gflops: float | None
+    percent_of_peak: float | None
+    flops_per_sample: float
+    peak_rss_bytes: int
+    cpu_utilisation: float
+    foreign_load: float
+    contaminated: bool
+    contaminated_instances: list[int]
+    load_seconds: float
+    instances: list[InstanceMetrics]
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RunMetrics:
+        data = _known(cls, data)
+        data["instances"] = [InstanceMetrics(**_known(InstanceMetrics, inst)) for inst in data.get("instances", [])]
+        return cls(**data)
+
+
+@dataclass
+class Partial:
+    """What a failed trial still measured: finished instances' metrics, flagged invalid."""
+
+    states: dict[str, dict[str, Any]]  # per instance: state, calls done and pid when the trial ended
+    finished_instances: list[int]
+    metrics: RunMetrics | None = None
+
+
+@dataclass
+class TrialRecord:
+    config: BenchmarkConfig
+    key: str  # config.key(): the measured fields
+    trial_key: str  # config key + model identity (+ a local model's files): what resume looks up
+    model: dict[str, Any]  # ModelSpec.identity()
+    plan: dict[str, Any]  # Plan.to_dict()
+    environment: dict[str, Any]
+    started_at: str
+    status: str = "ok"  # ok | failed
+    valid: bool = True  # False: the figures (if any) must not be trusted or compared
+    failure: Failure | None = None
+    metrics: RunMetrics | None = None
+    partial: Partial | None = None
+    drift: dict[str, Any] | None = None
+    instances: list[dict[str, Any]] = field(default_factory=list)  # each worker's own report
+    specs: list[dict[str, Any]] = field(default_factory=list)  # InstanceSpec.to_json() of each instance
+    elapsed_s: float | None = None
+    finished_at: float | None = None  # epoch seconds, stamped by the trial loop
+    lock_wait_s: float | None = None
+    sgemm_reused_instances: list[int] = field(default_factory=list)
+    node: dict[str, Any] | None = None  # Ray: where it ran
+    executor: dict[str, Any] | None = None
+    legacy_keys: list[str] = field(default_factory=list)  # keys this trial had under older key definitions
+    schema_migrated_from: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def valid_ok(self) -> bool:
+        return self.status == "ok" and self.valid
+
+    @property
+    def reason(self) -> str | None:
+        return self.failure.reason if self.failure else None
+
+    def fail(self, failure: Failure, valid: bool = False) -> TrialRecord:
+        self.status, self.failure, self.valid = "failed", failure, valid
+        return self
+
+    @property
+    def placed(self) -> list[dict[str, Any]]:
+        """Per instance: its CPUs and the threads it really ran (the override applied)."""
+        if self.specs:
+            return self.specs
+        return list(self.plan.get("instances") or [])
+
+    def to_json(self) -> dict[str, Any]:
+        data = {"schema_version": SCHEMA_VERSION}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            data[f.name] = value.to_dict() if isinstance(value, BenchmarkConfig) else _plain(value)
+        data["reason"] = self.reason
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> TrialRecord:
+        """Any schema this version knows; newer ones are refused (ValueError)."""
+        version = data.get("schema_version")
+        if version == 1:
+            data = migrate_v1(data)
+        elif version != SCHEMA_VERSION:
+            raise ValueError(f"schema_version {version!r} (this corescale reads 1 and {SCHEMA_VERSION})")
+        data = _known(cls, data)
+        data["config"] = BenchmarkConfig.from_dict(data["config"])
+        if data.get("failure"):
+            data["failure"] = Failure.from_json(data["failure"])
+        if data.get("metrics"):
+            data["metrics"] = RunMetrics.from_json(data["metrics"])
+        if data.get("partial"):
+            partial = dict(data["partial"])
+            partial["metrics"] = RunMetrics.from_json(partial["metrics"]) if partial.get("metrics") else None
+            data["partial"] = Partial(**_known(Partial, partial))
+        return cls(**data)
+
+
+# --- keys ------------------------------------------------------------------------------------------------------
+
+def model_files(path: str | None) -> list | None:
+    """Names, sizes and mtimes of a local model directory's files: a changed weight file changes the key."""
+    if not path or not Path(path).is_dir():
+        return None
+    return [[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in sorted(Path(path).iterdir())
+            if p.is_file() and not p.name.startswith(".")]
+
+
+def trial_key(config_key: str, model_identity: dict, files: list | None = None) -> str:
+    """Resume key: the config key plus the model identity (and a local model's file listing)."""
+    blob = json.dumps({"config": config_key, "model": model_identity, "files": files}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def spec_key(cfg: BenchmarkConfig, spec) -> str:
+    """The trial key of a config and a resolved ModelSpec."""
+    return trial_key(cfg.key(), spec.identity(), model_files(spec.path) if spec.source == "local" else None)
+
+
+# --- migrations -------------------------------------------------------------------------------------------------
+
+def migrate_v1(data: dict[str, Any]) -> dict[str, Any]:
+    """0.1.0's dict record -> schema 2 fields."""
+    data = dict(data)
+    old_key = data.get("trial_key") or trial_key(data.get("key", ""), data.get("model") or {})
+    config = BenchmarkConfig.from_dict(migrate_config_v1(data["config"]))
+    data["config"] = config.to_dict()
+    data["key"] = config.key()
+    data["trial_key"] = trial_key(data["key"], data.get("model") or {})
+    data["legacy_keys"] = [old_key]
+    data["failure"] = _failure_v1(data)
+    partial = data.get("partial")
+    if partial is not None:
+        data["partial"] = {"states": partial.get("states") or {}, "finished_instances":
+                           partial.get("finished_instances") or [], "metrics": partial.get("metrics")}
+    data["schema_migrated_from"] = 1
+    return data
+
+
+def _failure_v1(data: dict[str, Any]) -> dict[str, Any] | None:
+    if data.get("status") == "ok":
+        return None
+    old = data.get("failure") or {}
+    reason = data.get("reason") or old.get("reason") or "failed"
+    if old.get("user_error") or data.get("user_error"):
+        kind = "user"
+    elif old.get("signal"):
+        kind = "signal"
+    elif "timed out" in reason:
+        kind = "timeout"
+    elif data.get("drift") and not data["drift"].get("within_tolerance", True):
+        kind = "drift"
+    elif old:
+        kind = "crash"
+    else:
+        kind = "error"
+    message = old.get("message") or reason.removeprefix("bad input: ")
+    if old.get("instance") is not None and message.startswith(f"instance {old['instance']}"):
+        message = message[len(f"instance {old['instance']}"):].lstrip(": ")
+    return {"kind": kind, "message": message, "instance": old.get("instance"), "exit_code": old.get("exit_code"),
+            "signal": old.get("signal"), "stderr_tail": old.get("stderr_tail") or "",
+            "traceback": old.get("traceback") or data.get("traceback")}
+
+
+# --- helpers ----------------------------------------------------------------------------------------------------
+
+def _names(cls) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls)}
+
+
+def _known(cls, data: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in data.items() if k in _names(cls)}
+
+
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value):
+        return dataclasses.asdict(value)
+    return value

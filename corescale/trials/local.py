@@ -1,0 +1,178 @@
+"""The one local trial loop: `run`, `run -m`, every `study` (and later `tune` and server runs) go through it.
+
+For each planned trial, strictly one at a time (timing must not share cores): resume (a valid result with the
+same key under the trial's results root is reused, not measured again) -> machine lock -> measure in fresh
+pinned worker processes -> stamp -> commit atomically -> tell the listener. A trial that raises becomes a
+failed record with its reason (or, with keep_going=False, the error ends the loop). Nothing here draws: the
+listener (the command's) does. The Ray executor (ray.py) is the only other loop and shares stamp and commit.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import tempfile
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from corescale.machine import environment
+from corescale.measure.runner import Measured, Trial, TrialOutcome, commit, failed_measured, measure
+from corescale.results.record import Failure, TrialRecord
+from corescale.results.store import ResultIndex
+
+LOCK_PATH = Path(tempfile.gettempdir()) / "corescale-trials.lock"
+
+
+@dataclass
+class Planned:
+    """A trial of a loop: its number, the overrides it came from and a label telling it apart from the others."""
+
+    number: int
+    overrides: list[str]
+    trial: Trial
+    label: str = ""
+    resume_root: Path | None = None  # where earlier results count for resume (default: the results root)
+
+    @property
+    def key(self) -> str:
+        return self.trial.key
+
+    @property
+    def root(self) -> Path:
+        return self.trial.cfg.results_root
+
+    @property
+    def index_root(self) -> Path:
+        return self.resume_root or self.root
+
+
+@dataclass
+class Row:
+    item: Planned
+    status: str  # ok | failed | skipped
+    record: TrialRecord | None
+    path: Path | None
+
+
+@dataclass
+class LoopState:
+    """What a loop has done so far; feeds the ETA and the closing summary."""
+
+    total: int
+    rows: list[Row] = field(default_factory=list)
+    measured_seconds: list[float] = field(default_factory=list)
+    stopped: bool = False  # --fail-fast ended the loop early
+
+    def eta_seconds(self, remaining: int) -> float | None:
+        if not self.measured_seconds:
+            return None
+        return remaining * sum(self.measured_seconds) / len(self.measured_seconds)
+
+    def count(self, status: str) -> int:
+        return sum(1 for row in self.rows if row.status == status)
+
+    @property
+    def failed(self) -> int:
+        return self.count("failed")
+
+
+class Listener:
+    """What a loop tells whoever shows it (every method may be left as it is: the loop works silently)."""
+
+    def skipped(self, item: Planned, existing: Path, state: LoopState) -> None: ...
+
+    def starting(self, item: Planned, state: LoopState) -> None: ...
+
+    def worker_event(self, item: Planned, instance: int, event: dict[str, Any]) -> None: ...
+
+    def finished(self, item: Planned, outcome: TrialOutcome, state: LoopState) -> None: ...
+
+
+@contextmanager
+def machine_lock(path: Path = LOCK_PATH, on_wait=None):
+    """One trial at a time on this machine, across processes (released by the kernel if we die).
+
+    Yields the seconds spent waiting for another process's trial; on_wait(path) is called before waiting."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    started = time.monotonic()
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if on_wait:
+                on_wait(path)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield time.monotonic() - started
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+def stamp(measured: Measured, **fields) -> Measured:
+    """What the driver adds before committing: when it finished, how long it waited, where it ran."""
+    measured.record.finished_at = time.time()
+    for name, value in fields.items():
+        setattr(measured.record, name, value)
+    return measured
+
+
+def run_trial(trial: Trial, host: dict | None = None, on_event=None, sgemm: dict | None = None,
+              keep_going: bool = True, on_lock_wait=None) -> TrialOutcome:
+    """Measure under the machine lock, then commit (failures too). keep_going: errors become failed records."""
+    started = time.time()
+    host = {**(host or environment.capture()), "load_average": list(os.getloadavg())}
+    sgemm = sgemm if sgemm is not None else {}
+    with machine_lock(on_wait=on_lock_wait) as waited:
+        try:
+            measured = measure(trial, on_event, host, sgemm)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except Exception as exc:  # noqa: BLE001 - one broken trial must not end the loop
+            if not keep_going:
+                raise
+            measured = failed_measured(trial, Failure.from_exception(exc), host, started)
+        reused = [spec["id"] for spec in measured.record.specs if trial.cfg.calibrate and spec["sgemm_gflops"]]
+        # still holding the lock: no other trial ran before this instant
+        stamp(measured, lock_wait_s=waited, sgemm_reused_instances=reused, executor={"name": "local"})
+    return commit(measured)
+
+
+def remember_sgemm(record: TrialRecord, known: dict) -> None:
+    """SGEMM rates a trial calibrated, by (cpus, threads it ran): later trials on the same cores skip it."""
+    by_id = {spec["id"]: spec for spec in record.specs}
+    for report in record.instances:
+        spec = by_id.get(report.get("instance"))
+        if spec is not None and report.get("sgemm_gflops"):
+            known[(tuple(spec["cpus"]), spec["threads"])] = report["sgemm_gflops"]
+
+
+def run_trials(planned: list[Planned], listener: Listener | None = None, resume: bool = True,
+               fail_fast: bool = False, keep_going: bool = True, on_lock_wait=None) -> LoopState:
+    """Every planned trial, in order; returns what happened to each."""
+    listener = listener or Listener()
+    host = environment.capture()  # once per loop: the machine does not change between trials
+    sgemm: dict = {}
+    indexes: dict[Path, ResultIndex] = {}
+    state = LoopState(len(planned))
+    for item in planned:
+        index = indexes.setdefault(item.index_root, ResultIndex(item.index_root))
+        existing = index.find(item.key) if resume else None
+        if existing is not None:
+            state.rows.append(Row(item, "skipped", None, existing))
+            listener.skipped(item, existing, state)
+            continue
+        listener.starting(item, state)
+        started = time.monotonic()
+        outcome = run_trial(item.trial, host, lambda i, e, item=item: listener.worker_event(item, i, e), sgemm,
+                            keep_going, on_lock_wait)
+        state.measured_seconds.append(time.monotonic() - started)
+        remember_sgemm(outcome.record, sgemm)
+        index.refresh()
+        state.rows.append(Row(item, outcome.record.status, outcome.record, outcome.path))
+        listener.finished(item, outcome, state)
+        if not outcome.ok and fail_fast:
+            state.stopped = True
+            break
+    return state

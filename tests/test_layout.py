@@ -1,0 +1,77 @@
+"""The package's shape: stages as packages, the only top-level modules, no import cycle, data flowing one way."""
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "corescale"
+TOP_LEVEL = {"__init__.py", "__main__.py", "cli.py", "errors.py", "config.py", "overrides.py"}
+# each stage may import the ones before it, never one after it (commands and cli sit on top)
+ORDER = ["errors", "backends.options", "config", "overrides", "workload", "machine", "results", "measure",
+         "backends", "trials", "report", "commands", "cli"]
+
+
+def imports() -> dict[str, set[str]]:
+    """module -> corescale modules it imports (module level and inside functions)."""
+    graph = {}
+    for path in PACKAGE.rglob("*.py"):
+        name = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__")
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("corescale"):
+                found.add(node.module)
+                found.update(f"{node.module}.{a.name}" for a in node.names)
+            elif isinstance(node, ast.Import):
+                found.update(a.name for a in node.names if a.name.startswith("corescale"))
+        graph[name] = found
+    return {m: {i for i in targets if i in graph} for m, targets in graph.items()}
+
+
+def stage(module: str) -> int:
+    parts = module.split(".")[1:]
+    for length in (2, 1):
+        name = ".".join(parts[:length])
+        if name in ORDER:
+            return ORDER.index(name)
+    if parts[:1] == ["backends"] and parts[-1] == "options":
+        return ORDER.index("backends.options")
+    return -1  # corescale/__init__
+
+
+def test_only_the_listed_top_level_modules():
+    assert {p.name for p in PACKAGE.glob("*.py")} <= TOP_LEVEL
+    stages = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
+    assert stages == {"workload", "machine", "measure", "backends", "trials", "results", "report", "commands"}
+
+
+def test_no_import_cycle():
+    graph = imports()
+    state: dict[str, int] = {}
+
+    def visit(module, path):
+        state[module] = 1
+        for target in graph[module]:
+            if state.get(target) == 1:
+                raise AssertionError("import cycle: " + " -> ".join([*path, module, target]))
+            if state.get(target) is None:
+                visit(target, [*path, module])
+        state[module] = 2
+
+    for module in graph:
+        if module not in state:
+            visit(module, [])
+
+
+def test_data_flows_one_way():
+    """No module imports a later stage, except the light backend registry read by the config and the worker
+    entry points, which import what they run (backends by name through the registry)."""
+    upward = []
+    for module, targets in imports().items():
+        for target in targets:
+            if stage(target) > stage(module) and not _allowed(module, target):
+                upward.append(f"{module} -> {target}")
+    assert upward == []
+
+
+def _allowed(module: str, target: str) -> bool:
+    registry = target in ("corescale.backends",) or target.endswith(".options")
+    return registry and stage(module) >= ORDER.index("config")

@@ -1,0 +1,113 @@
+"""The typed record: schema-2 round trip, and real schema-1 results written by corescale 0.1.0 (tests/data/schema1,
+made with bert-tiny) read by every command that reads results."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import corescale
+
+from corescale.config import BenchmarkConfig
+from corescale.results import store
+from corescale.results.files import iter_run_dirs, read_result
+from corescale.results.record import SCHEMA_VERSION, Failure, TrialRecord
+
+SCHEMA1 = Path(__file__).parent / "data" / "schema1"
+V1_RUNS = sorted(iter_run_dirs(SCHEMA1))  # 6 runs and sweeps, 2 trials of an instances study
+
+
+def v1(name_part: str) -> Path:
+    (found,) = [p for p in V1_RUNS if name_part in p.name]
+    return found
+
+
+@pytest.fixture
+def root(tmp_path):
+    """A copy of the schema-1 results (commands may write beside them)."""
+    shutil.copytree(SCHEMA1, tmp_path / "v1")
+    return tmp_path / "v1"
+
+
+def test_every_schema1_result_migrates_and_round_trips():
+    assert len(V1_RUNS) == 8
+    for run in V1_RUNS:
+        record = read_result(run)
+        assert record.schema_migrated_from == 1 and isinstance(record.config, BenchmarkConfig)
+        assert record.legacy_keys and record.trial_key not in record.legacy_keys  # new definition, old key kept
+        assert record.key == record.config.key()
+        again = TrialRecord.from_json(json.loads(json.dumps(record.to_json())))
+        assert again == record and again.to_json()["schema_version"] == SCHEMA_VERSION
+
+
+def test_flat_backend_options_move_into_the_backend_group():
+    record = read_result(v1("onnxruntime-fp32-b1"))
+    assert record.config.backend.name == "onnxruntime" and record.config.backend.fusion is True
+    assert json.loads((v1("onnxruntime-fp32-b1") / "result.json").read_text())["config"]["ort_fusion"] is True
+    hints = {read_result(p).config.backend.performance_hint for p in V1_RUNS if "openvino" in p.name}
+    assert hints == {"LATENCY", "THROUGHPUT"}
+    assert read_result(v1("pytorch-fp32-b1-s32-i1-c494")).config.backend.options() == {}
+
+
+def test_schema1_failure_becomes_a_typed_failure():
+    record = read_result(v1("b2bee2f0"))  # timeout=1: the instance never got to load
+    assert record.status == "failed" and not record.valid and record.metrics is None
+    assert record.failure == Failure("timeout", "timed out after 1 s (unfinished instances 0: starting)", 0,
+                                     stderr_tail=record.failure.stderr_tail)
+    assert record.reason == "instance 0: timed out after 1 s (unfinished instances 0: starting)"
+    assert record.partial is not None and record.partial.finished_instances == []
+
+
+def test_schema1_metrics_are_typed():
+    record = read_result(v1("onnxruntime-fp32-b2"))
+    m = record.metrics
+    assert len(m.instances) == 2 and m.instances[1].cpus == [1] and m.instances[0].batch_size == 2
+    assert m.throughput_samples_per_s == pytest.approx(sum(i.throughput_samples_per_s for i in m.instances), rel=0.2)
+
+
+def test_results_table_reads_old_and_new_alike(root, tmp_path):
+    table = store.load(root)
+    assert len(table.frame) == 8 and not table.problems
+    assert set(table.frame["backend"]) == {"pytorch", "onnxruntime", "openvino"}
+    assert (table.frame["schema_migrated_from"] == 1).all()
+    proc = corescale("results", str(root), "--where", "backend=onnxruntime", "--csv", "-")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 3 and "backend.fusion" in lines[0]
+
+
+def test_show_reads_a_schema1_result():
+    proc = corescale("show", str(v1("onnxruntime-fp32-b1")))
+    assert proc.returncode == 0, proc.stderr
+    assert "onnxruntime" in proc.stdout and "throughput (samples/s)" in proc.stdout
+    failed = corescale("show", "--json", str(v1("b2bee2f0")))
+    assert failed.returncode == 1
+    data = json.loads(failed.stdout)
+    assert data["schema_version"] == SCHEMA_VERSION and data["failure"]["kind"] == "timeout"
+
+
+def test_report_cost_and_compare_read_schema1(root, tmp_path):
+    report = corescale("report", str(root), "-o", str(tmp_path / "r.html"))
+    assert report.returncode == 0, report.stderr
+    assert (tmp_path / "r.html").read_text().count("<section") >= 2
+    cost = corescale("cost", str(root), "--price-per-hour", "0.1")
+    assert cost.returncode == 0 and "per 1M inferences" in cost.stdout, cost.stderr
+    same = corescale("compare", str(root), str(root))
+    assert same.returncode == 0, same.stderr
+    assert "7 matched trial(s)" in same.stdout  # every ok trial matches itself under the new key definition
+
+
+def test_resume_finds_schema1_results_by_their_migrated_key(root):
+    """A trial measured by 0.1.0 counts as done for today's sweep of the same configuration."""
+    from corescale.overrides import compose
+    from corescale.results.record import spec_key
+    from corescale.workload.models import resolve_model
+
+    record = read_result(v1("onnxruntime-fp32-b1"))
+    cfg = compose(["model=bert-tiny", "backend=onnxruntime", "backend.fusion=true", "batch_size=1",
+                   "sequence_length=32", "duration=0.5", "min_iterations=5", "warmup.max_iterations=5",
+                   "calibrate=false", "instances=2", "cores_per_instance=1", f"output_dir={root}"])
+    key = spec_key(cfg, resolve_model("bert-tiny"))
+    assert key == record.trial_key
+    index = store.ResultIndex(root)
+    assert index.find(key) is not None and index.find(record.legacy_keys[0]) is not None
