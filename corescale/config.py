@@ -17,6 +17,8 @@ SCHEMA_NAME = "corescale"
 PRECISIONS = ("fp32", "bf16", "int8")
 ALLOCATORS = ("default", "jemalloc", "tcmalloc")
 OPENMP_RUNTIMES = ("default", "gnu", "intel")
+OPENMP_BACKENDS = ("pytorch", "torchscript", "torch_compile")  # the backends whose kernels run on OpenMP threads
+REPEAT_ORDERS = ("interleaved", "shuffled")
 LAYOUTS = ("none", "latency", "throughput", "max")
 # 0.1's flat backend options -> (backend, option in its group)
 RENAMED_OPTIONS = {
@@ -82,6 +84,9 @@ class BenchmarkConfig:
     warmup: WarmupConfig = field(default_factory=WarmupConfig)
     duration: float = 10.0
     min_iterations: int = 10
+    # repeats in fresh processes: the unit of uncertainty (a sweep interleaves them: A B C A B C ...)
+    repeats: int = 1
+    repeat_order: str = "interleaved"  # or "shuffled": each round in a seeded random order (seed)
     seed: int = 0
     output_dir: str = "outputs"
     # model loading
@@ -222,9 +227,14 @@ def validate(cfg: BenchmarkConfig) -> BenchmarkConfig:
     _one_of("precision", cfg.precision, PRECISIONS)
     _one_of("allocator", cfg.allocator, ALLOCATORS)
     _one_of("openmp", cfg.openmp, OPENMP_RUNTIMES)
+    if cfg.openmp != "default" and cfg.backend.name not in OPENMP_BACKENDS:
+        raise UserError(f"openmp={cfg.openmp} applies to the backends that run on OpenMP threads "
+                        f"({', '.join(OPENMP_BACKENDS)}); backend={cfg.backend.name} uses its own thread pool: "
+                        "leave openmp at default")
+    _one_of("repeat_order", cfg.repeat_order, REPEAT_ORDERS)
     _one_of("layout", cfg.layout, LAYOUTS)
     _validate_executor(cfg.executor)
-    for name in ("batch_size", "sequence_length", "duration", "min_iterations", "instances", "timeout"):
+    for name in ("batch_size", "sequence_length", "duration", "min_iterations", "instances", "timeout", "repeats"):
         _positive(name, getattr(cfg, name))
     for name in ("threads", "cores_per_instance", "total_batch_size", "drift_tolerance"):
         if getattr(cfg, name) is not None:
