@@ -31,8 +31,52 @@ def test_read_cpu_times_counts_busy_and_total_seconds(tmp_path):
     times = contamination.read_cpu_times([0], stat_file(tmp_path, "stat", busy0=2 * TICK, idle0=6 * TICK,
                                                         iowait0=TICK))
     assert list(times) == [0]  # only the pinned CPUs
-    busy, total = times[0]
-    assert busy == pytest.approx(2.0) and total == pytest.approx(9.0)  # iowait counts as idle
+    busy, total, steal = times[0]
+    assert busy == pytest.approx(2.0) and total == pytest.approx(9.0) and steal == 0  # iowait counts as idle
+
+
+def test_steal_is_not_busy_time(tmp_path):
+    path = tmp_path / "stat"
+    path.write_text(f"cpu0 {2 * TICK} 0 0 {6 * TICK} 0 0 0 {TICK} 0 0\n")
+    busy, total, steal = contamination.read_cpu_times([0], str(path))[0]
+    assert (busy, total, steal) == (pytest.approx(2.0), pytest.approx(9.0), pytest.approx(1.0))
+
+
+def test_the_worst_cpu_decides_not_the_average(monkeypatch):
+    """One stolen CPU of 16 is flagged: the verdict is per CPU (and per sibling, per thread), never averaged."""
+    cpus = list(range(16))
+    before = {c: contamination.CpuTimes(0.0, 0.0, 0.0) for c in cpus}
+    after = {c: contamination.CpuTimes(10.0, 10.0, 0.0) for c in cpus}  # every CPU busy for the 10 s window
+    reads = iter([before, after])
+    monkeypatch.setattr(contamination, "read_cpu_times", lambda wanted: next(reads))
+    waits = iter([{1: (0, 0)}, {1: (int(9e9), int(4e9))}])  # a working thread that waited 4 of 10 s
+    monkeypatch.setattr(contamination, "read_thread_waits", lambda: next(waits))
+    watch = contamination.Watch(cpus)
+    watch.start()
+    found = watch.stop(own_cpu_seconds=15 * 10.0 + 5.0, wall_seconds=10.0)  # CPU 3 gave half to a burner
+    assert found["foreign_parts"]["runqueue_wait"] == pytest.approx(0.4)
+    assert found["foreign_load"] == pytest.approx(0.4) and found["foreign_load"] > contamination.CONTAMINATION_THRESHOLD
+    average = contamination.foreign_fraction(found["foreign_cpu_seconds"], 10.0, 16)
+    assert average < contamination.CONTAMINATION_THRESHOLD  # what averaging over 16 CPUs would have said
+
+
+def test_a_busy_smt_sibling_counts(monkeypatch):
+    reads = iter([{0: contamination.CpuTimes(0, 0, 0), 1: contamination.CpuTimes(0, 0, 0)},
+                  {0: contamination.CpuTimes(10, 10, 0), 1: contamination.CpuTimes(6, 10, 0)}])
+    monkeypatch.setattr(contamination, "read_cpu_times", lambda wanted: next(reads))
+    monkeypatch.setattr(contamination, "read_thread_waits", lambda: {})
+    watch = contamination.Watch([0], siblings=[1])
+    watch.start()
+    found = watch.stop(own_cpu_seconds=10.0, wall_seconds=10.0)
+    assert found["sibling_busy"] == {"1": pytest.approx(0.6)} and found["foreign_load"] == pytest.approx(0.6)
+
+
+def test_smt_siblings_come_from_sysfs(tmp_path):
+    for cpu, siblings in ((0, "0,2"), (1, "1,3"), (2, "0,2"), (3, "1,3")):
+        (tmp_path / f"cpu{cpu}" / "topology").mkdir(parents=True)
+        (tmp_path / f"cpu{cpu}" / "topology" / "thread_siblings_list").write_text(siblings)
+    assert contamination.smt_siblings([0], root=str(tmp_path)) == [2]
+    assert contamination.smt_siblings([0, 1], exclude=[3], root=str(tmp_path)) == [2]  # 3 is another instance's
 
 
 def test_foreign_time_is_busy_time_minus_own_time(tmp_path):

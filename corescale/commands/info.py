@@ -1,4 +1,4 @@
-"""`corescale info`: this machine, as the tool sees it."""
+"""`corescale info`: this machine, as the tool sees it; `--peak` measures its GEMM peak with every library."""
 
 from __future__ import annotations
 
@@ -10,23 +10,74 @@ ORDER = 20
 
 
 def register(sub) -> None:
-    parser = sub.add_parser("info", help="this machine, as corescale sees it")
+    parser = sub.add_parser("info", help="this machine, as corescale sees it (--peak: its real GEMM peak)")
     add_common(parser)
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--no-calibrate", action="store_true", help="skip the SGEMM calibration")
+    parser.add_argument("--peak", action="store_true",
+                        help="measure the GEMM peak again with every library, side by side (1 core and all cores; "
+                             "fp32, and bf16/int8 where the ISA has them); the result is cached for runs")
+    parser.add_argument("--libraries", metavar="LIST", help="with --peak: only these, e.g. torch_mm,numpy")
+    parser.add_argument("--cache-dir", default=None, help="where peaks are cached (default: the config's cache_dir)")
     parser.set_defaults(handler=handle)
 
 
+def measure_peaks(args, host: dict) -> list[dict]:
+    """One row per (CPUs, threads, precision): every library's GFLOP/s and the winner, cached like a run's."""
+    import tempfile
+    from pathlib import Path
+
+    from corescale.config import PRECISIONS, BenchmarkConfig
+    from corescale.machine.peak import PeakCache, check_libraries, peak_precision
+    from corescale.machine.placement import InstancePlacement, InstanceSpec
+    from corescale.machine.topology import Topology
+    from corescale.measure.calibrate import with_peaks
+
+    libraries = check_libraries([n.strip() for n in args.libraries.split(",") if n.strip()]) if args.libraries \
+        else ()
+    cfg = BenchmarkConfig() if args.cache_dir is None else BenchmarkConfig(cache_dir=args.cache_dir)
+    cpus = tuple(Topology.from_sysfs().cpu_ids)
+    layouts = {(cpus[0],): 1, cpus: len(cpus)}
+    specs = [InstanceSpec(InstancePlacement(i, c, (), len(c)), n, 1) for i, (c, n) in enumerate(layouts.items())]
+    precisions = [p for p in PRECISIONS if peak_precision(p, host["cpu"]["isa"]) == p]
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="corescale-peak-") as work:
+        for precision in precisions:
+            for spec in specs:  # one at a time: the whole-machine row must not share its cores
+                (done,) = with_peaks([spec], cfg, host["cpu"]["isa"], Path(work), PeakCache(cfg.cache_dir),
+                                     force=True, libraries=libraries, precision=precision)
+                rows.append({"cpus": list(spec.cpus), "threads": spec.threads, **done.peak})
+    return rows
+
+
+def peak_table(rows: list[dict]):
+    from rich.table import Table
+
+    names = list(dict.fromkeys(name for row in rows for name in [*row.get("libraries", {}), *row.get("errors", {})]))
+    table = Table(title="GEMM peak (GFLOP/s, best of several calls at the size shown)", header_style="bold")
+    for column in ("precision", "threads", "size", *names, "peak"):
+        table.add_column(column, justify="right")
+    for row in rows:
+        cells = [f"{row['libraries'][n]:.1f}" if n in row.get("libraries", {}) else "n/a" for n in names]
+        best = f"{row['gflops']:.1f} ({row['library']})" if row.get("gflops") else "none measured"
+        table.add_row(row["precision"], str(row["threads"]), str(row.get("size", "")), *cells, best)
+    return table
+
+
 def handle(args) -> int:
+    from corescale.commands._common import print_wide
     from corescale.machine import environment
-    from corescale.report.console import console
+    from corescale.machine.peak import analytic_gflops
+    from corescale.machine.topology import Topology
+    from corescale.report.console import console, errors
 
     host = environment.capture()
-    if not args.no_calibrate:
-        from corescale.machine.topology import Topology
+    if args.libraries and not args.peak:
+        from corescale.errors import UserError
 
-        threads = len(Topology.from_sysfs().cpu_ids)
-        host["sgemm_gflops"] = {"threads": threads, "gflops": round(environment.sgemm_gflops(threads), 1)}
+        raise UserError("--libraries needs --peak")
+    if args.peak:
+        host["peak"] = measure_peaks(args, host)
+    host["analytic_peak"] = analytic_gflops(host["cpu"], len(Topology.from_sysfs().physical_cores))
     if args.json:
         print(json.dumps(host, indent=2, default=str))
         return 0
@@ -36,6 +87,7 @@ def handle(args) -> int:
     table.add_column(style="bold")
     table.add_column()
     cpu = host["cpu"]
+    analytic = host["analytic_peak"]
     rows = [
         ("CPU", f"{cpu['model']} ({cpu['vendor']})"),
         ("ISA", " ".join(flag for flag, present in cpu["isa"].items() if present) or "-"),
@@ -50,10 +102,16 @@ def handle(args) -> int:
         ("libraries", ", ".join(f"{k} {v}" for k, v in host["libraries"].items())),
         ("env", " ".join(f"{k}={v}" for k, v in host["env"].items()) or "-"),
         ("corescale", f"{host['corescale']['version']} ({host['corescale']['commit'] or 'no git'})"),
+        ("analytic fp32 peak", f"{analytic['gflops']:.0f} GFLOP/s ({analytic['lanes']} lanes at {analytic['mhz']:.0f} "
+                               f"MHz; assumes {analytic['assumes']})" if analytic else "clock unreadable"),
     ]
-    if "sgemm_gflops" in host:
-        rows.append(("SGEMM", f"{host['sgemm_gflops']['gflops']} GFLOP/s on {host['sgemm_gflops']['threads']} threads"))
     for row in rows:
         table.add_row(*row)
     console.print(table)
+    if args.peak:
+        print_wide(peak_table(host["peak"]))
+        for row in host["peak"]:
+            for name, why in row.get("errors", {}).items():
+                errors.print(f"{name} ({row['precision']}, {row['threads']} threads) not measured: {why}",
+                             soft_wrap=True, markup=False)
     return 0

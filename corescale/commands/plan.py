@@ -54,7 +54,7 @@ def plan_document(cfg, topology) -> dict:
 
     placement = placement_for(cfg, topology)
     specs = instance_specs(placement, cfg.threads, cfg.instance_batch_size)
-    instances = [{k: v for k, v in spec.to_json().items() if k not in ("samples_path", "sgemm_gflops")}
+    instances = [{k: v for k, v in spec.to_json().items() if k not in ("samples_path", "peak")}
                  for spec in specs]
     return {"topology": topology.describe(), "instances": instances, "warnings": list(placement.warnings)}
 

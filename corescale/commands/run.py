@@ -38,11 +38,14 @@ def _on_lock_wait(path) -> None:
 
 def single(planned, args) -> int:
     """One configuration: measured again every time; bad input inside an instance is exit 2."""
-    from corescale.report.console import ConsoleListener
+    from corescale.report.console import ConsoleListener, print_repeats
     from corescale.trials.sweep import run_sweep
 
-    with ConsoleListener("run", progress=not args.no_progress) as listener:
+    repeats = planned[0].trial.cfg.repeats
+    with ConsoleListener("run", progress=not args.no_progress, tables=repeats == 1) as listener:
         state = run_sweep(planned, listener, resume=False, keep_going=False, on_lock_wait=_on_lock_wait)
+    if repeats > 1:
+        print_repeats(state, planned)
     return EXIT_FAILED if state.failed else EXIT_OK
 
 
@@ -50,7 +53,7 @@ def sweep(planned, args, **listener_options) -> int:
     """A grid: resumed by key, failed trials recorded, a summary table at the end."""
     from rich.markup import escape
 
-    from corescale.report.console import ConsoleListener, console, errors, loop_summary, loop_table
+    from corescale.report.console import ConsoleListener, console, errors, loop_summary, loop_table, print_repeats
     from corescale.trials.sweep import run_sweep
 
     options = {"progress": not args.no_progress, "tables": not args.no_progress, **listener_options}
@@ -61,6 +64,8 @@ def sweep(planned, args, **listener_options) -> int:
         errors.print("stopped the sweep at its first failed trial (--fail-fast)")
     console.print(loop_table(state))
     console.print(loop_summary(state))
+    if any(item.trial.cfg.repeats > 1 for item in planned):
+        print_repeats(state, planned)
     for root in sorted({str(item.root) for item in planned}):
         console.print(escape(f"results: {root}  (corescale results {root})"), soft_wrap=True)
     return EXIT_FAILED if state.failed else EXIT_OK

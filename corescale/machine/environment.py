@@ -13,7 +13,7 @@ from pathlib import Path
 import corescale
 from corescale.machine.topology import read_text
 
-ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8")
+ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8")
 ENV_PREFIXES = ("OMP_", "KMP_", "MKL_", "GOMP_", "OPENBLAS_", "TF_NUM_", "TF_ENABLE_", "TF_XLA", "ORT_", "OV_",
                 "DNNL_", "ONEDNN_")
 ENV_NAMES = ("MALLOC_CONF", "LD_PRELOAD", "HF_HUB_OFFLINE", "CUDA_VISIBLE_DEVICES")
@@ -35,8 +35,15 @@ def cpuinfo() -> dict:
         "model": fields.get("model name", platform.processor()),
         "vendor": fields.get("vendor_id", ""),
         "mhz": float(fields["cpu MHz"]) if "cpu MHz" in fields else None,
+        "max_mhz": _max_mhz(),
         "isa": {flag: flag in flags for flag in ISA_FLAGS},
     }
+
+
+def _max_mhz() -> float | None:
+    """The highest clock cpufreq reports (absent in many VMs)."""
+    text = read_text("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq")
+    return int(text) / 1e3 if text and text.isdigit() else None
 
 
 def memory_bytes() -> int | None:

@@ -43,13 +43,13 @@ class InstancePlacement:
 @dataclass(frozen=True)
 class InstanceSpec:
     """One instance as it runs: where it is placed, the threads it really uses (the `threads` override applied
-    once, here), its batch, where it writes its samples, and an SGEMM rate already calibrated on its CPUs."""
+    once, here), its batch, where it writes its samples, and the machine's GEMM peak on its CPUs (peak.py)."""
 
     placement: InstancePlacement
     threads: int
     batch_size: int
     samples_path: str = ""
-    sgemm_gflops: float | None = None
+    peak: dict | None = None  # peak.measure()'s entry for these CPUs, threads and precision; None = not known
 
     @property
     def id(self) -> int:
@@ -65,25 +65,23 @@ class InstanceSpec:
 
     def to_json(self) -> dict[str, Any]:
         return {**self.placement.to_dict(), "threads": self.threads, "batch_size": self.batch_size,
-                "samples_path": self.samples_path, "sgemm_gflops": self.sgemm_gflops}
+                "samples_path": self.samples_path, "peak": self.peak}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> InstanceSpec:
         cpus = tuple(data["cpus"])
         placement = InstancePlacement(data["id"], cpus, tuple(data.get("numa_nodes") or ()), len(cpus))
-        return cls(placement, data["threads"], data["batch_size"], data.get("samples_path", ""),
-                   data.get("sgemm_gflops"))
+        return cls(placement, data["threads"], data["batch_size"], data.get("samples_path", ""), data.get("peak"))
 
 
-def instance_specs(plan: Plan, threads: int | None, batch_size: int, work_dir=None,
-                   sgemm: dict | None = None) -> list[InstanceSpec]:
+def instance_specs(plan: Plan, threads: int | None, batch_size: int, work_dir=None) -> list[InstanceSpec]:
     """The plan's instances as they run: the `threads` override (None = one per CPU) is applied here and
-    nowhere else; samples go to work_dir; an SGEMM rate known for (cpus, threads) is handed on."""
+    nowhere else; samples go to work_dir."""
     specs = []
     for inst in plan.instances:
         n = inst.threads if threads is None else threads
         path = str(Path(work_dir) / f"samples-{inst.id}.npz") if work_dir else ""
-        specs.append(InstanceSpec(inst, n, batch_size, path, (sgemm or {}).get((inst.cpus, n))))
+        specs.append(InstanceSpec(inst, n, batch_size, path))
     return specs
 
 

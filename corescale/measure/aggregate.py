@@ -10,7 +10,7 @@ import pandas as pd
 from corescale.machine.placement import InstanceSpec
 from corescale.measure.contamination import CONTAMINATION_THRESHOLD, foreign_fraction
 from corescale.results.record import InstanceMetrics, RunMetrics
-from corescale.results.stats import Measurement, window_throughput
+from corescale.results.stats import Measurement, in_window, window_throughput
 
 
 @dataclass
@@ -23,12 +23,19 @@ class InstanceSamples:
     ends_ns: np.ndarray
     warmup_ns: np.ndarray
     report: dict  # what the worker sent with its result
+    peak: dict | None = None  # the GEMM peak on its CPUs (InstanceSpec.peak)
 
     @classmethod
     def load(cls, spec: InstanceSpec, report: dict) -> InstanceSamples:
         with np.load(spec.samples_path) as data:
             return cls(spec.id, list(spec.cpus), spec.threads, spec.batch_size,
-                       data["starts_ns"], data["ends_ns"], data["warmup_ns"], report)
+                       data["starts_ns"], data["ends_ns"], data["warmup_ns"], report, spec.peak)
+
+    def window_latencies_ns(self, window: tuple[int, int]) -> np.ndarray:
+        """Durations of the calls inside the window (every call if none is: a window shorter than one call)."""
+        inside = in_window(self.starts_ns, self.ends_ns, *window)
+        durations = self.ends_ns - self.starts_ns
+        return durations[inside] if inside.any() else durations
 
 
 def common_window(instances: list[InstanceSamples], start_ns: int) -> tuple[int, int]:
@@ -44,7 +51,7 @@ def samples_frame(instances: list[InstanceSamples], window: tuple[int, int]) -> 
         frames.append(pd.DataFrame({
             "instance": inst.id, "phase": "timed", "iteration": np.arange(len(durations)),
             "start_ns": inst.starts_ns, "end_ns": inst.ends_ns, "latency_ms": durations / 1e6,
-            "in_window": (inst.starts_ns >= window[0]) & (inst.ends_ns <= window[1]),
+            "in_window": in_window(inst.starts_ns, inst.ends_ns, *window),
         }))
         frames.append(pd.DataFrame({
             "instance": inst.id, "phase": "warmup", "iteration": np.arange(len(inst.warmup_ns)),
@@ -56,11 +63,16 @@ def samples_frame(instances: list[InstanceSamples], window: tuple[int, int]) -> 
 
 
 def instance_metrics(inst: InstanceSamples, window: tuple[int, int], sequence_length: int) -> InstanceMetrics:
-    """One instance's figures; `start_skew_ms` is how late its first timed call began after the common start."""
-    latency = Measurement.from_ns(inst.ends_ns - inst.starts_ns)
+    """One instance's figures; `start_skew_ms` is how late its first timed call began after the common start.
+    Latency is taken from the calls inside the common window (when siblings ran too); throughput credits the
+    calls straddling its edges by the fraction inside."""
+    latency = Measurement.from_ns(inst.window_latencies_ns(window))
     samples, rate = window_throughput(inst.starts_ns, inst.ends_ns, *window, inst.batch_size)
     wall = inst.report["wall_seconds"]
-    foreign = foreign_fraction(inst.report["foreign_cpu_seconds"], wall, len(inst.cpus))
+    foreign = inst.report.get("foreign_load")
+    if foreign is None:  # a worker that reports only seconds: spread over its CPUs
+        foreign = foreign_fraction(inst.report["foreign_cpu_seconds"], wall, len(inst.cpus))
+    tokens = inst.report.get("real_tokens_per_sample") or sequence_length
     return InstanceMetrics(
         id=inst.id,
         cpus=list(inst.cpus),
@@ -70,16 +82,19 @@ def instance_metrics(inst: InstanceSamples, window: tuple[int, int], sequence_le
         latency_s=latency.summary(),
         samples_in_window=samples,
         throughput_samples_per_s=rate,
-        throughput_tokens_per_s=rate * sequence_length,
+        throughput_tokens_per_s=rate * tokens,
         cpu_utilisation=inst.report["cpu_seconds"] / (wall * inst.threads) if wall > 0 else 0.0,
         foreign_load=foreign,
         contaminated=foreign > CONTAMINATION_THRESHOLD,
         peak_rss_bytes=inst.report["peak_rss_bytes"],
-        sgemm_gflops=inst.report.get("sgemm_gflops"),
+        peak_gflops=(inst.peak or {}).get("gflops"),
         load_seconds=inst.report["load_seconds"],
         stage_seconds=inst.report["stage_seconds"],
         warmup_iterations=inst.report["warmup_iterations"],
         warmup_converged=inst.report["warmup_converged"],
+        peak_library=(inst.peak or {}).get("library"),
+        calls_outside_window=int((~in_window(inst.starts_ns, inst.ends_ns, *window)).sum()),
+        rss_bytes=inst.report.get("rss_bytes"),
     )
 
 
@@ -87,14 +102,14 @@ def run_metrics(instances: list[InstanceSamples], start_ns: int, sequence_length
                 flops_per_sample: float) -> RunMetrics:
     window = common_window(instances, start_ns)
     per_instance = [instance_metrics(inst, window, sequence_length) for inst in instances]
-    pooled = Measurement.from_ns(np.concatenate([inst.ends_ns - inst.starts_ns for inst in instances]))
+    pooled = Measurement.from_ns(np.concatenate([inst.window_latencies_ns(window) for inst in instances]))
     length_s = (window[1] - window[0]) / 1e9
     samples = sum(m.samples_in_window for m in per_instance)
     throughput = samples / length_s if length_s > 0 else 0.0
-    peaks = [m.sgemm_gflops for m in per_instance]
-    peak = sum(peaks) if all(p is not None for p in peaks) else None
     gflops = throughput * flops_per_sample / 1e9
+    peak, percent, problem = percent_of_peak(gflops, [inst.peak for inst in instances])
     contaminated = [m.id for m in per_instance if m.contaminated]
+    tokens = sum(m.throughput_tokens_per_s for m in per_instance)
     return RunMetrics(
         window_s=length_s,
         window_start_ns=window[0],
@@ -102,12 +117,12 @@ def run_metrics(instances: list[InstanceSamples], start_ns: int, sequence_length
         max_start_skew_ms=max(m.start_skew_ms for m in per_instance),
         samples_in_window=samples,
         throughput_samples_per_s=throughput,
-        throughput_tokens_per_s=throughput * sequence_length,
+        throughput_tokens_per_s=tokens,
         latency_s=pooled.summary(),
         max_instance_p50_s=max(m.latency_s["p50"] for m in per_instance),
         gflops_per_s=gflops,
-        sgemm_peak_gflops=peak,
-        percent_of_peak=100 * gflops / peak if peak else None,
+        peak_gflops=peak,
+        percent_of_peak=percent,
         flops_per_sample=flops_per_sample,
         peak_rss_bytes=max(m.peak_rss_bytes for m in per_instance),
         cpu_utilisation=float(np.mean([m.cpu_utilisation for m in per_instance])),
@@ -116,4 +131,27 @@ def run_metrics(instances: list[InstanceSamples], start_ns: int, sequence_length
         contaminated_instances=contaminated,
         load_seconds=max(m.load_seconds for m in per_instance),
         instances=per_instance,
+        peak_library="+".join(sorted({m.peak_library for m in per_instance if m.peak_library})) or None,
+        peak_precision=next((p.get("precision") for p in (inst.peak for inst in instances) if p), None),
+        peak_problem=problem,
+        calls_outside_window=sum(m.calls_outside_window for m in per_instance),
+        padded_tokens_per_s=throughput * sequence_length,
+        warmup_converged=all(m.warmup_converged for m in per_instance),
     )
+
+
+PEAK_SLACK = 1.02  # a rate this close above the peak is timing noise of the calibration, reported as 100 %
+
+
+def percent_of_peak(gflops: float, peaks: list[dict | None]) -> tuple[float | None, float | None, str | None]:
+    """(peak GFLOP/s, % of it, problem): never above 100 % — a rate above the best measured GEMM means the
+    yardstick or the FLOP count is wrong, and is flagged as that instead of printed as a result."""
+    rates = [(p or {}).get("gflops") for p in peaks]
+    if not rates or any(r is None for r in rates):
+        return None, None, None
+    peak = float(sum(rates))
+    percent = 100 * gflops / peak
+    if percent > 100 * PEAK_SLACK:
+        return peak, None, (f"{gflops:.1f} GFLOP/s exceeds the measured GEMM peak {peak:.1f} GFLOP/s: the peak "
+                            "or the model's FLOP count is off (corescale info --peak measures it again)")
+    return peak, min(percent, 100.0), None

@@ -23,7 +23,7 @@ from corescale.machine import instance_env
 from corescale.machine.placement import InstanceSpec
 from corescale.results.record import Failure
 
-START_DELAY_NS = 100_000_000  # the common start instant is this far after the last instance is ready
+START_DELAY_NS = 100_000_000  # the common start instant is this far (plus two calls) after the last is ready
 STDERR_TAIL_LINES = 12
 STOP_GRACE_S = 3.0  # SIGTERM, then SIGKILL after this long
 
@@ -37,7 +37,8 @@ class InstanceProcess:
     stderr_path: Path
     launch: dict  # command prefix and the variables set for it (recorded with the result)
     buffer: bytes = b""
-    state: str = "starting"  # starting -> loaded -> ready -> running -> done
+    state: str = "starting"  # starting -> loaded -> warming -> ready -> running -> done
+    call_ns: int = 0  # a warm call's duration, from its ready event
     done: int = 0  # timed calls completed, from progress events
     result: dict | None = None
 
@@ -76,7 +77,8 @@ class Launcher:
 
     def start(self, specs: list[InstanceSpec], cfg, model) -> None:
         preload = instance_env.preload_paths(cfg)  # a missing library is a UserError before anything starts
-        job = {"config": cfg.to_dict(), "model": dataclasses.asdict(model)}
+        job = {"config": cfg.to_dict(), "model": dataclasses.asdict(model),
+               "trial_cpus": sorted(c for spec in specs for c in spec.cpus)}  # siblings there are not foreign
         for spec in specs:
             spec_path = self.work_dir / f"instance-{spec.id}.json"
             spec_path.write_text(json.dumps({**job, "instance": spec.to_json()}))
@@ -151,7 +153,7 @@ class Launcher:
             raise InstanceFailed(Failure(kind, message, inst.id, stderr_tail=inst.stderr_tail(),
                                          traceback=event.get("traceback")))
         if kind == "ready":
-            inst.state = "ready"
+            inst.state, inst.call_ns = "ready", int(event.get("call_ns") or 0)
             if all(i.state == "ready" for i in self.instances.values()):
                 self._start_all(outcome)
         elif kind == "progress":
@@ -161,18 +163,25 @@ class Launcher:
             inst.state = "done"
         elif kind == "loaded":
             inst.state = "loaded"
+            if all(i.state == "loaded" for i in self.instances.values()):
+                self._tell_all("warmup", "warming")  # warm-up starts when every instance is loaded
 
     def _start_all(self, outcome: LaunchOutcome) -> None:
-        """The barrier: every instance is ready; all get the same start instant on one monotonic clock."""
-        outcome.start_ns = time.perf_counter_ns() + START_DELAY_NS
+        """The barrier: every instance is ready; all get the same start instant on one monotonic clock, far
+        enough ahead for each to finish the warm call it is in."""
+        slowest = max(i.call_ns for i in self.instances.values())
+        outcome.start_ns = time.perf_counter_ns() + START_DELAY_NS + 2 * slowest
+        self._tell_all(f"start {outcome.start_ns}", "running")
+        self.on_event(-1, {"event": "started", "start_ns": outcome.start_ns})
+
+    def _tell_all(self, line: str, state: str) -> None:
         for inst in self.instances.values():
             try:
-                inst.process.stdin.write(f"start {outcome.start_ns}\n".encode())
+                inst.process.stdin.write(f"{line}\n".encode())
                 inst.process.stdin.flush()
             except BrokenPipeError:
-                pass  # it died after `ready`: its end of file is reported on the next select
-            inst.state = "running"
-        self.on_event(-1, {"event": "started", "start_ns": outcome.start_ns})
+                pass  # it died meanwhile: its end of file is reported on the next select
+            inst.state = state
 
     def _check_exit(self, inst: InstanceProcess) -> None:
         code = inst.process.wait()

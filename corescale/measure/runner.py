@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import tempfile
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,16 +19,16 @@ from corescale.backends import check_available
 from corescale.config import BenchmarkConfig
 from corescale.errors import UserError
 from corescale.machine import environment, instance_env
+from corescale.machine.peak import PeakCache
 from corescale.machine.placement import InstanceSpec, Plan, instance_specs, plan
 from corescale.machine.topology import Topology
 from corescale.measure.aggregate import InstanceSamples, run_metrics, samples_frame
+from corescale.measure.calibrate import with_peaks
 from corescale.measure.launcher import Launcher, LaunchOutcome
 from corescale.results.files import PendingRun, run_name
 from corescale.results.record import Failure, Partial, RunMetrics, TrialRecord, spec_key
 from corescale.workload.flops import forward_flops
 from corescale.workload.models import ModelSpec, resolve_model
-
-SgemmRates = Mapping[tuple[tuple[int, ...], int], float]  # (cpus, threads) -> GFLOP/s calibrated earlier
 
 
 @dataclass(frozen=True)
@@ -39,8 +38,8 @@ class Trial:
     plan: Plan
     key: str  # the trial key resume looks up (config key + model identity)
 
-    def instance_specs(self, work_dir: Path | None = None, sgemm: SgemmRates | None = None) -> list[InstanceSpec]:
-        return instance_specs(self.plan, self.cfg.threads, self.cfg.instance_batch_size, work_dir, dict(sgemm or {}))
+    def instance_specs(self, work_dir: Path | None = None) -> list[InstanceSpec]:
+        return instance_specs(self.plan, self.cfg.threads, self.cfg.instance_batch_size, work_dir)
 
 
 def placement_for(cfg: BenchmarkConfig, topology: Topology) -> Plan:
@@ -105,13 +104,16 @@ def failed_measured(trial: Trial, failure: Failure, host: dict | None, started: 
     return Measured(record, None, {})
 
 
-def measure(trial: Trial, on_event=None, host: dict | None = None, sgemm: SgemmRates | None = None) -> Measured:
+def measure(trial: Trial, on_event=None, host: dict | None = None) -> Measured:
     """Runs the trial's instances; a failed instance gives a failed record, bad input raises UserError."""
     started = time.time()
-    record = new_record(trial, host or environment.capture(), started)
+    host = host or environment.capture()
+    record = new_record(trial, host, started)
     samples = None
     with tempfile.TemporaryDirectory(prefix="corescale-") as work:
-        specs = trial.instance_specs(Path(work), sgemm)
+        specs = trial.instance_specs(Path(work))
+        if trial.cfg.calibrate:  # the yardstick of "% of peak", measured once per CPUs, threads and precision
+            specs = with_peaks(specs, trial.cfg, host["cpu"]["isa"], Path(work), PeakCache(trial.cfg.cache_dir))
         record.specs = [spec.to_json() for spec in specs]
         outcome = Launcher(Path(work), trial.cfg.timeout, on_event).run(specs, trial.cfg, trial.model)
         if outcome.failure and outcome.failure.kind == "user":

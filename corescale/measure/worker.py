@@ -1,15 +1,20 @@
-"""One instance: pinned process that loads a backend, warms up, waits for the common start, and measures.
+"""One instance: pinned process that loads a backend, warms up with its siblings, starts with them, measures.
 
-Run as `python -m corescale.measure.worker SPEC.json` by the launcher. Protocol with the parent:
+Run as `python -m corescale.measure.worker JOB.json` by the launcher. Protocol with the parent:
 - control lines (JSON) go to the original stdout; library noise is sent to stderr;
-- the parent writes `start <perf_counter_ns>` (or `abort`) on stdin once every instance is ready.
+- `loaded` -> the parent writes `warmup` once EVERY instance is loaded, so warm-up runs under the load the window
+  will see -> `ready` (stable, or not: `converged`) -> the instance keeps calling the model (still warm-up) until
+  the parent writes `start <perf_counter_ns>` once every instance is ready -> the timed window from that instant.
+  `abort` (or end of input) at any point ends the instance.
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import resource
+import select
 import sys
 import time
 import traceback
@@ -25,9 +30,52 @@ class Control:
     def send(self, event: str, **fields) -> None:
         self.out.write(json.dumps({"event": event, **fields}, default=str) + "\n")
 
-    def wait_start(self) -> int | None:
+    def wait_for(self, word: str) -> list[str] | None:
+        """Blocks for the parent's next line; its words when it is `word`, None on abort or end of input."""
         line = sys.stdin.readline().split()
-        return int(line[1]) if line and line[0] == "start" else None
+        return line if line and line[0] == word else None
+
+    def pending(self) -> bool:
+        return bool(select.select([sys.stdin], [], [], 0)[0])
+
+
+def keep_warm(call, control: Control, durations: list[int]) -> int | None:
+    """Calls the model until the start instant arrives, then stops early enough to be idle at that instant.
+    Returns the start instant (None on abort); the extra calls are warm-up, appended to `durations`."""
+    start_ns = None
+    while True:
+        if start_ns is None and control.pending():
+            words = control.wait_for("start")
+            if words is None:
+                return None
+            start_ns = int(words[1])
+        last = durations[-1] if durations else 0
+        if start_ns is not None and time.perf_counter_ns() + 2 * last >= start_ns:
+            return start_ns
+        began = time.perf_counter_ns()
+        call()
+        durations.append(time.perf_counter_ns() - began)
+
+
+def reset_peak_rss() -> bool:
+    """Linux: make VmHWM start again from the current RSS (so the load stage's peak is not counted)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as handle:
+            handle.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def memory_now() -> dict[str, int]:
+    """VmRSS and VmHWM of this process, in bytes."""
+    found = {}
+    with open("/proc/self/status") as handle:
+        for line in handle:
+            name, _, value = line.partition(":")
+            if name in ("VmRSS", "VmHWM"):
+                found[name] = int(value.split()[0]) * 1024
+    return found
 
 
 def process_cpu_seconds() -> float:
@@ -53,8 +101,6 @@ def run_instance(job: dict, control: Control) -> None:
     from corescale.measure.timing import timed_loop, warm_up
     from corescale.workload.inputs import make_inputs
 
-    # a sweep passes the SGEMM rate it already calibrated on the same CPUs and thread count
-    peak = (spec.sgemm_gflops or environment.sgemm_gflops(threads)) if cfg.calibrate else None
     inputs = make_inputs(model, spec.batch_size, cfg.sequence_length, cfg.seed, cfg.padding_fraction)
     backend = create_backend(cfg.backend.name)
     load_start = time.perf_counter()
@@ -66,24 +112,34 @@ def run_instance(job: dict, control: Control) -> None:
     def call():
         return backend.forward(prepared)
 
+    gc.collect()  # what loading left behind (an exporter's PyTorch model) is not the backend's memory
+    hwm_reset = reset_peak_rss()
     control.send("loaded", load_seconds=load_seconds)
+    if control.wait_for("warmup") is None:  # every sibling is loaded: warm up under the window's load
+        return
     warm = warm_up(call, cfg.warmup, progress=lambda n: control.send("warmup", done=n))
-    control.send("ready", warmup_iterations=len(warm.durations_ns), converged=warm.converged)
-    start_ns = control.wait_start()
+    durations = list(warm.durations_ns)
+    stable = sorted(durations[-cfg.warmup.window:])
+    control.send("ready", warmup_iterations=len(durations), converged=warm.converged,
+                 call_ns=stable[len(stable) // 2])
+    start_ns = keep_warm(call, control, durations)
     if start_ns is None:
         return
+    watch = contamination.Watch(cpus, contamination.smt_siblings(cpus, exclude=job.get("trial_cpus", ())))
+    watch.start()
     cpu_before = process_cpu_seconds()
-    stat_before = contamination.read_cpu_times(cpus)
     samples = timed_loop(call, start_ns, cfg.duration, cfg.min_iterations,
                          progress=lambda n: control.send("progress", done=n))
-    stat_after = contamination.read_cpu_times(cpus)
     own_cpu = process_cpu_seconds() - cpu_before
+    wall = (samples.ends_ns[-1] - start_ns) / 1e9
+    foreign = watch.stop(own_cpu, wall)
+    memory = memory_now()  # the measured backend's, before any reference backend loads
     import numpy as np
 
     np.savez(spec.samples_path, starts_ns=samples.starts_ns, ends_ns=samples.ends_ns,
-             warmup_ns=np.asarray(warm.durations_ns, dtype=np.int64))
-    wall = (samples.ends_ns[-1] - start_ns) / 1e9
+             warmup_ns=np.asarray(durations, dtype=np.int64))
     threads_cpus = instance_env.thread_affinities()
+    mask = inputs.get("attention_mask")
     output = backend.to_numpy(call())
     drift = None
     if cfg.reference:
@@ -95,13 +151,16 @@ def run_instance(job: dict, control: Control) -> None:
         instance=spec.id,
         load_seconds=load_seconds,
         stage_seconds=dict(backend.timings),
-        warmup_iterations=len(warm.durations_ns),
+        warmup_iterations=len(durations),
+        warmup_stable_iterations=len(warm.durations_ns),
         warmup_converged=warm.converged,
         cpu_seconds=own_cpu,
         wall_seconds=wall,
-        foreign_cpu_seconds=contamination.foreign_seconds(stat_before, stat_after, own_cpu),
-        peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-        sgemm_gflops=peak,
+        **foreign,
+        peak_rss_bytes=memory.get("VmHWM") if hwm_reset else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        peak_rss_scope="warm-up and window" if hwm_reset else "whole process (load included)",
+        rss_bytes=memory.get("VmRSS"),
+        real_tokens_per_sample=float(mask.sum()) / spec.batch_size if mask is not None else cfg.sequence_length,
         affinity=sorted(set().union(*threads_cpus.values())),  # every CPU any of its threads may use
         thread_affinity={str(tid): cpus for tid, cpus in threads_cpus.items()},
         framework=backend.info(),

@@ -51,9 +51,7 @@ def result_table(record: TrialRecord) -> Table:
     table.add_row("throughput (samples/s)", f"{metrics.throughput_samples_per_s:.2f}",
                   f"{metrics.samples_in_window} samples in {metrics.window_s:.2f} s window")
     table.add_row("throughput (tokens/s)", f"{metrics.throughput_tokens_per_s:.0f}", "")
-    peak = metrics.sgemm_peak_gflops
-    table.add_row("GFLOP/s", f"{metrics.gflops_per_s:.1f}",
-                  f"{metrics.percent_of_peak:.0f} % of SGEMM {peak:.0f}" if peak else "")
+    table.add_row("GFLOP/s", f"{metrics.gflops_per_s:.1f}", peak_text(metrics))
     table.add_row("peak RSS", _bytes(metrics.peak_rss_bytes), "largest instance")
     table.add_row("CPU utilisation", f"{metrics.cpu_utilisation:.0%}", "CPU time ÷ (wall × threads)")
     stages = ", ".join(f"{k} {v:.2f} s" for k, v in metrics.instances[0].stage_seconds.items())
@@ -61,6 +59,12 @@ def result_table(record: TrialRecord) -> Table:
     if metrics.contaminated:
         table.add_row("[red]contaminated[/red]", f"{metrics.foreign_load:.0%}",
                       f"foreign load on pinned CPUs of instance(s) {metrics.contaminated_instances}")
+    if not metrics.warmup_converged:
+        table.add_row("[yellow]warm-up[/yellow]", "not stable", "an instance's latency still moved at the end "
+                      "of warm-up (raise warmup.max_iterations)")
+    if metrics.calls_outside_window:
+        table.add_row("calls outside window", str(metrics.calls_outside_window),
+                      "straddling its edges: throughput credits their share, latency leaves them out")
     if record.drift:
         d = record.drift
         table.add_row(f"drift vs {d['reference']}", f"{d['max_abs_error']:.2e}",
@@ -68,6 +72,17 @@ def result_table(record: TrialRecord) -> Table:
     if not record.ok:
         table.add_row("status", "[red]failed[/red]", escape(record.reason or ""))
     return table
+
+
+def peak_text(metrics) -> str:
+    """'% of the machine's GEMM peak (which library set it)', or why there is none."""
+    if metrics.peak_problem:
+        return f"[red]{escape(metrics.peak_problem)}[/red]"
+    if metrics.percent_of_peak is None or not metrics.peak_gflops:
+        return "peak not measured (calibrate=false)"
+    precision = f" {metrics.peak_precision}" if metrics.peak_precision else ""
+    return (f"{metrics.percent_of_peak:.0f} % of the{precision} GEMM peak {metrics.peak_gflops:.0f} "
+            f"({metrics.peak_library})")
 
 
 def instances_table(record: TrialRecord) -> Table | None:
@@ -94,6 +109,8 @@ def print_result(record: TrialRecord, path=None) -> None:
         from corescale.measure.contamination import contamination_message
 
         errors.print(f"[yellow]warning:[/yellow] {escape(contamination_message(record.metrics))}")
+    if record.metrics and not record.metrics.warmup_converged:
+        errors.print("[yellow]warning:[/yellow] warm-up did not reach a stable latency in every instance")
     if path is not None:
         print_path("result", path)
 
@@ -192,16 +209,25 @@ class ConsoleListener:
             self.bars.__exit__(*(exc or (None, None, None)))
             self.bars = None
 
+    @staticmethod
+    def _where(item, state) -> tuple[int, str]:
+        """(the loop position, the trial's label with its repeat when it has several)."""
+        repeats = item.trial.cfg.repeats
+        label = item.label + (f" [repeat {state.repeat + 1}/{repeats}]" if repeats > 1 else "")
+        return state.position or item.number, label
+
     def skipped(self, item, existing, state) -> None:
-        console.print(escape(f"{self.what} {item.number}/{state.total} skipped (valid result exists: {existing}): "
-                             f"{item.label}"), soft_wrap=True)
+        number, label = self._where(item, state)
+        console.print(escape(f"{self.what} {number}/{state.total} skipped (valid result exists: {existing}): "
+                             f"{label}"), soft_wrap=True)
 
     def starting(self, item, state) -> None:
-        eta = eta_text(state, state.total - item.number + 1)
+        number, label = self._where(item, state)
+        eta = eta_text(state, state.total - number + 1)
         if state.total > 1:
-            console.print(f"[bold]{escape(self.what)} {item.number}/{state.total}[/bold] ({eta}): "
-                          f"{escape(item.label)}", soft_wrap=True)
-        bars = SweepProgress(item.trial.cfg, self.progress, item.number - 1, state.total, eta) if state.total > 1 \
+            console.print(f"[bold]{escape(self.what)} {number}/{state.total}[/bold] ({eta}): {escape(label)}",
+                          soft_wrap=True)
+        bars = SweepProgress(item.trial.cfg, self.progress, number - 1, state.total, eta) if state.total > 1 \
             else TrialProgress(item.trial.cfg, self.progress)
         self.bars = bars.__enter__()
 
@@ -218,11 +244,13 @@ class ConsoleListener:
         if self.tables:
             print_result(record, outcome.path)
         else:
-            console.print(escape(f"  {self.what} {item.number}/{state.total}{where}: {brief(record)}"),
+            console.print(escape(f"  {self.what} {self._where(item, state)[0]}/{state.total}{where}: "
+                                 f"{brief(record)}"),
                           soft_wrap=True)
             print_path("  result", outcome.path)
         if not outcome.ok:
-            errors.print(f"[red]{escape(self.what)} {item.number} failed:[/red] {escape(str(record.reason))}",
+            errors.print(f"[red]{escape(self.what)} {self._where(item, state)[0]} failed:[/red] "
+                         f"{escape(str(record.reason))}",
                          soft_wrap=True)
 
 
@@ -234,7 +262,8 @@ def loop_table(state, title: str = "sweep") -> Table:
     for row in state.rows:
         colour = {"ok": "green", "failed": "red"}.get(row.status, "dim")
         detail = brief(row.record) if row.record else str(row.path)
-        table.add_row(str(row.item.number), escape(row.item.label), f"[{colour}]{row.status}[/{colour}]",
+        label = row.item.label + (f" [repeat {row.repeat + 1}]" if row.item.trial.cfg.repeats > 1 else "")
+        table.add_row(str(row.item.number), escape(label), f"[{colour}]{row.status}[/{colour}]",
                       escape(detail))
     return table
 
@@ -275,3 +304,28 @@ def study_table(kind: str, frame) -> Table:
         status = "contaminated" if row["status"] == "ok" and row["contaminated"] else row["status"]
         table.add_row(*([escape(row["group"])] if show_group else []), *cells, status)
     return table
+
+
+def print_repeats(state, planned) -> None:
+    """Per trial, the headline figures with their interval across repeats (the unit of uncertainty)."""
+    from corescale.results.repeats import across_repeats
+
+    table = Table(title="across repeats (fresh processes each; 95 % Student-t intervals)", header_style="bold")
+    for column in ("#", "trial", "repeats", "samples/s", "95 % CI", "p50 ms", "95 % CI", "p99 ms"):
+        table.add_column(column, justify="right" if column not in ("trial",) else "left")
+    for item in planned:
+        summary = across_repeats(state.records_of(item))
+        tput, p50 = summary.throughput, summary.p50_ms
+
+        def ci(interval, digits=2):
+            return "-" if interval.low is None else f"{interval.low:.{digits}f} – {interval.high:.{digits}f}"
+
+        failed = f" ({summary.failed} failed)" if summary.failed else ""
+        label = item.label if len(planned) > 1 else "this configuration"
+        table.add_row(str(item.number), escape(label), f"{summary.repeats}{failed}", f"{tput.mean:.2f}",
+                      ci(tput), f"{p50.mean:.2f}", ci(p50), f"{summary.p99_ms.mean:.2f}")
+    from corescale.commands._common import print_wide
+
+    print_wide(table)
+    console.print("the intervals in each run's own table are over that run's calls; these are over repeats",
+                  soft_wrap=True)

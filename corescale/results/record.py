@@ -74,11 +74,14 @@ class InstanceMetrics:
     foreign_load: float
     contaminated: bool
     peak_rss_bytes: int
-    sgemm_gflops: float | None
+    peak_gflops: float | None  # the best measured GEMM on its CPUs and threads (machine/peak.py)
     load_seconds: float
     stage_seconds: dict[str, float]
     warmup_iterations: int
     warmup_converged: bool
+    peak_library: str | None = None
+    calls_outside_window: int = 0  # timed calls that straddle the window's edges (not in the latency figures)
+    rss_bytes: int | None = None  # resident memory at the end of the window (the measured backend only)
 
 
 @dataclass
@@ -93,8 +96,8 @@ class RunMetrics:
     latency_s: dict[str, float]  # pooled over instances
     max_instance_p50_s: float
     gflops_per_s: float
-    sgemm_peak_gflops: float | None
-    percent_of_peak: float | None
+    peak_gflops: float | None  # sum over instances of the best measured GEMM on their CPUs (the yardstick)
+    percent_of_peak: float | None  # None when there is no peak, or when it would exceed 100 (see peak_problem)
     flops_per_sample: float
     peak_rss_bytes: int
     cpu_utilisation: float
@@ -103,14 +106,21 @@ class RunMetrics:
     contaminated_instances: list[int]
     load_seconds: float
     instances: list[InstanceMetrics]
+    peak_library: str | None = None  # which GEMM implementation set the peak ("a+b" when instances differ)
+    peak_precision: str | None = None  # the precision of that GEMM (fp32 for bf16/int8 on CPUs without them)
+    peak_problem: str | None = None  # why percent_of_peak is not given although a peak is known
+    calls_outside_window: int = 0
+    padded_tokens_per_s: float | None = None  # tokens/s including padding (throughput_tokens_per_s: real ones)
+    warmup_converged: bool = True  # every instance's warm-up reached a stable latency
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RunMetrics:
-        data = _known(cls, data)
-        data["instances"] = [InstanceMetrics(**_known(InstanceMetrics, inst)) for inst in data.get("instances", [])]
+        data = _known(cls, _renamed_v1(data, "sgemm_peak_gflops"))
+        data["instances"] = [InstanceMetrics(**_known(InstanceMetrics, _renamed_v1(inst, "sgemm_gflops")))
+                             for inst in data.get("instances", [])]
         return cls(**data)
 
 
@@ -143,10 +153,11 @@ class TrialRecord:
     elapsed_s: float | None = None
     finished_at: float | None = None  # epoch seconds, stamped by the trial loop
     lock_wait_s: float | None = None
-    sgemm_reused_instances: list[int] = field(default_factory=list)
     node: dict[str, Any] | None = None  # Ray: where it ran
     executor: dict[str, Any] | None = None
     legacy_keys: list[str] = field(default_factory=list)  # keys this trial had under older key definitions
+    repeat: int = 0  # which of the config's `repeats` (fresh processes each) this record is
+    repeats: int = 1
     schema_migrated_from: int | None = None
 
     @property
@@ -268,6 +279,15 @@ def _failure_v1(data: dict[str, Any]) -> dict[str, Any] | None:
 
 
 # --- helpers ----------------------------------------------------------------------------------------------------
+
+def _renamed_v1(data: dict[str, Any], old: str) -> dict[str, Any]:
+    """0.1 called the peak `sgemm_*`: a 1024² torch.mm, whatever library that ran on."""
+    if old not in data:
+        return data
+    data = {**data, "peak_gflops": data[old]}
+    data.setdefault("peak_library", "torch_mm" if data[old] else None)
+    return data
+
 
 def _names(cls) -> set[str]:
     return {f.name for f in dataclasses.fields(cls)}

@@ -80,7 +80,7 @@ def load(root, latest: bool = True, where: list[str] | None = None, require: boo
     if not frame.empty:
         frame = frame.sort_values(["finished_at", "run"], kind="stable", ignore_index=True)
         if latest:
-            frame = frame.drop_duplicates("key", keep="last").reset_index(drop=True)
+            frame = frame.drop_duplicates(["key", "repeat"], keep="last").reset_index(drop=True)
         frame = filter_frame(frame, where or [])
     return Table(frame, problems, unfinished)
 
@@ -129,6 +129,7 @@ def _run_columns(record: TrialRecord, path: Path) -> dict:
     return {
         "run": Path(path).name,
         "key": record.trial_key,
+        "repeat": record.repeat,
         "status": record.status,
         "valid": record.valid,
         "reason": record.reason,
@@ -269,7 +270,7 @@ class ResultIndex:
     def __init__(self, root):
         self.root = Path(root).expanduser()
         self.seen: set[Path] = set()
-        self.ok: dict[str, Path] = {}
+        self.ok: dict[tuple[str, int], Path] = {}
 
     def refresh(self) -> None:
         if not self.root.is_dir():
@@ -284,8 +285,9 @@ class ResultIndex:
                 continue
             if record.valid_ok:
                 for key in (record.trial_key, *record.legacy_keys):  # old keys stay findable
-                    self.ok[key] = run_dir
+                    self.ok[(key, record.repeat)] = run_dir
 
-    def find(self, key: str) -> Path | None:
+    def find(self, key: str, repeat: int = 0) -> Path | None:
+        """A valid result of that trial key and repeat (repeats are measured in fresh processes each)."""
         self.refresh()
-        return self.ok.get(key)
+        return self.ok.get((key, repeat))

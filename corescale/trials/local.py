@@ -55,16 +55,35 @@ class Row:
     status: str  # ok | failed | skipped
     record: TrialRecord | None
     path: Path | None
+    repeat: int = 0
+
+
+def schedule(planned: list[Planned]) -> list[tuple[Planned, int]]:
+    """(trial, repeat) in the order they run: round by round over every trial (A B C A B C ...), so drift over
+    time spreads over all of them instead of aliasing onto the swept variable; `repeat_order=shuffled` puts
+    each round in a random order seeded by the trials' `seed` and the round."""
+    import random
+
+    rounds = max((item.trial.cfg.repeats for item in planned), default=0)
+    order = []
+    for r in range(rounds):
+        round_items = [item for item in planned if r < item.trial.cfg.repeats]
+        if round_items and round_items[0].trial.cfg.repeat_order == "shuffled":
+            random.Random(f"{round_items[0].trial.cfg.seed}-{r}").shuffle(round_items)
+        order.extend((item, r) for item in round_items)
+    return order
 
 
 @dataclass
 class LoopState:
     """What a loop has done so far; feeds the ETA and the closing summary."""
 
-    total: int
+    total: int  # trials x repeats
     rows: list[Row] = field(default_factory=list)
     measured_seconds: list[float] = field(default_factory=list)
     stopped: bool = False  # --fail-fast ended the loop early
+    position: int = 0  # the number (1-based) of the trial run or skipped last
+    repeat: int = 0  # and which repeat of its trial that is
 
     def eta_seconds(self, remaining: int) -> float | None:
         if not self.measured_seconds:
@@ -77,6 +96,13 @@ class LoopState:
     @property
     def failed(self) -> int:
         return self.count("failed")
+
+    def records_of(self, item: Planned) -> list[TrialRecord]:
+        """Every repeat of one trial measured or found in this loop (skipped ones read from their files)."""
+        from corescale.results.files import read_result
+
+        return [row.record if row.record is not None else read_result(row.path)
+                for row in self.rows if row.item is item and (row.record is not None or row.path is not None)]
 
 
 class Listener:
@@ -118,34 +144,23 @@ def stamp(measured: Measured, **fields) -> Measured:
     return measured
 
 
-def run_trial(trial: Trial, host: dict | None = None, on_event=None, sgemm: dict | None = None,
-              keep_going: bool = True, on_lock_wait=None) -> TrialOutcome:
+def run_trial(trial: Trial, host: dict | None = None, on_event=None, keep_going: bool = True,
+              on_lock_wait=None, repeat: int = 0) -> TrialOutcome:
     """Measure under the machine lock, then commit (failures too). keep_going: errors become failed records."""
     started = time.time()
     host = {**(host or environment.capture()), "load_average": list(os.getloadavg())}
-    sgemm = sgemm if sgemm is not None else {}
     with machine_lock(on_wait=on_lock_wait) as waited:
         try:
-            measured = measure(trial, on_event, host, sgemm)
+            measured = measure(trial, on_event, host)
         except (KeyboardInterrupt, SystemExit):
             raise
         except Exception as exc:  # noqa: BLE001 - one broken trial must not end the loop
             if not keep_going:
                 raise
             measured = failed_measured(trial, Failure.from_exception(exc), host, started)
-        reused = [spec["id"] for spec in measured.record.specs if trial.cfg.calibrate and spec["sgemm_gflops"]]
         # still holding the lock: no other trial ran before this instant
-        stamp(measured, lock_wait_s=waited, sgemm_reused_instances=reused, executor={"name": "local"})
+        stamp(measured, lock_wait_s=waited, executor={"name": "local"}, repeat=repeat, repeats=trial.cfg.repeats)
     return commit(measured)
-
-
-def remember_sgemm(record: TrialRecord, known: dict) -> None:
-    """SGEMM rates a trial calibrated, by (cpus, threads it ran): later trials on the same cores skip it."""
-    by_id = {spec["id"]: spec for spec in record.specs}
-    for report in record.instances:
-        spec = by_id.get(report.get("instance"))
-        if spec is not None and report.get("sgemm_gflops"):
-            known[(tuple(spec["cpus"]), spec["threads"])] = report["sgemm_gflops"]
 
 
 def run_trials(planned: list[Planned], listener: Listener | None = None, resume: bool = True,
@@ -153,24 +168,24 @@ def run_trials(planned: list[Planned], listener: Listener | None = None, resume:
     """Every planned trial, in order; returns what happened to each."""
     listener = listener or Listener()
     host = environment.capture()  # once per loop: the machine does not change between trials
-    sgemm: dict = {}
     indexes: dict[Path, ResultIndex] = {}
-    state = LoopState(len(planned))
-    for item in planned:
+    order = schedule(planned)
+    state = LoopState(len(order))
+    for number, (item, repeat) in enumerate(order, 1):
+        state.position, state.repeat = number, repeat
         index = indexes.setdefault(item.index_root, ResultIndex(item.index_root))
-        existing = index.find(item.key) if resume else None
+        existing = index.find(item.key, repeat) if resume else None
         if existing is not None:
-            state.rows.append(Row(item, "skipped", None, existing))
+            state.rows.append(Row(item, "skipped", None, existing, repeat))
             listener.skipped(item, existing, state)
             continue
         listener.starting(item, state)
         started = time.monotonic()
-        outcome = run_trial(item.trial, host, lambda i, e, item=item: listener.worker_event(item, i, e), sgemm,
-                            keep_going, on_lock_wait)
+        outcome = run_trial(item.trial, host, lambda i, e, item=item: listener.worker_event(item, i, e),
+                            keep_going, on_lock_wait, repeat)
         state.measured_seconds.append(time.monotonic() - started)
-        remember_sgemm(outcome.record, sgemm)
         index.refresh()
-        state.rows.append(Row(item, outcome.record.status, outcome.record, outcome.path))
+        state.rows.append(Row(item, outcome.record.status, outcome.record, outcome.path, repeat))
         listener.finished(item, outcome, state)
         if not outcome.ok and fail_fast:
             state.stopped = True

@@ -1,0 +1,252 @@
+"""The machine's real peak: the best measured GEMM rate on an instance's CPUs, per thread count and precision.
+
+"% of peak" is against the best of several GEMM implementations, never one library's view of the hardware: on
+AMD CPUs torch.mm goes through MKL, whose AVX2 kernels reach about half of what oneDNN or OpenBLAS reach there
+with AVX-512. Measured here:
+
+- `torch_mm`      torch.mm (MKL on x86 for fp32; oneDNN for bf16)
+- `torch_onednn`  torch's own oneDNN linear on a prepacked weight (`torch.ops.mkldnn._linear_pointwise`)
+- `openvino`      an OpenVINO MatMul model on the CPU plugin (when openvino is installed)
+- `numpy`         numpy's BLAS as the environment configures it (the OPENBLAS_* variables are left alone)
+- `torch_int_mm`  torch._int_mm, int8 x int8 -> int32 (int8 only)
+
+bf16 and int8 are measured only where the ISA has them (avx512_bf16/amx_bf16; avx512_vnni/avx_vnni/amx_int8);
+elsewhere a run at that precision computes in fp32 and the fp32 peak is its yardstick (the record says so).
+Results are cached per machine + software fingerprint under `<cache_dir>/peak/`, one file per (CPUs, threads,
+precision), so a run, a sweep or another day re-measures nothing; `corescale info --peak` measures again.
+The analytic ISA peak (FMA units x vector lanes x 2 x clock x cores) is reported beside it, as an upper bound.
+Importing this module imports no framework: the measuring functions import theirs when called (in a worker).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import time
+from pathlib import Path
+from typing import Callable
+
+from corescale.errors import UserError
+from corescale.machine.cpulist import format_cpulist
+
+METHOD_VERSION = 1  # bump when the way the peak is measured changes: old cache entries are then ignored
+LIBRARIES = ("torch_mm", "torch_onednn", "openvino", "numpy", "torch_int_mm")
+PRECISION_LIBRARIES = {
+    "fp32": ("torch_mm", "torch_onednn", "openvino", "numpy"),
+    "bf16": ("torch_mm", "torch_onednn", "openvino"),
+    "int8": ("torch_int_mm",),
+}
+ISA_FOR = {"bf16": ("avx512_bf16", "amx_bf16"), "int8": ("avx512_vnni", "avx_vnni", "amx_int8")}
+SOFTWARE = ("torch", "numpy", "openvino")  # whose versions decide the measured rates
+MIN_SECONDS = 0.3  # per library: best of the calls within this long (at least 3)
+
+
+def gemm_size(threads: int) -> int:
+    """Square GEMM size large enough to keep `threads` threads busy (and well past the caches)."""
+    return 1024 if threads <= 2 else 2048 if threads <= 16 else 4096
+
+
+def peak_precision(precision: str, isa: dict[str, bool]) -> str:
+    """The precision whose peak bounds a run: the run's own where the ISA computes in it, else fp32."""
+    if precision == "fp32" or any(isa.get(flag) for flag in ISA_FOR.get(precision, ())):
+        return precision
+    return "fp32"
+
+
+# --- measuring (in the process whose CPUs and threads are measured) ---------------------------------------------
+
+def _best_rate(call: Callable[[], object], flops: float, min_seconds: float) -> float:
+    call()  # first call: allocation, packing, JIT
+    best = float("inf")
+    deadline = time.perf_counter() + min_seconds
+    reps = 0
+    while reps < 3 or time.perf_counter() < deadline:
+        start = time.perf_counter()
+        call()
+        best = min(best, time.perf_counter() - start)
+        reps += 1
+    return flops / best / 1e9
+
+
+def _torch_operands(n: int, precision: str):
+    import torch
+
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    return torch.rand(n, n, dtype=torch.float32).to(dtype), torch.rand(n, n, dtype=torch.float32).to(dtype)
+
+
+def torch_mm(n: int, threads: int, precision: str) -> Callable[[], object]:
+    import torch
+
+    torch.set_num_threads(threads)
+    a, b = _torch_operands(n, precision)
+    return lambda: torch.mm(a, b)
+
+
+def torch_onednn(n: int, threads: int, precision: str) -> Callable[[], object]:
+    import torch
+
+    torch.set_num_threads(threads)
+    a, b = _torch_operands(n, precision)
+    packed = torch.ops.mkldnn._reorder_linear_weight(b, None)
+    return lambda: torch.ops.mkldnn._linear_pointwise(a, packed, None, "none", [], "")
+
+
+def torch_int_mm(n: int, threads: int, precision: str) -> Callable[[], object]:
+    import torch
+
+    torch.set_num_threads(threads)
+    a = torch.randint(-128, 127, (n, n), dtype=torch.int8)
+    b = torch.randint(-128, 127, (n, n), dtype=torch.int8)
+    return lambda: torch._int_mm(a, b)
+
+
+def openvino(n: int, threads: int, precision: str) -> Callable[[], object]:
+    import numpy as np
+    import openvino as ov
+    import openvino.opset13 as ops
+
+    param = ops.parameter([n, n], ov.Type.f32, name="a")
+    weight = ops.constant(np.random.default_rng(0).random((n, n), dtype=np.float32))
+    model = ov.Model([ops.matmul(param, weight, False, False)], [param], "gemm")
+    config = {"INFERENCE_NUM_THREADS": threads, "NUM_STREAMS": 1, "PERFORMANCE_HINT": "LATENCY",
+              "INFERENCE_PRECISION_HINT": "bf16" if precision == "bf16" else "f32"}
+    request = ov.Core().compile_model(model, "CPU", config).create_infer_request()
+    data = np.random.default_rng(1).random((n, n), dtype=np.float32)
+    return lambda: request.infer({"a": data}, share_inputs=True, share_outputs=True)
+
+
+def numpy(n: int, threads: int, precision: str) -> Callable[[], object]:
+    import numpy as np
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(limits=threads, user_api="blas")  # for the rest of this (short-lived) process
+    rng = np.random.default_rng(0)
+    a, b = rng.random((n, n), dtype=np.float32), rng.random((n, n), dtype=np.float32)
+    return lambda: a @ b
+
+
+def blas_info() -> list[dict]:
+    """Which BLAS numpy runs and with which kernels (threadpoolctl), e.g. OpenBLAS 'Haswell' or 'SkylakeX'."""
+    from threadpoolctl import threadpool_info
+
+    return [{k: info.get(k) for k in ("internal_api", "version", "architecture", "num_threads")}
+            for info in threadpool_info() if info.get("user_api") == "blas"]
+
+
+MEASURES = {"torch_mm": torch_mm, "torch_onednn": torch_onednn, "openvino": openvino, "numpy": numpy,
+            "torch_int_mm": torch_int_mm}
+
+
+def measure(threads: int, precision: str, libraries: tuple[str, ...] | None = None,
+            min_seconds: float = MIN_SECONDS) -> dict:
+    """Every library's GEMM rate here (this process's CPUs) and the best: the peak of this precision."""
+    n = gemm_size(threads)
+    rates: dict[str, float] = {}
+    errors: dict[str, str] = {}
+    for name in libraries or PRECISION_LIBRARIES[precision]:
+        try:
+            rates[name] = _best_rate(MEASURES[name](n, threads, precision), 2.0 * n**3, min_seconds)
+        except Exception as exc:  # noqa: BLE001 - a library that cannot run here is reported, not fatal
+            errors[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]
+    best = max(rates, key=rates.get) if rates else None
+    detail = {}
+    if "numpy" in rates:
+        detail["numpy"] = blas_info()
+    return {"precision": precision, "threads": threads, "size": n, "gflops": rates.get(best), "library": best,
+            "libraries": rates, "errors": errors, "detail": detail, "method_version": METHOD_VERSION}
+
+
+# --- the cache (light: no framework import) ---------------------------------------------------------------------
+
+def fingerprint(cpu: dict, topology: dict) -> str:
+    """Machine + software: CPU model and ISA, topology, and the versions of the libraries measured."""
+    versions = {}
+    for name in SOFTWARE:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = None
+    blob = json.dumps({"cpu": cpu.get("model"), "isa": cpu.get("isa"), "topology": topology, "versions": versions,
+                       "method": METHOD_VERSION}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def host_fingerprint() -> str:
+    from corescale.machine.environment import cpuinfo
+    from corescale.machine.topology import Topology
+
+    topology = Topology.from_sysfs()
+    return fingerprint(cpuinfo(), {"logical_cpus": len(topology.cpu_ids), "physical_cores":
+                                   len(topology.physical_cores)})
+
+
+class PeakCache:
+    """<cache_dir>/peak/<fingerprint>/<cpus>-t<threads>-<precision>.json, each written atomically."""
+
+    def __init__(self, cache_dir, machine: str | None = None):
+        self.root = Path(cache_dir).expanduser() / "peak" / (machine or host_fingerprint())
+
+    def path(self, cpus, threads: int, precision: str) -> Path:
+        return self.root / f"{format_cpulist(sorted(cpus)) or 'none'}-t{threads}-{precision}.json"
+
+    def get(self, cpus, threads: int, precision: str) -> dict | None:
+        try:
+            entry = json.loads(self.path(cpus, threads, precision).read_text())
+        except (OSError, ValueError):
+            return None
+        ok = isinstance(entry, dict) and entry.get("method_version") == METHOD_VERSION and entry.get("gflops")
+        return entry if ok else None
+
+    def put(self, cpus, threads: int, entry: dict) -> None:
+        from corescale.results.files import write_json_atomic
+
+        if not entry.get("gflops"):
+            return  # nothing measured: never cache a failure
+        self.root.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(self.path(cpus, threads, entry["precision"]), entry)
+
+
+def check_libraries(names: list[str]) -> tuple[str, ...]:
+    """`info --peak --libraries a,b`: known names, each installed (one line otherwise)."""
+    unknown = [n for n in names if n not in LIBRARIES]
+    if unknown:
+        raise UserError(f"unknown peak library {', '.join(unknown)}; allowed: {', '.join(LIBRARIES)}")
+    import importlib.util
+
+    needs = {"openvino": "openvino", "numpy": "numpy"}
+    missing = [n for n in names if n in needs and importlib.util.find_spec(needs[n]) is None]
+    if missing:
+        raise UserError(f"peak library {', '.join(missing)} is not installed here (pip install "
+                        f"'corescale[{missing[0]}]')")
+    return tuple(names)
+
+
+def analytic_gflops(cpu: dict, cores: int) -> dict | None:
+    """FMA units x lanes x 2 x GHz x cores, assuming 2 full-width FMA units per core; None without a clock."""
+    mhz = cpu.get("max_mhz") or cpu.get("mhz")
+    if not mhz:
+        return None
+    isa = cpu.get("isa") or {}
+    lanes = 16 if isa.get("avx512f") else 8 if isa.get("avx2") or isa.get("fma") else 4
+    per_core = 2 * lanes * 2 * mhz / 1e3
+    return {"gflops": per_core * cores, "per_core": per_core, "lanes": lanes, "mhz": mhz,
+            "assumes": "2 full-width FMA units per core at the reported clock (an upper bound)"}
+
+
+def main(argv: list[str]) -> int:
+    """`python -m corescale.machine.peak THREADS PRECISION OUT.json`: measure here (the launcher pins this
+    process like the instance it stands for), write the entry whole."""
+    threads, precision, out = int(argv[0]), argv[1], Path(argv[2])
+    libraries = tuple(name for name in (argv[3] if len(argv) > 3 else "").split(",") if name) or None
+    from corescale.results.files import write_json_atomic
+
+    write_json_atomic(out, measure(threads, precision, libraries))
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main(sys.argv[1:]))

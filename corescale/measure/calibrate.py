@@ -1,0 +1,58 @@
+"""Before a trial's instances start: the machine's GEMM peak on each instance's CPUs (machine/peak.py), from the
+cache or measured in fresh processes pinned and configured exactly like the instances, all at once (as the
+instances will run), so no framework or BLAS thread pool of the calibration lingers in a measured process."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from corescale.machine import instance_env
+from corescale.machine.peak import PeakCache, peak_precision
+from corescale.machine.placement import InstanceSpec
+
+TIMEOUT_S = 180.0
+
+
+def with_peaks(specs: list[InstanceSpec], cfg, isa: dict, work_dir: Path, cache: PeakCache, force: bool = False,
+               libraries: tuple[str, ...] = (), precision: str | None = None) -> list[InstanceSpec]:
+    """The specs with their peak entries; measures (and caches) those the cache does not hold (all: force)."""
+    precision = precision or peak_precision(cfg.precision, isa)
+    known = {spec.id: None if force else cache.get(spec.cpus, spec.threads, precision) for spec in specs}
+    todo = [spec for spec in specs if known[spec.id] is None]
+    for spec, entry in zip(todo, _measure(todo, cfg, precision, work_dir, libraries)):
+        cache.put(spec.cpus, spec.threads, entry)
+        known[spec.id] = {**entry, "cached": False}
+    return [dataclasses.replace(spec, peak={"cached": True, **known[spec.id]}) for spec in specs]
+
+
+def _measure(specs: list[InstanceSpec], cfg, precision: str, work_dir: Path, libraries: tuple[str, ...]) -> list[dict]:
+    if not specs:
+        return []
+    preload = instance_env.preload_paths(cfg)
+    running = []
+    for spec in specs:
+        out = work_dir / f"peak-{spec.id}.json"
+        command = [*instance_env.command_prefix(spec), sys.executable, "-m", "corescale.machine.peak",
+                   str(spec.threads), precision, str(out), ",".join(libraries)]
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                   env=instance_env.environment(cfg, spec, preload), start_new_session=True,
+                                   preexec_fn=instance_env.pin_before_exec(spec.cpus))
+        running.append((process, out))
+    entries = []
+    for process, out in running:
+        try:
+            _, err = process.communicate(timeout=TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            _, err = process.communicate()
+        try:
+            entries.append(json.loads(out.read_text()))
+        except (OSError, ValueError):
+            tail = (err or b"").decode(errors="replace").strip().splitlines()[-1:] or [f"exit {process.returncode}"]
+            entries.append({"precision": precision, "gflops": None, "library": None, "libraries": {},
+                            "errors": {"calibration": tail[0][:300]}})
+    return entries

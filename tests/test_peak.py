@@ -1,0 +1,109 @@
+"""The machine's real peak: every library measured in a pinned process, cached per machine + software, never a
+"% of peak" above 100."""
+
+import json
+
+import pytest
+from conftest import FAST, corescale
+
+from corescale.machine import peak
+from corescale.measure.aggregate import percent_of_peak
+
+
+def test_peak_precision_follows_the_isa():
+    assert peak.peak_precision("fp32", {}) == "fp32"
+    assert peak.peak_precision("bf16", {"avx512_bf16": False, "amx_bf16": False}) == "fp32"
+    assert peak.peak_precision("bf16", {"amx_bf16": True}) == "bf16"
+    assert peak.peak_precision("int8", {"avx_vnni": True}) == "int8"
+    assert peak.peak_precision("int8", {"avx2": True}) == "fp32"
+
+
+def test_measure_reports_every_library_and_the_best():
+    entry = peak.measure(1, "fp32", ("torch_mm", "numpy"), min_seconds=0.05)
+    assert set(entry["libraries"]) == {"torch_mm", "numpy"} and not entry["errors"]
+    assert entry["library"] == max(entry["libraries"], key=entry["libraries"].get)
+    assert entry["gflops"] == max(entry["libraries"].values()) > 0
+    assert entry["detail"]["numpy"][0]["internal_api"]  # which BLAS numpy runs (threadpoolctl)
+
+
+def test_a_library_that_cannot_run_is_reported_not_fatal(monkeypatch):
+    def broken(n, threads, precision):
+        raise RuntimeError("no such kernel here")
+
+    monkeypatch.setitem(peak.MEASURES, "numpy", broken)
+    entry = peak.measure(1, "fp32", ("torch_mm", "numpy"), min_seconds=0.05)
+    assert entry["library"] == "torch_mm" and "no such kernel here" in entry["errors"]["numpy"]
+
+
+def test_cache_is_per_cpus_threads_precision_and_fingerprint(tmp_path):
+    cache = peak.PeakCache(tmp_path, machine="m1")
+    entry = {"precision": "fp32", "gflops": 100.0, "library": "numpy", "method_version": peak.METHOD_VERSION}
+    cache.put((0, 1), 2, entry)
+    assert cache.get((1, 0), 2, "fp32")["gflops"] == 100.0
+    assert cache.get((0, 1), 1, "fp32") is None and cache.get((0, 1), 2, "bf16") is None
+    assert peak.PeakCache(tmp_path, machine="m2").get((0, 1), 2, "fp32") is None  # another machine/software
+    cache.put((3,), 1, {"precision": "fp32", "gflops": None})  # a failed calibration is never cached
+    assert cache.get((3,), 1, "fp32") is None
+    stale = cache.path((0, 1), 2, "fp32")
+    stale.write_text(json.dumps({**entry, "method_version": -1}))
+    assert cache.get((0, 1), 2, "fp32") is None  # measured another way: measured again
+
+
+def test_fingerprint_changes_with_the_machine():
+    a = peak.fingerprint({"model": "EPYC", "isa": {"avx2": True}}, {"logical_cpus": 2})
+    assert a == peak.fingerprint({"model": "EPYC", "isa": {"avx2": True}}, {"logical_cpus": 2})
+    assert a != peak.fingerprint({"model": "EPYC", "isa": {"avx512f": True}}, {"logical_cpus": 2})
+    assert a != peak.fingerprint({"model": "EPYC", "isa": {"avx2": True}}, {"logical_cpus": 96})
+
+
+def test_percent_of_peak_is_never_above_100():
+    assert percent_of_peak(50.0, [{"gflops": 100.0}]) == (100.0, 50.0, None)
+    assert percent_of_peak(101.0, [{"gflops": 100.0}])[1] == 100.0  # calibration noise: capped
+    total, percent, problem = percent_of_peak(207.0, [{"gflops": 50.0}, {"gflops": 50.0}])
+    assert total == 100.0 and percent is None and "exceeds the measured GEMM peak" in problem
+    assert percent_of_peak(10.0, [{"gflops": 50.0}, None]) == (None, None, None)  # one instance unknown
+
+
+def test_analytic_peak_needs_a_clock():
+    assert peak.analytic_gflops({"isa": {"avx2": True}}, 2) is None
+    analytic = peak.analytic_gflops({"isa": {"avx512f": True}, "mhz": 2000.0}, 2)
+    assert analytic["per_core"] == pytest.approx(2 * 16 * 2 * 2.0) and analytic["gflops"] == 2 * analytic["per_core"]
+
+
+def test_run_records_the_peak_and_reuses_it(tmp_path):
+    cache = tmp_path / "cache"
+    args = ["run", *[o for o in FAST if o != "calibrate=false"], f"cache_dir={cache}"]
+    first = corescale(*args, f"output_dir={tmp_path / 'a'}", "--no-progress")
+    assert first.returncode == 0, first.stderr
+    (run,) = (tmp_path / "a").iterdir()
+    record = json.loads((run / "result.json").read_text())
+    m = record["metrics"]
+    assert m["peak_gflops"] > 0 and m["peak_library"] in peak.LIBRARIES and m["peak_precision"] == "fp32"
+    assert 0 < m["percent_of_peak"] <= 100 and m["peak_problem"] is None
+    spec_peak = record["specs"][0]["peak"]
+    assert spec_peak["cached"] is False and set(spec_peak["libraries"]) >= {"torch_mm", "numpy"}
+    assert "GEMM peak" in first.stdout
+    assert corescale(*args, f"output_dir={tmp_path / 'b'}", "--no-progress").returncode == 0
+    (run,) = (tmp_path / "b").iterdir()
+    again = json.loads((run / "result.json").read_text())
+    assert again["specs"][0]["peak"]["cached"] is True
+    assert again["metrics"]["peak_gflops"] == m["peak_gflops"]
+
+
+def test_info_peak_shows_every_library(tmp_path):
+    proc = corescale("info", "--peak", "--libraries", "torch_mm,numpy", "--cache-dir", str(tmp_path), "--json")
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(proc.stdout)["peak"]
+    assert {row["threads"] for row in rows} >= {1} and all(set(row["libraries"]) == {"torch_mm", "numpy"}
+                                                           for row in rows)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["info", "--peak", "--libraries", "cublas"], "unknown peak library cublas; allowed: torch_mm"),
+    (["info", "--libraries", "numpy"], "--libraries needs --peak"),
+])
+def test_bad_peak_requests_are_one_line(args, message):
+    proc = corescale(*args)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("corescale: error: ")
+    assert message in lines[0]

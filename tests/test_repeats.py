@@ -1,0 +1,77 @@
+"""Repeats in fresh processes are the unit of uncertainty: interleaved across a sweep, resumed by (key, repeat),
+summarised with an interval across repeats."""
+
+import json
+from types import SimpleNamespace
+
+import pytest
+from conftest import FAST, corescale
+
+from corescale.errors import UserError
+from corescale.overrides import compose
+from corescale.results.record import TrialRecord
+from corescale.results.repeats import Interval, across_repeats
+from corescale.trials.local import schedule
+
+
+def item(name, repeats=3, order="interleaved", seed=0):
+    cfg = SimpleNamespace(repeats=repeats, repeat_order=order, seed=seed)
+    return SimpleNamespace(label=name, trial=SimpleNamespace(cfg=cfg))
+
+
+def names(order):
+    return [f"{i.label}{r}" for i, r in order]
+
+
+def test_repeats_are_interleaved_round_by_round():
+    a, b, c = item("A"), item("B"), item("C", repeats=1)
+    assert names(schedule([a, b, c])) == ["A0", "B0", "C0", "A1", "B1", "A2", "B2"]
+
+
+def test_shuffled_rounds_are_seeded():
+    trials = [item(n, repeats=4, order="shuffled", seed=7) for n in "ABCDE"]
+    first, again = names(schedule(trials)), names(schedule(trials))
+    assert first == again  # the same seed, the same order
+    rounds = [first[i:i + 5] for i in range(0, 20, 5)]
+    assert all(sorted(r) == sorted(f"{n}{k}" for n in "ABCDE") for k, r in enumerate(rounds))
+    assert len({tuple(x[0] for x in r) for r in rounds}) > 1  # not one fixed order
+    other = names(schedule([item(n, repeats=4, order="shuffled", seed=8) for n in "ABCDE"]))
+    assert other != first
+
+
+def test_interval_is_across_repeats():
+    interval = Interval.of([10.0, 12.0, 11.0])
+    assert interval.mean == pytest.approx(11.0) and interval.n == 3
+    assert interval.low == pytest.approx(11.0 - 4.303 * 1.0 / 3**0.5, rel=1e-3)  # t(0.975, 2) = 4.303
+    single = Interval.of([5.0])
+    assert single.low is None and "1 repeat: no interval" in single.text("ms")
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["repeats=0"], "repeats must be > 0"),
+    (["repeats=nan"], "repeats: expected int"),
+    (["repeat_order=random"], "unknown repeat_order 'random'; allowed: interleaved, shuffled"),
+    (["backend=onnxruntime", "openmp=gnu"], "openmp=gnu applies to the backends that run on OpenMP threads"),
+    (["backend=openvino", "openmp=intel"], "backend=openvino uses its own thread pool"),
+])
+def test_bad_repeat_and_openmp_settings_are_one_line(overrides, message):
+    with pytest.raises(UserError) as info:
+        compose(overrides)
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_run_with_repeats_measures_each_in_fresh_processes_and_resumes(tmp_path):
+    out = tmp_path / "out"
+    proc = corescale("run", *FAST, "repeats=3", f"output_dir={out}", "--no-progress")
+    assert proc.returncode == 0, proc.stderr
+    assert "across repeats" in proc.stdout and "this configuration" in proc.stdout
+    records = [TrialRecord.from_json(json.loads((d / "result.json").read_text())) for d in sorted(out.iterdir())]
+    assert sorted(r.repeat for r in records) == [0, 1, 2] and {r.repeats for r in records} == {3}
+    assert len({r.trial_key for r in records}) == 1
+    assert len({r.started_at + str(r.elapsed_s) for r in records}) == 3  # three runs, one after another
+    summary = across_repeats(records)
+    assert summary.repeats == 3 and summary.throughput.low < summary.throughput.mean < summary.throughput.high
+    sweep = corescale("run", "-m", *FAST, "repeats=3", "batch_size=1,2", f"output_dir={out}", "--no-progress")
+    assert sweep.returncode == 0, sweep.stderr
+    assert "6 trials: 3 measured ok, 0 failed, 3 skipped" in sweep.stdout  # batch 1's repeats were done
+    assert len(list(out.iterdir())) == 6
