@@ -61,7 +61,7 @@ def main(argv=None) -> int:
 
     stages = defaultdict(float)
     print(f"\n{'trial':<34} {'start+imp':>9} {'build':>6} {'warmup':>7} {'window':>7} {'tail':>6} {'stop':>6} "
-          f"{'sgemm':>7}")
+          f"{'peak':>7}")
     first_start = None
     for number, (_, row) in enumerate(frame.iterrows(), 1):
         record = records[row["run"]]
@@ -81,7 +81,8 @@ def main(argv=None) -> int:
                             ("tail: last call past the window, output check", tail),
                             ("stop processes + aggregate", stop)):
             stages[name] += value
-        sgemm = "reused" if record.get("sgemm_reused_instances") else ("off" if args.no_calibrate else "measured")
+        peaks = [(spec.get("peak") or {}).get("cached") for spec in record.get("specs") or []]
+        sgemm = "off" if args.no_calibrate else ("cached" if peaks and all(peaks) else "measured")
         label = f"b{row['batch_size']} s{row['sequence_length']} i{row['instances']}"
         print(f"{label:<34} {start_imports:9.2f} {load:6.2f} {warmup:7.2f} {window:7.2f} {tail:6.2f} {stop:6.2f} "
               f"{sgemm:>7}")

@@ -1,9 +1,12 @@
-"""Two result roots, trials matched by config: what got faster or slower, and is it significant.
+"""Two result roots, trials matched by what they measure: what got faster or slower, and is it significant.
 
-Latency is compared on the raw timed samples. Consecutive calls are correlated (a slow stretch lasts), so the
-samples of each run are cut into up to BLOCKS consecutive blocks and the tests run on the block medians: a
-two-sided Mann-Whitney U test and a percentile-bootstrap 95 % interval of the ratio of medians (after / before).
-A change is flagged when it is significant (p < ALPHA and the interval excludes 1) and larger than the threshold.
+The unit of uncertainty is the repeat (`repeats=N`, fresh processes each): two back-to-back runs of one config
+differ by 10-20 % here while the calls of one run agree to a fraction of a percent, so a test over one run's calls
+would call every rerun significant. Each side's repeats give one p50 each; Welch's t-test on those and a
+bootstrap 95 % interval of the ratio of their means (after / before) decide. A change is flagged when it is
+significant (p < ALPHA and the interval excludes 1) and larger than the threshold; with fewer than MIN_REPEATS
+repeats on a side the verdict says so instead of printing a p-value. `latency_test` (block medians of one run's
+calls) is kept for looking inside one pair of runs.
 """
 
 from __future__ import annotations
@@ -16,8 +19,9 @@ import pandas as pd
 from scipy import stats as sps
 
 from corescale.errors import UserError
+from corescale.results.repeats import MIN_REPEATS
 from corescale.results.stats import bootstrap_ratio_ci
-from corescale.results.store import normalise_value, ok_rows, timed_latencies_ms
+from corescale.results.store import normalise_value, ok_rows
 
 ALPHA = 0.05
 BLOCKS = 50
@@ -76,7 +80,23 @@ def describe_ratio(ratio: float) -> str:
     return f"{1 / ratio:.2f}x faster (-{(1 - ratio) * 100:.0f}%)"
 
 
-def verdict(test: LatencyTest, threshold: float) -> str:
+def repeat_test(before_p50: list[float], after_p50: list[float], seed: int = 0) -> LatencyTest | None:
+    """Across repeats (each a fresh set of processes: the unit of uncertainty): Welch's t-test on the repeats' p50s
+    and a bootstrap interval of the ratio of their means. None below MIN_REPEATS on either side."""
+    a, b = np.asarray(before_p50, dtype=float), np.asarray(after_p50, dtype=float)
+    if a.size < MIN_REPEATS or b.size < MIN_REPEATS:
+        return None
+    _, low, high = bootstrap_ratio_ci(a, b, seed=seed, stat=np.mean)
+    if np.std(a) == 0 and np.std(b) == 0:
+        p_value = 1.0 if a.mean() == b.mean() else 0.0
+    else:
+        p_value = float(sps.ttest_ind(a, b, equal_var=False).pvalue)
+    return LatencyTest(float(b.mean() / a.mean()), low, high, p_value)
+
+
+def verdict(test: LatencyTest | None, threshold: float, repeats: tuple[int, int] = (0, 0)) -> str:
+    if test is None:
+        return f"not enough repeats to tell ({repeats[0]} vs {repeats[1]}; need {MIN_REPEATS} each: repeats=N)"
     if not test.significant:
         return "no significant change"
     direction = "slower" if test.ratio > 1 else "faster"
@@ -111,6 +131,24 @@ def _labels(frame: pd.DataFrame, varying: list[str]) -> list[str]:
             for _, row in frame.iterrows()]
 
 
+def _compared(before: pd.DataFrame, after: pd.DataFrame, ignored: list[str], threshold: float) -> dict:
+    """One matched trial: its repeats on each side, compared across repeats."""
+    first = pd.concat([before.iloc[-1].add_suffix("_before"), after.iloc[-1].add_suffix("_after")])
+    p50_before, p50_after = list(before["latency_p50_ms"]), list(after["latency_p50_ms"])
+    test = repeat_test(p50_before, p50_after)
+    ratio = test.ratio if test else float(np.mean(p50_after) / np.mean(p50_before))
+    return {
+        "trial": " ".join([before["_label"].iloc[-1], *_changes(first, ignored)]).strip(),
+        "repeats_before": len(before), "repeats_after": len(after),
+        "p50_before_ms": float(np.mean(p50_before)), "p50_after_ms": float(np.mean(p50_after)),
+        "ratio": ratio, "ci_low": test.ci_low if test else np.nan, "ci_high": test.ci_high if test else np.nan,
+        "p_value": test.p_value if test else np.nan, "change": describe_ratio(ratio),
+        "verdict": verdict(test, threshold, (len(before), len(after))),
+        "throughput_ratio": float(after["throughput_samples_per_s"].mean() / before["throughput_samples_per_s"].mean()),
+        "run_before": before["run"].iloc[-1], "run_after": after["run"].iloc[-1],
+    }
+
+
 def _changes(pair: pd.Series, ignored: list[str]) -> list[str]:
     """`key=before→after` for the ignored keys that differ within a matched pair."""
     changes = []
@@ -135,24 +173,15 @@ def compare_frames(before: pd.DataFrame, after: pd.DataFrame, threshold: float =
         raise UserError(f"--ignore: unknown config key(s) {', '.join(unknown)}; keys: {', '.join(keys)}")
     skip = set(ignore or [])
     before, after = ok_rows(before), ok_rows(after)
-    before = before.assign(_match=_match_key(before, skip)).drop_duplicates("_match", keep="last")
-    after = after.assign(_match=_match_key(after, skip)).drop_duplicates("_match", keep="last")
+    before = before.assign(_match=_match_key(before, skip)).drop_duplicates(["_match", "repeat"], keep="last")
+    after = after.assign(_match=_match_key(after, skip)).drop_duplicates(["_match", "repeat"], keep="last")
     both = pd.concat([before, after])
     varying = [c for c in keys if c not in skip and c in both.columns and both[c].map(normalise_value).nunique() > 1]
     before, after = before.assign(_label=_labels(before, varying)), after.assign(_label=_labels(after, varying))
-    pairs = before.merge(after, on="_match", suffixes=("_before", "_after"))
-    rows = []
-    for _, pair in pairs.iterrows():
-        test = latency_test(timed_latencies_ms(pair["path_before"]), timed_latencies_ms(pair["path_after"]))
-        ratio_tput = pair["throughput_samples_per_s_after"] / pair["throughput_samples_per_s_before"]
-        rows.append({
-            "trial": " ".join([pair["_label_before"], *_changes(pair, ignore or [])]).strip(),
-            "p50_before_ms": pair["latency_p50_ms_before"], "p50_after_ms": pair["latency_p50_ms_after"],
-            "ratio": test.ratio, "ci_low": test.ci_low, "ci_high": test.ci_high, "p_value": test.p_value,
-            "change": describe_ratio(test.ratio), "verdict": verdict(test, threshold),
-            "throughput_ratio": ratio_tput, "run_before": pair["run_before"], "run_after": pair["run_after"],
-        })
-    matched = set(pairs["_match"])
+    matched = [m for m in dict.fromkeys(before["_match"]) if m in set(after["_match"])]
+    rows = [_compared(before[before["_match"] == m], after[after["_match"] == m], ignore or [], threshold)
+            for m in matched]
+    matched = set(matched)
 
     def unmatched(frame: pd.DataFrame) -> list[str]:
         return list(frame.loc[~frame["_match"].isin(matched), "_label"])
