@@ -153,3 +153,23 @@ def test_result_json_records_the_launch(two_instances):
             assert f"--physcpubind={placement['cpulist']}" in prefix
     assert json.loads(json.dumps(record)) == record
     assert isinstance(pd.read_parquet(path / "samples.parquet"), pd.DataFrame)
+
+
+@pytest.mark.skipif(not TWO_CPUS, reason="needs 2 usable CPUs")
+def test_warm_up_starts_only_when_every_instance_is_loaded(tmp_path):
+    """The barrier before warm-up: no instance reports a warm-up call before every instance has loaded, and no
+    timed call comes before the common start."""
+    events = []
+    trial = prepare_trial(compose([*FAST, f"output_dir={tmp_path}", "instances=2", "cores_per_instance=1"]))
+    outcome = execute(trial, on_event=lambda instance, event: events.append((instance, event["event"])))
+    assert outcome.ok, outcome.record.reason
+    loaded = [i for i, (_, kind) in enumerate(events) if kind == "loaded"]
+    first_warmup = min(i for i, (_, kind) in enumerate(events) if kind in ("warmup", "ready"))
+    assert len(loaded) == 2 and max(loaded) < first_warmup
+    started = next(i for i, (_, kind) in enumerate(events) if kind == "started")
+    assert all(kind != "progress" for _, kind in events[:started])  # the window starts after everyone is ready
+    metrics = outcome.record.metrics
+    assert metrics.warmup_converged in (True, False) and metrics.max_start_skew_ms < 50
+    report = outcome.record.instances[0]
+    assert report["warmup_iterations"] >= report["warmup_stable_iterations"] >= 1  # kept warm until the start
+    assert report["peak_rss_scope"] and report["rss_bytes"] > 0

@@ -8,8 +8,10 @@ loop (trials/local.py) is what calls these, under the machine lock.
 from __future__ import annotations
 
 import dataclasses
+import os
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -115,7 +117,8 @@ def measure(trial: Trial, on_event=None, host: dict | None = None) -> Measured:
         if trial.cfg.calibrate:  # the yardstick of "% of peak", measured once per CPUs, threads and precision
             specs = with_peaks(specs, trial.cfg, host["cpu"]["isa"], Path(work), PeakCache(trial.cfg.cache_dir))
         record.specs = [spec.to_json() for spec in specs]
-        outcome = Launcher(Path(work), trial.cfg.timeout, on_event).run(specs, trial.cfg, trial.model)
+        with housekeeping_cpus(specs):
+            outcome = Launcher(Path(work), trial.cfg.timeout, on_event).run(specs, trial.cfg, trial.model)
         if outcome.failure and outcome.failure.kind == "user":
             raise UserError(outcome.failure.message)
         logs = {p.name: p.read_bytes()[-200_000:] for p in Path(work).glob("instance-*.stderr.log")
@@ -129,6 +132,20 @@ def measure(trial: Trial, on_event=None, host: dict | None = None) -> Measured:
             _finish(record, metrics, [outcome.results[spec.id] for spec in specs])
     record.elapsed_s = time.time() - started
     return Measured(record, samples, logs)
+
+
+@contextmanager
+def housekeeping_cpus(specs: list[InstanceSpec]):
+    """The parent (supervision, progress display) moves to CPUs no instance uses while they run, when the
+    machine has any; otherwise it stays where it is and keeps quiet (the display redraws only on events)."""
+    mine = os.sched_getaffinity(0)
+    free = mine - {cpu for spec in specs for cpu in spec.cpus}
+    if free and free != mine:
+        os.sched_setaffinity(0, free)
+    try:
+        yield free or None
+    finally:
+        os.sched_setaffinity(0, mine)
 
 
 def commit(measured: Measured) -> TrialOutcome:
