@@ -239,3 +239,14 @@ def test_study_errors_are_one_line_exit_2(tmp_path):
     proc = corescale("study", "cores", *TINY, f"output_dir={tmp_path}", "--values", "1,x")
     assert proc.returncode == 2 and "--values '1,x'" in proc.stderr
     assert not any(tmp_path.iterdir())
+
+
+def test_study_with_repeats_reports_means_and_intervals(tmp_path):
+    study = studies.run_study("cores", [*TINY, "repeats=2", f"output_dir={tmp_path}"], values=[1])
+    (row,) = study.frame.to_dict(orient="records")
+    records = [r.record for r in study.state.rows]
+    assert row["repeats"] == 2 and len(records) == 2 and sorted(r.repeat for r in records) == [0, 1]
+    mean = sum(r.metrics.throughput_samples_per_s for r in records) / 2
+    assert row["throughput_samples_per_s"] == pytest.approx(mean)
+    assert row["throughput_samples_per_s_ci95_low"] <= mean <= row["throughput_samples_per_s_ci95_high"]
+    assert [t["repeat"] for t in study.document["trials"]] == [0, 1]

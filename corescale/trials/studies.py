@@ -153,6 +153,24 @@ def trial_row(kind: str, trial: StudyTrial, record: TrialRecord, path) -> dict:
     }
 
 
+def with_repeats(row: dict, records: list[TrialRecord]) -> dict:
+    """A trial measured `repeats` times: its figures are the means over the repeats, with their 95 % interval
+    (a failed repeat fails the row: a study compares like with like)."""
+    from corescale.results.repeats import across_repeats
+
+    summary = across_repeats(records)
+    row = {**row, "repeats": len(records), "repeats_ok": summary.repeats}
+    if len(records) < 2 or summary.repeats == 0:
+        return row
+    if summary.failed:
+        row["status"] = "failed"
+    for name, interval in (("throughput_samples_per_s", summary.throughput), ("latency_p50_ms", summary.p50_ms)):
+        row[name] = interval.mean
+        row[f"{name}_ci95_low"], row[f"{name}_ci95_high"] = interval.low, interval.high
+    row["latency_p99_ms"] = summary.p99_ms.mean
+    return row
+
+
 def add_scaling(kind: str, frame: pd.DataFrame) -> pd.DataFrame:
     """Speedup / efficiency against the smallest axis value of each group (NaN where a trial failed).
 
@@ -245,18 +263,17 @@ def run_study(kind: str, overrides: list[str], values: list[int] | None = None, 
     study_dir, trials, planned, topology = plan_study(kind, overrides, values, topology)
     study_dir.mkdir(parents=True, exist_ok=True)
     state = run_trials(planned, listener, resume=resume, fail_fast=fail_fast)
-    by_item = {id(row.item): row for row in state.rows}
     rows, runs, reused = [], [], []
     for item, trial in zip(planned, trials):
-        row = by_item.get(id(item))
-        if row is None:  # not run: --fail-fast stopped the study first
+        done = [row for row in state.rows if row.item is item]
+        if not done:  # not run: --fail-fast stopped the study first
             continue
-        record = row.record if row.record is not None else read_result(row.path)
-        if row.status == "skipped":
-            reused.append(row.path)
-        rows.append(trial_row(kind, trial, record, row.path))
-        runs.append({"overrides": list(trial.overrides), "path": str(row.path), "status": record.status,
-                     "reason": record.reason, "resumed": row.status == "skipped", "trial_key": record.trial_key})
+        records = [row.record if row.record is not None else read_result(row.path) for row in done]
+        reused += [row.path for row in done if row.status == "skipped"]
+        rows.append(with_repeats(trial_row(kind, trial, records[-1], done[-1].path), records))
+        runs += [{"overrides": list(trial.overrides), "path": str(row.path), "status": record.status,
+                  "reason": record.reason, "resumed": row.status == "skipped", "trial_key": record.trial_key,
+                  "repeat": row.repeat} for row, record in zip(done, records)]
     frame = study_frame(kind, rows)
     document = {"study": kind, "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "overrides": overrides,
                 "values": values, "topology": topology.describe(), "environment": environment.capture(),
