@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -141,8 +142,21 @@ def pin_before_exec(cpus):
 
     def pin() -> None:
         os.sched_setaffinity(0, cpus)
+        die_with_parent()
 
     return pin
+
+
+def die_with_parent() -> None:
+    """Linux: the kernel sends SIGKILL to this process when its parent dies (however it dies), so no instance
+    outlives the corescale process that started it. Kept across exec (numactl, then python)."""
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
 
 
 def verify_mapped(cfg, mapped: dict[str, str], instance: int) -> None:

@@ -60,6 +60,7 @@ class LaunchOutcome:
     start_ns: int | None = None
     failure: Failure | None = None
     states: dict[str, dict] = field(default_factory=dict)  # per instance id: state and calls done when it ended
+    interrupted: BaseException | None = None  # the interrupt to raise again once the record is written
 
 
 class InstanceFailed(Exception):
@@ -101,6 +102,10 @@ class Launcher:
             self._supervise(outcome)
         except InstanceFailed as failed:
             outcome.failure = failed.failure
+        except KeyboardInterrupt as stop:  # SIGINT, or SIGTERM/SIGHUP through the loop's handlers
+            what = getattr(stop, "signal_name", "SIGINT")
+            outcome.failure = Failure("interrupted", f"interrupted by {what}: every instance was stopped")
+            outcome.interrupted = stop
         finally:
             self.stop_all()
             outcome.results = {i: {**p.result, "launch": p.launch} for i, p in self.instances.items()

@@ -27,6 +27,7 @@ from corescale.machine.topology import Topology
 from corescale.measure.aggregate import InstanceSamples, run_metrics, samples_frame
 from corescale.measure.calibrate import with_peaks
 from corescale.measure.launcher import Launcher, LaunchOutcome
+from corescale.measure.timing import read_pairs
 from corescale.results.files import PendingRun, run_name
 from corescale.results.record import Failure, Partial, RunMetrics, TrialRecord, spec_key
 from corescale.workload.flops import forward_flops
@@ -91,6 +92,7 @@ class Measured:
     record: TrialRecord
     samples: pd.DataFrame | None
     logs: dict[str, bytes]
+    interrupted: BaseException | None = None  # raised again once the record is committed
 
 
 def new_record(trial: Trial, host: dict | None, started: float) -> TrialRecord:
@@ -125,13 +127,17 @@ def measure(trial: Trial, on_event=None, host: dict | None = None) -> Measured:
                 if p.stat().st_size}
         instances = _load_instances(specs, outcome) if outcome.start_ns else []
         metrics, samples = _metrics(trial, instances, outcome.start_ns) if instances else (None, None)
-        if outcome.failure:  # keep what finished instances measured, flagged invalid
-            record.partial = Partial(outcome.states, [inst.id for inst in instances], metrics)
+        if outcome.failure:  # keep what finished instances measured, and the calls the others streamed: invalid
+            streamed = streamed_samples(specs, outcome) if outcome.start_ns else None
+            if streamed is not None:
+                samples = streamed if samples is None else pd.concat([samples, streamed], ignore_index=True)
+            record.partial = Partial(outcome.states, [inst.id for inst in instances], metrics,
+                                     {} if streamed is None else streamed.groupby("instance").size().to_dict())
             record.fail(outcome.failure)
         else:
             _finish(record, metrics, [outcome.results[spec.id] for spec in specs])
     record.elapsed_s = time.time() - started
-    return Measured(record, samples, logs)
+    return Measured(record, samples, logs, outcome.interrupted)
 
 
 @contextmanager
@@ -162,6 +168,22 @@ def commit(measured: Measured) -> TrialOutcome:
     except BaseException:
         pending.discard()
         raise
+
+
+def streamed_samples(specs: list[InstanceSpec], outcome: LaunchOutcome) -> pd.DataFrame | None:
+    """The timed calls that instances without a result streamed before they died or were stopped."""
+    frames = []
+    for spec in specs:
+        path = Path(f"{spec.samples_path}.stream")
+        if spec.id in outcome.results or not path.is_file():
+            continue
+        calls = read_pairs(path)
+        if len(calls.starts_ns):
+            frames.append(pd.DataFrame({
+                "instance": spec.id, "phase": "timed", "iteration": range(len(calls.starts_ns)),
+                "start_ns": calls.starts_ns, "end_ns": calls.ends_ns, "latency_ms": calls.durations_ns / 1e6,
+                "in_window": False, "streamed": True}))
+    return pd.concat(frames, ignore_index=True) if frames else None
 
 
 def _load_instances(specs: list[InstanceSpec], outcome: LaunchOutcome) -> list[InstanceSamples]:

@@ -67,8 +67,11 @@ def wait_until(instant_ns: int) -> None:
 
 
 def timed_loop(call: Callable[[], object], start_ns: int, duration_s: float, min_iterations: int,
-               progress: Progress | None = None) -> TimedSamples:
-    """Runs from start_ns until both duration_s has passed and min_iterations calls are done."""
+               progress: Progress | None = None, stream=None) -> TimedSamples:
+    """Runs from start_ns until both duration_s has passed and min_iterations calls are done. `stream` (a binary
+    file) gets every call's (start, end) as int64 pairs at each progress report, flushed, so the calls of an
+    instance that is killed mid-window survive it."""
+    streamed = 0
     deadline = start_ns + int(duration_s * 1e9)
     capacity = 1024
     starts = np.empty(capacity, dtype=np.int64)
@@ -90,7 +93,27 @@ def timed_loop(call: Callable[[], object], start_ns: int, duration_s: float, min
         count += 1
         if end >= deadline and count >= min_iterations:
             break
-        if progress and end >= next_report:
-            progress(count)
+        if end >= next_report:
+            if stream is not None:
+                streamed = append_pairs(stream, starts, ends, streamed, count)
+            if progress:
+                progress(count)
             next_report = end + PROGRESS_INTERVAL_NS
+    if stream is not None:
+        append_pairs(stream, starts, ends, streamed, count)
     return TimedSamples(starts[:count].copy(), ends[:count].copy())
+
+
+def append_pairs(stream, starts: np.ndarray, ends: np.ndarray, since: int, count: int) -> int:
+    """Appends calls since..count as (start, end) int64 pairs, flushed to the kernel; returns count."""
+    if count > since:
+        stream.write(np.stack([starts[since:count], ends[since:count]], axis=1).tobytes())
+        stream.flush()
+    return count
+
+
+def read_pairs(path) -> TimedSamples:
+    """What append_pairs wrote (a torn last pair, from a kill mid-write, is dropped)."""
+    data = np.fromfile(path, dtype=np.int64)
+    data = data[: len(data) // 2 * 2].reshape(-1, 2)
+    return TimedSamples(data[:, 0].copy(), data[:, 1].copy())

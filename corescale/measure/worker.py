@@ -128,8 +128,9 @@ def run_instance(job: dict, control: Control) -> None:
     watch = contamination.Watch(cpus, contamination.smt_siblings(cpus, exclude=job.get("trial_cpus", ())))
     watch.start()
     cpu_before = process_cpu_seconds()
-    samples = timed_loop(call, start_ns, cfg.duration, cfg.min_iterations,
-                         progress=lambda n: control.send("progress", done=n))
+    with open(f"{spec.samples_path}.stream", "wb") as stream:  # the parent reads it if this process dies
+        samples = timed_loop(call, start_ns, cfg.duration, cfg.min_iterations,
+                             progress=lambda n: control.send("progress", done=n), stream=stream)
     own_cpu = process_cpu_seconds() - cpu_before
     wall = (samples.ends_ns[-1] - start_ns) / 1e9
     foreign = watch.stop(own_cpu, wall)

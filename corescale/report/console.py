@@ -225,6 +225,7 @@ class ConsoleListener:
         return state.position or item.number, label
 
     def skipped(self, item, existing, state) -> None:
+        self._close()  # skipped after it started: another process measured it while this one waited
         number, label = self._where(item, state)
         console.print(escape(f"{self.what} {number}/{state.total} skipped (valid result exists: {existing}): "
                              f"{label}"), soft_wrap=True)

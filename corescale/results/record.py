@@ -131,6 +131,7 @@ class Partial:
     states: dict[str, dict[str, Any]]  # per instance: state, calls done and pid when the trial ended
     finished_instances: list[int]
     metrics: RunMetrics | None = None
+    streamed_calls: dict[str, int] = field(default_factory=dict)  # timed calls kept of instances that died
 
 
 @dataclass

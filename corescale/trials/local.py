@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import fcntl
 import os
-import tempfile
+import signal
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -23,7 +24,8 @@ from corescale.measure.runner import Measured, Trial, TrialOutcome, commit, fail
 from corescale.results.record import Failure, TrialRecord
 from corescale.results.store import ResultIndex
 
-LOCK_PATH = Path(tempfile.gettempdir()) / "corescale-trials.lock"
+# One machine-wide lock in a fixed place (not TMPDIR, which differs per user and process); CORESCALE_LOCK moves it.
+LOCK_PATH = Path(os.environ.get("CORESCALE_LOCK", "/tmp/corescale-trials.lock"))
 
 
 @dataclass
@@ -122,7 +124,7 @@ def machine_lock(path: Path = LOCK_PATH, on_wait=None):
     """One trial at a time on this machine, across processes (released by the kernel if we die).
 
     Yields the seconds spent waiting for another process's trial; on_wait(path) is called before waiting."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    fd = _open_lock(path)
     started = time.monotonic()
     try:
         try:
@@ -136,6 +138,20 @@ def machine_lock(path: Path = LOCK_PATH, on_wait=None):
         os.close(fd)  # closing releases the lock
 
 
+def _open_lock(path: Path) -> int:
+    """The lock file, shared by every user: made 0666 by whoever creates it; flock needs no write access, so
+    another user's read-only file works as well."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    except PermissionError:
+        return os.open(path, os.O_RDONLY)
+    try:
+        os.fchmod(fd, 0o666)  # the umask took write access from the others
+    except PermissionError:
+        pass  # someone else's file: it is theirs to change
+    return fd
+
+
 def stamp(measured: Measured, **fields) -> Measured:
     """What the driver adds before committing: when it finished, how long it waited, where it ran."""
     measured.record.finished_at = time.time()
@@ -144,12 +160,43 @@ def stamp(measured: Measured, **fields) -> Measured:
     return measured
 
 
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, raised where SIGINT raises KeyboardInterrupt (the CLI exits 130 with one line)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signal_name = signal.Signals(signum).name
+
+
+@contextmanager
+def interruptible():
+    """While trials run, SIGTERM and SIGHUP stop them like Ctrl-C: the launcher stops every instance, the trial is
+    recorded as interrupted, temp directories go, and the machine lock is released only after all that."""
+    def stop(signum, frame):
+        raise Interrupted(signum)
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def run_trial(trial: Trial, host: dict | None = None, on_event=None, keep_going: bool = True,
-              on_lock_wait=None, repeat: int = 0) -> TrialOutcome:
-    """Measure under the machine lock, then commit (failures too). keep_going: errors become failed records."""
+              on_lock_wait=None, repeat: int = 0, done_meanwhile=None) -> TrialOutcome | Path:
+    """Measure under the machine lock, then commit (failures too). keep_going: errors become failed records.
+    done_meanwhile(), checked once the lock is held, returns a valid result that another process committed
+    while this one waited: then nothing is measured and that path is returned."""
     started = time.time()
     host = {**(host or environment.capture()), "load_average": list(os.getloadavg())}
-    with machine_lock(on_wait=on_lock_wait) as waited:
+    with interruptible(), machine_lock(on_wait=on_lock_wait) as waited:
+        existing = done_meanwhile() if done_meanwhile else None
+        if existing is not None:
+            return existing
         try:
             measured = measure(trial, on_event, host)
         except (KeyboardInterrupt, SystemExit):
@@ -160,7 +207,10 @@ def run_trial(trial: Trial, host: dict | None = None, on_event=None, keep_going:
             measured = failed_measured(trial, Failure.from_exception(exc), host, started)
         # still holding the lock: no other trial ran before this instant
         stamp(measured, lock_wait_s=waited, executor={"name": "local"}, repeat=repeat, repeats=trial.cfg.repeats)
-    return commit(measured)
+        outcome = commit(measured)
+    if measured.interrupted is not None:
+        raise measured.interrupted  # the interrupted trial is on disk; the loop ends here
+    return outcome
 
 
 def run_trials(planned: list[Planned], listener: Listener | None = None, resume: bool = True,
@@ -182,7 +232,12 @@ def run_trials(planned: list[Planned], listener: Listener | None = None, resume:
         listener.starting(item, state)
         started = time.monotonic()
         outcome = run_trial(item.trial, host, lambda i, e, item=item: listener.worker_event(item, i, e),
-                            keep_going, on_lock_wait, repeat)
+                            keep_going, on_lock_wait, repeat,
+                            (lambda i=item, r=repeat, x=index: x.find(i.key, r)) if resume else None)
+        if isinstance(outcome, Path):  # a concurrent sweep measured it while this one waited for the lock
+            state.rows.append(Row(item, "skipped", None, outcome, repeat))
+            listener.skipped(item, outcome, state)
+            continue
         state.measured_seconds.append(time.monotonic() - started)
         index.refresh()
         state.rows.append(Row(item, outcome.record.status, outcome.record, outcome.path, repeat))

@@ -1,0 +1,80 @@
+"""Killing the CLI (SIGTERM, SIGHUP, SIGINT) mid-window stops every worker, removes its temp directories, records
+the trial as interrupted with the calls the instances had streamed, and exits 130 with one line."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from conftest import FAST, ROOT
+
+pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 usable CPUs")
+
+
+def with_marker(marker: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker.encode() in (entry / "environ").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
+def test_signal_mid_window_leaves_nothing_behind(tmp_path, sig):
+    marker = f"CORESCALE_SIGNAL_TEST_{uuid.uuid4().hex}"
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    out = tmp_path / "out"
+    env = {**os.environ, marker: "1", "TMPDIR": str(tmp)}
+    proc = subprocess.Popen([sys.executable, "-m", "corescale.cli", "run", *FAST, "duration=60", "instances=2",
+                             "cores_per_instance=1", f"output_dir={out}", "--no-progress"], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    streams = []
+    while time.monotonic() < deadline and proc.poll() is None:  # wait for the window: calls streamed to disk
+        streams = [p for p in tmp.glob("corescale-*/samples-*.npz.stream") if p.stat().st_size > 0]
+        if len(streams) == 2:
+            break
+        time.sleep(0.1)
+    assert len(streams) == 2, "the run never reached its window"
+    time.sleep(1.5)  # a second of progress: the next stream flush
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    time.sleep(2)
+    assert proc.returncode == 130 and "interrupted" in err and "Traceback" not in err, err
+    assert with_marker(marker) == []  # no worker outlived the CLI
+    assert not [p for p in tmp.glob("corescale-*") if p.is_dir()]  # its temp directories are gone
+    (run,) = [p for p in out.iterdir() if not p.name.startswith(".")]
+    record = json.loads((run / "result.json").read_text())
+    assert record["status"] == "failed" and record["failure"]["kind"] == "interrupted"
+    assert signal.Signals(sig).name in record["reason"]
+    assert sum(record["partial"]["streamed_calls"].values()) > 0
+    samples = pd.read_parquet(run / "samples.parquet")
+    assert samples["streamed"].fillna(False).astype(bool).sum() == sum(record["partial"]["streamed_calls"].values())
+
+
+def test_workers_die_with_a_killed_parent(tmp_path):
+    """SIGKILL cannot be handled: the kernel's parent-death signal stops the workers instead."""
+    marker = f"CORESCALE_SIGNAL_TEST_{uuid.uuid4().hex}"
+    env = {**os.environ, marker: "1", "TMPDIR": str(tmp_path)}
+    proc = subprocess.Popen([sys.executable, "-m", "corescale.cli", "run", *FAST, "duration=60",
+                             f"output_dir={tmp_path / 'out'}", "--no-progress"], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and len(with_marker(marker)) < 2:  # the CLI and its worker
+        time.sleep(0.1)
+    assert len(with_marker(marker)) >= 2
+    proc.kill()
+    proc.wait()
+    time.sleep(2)
+    assert with_marker(marker) == []
