@@ -111,3 +111,17 @@ def test_unknown_sweep_key_is_one_clear_line(out_dir):
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "unknown key 'batch_sise'" in proc.stderr
     assert not out_dir.exists()
+
+
+def test_resume_counts_only_this_machines_results_unless_asked(out_dir, tmp_path):
+    first = corescale("run", "-m", *FAST, f"output_dir={out_dir}", "--no-progress")
+    assert first.returncode == 0, first.stderr
+    (run,) = run_dirs(out_dir)
+    record = json.loads((run / "result.json").read_text())
+    record["environment"]["cpu"]["model"] = "a CPU this machine is not"
+    (run / "result.json").write_text(json.dumps(record))
+    foreign = corescale("run", "-m", *FAST, f"output_dir={out_dir}", "--no-progress", "--accept-foreign")
+    assert foreign.returncode == 0 and "0 measured ok, 0 failed, 1 skipped" in foreign.stdout
+    again = corescale("run", "-m", *FAST, f"output_dir={out_dir}", "--no-progress")
+    assert again.returncode == 0 and "1 measured ok, 0 failed, 0 skipped" in again.stdout
+    assert len(run_dirs(out_dir)) == 2

@@ -13,11 +13,18 @@ def register(sub) -> None:
     add_common(parser)
     parser.add_argument("-m", "--multirun", action="store_true", help="sweep: comma lists / range() become trials")
     add_loop_options(parser, "trial of a sweep")
+    add_foreign_option(parser)
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. batch_size=8 model=bert-tiny")
     parser.set_defaults(handler=handle)
 
 
 EXIT_OK, EXIT_FAILED = 0, 1
+
+
+def add_foreign_option(parser) -> None:
+    parser.add_argument("--accept-foreign", action="store_true",
+                        help="resume from results measured on another machine or with other library versions too "
+                             "(by default only this machine + software's results count)")
 
 
 def handle(args) -> int:
@@ -59,7 +66,7 @@ def sweep(planned, args, **listener_options) -> int:
     options = {"progress": not args.no_progress, "tables": not args.no_progress, **listener_options}
     with ConsoleListener("trial", **options) as listener:
         state = run_sweep(planned, listener, fail_fast=args.fail_fast, resume=not args.rerun,
-                          on_lock_wait=_on_lock_wait)
+                          on_lock_wait=_on_lock_wait, accept_foreign=getattr(args, "accept_foreign", False))
     if state.stopped:
         errors.print("stopped the sweep at its first failed trial (--fail-fast)")
     console.print(loop_table(state))

@@ -18,6 +18,9 @@ def register(sub) -> None:
     parser.add_argument("--values", metavar="LIST", help="the study axis (cores or instances), e.g. 1,2,4 "
                         "(default: powers of two up to the machine; batch: divisors of total_batch_size)")
     add_loop_options(parser)
+    from corescale.commands.run import add_foreign_option
+
+    add_foreign_option(parser)
     parser.add_argument("overrides", nargs="*", help="Hydra overrides; comma lists sweep, e.g. sequence_length=32,128")
     parser.set_defaults(handler=handle)
 
@@ -43,7 +46,7 @@ def handle(args) -> int:
 
     with ConsoleListener(f"{args.kind} study", progress=not args.no_progress, tables=False) as listener:
         study = run_study(args.kind, args.overrides, parse_values(args.values), listener,
-                          fail_fast=args.fail_fast, resume=not args.rerun)
+                          fail_fast=args.fail_fast, resume=not args.rerun, accept_foreign=args.accept_foreign)
     files = write_study(study)
     console.print(study_table(args.kind, study.frame))
     if study.reused:

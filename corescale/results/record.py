@@ -229,6 +229,21 @@ def trial_key(config_key: str, model_identity: dict, files: list | None = None) 
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+MEASURING_LIBRARIES = ("torch", "transformers", "numpy", "onnxruntime", "onnx", "openvino", "tensorflow")
+
+
+def machine_fingerprint(environment: dict[str, Any]) -> str:
+    """Which machine and software a result was measured on: CPU model and ISA, core counts, the frameworks'
+    versions. Resume counts only results with this machine's fingerprint (unless asked to accept any)."""
+    cpu, topology = environment.get("cpu") or {}, environment.get("topology") or {}
+    libraries = environment.get("libraries") or {}
+    blob = json.dumps({"cpu": cpu.get("model"), "isa": cpu.get("isa"),
+                       "cores": [topology.get("physical_cores"), topology.get("logical_cpus")],
+                       "libraries": {name: libraries.get(name) for name in MEASURING_LIBRARIES}},
+                      sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
 def spec_key(cfg: BenchmarkConfig, spec) -> str:
     """The trial key of a config and a resolved ModelSpec."""
     return trial_key(cfg.key(), spec.identity(), model_files(spec.path) if spec.source == "local" else None)

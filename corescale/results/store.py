@@ -19,7 +19,7 @@ import pandas as pd
 from corescale.config import flatten as flatten_dict
 from corescale.errors import UserError
 from corescale.results.files import RESULT_FILE, TMP_PREFIX, iter_run_dirs, read_result, read_samples
-from corescale.results.record import TrialRecord
+from corescale.results.record import TrialRecord, machine_fingerprint
 
 # Columns shown by `corescale results` unless --columns says otherwise.
 SUMMARY_COLUMNS = ["status", "model", "backend", "precision", "batch_size", "sequence_length", "instances",
@@ -267,8 +267,11 @@ def describe_value(value) -> str:
 class ResultIndex:
     """Valid results by key under one root, refreshed incrementally (only new run dirs are read)."""
 
-    def __init__(self, root):
+    def __init__(self, root, machine: str | None = None):
+        """machine: a machine_fingerprint; when given, only results measured on that machine and software count."""
         self.root = Path(root).expanduser()
+        self.machine = machine
+        self.foreign = 0  # valid results skipped because they come from another machine or software
         self.seen: set[Path] = set()
         self.ok: dict[tuple[str, int], Path] = {}
 
@@ -283,7 +286,9 @@ class ResultIndex:
                 record = read_result(run_dir)
             except (UserError, OSError):
                 continue
-            if record.valid_ok:
+            if record.valid_ok and self.machine and machine_fingerprint(record.environment) != self.machine:
+                self.foreign += 1
+            elif record.valid_ok:
                 for key in (record.trial_key, *record.legacy_keys):  # old keys stay findable
                     self.ok[(key, record.repeat)] = run_dir
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from corescale.machine import environment
 from corescale.measure.runner import Measured, Trial, TrialOutcome, commit, failed_measured, measure
-from corescale.results.record import Failure, TrialRecord
+from corescale.results.record import Failure, TrialRecord, machine_fingerprint
 from corescale.results.store import ResultIndex
 
 # One machine-wide lock in a fixed place (not TMPDIR, which differs per user and process); CORESCALE_LOCK moves it.
@@ -214,16 +214,19 @@ def run_trial(trial: Trial, host: dict | None = None, on_event=None, keep_going:
 
 
 def run_trials(planned: list[Planned], listener: Listener | None = None, resume: bool = True,
-               fail_fast: bool = False, keep_going: bool = True, on_lock_wait=None) -> LoopState:
-    """Every planned trial, in order; returns what happened to each."""
+               fail_fast: bool = False, keep_going: bool = True, on_lock_wait=None,
+               accept_foreign: bool = False) -> LoopState:
+    """Every planned trial, in order; returns what happened to each. Resume counts results measured on this
+    machine and software only, unless accept_foreign."""
     listener = listener or Listener()
     host = environment.capture()  # once per loop: the machine does not change between trials
+    machine = None if accept_foreign else machine_fingerprint(host)
     indexes: dict[Path, ResultIndex] = {}
     order = schedule(planned)
     state = LoopState(len(order))
     for number, (item, repeat) in enumerate(order, 1):
         state.position, state.repeat = number, repeat
-        index = indexes.setdefault(item.index_root, ResultIndex(item.index_root))
+        index = indexes.setdefault(item.index_root, ResultIndex(item.index_root, machine))
         existing = index.find(item.key, repeat) if resume else None
         if existing is not None:
             state.rows.append(Row(item, "skipped", None, existing, repeat))

@@ -254,7 +254,8 @@ def plan_study(kind: str, overrides: list[str], values: list[int] | None = None,
 
 
 def run_study(kind: str, overrides: list[str], values: list[int] | None = None, listener=None,
-              fail_fast: bool = False, topology=None, resume: bool = True) -> StudyResult:
+              fail_fast: bool = False, topology=None, resume: bool = True,
+              accept_foreign: bool = False) -> StudyResult:
     """Runs the study's trials through the local loop; returns the table, its document and the loop state."""
     from corescale.machine import environment
     from corescale.results.files import read_result
@@ -262,7 +263,7 @@ def run_study(kind: str, overrides: list[str], values: list[int] | None = None, 
 
     study_dir, trials, planned, topology = plan_study(kind, overrides, values, topology)
     study_dir.mkdir(parents=True, exist_ok=True)
-    state = run_trials(planned, listener, resume=resume, fail_fast=fail_fast)
+    state = run_trials(planned, listener, resume=resume, fail_fast=fail_fast, accept_foreign=accept_foreign)
     rows, runs, reused = [], [], []
     for item, trial in zip(planned, trials):
         done = [row for row in state.rows if row.item is item]

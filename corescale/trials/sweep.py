@@ -36,7 +36,8 @@ def label(planned: list[Planned]) -> None:
 
 
 def run_sweep(planned: list[Planned], listener: Listener | None = None, fail_fast: bool = False,
-              resume: bool = True, keep_going: bool = True, on_lock_wait=None) -> LoopState:
+              resume: bool = True, keep_going: bool = True, on_lock_wait=None,
+              accept_foreign: bool = False) -> LoopState:
     """Runs planned trials where their executor says: here, one at a time, or on a Ray cluster."""
     executor = planned[0].trial.cfg.executor if planned else None
     if executor is not None and executor.name == "ray":
@@ -48,4 +49,4 @@ def run_sweep(planned: list[Planned], listener: Listener | None = None, fail_fas
 
         return RayExecutor(executor).run(planned, listener)  # trials in flight finish: no --fail-fast there
     return run_trials(planned, listener, resume=resume, fail_fast=fail_fast, keep_going=keep_going,
-                      on_lock_wait=on_lock_wait)
+                      on_lock_wait=on_lock_wait, accept_foreign=accept_foreign)
