@@ -56,7 +56,7 @@ def test_cli_names_the_new_spelling(tmp_path):
 
 def test_key_covers_what_is_measured_only():
     base = compose(["model=bert-tiny"])
-    same = [["output_dir=/elsewhere"], ["cache_dir=/c"], ["timeout=5"], ["allow_pickle=true"],
+    same = [["output_dir=/elsewhere"], ["cache_dir=/c"], ["timeout=50"], ["allow_pickle=true"],
             ["backend=pytorch"], ["executor=ray", "executor.address=h:1"]]
     for overrides in same:
         assert compose(["model=bert-tiny", *overrides]).key() == base.key(), overrides

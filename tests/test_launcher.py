@@ -117,10 +117,13 @@ def test_instance_raising_an_error_reports_its_traceback(tmp_path):
 def test_overrunning_the_timeout_fails_the_cli_with_no_survivors(tmp_path):
     marker = f"CORESCALE_TEST_MARK_{uuid.uuid4().hex}"
     started = time.monotonic()
-    proc = corescale("run", *FAST, *TWO[:2], "duration=60", "timeout=4", f"output_dir={tmp_path}",
+    # a warm-up that never settles (and may take 1000 s) runs into the 8 s timeout
+    never_stable = ["warmup.min_iterations=100000", "warmup.max_iterations=100000", "warmup.max_seconds=1000"]
+    fast = [o for o in FAST if not o.startswith(("warmup.", "duration="))]
+    proc = corescale("run", *fast, *TWO[:2], *never_stable, "duration=1", "timeout=8", f"output_dir={tmp_path}",
                      "--no-progress", env={marker: "1"}, timeout=120)
-    assert proc.returncode == 1
-    assert "timed out after 4 s" in proc.stderr
+    assert proc.returncode == 1, proc.stderr
+    assert "timed out after 8 s" in proc.stderr
     assert time.monotonic() - started < 40
     assert processes_with_env(marker) == []
     (run_dir,) = [p for p in tmp_path.iterdir() if not p.name.startswith(".")]

@@ -46,7 +46,8 @@ def test_failed_trial_is_recorded_and_the_sweep_goes_on(out_dir):
 
 
 def test_fail_fast_stops_at_first_failure(out_dir):
-    proc = corescale("run", "-m", *FAST, "timeout=0.5,600", f"output_dir={out_dir}", "--no-progress", "--fail-fast")
+    grid = ["precision=int8", "reference=pytorch", "drift_tolerance=1e-12,1"]  # the first drifts: it fails
+    proc = corescale("run", "-m", *FAST, *grid, f"output_dir={out_dir}", "--no-progress", "--fail-fast")
     assert proc.returncode == 1 and "--fail-fast" in proc.stderr
     assert [r.status for r in map(read_result, run_dirs(out_dir))] == ["failed"]
 
