@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from corescale.commands import add_common, command_modules
 from corescale.errors import UserError
 
 EXIT_USAGE = 2
+EXIT_PIPE = 141  # 128 + SIGPIPE
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -26,11 +28,23 @@ def build_parser() -> ArgumentParser:
     return parser
 
 
+def parse(argv: list[str]) -> argparse.Namespace:
+    """Like parse_args, but overrides may come after options too (`run model=x --no-progress duration=1`):
+    argparse fills a positional list only once, the later words are appended in their order."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and isinstance(getattr(args, "overrides", None), list) and not any(w.startswith("-") for w in extra):
+        args.overrides.extend(extra)
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     debug = "--debug" in argv
     try:
-        args = build_parser().parse_args(argv)
+        args = parse(argv)
         logging.basicConfig(level=[logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)],
                             format="%(levelname)s %(name)s: %(message)s")
         return args.handler(args)
@@ -42,6 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("corescale: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader of stdout went away (`| head`): stop quietly, as a SIGPIPE'd tool does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes
+        return EXIT_PIPE
 
 
 if __name__ == "__main__":

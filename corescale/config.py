@@ -220,6 +220,7 @@ def _one_of(name: str, value: str, allowed) -> None:
 
 def validate(cfg: BenchmarkConfig) -> BenchmarkConfig:
     """Checks that need no model or machine; model- and machine-specific checks live with those stages."""
+    _check_finite(cfg)  # NaN passes every comparison below (nan <= 0 is False) and inf disables checks
     _one_of("backend", cfg.backend.name, sorted(OPTIONS))
     cfg.backend.validate()
     if cfg.reference is not None:
@@ -249,12 +250,47 @@ def validate(cfg: BenchmarkConfig) -> BenchmarkConfig:
             "warmup needs 1 <= min_iterations <= max_iterations, window >= 1 and tolerance > 0 "
             f"(got {w.min_iterations}, {w.max_iterations}, {w.window}, {w.tolerance})"
         )
+    if w.max_seconds <= 0:
+        raise UserError(f"warmup.max_seconds must be > 0 (got {w.max_seconds})")
     if cfg.total_batch_size is not None and cfg.total_batch_size % cfg.instances:
         raise UserError(
             f"total_batch_size={cfg.total_batch_size} does not split evenly over instances={cfg.instances}; "
             "choose a multiple of the instance count"
         )
+    _check_seed(cfg.seed)
+    _check_timeout(cfg)
     return cfg
+
+
+def _check_finite(node: Any, prefix: str = "") -> None:
+    """Every float of the config and of its groups (warmup, backend, executor) is a finite number."""
+    import math
+
+    for f in dataclasses.fields(node):
+        value = getattr(node, f.name)
+        if dataclasses.is_dataclass(value):
+            _check_finite(value, f"{prefix}{f.name}.")
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise UserError(f"{prefix}{f.name}={value} is not a finite number; give a real number "
+                            "(nan, inf and -inf are not allowed)")
+
+
+def _check_seed(seed: int) -> None:
+    limit = 2**32  # numpy's and every framework's seed range in common
+    if not 0 <= seed < limit:
+        raise UserError(f"seed must be a whole number from 0 to {limit - 1} (got {seed})")
+
+
+def _check_timeout(cfg: BenchmarkConfig) -> None:
+    """The timeout covers loading, warm-up and the timed window: it must leave room for at least the window and
+    the quickest load."""
+    load_margin_s = 5.0
+    if cfg.timeout <= cfg.duration + load_margin_s:
+        raise UserError(
+            f"timeout={cfg.timeout:g} s leaves no time to measure: each instance needs duration={cfg.duration:g} s "
+            f"for its timed window plus loading and warm-up; allowed: timeout > {cfg.duration + load_margin_s:g} "
+            f"(duration + {load_margin_s:g} s), default 600"
+        )
 
 
 def _validate_executor(executor: ExecutorConfig) -> None:

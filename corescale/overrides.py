@@ -83,9 +83,30 @@ def parse_overrides(overrides: list[str]):
     from hydra.errors import OverrideParseException
 
     try:
-        return OverridesParser.create().parse_overrides(overrides)
+        parsed = OverridesParser.create().parse_overrides(overrides)
     except OverrideParseException as exc:
         raise UserError(f"cannot parse overrides {' '.join(overrides)}: {str(exc).splitlines()[0]}") from None
+    for override in parsed:
+        refuse_prefixed(override)
+    return parsed
+
+
+PREFIXED = {"ADD": ("+", "adds a key"), "FORCE_ADD": ("++", "adds or sets a key"), "DEL": ("~", "deletes a key")}
+
+
+def refuse_prefixed(override) -> None:
+    """Hydra's `+key=`, `++key=` and `~key` have no meaning here: the schema's keys are fixed and each has a
+    default (Hydra would ignore an added key and silently reset a deleted one)."""
+    if override.type.name not in PREFIXED:
+        return
+    prefix, what = PREFIXED[override.type.name]
+    key = override.key_or_group
+    value = override.input_line.split("=", 1)[1] if "=" in override.input_line else "VALUE"
+    known = key.split(".", 1)[0] in {f.name for f in dataclasses.fields(BenchmarkConfig)}
+    fix = (f"write {key}={value} to set it, or leave it out for its default" if known else
+           f"and '{key}' is not a key either; allowed keys: {_allowed_keys()}")
+    raise UserError(f"'{override.input_line}': Hydra's {prefix}key ({what}) is not supported, corescale's keys are "
+                    f"fixed and each has a default; {fix}")
 
 
 def compose(overrides: list[str]) -> BenchmarkConfig:

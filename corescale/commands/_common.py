@@ -42,6 +42,39 @@ def load_table(root, args):
     return table
 
 
+def _number(text: str, minimum: float, inclusive: bool) -> float:
+    import argparse
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got '{text}'") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got '{text}' (nan and inf are not allowed)")
+    if value < minimum or (value == minimum and not inclusive):
+        raise argparse.ArgumentTypeError(f"must be {'>=' if inclusive else '>'} {minimum:g}, got '{text}'")
+    return value
+
+
+def positive_number(text: str) -> float:
+    """argparse type= of options such as --price-per-hour and --slo-p99-ms: a finite number > 0."""
+    return _number(text, 0.0, inclusive=False)
+
+
+def fraction_number(text: str) -> float:
+    """argparse type= of --threshold: a finite number >= 0 (a fraction: 0.05 = 5 %)."""
+    return _number(text, 0.0, inclusive=True)
+
+
+def check_csv_dest(dest: str | None) -> None:
+    """--csv PATH refused before any work when it cannot be written ('-' is stdout)."""
+    from corescale.errors import check_writable
+
+    if dest and dest != "-":
+        check_writable(dest, "--csv", parents=False)
+
+
 def write_csv(frame, dest: str) -> None:
     """CSV to stdout ('-') or to a file, written whole (temp file + rename)."""
     from corescale.results.files import write_atomic

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from corescale.commands import add_common
-from corescale.commands._common import add_selection, load_table, print_wide, write_csv
+from corescale.commands._common import add_selection, check_csv_dest, fraction_number, load_table, print_wide, write_csv
 
 ORDER = 70
 
@@ -15,7 +15,7 @@ def register(sub) -> None:
     add_common(parser)
     parser.add_argument("before", help="results root of the baseline")
     parser.add_argument("after", help="results root to compare with it")
-    parser.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD,
+    parser.add_argument("--threshold", type=fraction_number, default=DEFAULT_THRESHOLD,
                         help=f"flag only changes larger than this fraction (default {DEFAULT_THRESHOLD:g})")
     parser.add_argument("--ignore", action="append", default=[], metavar="KEY",
                         help="config key that may differ between matched trials (repeatable), e.g. threads")
@@ -30,9 +30,10 @@ def handle(args) -> int:
     from rich.markup import escape
     from rich.table import Table
 
-    from corescale.report.console import console
+    from corescale.report.console import console, errors
     from corescale.results.compare import compare_frames
 
+    check_csv_dest(args.csv)
     result = compare_frames(load_table(args.before, args).frame, load_table(args.after, args).frame,
                             args.threshold, args.ignore)
     rows = result.rows
@@ -51,12 +52,13 @@ def handle(args) -> int:
                           f"{row['ci_low']:.3f}–{row['ci_high']:.3f}", f"{row['p_value']:.2g}",
                           f"[{colour}]{row['verdict']}[/{colour}]", f"{row['throughput_ratio']:.2f}x")
         print_wide(table)
+    notes = errors if args.csv == "-" else console  # stdout holds exactly the CSV
     for side, names in (("before", result.only_before), ("after", result.only_after)):
         for name in names:
-            console.print(f"only in {side}: {escape(name)}", soft_wrap=True)
-    console.print(f"{len(rows)} matched trial(s): {result.regressions} slower, {result.improvements} faster "
+            notes.print(f"only in {side}: {escape(name)}", soft_wrap=True)
+    notes.print(f"{len(rows)} matched trial(s): {result.regressions} slower, {result.improvements} faster "
                   f"beyond {args.threshold:.0%}; {len(rows) - result.regressions - result.improvements} unchanged "
                   "or not significant", soft_wrap=True)
     if rows.empty:
-        console.print("no trials match by config (use --ignore KEY for keys that differ on purpose)")
+        notes.print("no trials match by config (use --ignore KEY for keys that differ on purpose)")
     return 1 if args.fail_on_regression and result.regressions else 0

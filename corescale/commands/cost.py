@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 from corescale.commands import add_common
-from corescale.commands._common import add_selection, load_table, print_wide, write_csv
+from corescale.commands._common import (
+    add_selection,
+    check_csv_dest,
+    load_table,
+    positive_number,
+    print_wide,
+    write_csv,
+)
 
 ORDER = 60
 
@@ -13,9 +20,9 @@ def register(sub) -> None:
     add_common(parser)
     parser.add_argument("root", nargs="?", help="results root, e.g. outputs/")
     parser.add_argument("--machine", help="instance type from the price catalog (see --list-machines)")
-    parser.add_argument("--price-per-hour", type=float, help="$/h of the machine you measured on (or, with "
+    parser.add_argument("--price-per-hour", type=positive_number, help="$/h of the machine you measured on (or, with "
                         "--machine, that machine's price)")
-    parser.add_argument("--slo-p99-ms", type=float, help="latency bound: p99 must be at most this many ms")
+    parser.add_argument("--slo-p99-ms", type=positive_number, help="latency bound: p99 must be at most this many ms")
     parser.add_argument("--catalog", help="YAML price catalog to use instead of the packaged one")
     parser.add_argument("--list-machines", action="store_true", help="print the price catalog and exit")
     parser.add_argument("--csv", metavar="PATH", help="write the cost table as CSV ('-' for stdout)")
@@ -49,8 +56,7 @@ def handle(args) -> int:
         return list_machines(args.catalog)
     if not args.root:
         raise UserError("corescale cost: give a results root (e.g. outputs/), or --list-machines")
-    if args.slo_p99_ms is not None and args.slo_p99_ms <= 0:
-        raise UserError(f"--slo-p99-ms must be > 0 (got {args.slo_p99_ms})")
+    check_csv_dest(args.csv)
     machine = cost.choose_machine(args.machine, args.price_per_hour, args.catalog)
     frame = load_table(args.root, args).frame
     table = cost.cost_table(frame, machine, args.slo_p99_ms)

@@ -50,9 +50,10 @@ def load_topology(lscpu: str | None, allowed_cpus: str | None):
 
 def plan_document(cfg, topology) -> dict:
     from corescale.machine.placement import instance_specs
-    from corescale.measure.runner import placement_for
+    from corescale.measure.runner import check_threads, placement_for
 
     placement = placement_for(cfg, topology)
+    check_threads(cfg, placement, topology)
     specs = instance_specs(placement, cfg.threads, cfg.instance_batch_size)
     instances = [{k: v for k, v in spec.to_json().items() if k not in ("samples_path", "peak")}
                  for spec in specs]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from corescale.commands import add_common
-from corescale.commands._common import add_selection, load_table
+from corescale.commands._common import add_selection, load_table, positive_number
 
 ORDER = 50
 
@@ -15,23 +15,27 @@ def register(sub) -> None:
     parser.add_argument("-o", "--output", help="HTML file to write (default: ROOT/report.html)")
     parser.add_argument("--machine", help="price the results on this catalog machine (default: the original "
                         "study's 48-core and 8-core figures)")
-    parser.add_argument("--price-per-hour", type=float, help="$/h of the machine measured on")
-    parser.add_argument("--slo-p99-ms", type=float, help="latency bound for the cheapest-layout answer")
+    parser.add_argument("--price-per-hour", type=positive_number, help="$/h of the machine measured on")
+    parser.add_argument("--slo-p99-ms", type=positive_number, help="latency bound for the cheapest-layout answer")
     add_selection(parser)
     parser.set_defaults(handler=handle)
 
 
 def handle(args) -> int:
-    from rich.markup import escape
+    from pathlib import Path
 
+    from corescale.errors import check_writable
     from corescale.report import html as report
-    from corescale.report.console import console
+    from corescale.report.console import console, print_path
 
     table = load_table(args.root, args)
+    check_writable(args.output or Path(args.root) / "report.html", "report", parents=True)  # before any work
+    report.cost_machines(args.machine, args.price_per_hour)  # an unknown --machine, before any work
     built = report.build(args.root, args.output, args.machine, args.price_per_hour, args.slo_p99_ms,
                          table=table)
     if built.missing:
         console.print(f"charts without enough data: {', '.join(built.missing)} (the report says what to run)",
                       soft_wrap=True)
-    console.print(escape(f"report: {built.path}  ({len(built.charts)} charts, PNGs beside it)"), soft_wrap=True)
+    console.print(f"{len(built.charts)} charts, a PNG of each beside the report")
+    print_path("report", built.path)
     return 0

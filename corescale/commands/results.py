@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from corescale.commands import add_common
-from corescale.commands._common import add_selection, load_table, print_wide, write_csv
+from corescale.commands._common import add_selection, check_csv_dest, load_table, print_wide, write_csv
 
 ORDER = 40
 HEADERS = {"batch_size": "batch", "sequence_length": "seq", "instances": "inst", "cpus_per_instance": "cpus/inst",
@@ -31,6 +31,7 @@ def handle(args) -> int:
     from corescale.report.console import console
     from corescale.results import store
 
+    check_csv_dest(args.csv)
     frame = load_table(args.root, args).frame
     if args.sort:
         if args.sort not in frame.columns:

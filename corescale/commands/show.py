@@ -18,10 +18,13 @@ def register(sub) -> None:
 
 
 def handle(args) -> int:
+    from corescale.errors import UserError
     from corescale.report.console import print_result
     from corescale.results.files import read_result
 
     record = read_result(args.path)
+    if record.ok and record.metrics is None:
+        raise UserError(f"malformed result '{args.path}': its status is ok but it holds no metrics")
     if args.json:
         print(json.dumps(record.to_json(), indent=2, default=str))
     else:

@@ -52,8 +52,11 @@ def placement_for(cfg: BenchmarkConfig, topology: Topology) -> Plan:
                 cores_per_instance=cfg.cores_per_instance, layout=layout, use_logical_cores=cfg.use_logical_cores)
 
 
-def prepare_trial(cfg: BenchmarkConfig, topology: Topology | None = None) -> Trial:
-    """Every check that can be made before a process starts; raises UserError with one clear line."""
+def prepare_trial(cfg: BenchmarkConfig, topology: Topology | None = None, on_node: bool = False) -> Trial:
+    """Every check that can be made before a process starts; raises UserError with one clear line.
+
+    on_node: prepared again on the Ray node that measures it (the driver writes the results; the node's memory
+    is what must hold the instances)."""
     check_available(cfg.backend.name)
     if cfg.reference:
         check_available(cfg.reference)
@@ -64,15 +67,77 @@ def prepare_trial(cfg: BenchmarkConfig, topology: Topology | None = None) -> Tri
     instance_env.preload_paths(cfg)  # a requested allocator/OpenMP library that is missing
     topology = topology or Topology.from_sysfs()
     placement = placement_for(cfg, topology)
-    if cfg.threads is not None and cfg.threads > len(topology.cpu_ids):
-        raise UserError(f"threads={cfg.threads} exceeds the {len(topology.cpu_ids)} CPUs available to this process "
-                        f"({topology.describe()})")
+    check_threads(cfg, placement, topology)
     if cfg.layout != "none" and len(placement.instances) != cfg.instances:
         cfg = dataclasses.replace(cfg, instances=len(placement.instances))
         if cfg.total_batch_size and cfg.total_batch_size % cfg.instances:
             raise UserError(f"total_batch_size={cfg.total_batch_size} does not split evenly over the "
                             f"{cfg.instances} instances of layout={cfg.layout}; choose a multiple of {cfg.instances}")
+    if on_node or cfg.executor.name == "local":  # a Ray driver's memory says nothing about its nodes'
+        check_memory(cfg, model)
+    check_places(cfg, results=not on_node)  # last: every other check has passed
     return Trial(cfg, model, placement, spec_key(cfg, model))
+
+
+def check_threads(cfg: BenchmarkConfig, placement: Plan, topology: Topology) -> None:
+    """`threads` and `interop_threads` stay within each instance's CPUs (more would only time-slice them)."""
+    from corescale.machine.cpulist import format_cpulist
+
+    smallest = min(placement.instances, key=lambda inst: len(inst.cpus))
+    cpus = len(smallest.cpus)
+    several = len(placement.instances) > 1
+    where = (f"instance {smallest.id} of {len(placement.instances)}" if several else "the instance") + \
+        f" (CPUs {format_cpulist(smallest.cpus)} of {len(topology.cpu_ids)} usable)"
+    hint = ", or fewer instances with more cores_per_instance" if several else (
+        ", or more cores_per_instance" if cpus < len(topology.cpu_ids) else "")
+    for name, value in (("threads", cfg.threads), ("interop_threads", cfg.interop_threads)):
+        if value is not None and value > cpus:
+            raise UserError(f"{name}={value} exceeds the {cpus} CPUs of {where}; allowed: {name} <= {cpus}{hint}")
+
+
+def available_memory() -> tuple[int, str] | None:
+    """(bytes a new process can still get, where that figure comes from): MemAvailable, or the cgroup's limit
+    minus its usage where that is lower; None when neither can be read."""
+    import re
+
+    known = []
+    match = re.search(r"^MemAvailable:\s+(\d+) kB", environment.read_text("/proc/meminfo") or "", re.M)
+    if match:
+        known.append((int(match.group(1)) * 1024, "MemAvailable in /proc/meminfo"))
+    limit, used = (environment.read_text(f"/sys/fs/cgroup/memory.{n}") for n in ("max", "current"))
+    if limit and used and limit.strip().isdigit() and used.strip().isdigit():
+        known.append((int(limit) - int(used), "the cgroup's memory.max - memory.current"))
+    return min(known) if known else None
+
+
+def check_memory(cfg: BenchmarkConfig, model: ModelSpec) -> None:
+    """Weights + activations of every instance (a lower bound) must fit in the memory available now."""
+    from corescale.workload.memory import estimate, gib
+
+    available = available_memory()
+    if available is None:
+        return
+    each = estimate(model, cfg.instance_batch_size, cfg.sequence_length)
+    needed = each.total_bytes * cfg.instances
+    if needed > available[0]:
+        raise UserError(
+            f"batch_size={cfg.instance_batch_size} x sequence_length={cfg.sequence_length} of '{cfg.model}' on "
+            f"{cfg.instances} instance(s) needs at least {gib(needed)} (per instance: weights "
+            f"{gib(each.weights_bytes)} + activations {gib(each.activation_bytes)}), more than the "
+            f"{gib(available[0])} available ({available[1]}); use a smaller batch_size or sequence_length, or "
+            "fewer instances")
+
+
+def check_places(cfg: BenchmarkConfig, results: bool = True) -> None:
+    """The results root (and the cache, where this trial writes one) can be written: refused before any
+    measurement is made and lost."""
+    from corescale.errors import check_writable
+
+    if results:
+        check_writable(cfg.results_root, "output_dir", directory=True)
+    onnx = {"onnxruntime", "openvino"} & {cfg.backend.name, cfg.reference}
+    if onnx or cfg.calibrate:
+        check_writable(cfg.cache_dir, "cache_dir", directory=True)
 
 
 @dataclass

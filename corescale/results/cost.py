@@ -8,6 +8,7 @@ other down (linear scaling); latency is assumed unchanged.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, replace
 from importlib import resources
@@ -36,21 +37,43 @@ class Machine:
 
 def load_catalog(path=None) -> dict[str, Machine]:
     """Machines from the packaged catalog, or from a YAML file with the same layout."""
+    where = f"machine catalog '{path}'" if path else "the packaged machine catalog"
     try:
         text = Path(path).read_text() if path else (
             resources.files("corescale") / "data" / "machines.yaml").read_text()
-        entries = (yaml.safe_load(text) or {}).get("machines") or {}
-    except (OSError, yaml.YAMLError, AttributeError) as exc:
-        raise UserError(f"cannot read machine catalog '{path}': {exc}") from None
-    catalog = {}
-    for name, entry in entries.items():
-        missing = [f for f in FIELDS if not isinstance((entry or {}).get(f), (int, float))]
-        if missing:
-            raise UserError(f"machine '{name}' in the catalog lacks numeric {', '.join(missing)}")
-        catalog[str(name)] = Machine(str(name), float(entry["price_per_hour"]), int(entry["vcpus"]),
-                                     int(entry["physical_cores"]), str(entry.get("cpu_model", "")),
-                                     str(entry.get("note", "")))
-    return catalog
+        document = yaml.safe_load(text)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc).splitlines()[0]
+        raise UserError(f"cannot read {where}: {detail}") from None
+    entries = document.get("machines") if isinstance(document, dict) else None
+    if not isinstance(entries, dict) or not entries:
+        raise UserError(f"{where} holds no machines: expected a mapping `machines: {{NAME: {{price_per_hour: "
+                        "$/h, vcpus: N, physical_cores: N}}}}`")
+    return {str(name): _machine(str(name), entry, where) for name, entry in entries.items()}
+
+
+def _machine(name: str, entry, where: str) -> Machine:
+    """One catalog entry, checked: a mapping with a finite price > 0 and whole vCPU and core counts >= 1."""
+    if not isinstance(entry, dict):
+        raise UserError(f"machine '{name}' in {where} is a {type(entry).__name__}, not a mapping of "
+                        f"{', '.join(FIELDS)}")
+    wrong = [f"{f}={entry.get(f)!r}" for f in FIELDS if not _usable(f, entry.get(f))]
+    if wrong:
+        raise UserError(f"machine '{name}' in {where} has unusable {', '.join(wrong)}: price_per_hour must be a "
+                        "finite number > 0, vcpus and physical_cores whole numbers >= 1")
+    if entry["physical_cores"] > entry["vcpus"]:
+        raise UserError(f"machine '{name}' in {where} has more physical_cores ({entry['physical_cores']}) than "
+                        f"vcpus ({entry['vcpus']})")
+    return Machine(name, float(entry["price_per_hour"]), int(entry["vcpus"]), int(entry["physical_cores"]),
+                   str(entry.get("cpu_model") or ""), str(entry.get("note") or ""))
+
+
+def _usable(field: str, value) -> bool:
+    if isinstance(value, bool):
+        return False
+    if field == "price_per_hour":
+        return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+    return isinstance(value, int) and value >= 1
 
 
 def find_machine(name: str, catalog: dict[str, Machine]) -> Machine:
@@ -62,8 +85,8 @@ def find_machine(name: str, catalog: dict[str, Machine]) -> Machine:
 
 def choose_machine(name: str | None, price: float | None, catalog_path=None) -> Machine:
     """--machine NAME (catalog), --price-per-hour P (the measured machine), or both (NAME at price P)."""
-    if price is not None and price <= 0:
-        raise UserError(f"--price-per-hour must be > 0 (got {price})")
+    if price is not None and not (math.isfinite(price) and price > 0):
+        raise UserError(f"--price-per-hour must be a finite number > 0 (got {price})")
     if name:
         machine = find_machine(name, load_catalog(catalog_path))
         return machine if price is None else replace(machine, price_per_hour=price)

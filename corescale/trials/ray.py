@@ -120,7 +120,7 @@ def run_on_node(trial: Trial, node: dict) -> Measured:
     host = environment.capture()
     node = {**node, "hostname": host["hostname"], "cpu_model": host["cpu"]["model"], "pid": os.getpid()}
     try:
-        here = prepare_trial(trial.cfg)
+        here = prepare_trial(trial.cfg, on_node=True)
         measured = measure(dataclasses.replace(here, key=trial.key), None, host)  # the driver's key: resume
     except Exception as exc:  # noqa: BLE001 - everything raised here is the benchmark's, not the node's, fault
         measured = failed_measured(trial, Failure.from_exception(exc), host, started)

@@ -98,7 +98,31 @@ def _local_spec(name: str, path: Path) -> ModelSpec:
     if not config_file.is_file():
         raise UserError(f"model directory '{name}' has no config.json")
     config = read_json(config_file, f"model directory '{name}': config.json")
+    check_config(config, f"model directory '{name}': config.json")
     return ModelSpec(name=name, source="local", config=config, path=str(path.resolve()))
+
+
+# config.json fields ModelSpec reads, with the least value each may take (BERT spellings, then DistilBERT's)
+SIZE_FIELDS = {"num_hidden_layers": 1, "hidden_size": 1, "num_attention_heads": 1, "intermediate_size": 1,
+               "vocab_size": 1, "max_position_embeddings": 1, "type_vocab_size": 0,
+               "n_layers": 1, "dim": 1, "n_heads": 1, "hidden_dim": 1}
+
+
+def check_config(config: Any, where: str) -> None:
+    """A model config a user handed us: a JSON object whose size fields are whole numbers in range (a string or
+    negative size would fail deep inside a worker)."""
+    if not isinstance(config, dict):
+        raise UserError(f"{where} must hold a JSON object of model settings, not a {type(config).__name__}")
+    if not isinstance(config.get("model_type", ""), str):
+        raise UserError(f"{where}: model_type must be a string such as \"bert\" (got {config['model_type']!r})")
+    for key, least in SIZE_FIELDS.items():
+        value = config.get(key)
+        if key in config and (isinstance(value, bool) or not isinstance(value, int) or value < least):
+            raise UserError(f"{where}: {key} must be a whole number >= {least} (got {value!r})")
+    hidden = config.get("hidden_size", config.get("dim"))
+    heads = config.get("num_attention_heads", config.get("n_heads"))
+    if hidden and heads and hidden % heads:
+        raise UserError(f"{where}: the hidden size {hidden} is not a multiple of the {heads} attention heads")
 
 
 def _hub_reachable(host: str = "huggingface.co") -> bool:
