@@ -1,7 +1,13 @@
 """Bad input: one clear line on stderr, exit code 2, no traceback, nothing written."""
 
+import json
+import subprocess
+import sys
+
 import pytest
-from conftest import corescale
+from conftest import ROOT, corescale
+
+SCHEMA1 = ROOT / "tests" / "data" / "schema1"
 
 CASES = [
     (["backend=tensorflowz"], "unknown backend 'tensorflowz'; allowed: "),
@@ -62,3 +68,23 @@ def test_batch_split_must_divide_the_instances_a_layout_makes(tmp_path):
     proc = corescale("run", "model=bert-tiny", "layout=max", "total_batch_size=3", f"output_dir={tmp_path / 'o'}")
     assert proc.returncode == 2 and "does not split evenly" in proc.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_overrides_may_follow_options(capsys):
+    from corescale.cli import main
+
+    assert main(["plan", "instances=1", "--json", "cores_per_instance=1"]) == 0
+    (instance,) = json.loads(capsys.readouterr().out)["instances"]
+    assert len(instance["cpus"]) == 1
+    assert main(["info", "--json", "stray"]) == 2  # a command without overrides still refuses stray words
+    assert "unrecognized arguments: stray" in capsys.readouterr().err
+
+
+def test_a_closed_stdout_pipe_ends_quietly():
+    """`corescale ... | head -0`: the reader is gone before anything is written; no traceback, exit 141."""
+    proc = subprocess.Popen([sys.executable, "-m", "corescale.cli", "results", str(SCHEMA1), "--csv", "-"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 141, err
+    assert "Traceback" not in err and "Broken pipe" not in err

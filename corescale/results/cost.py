@@ -43,20 +43,19 @@ def load_catalog(path=None) -> dict[str, Machine]:
             resources.files("corescale") / "data" / "machines.yaml").read_text()
         document = yaml.safe_load(text)
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc).splitlines()[0]
+        detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else " ".join(str(exc).split())
         raise UserError(f"cannot read {where}: {detail}") from None
     entries = document.get("machines") if isinstance(document, dict) else None
     if not isinstance(entries, dict) or not entries:
         raise UserError(f"{where} holds no machines: expected a mapping `machines: {{NAME: {{price_per_hour: "
-                        "$/h, vcpus: N, physical_cores: N}}}}`")
+                        "$/h, vcpus: N, physical_cores: N}}`")
     return {str(name): _machine(str(name), entry, where) for name, entry in entries.items()}
 
 
 def _machine(name: str, entry, where: str) -> Machine:
     """One catalog entry, checked: a mapping with a finite price > 0 and whole vCPU and core counts >= 1."""
     if not isinstance(entry, dict):
-        raise UserError(f"machine '{name}' in {where} is a {type(entry).__name__}, not a mapping of "
-                        f"{', '.join(FIELDS)}")
+        raise UserError(f"machine '{name}' in {where} must be a mapping of {', '.join(FIELDS)} (got {entry!r})")
     wrong = [f"{f}={entry.get(f)!r}" for f in FIELDS if not _usable(f, entry.get(f))]
     if wrong:
         raise UserError(f"machine '{name}' in {where} has unusable {', '.join(wrong)}: price_per_hour must be a "

@@ -1,0 +1,289 @@
+"""The bad-input corpus: every class of bad input, for every subcommand, gives exit code 2, exactly one line on
+stderr (`corescale: error: ...`), no traceback, nothing written, and no worker started.
+
+The corpus runs the CLI's entry point in this process (a worker start or any other exception would fail the test
+at once); a sample of it runs again as a real `corescale` process, where the exit code and stderr are the
+process's own."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import FAST, ROOT, corescale
+
+from corescale.cli import main
+
+SCHEMA1 = ROOT / "tests" / "data" / "schema1"
+
+
+def _model_dirs(base: Path) -> None:
+    """Local model directories whose config.json is wrong in one way each."""
+    good = {"model_type": "bert", "hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2,
+            "intermediate_size": 512, "vocab_size": 30522, "max_position_embeddings": 512}
+    configs = {
+        "big_hidden": {**good, "hidden_size": "big"},
+        "negative_layers": {**good, "num_hidden_layers": -1},
+        "list_config": [good],
+        "heads_mismatch": {**good, "num_attention_heads": 3},
+        "numeric_type": {**good, "model_type": 5},
+        "bool_vocab": {**good, "vocab_size": True},
+        "huge_model": {**good, "hidden_size": 2**20, "intermediate_size": 2**22, "num_attention_heads": 1,
+                       "num_hidden_layers": 4096},
+    }
+    for name, config in configs.items():
+        (base / name).mkdir()
+        (base / name / "config.json").write_text(json.dumps(config))
+    (base / "not_json").mkdir()
+    (base / "not_json" / "config.json").write_text("{nope")
+
+
+def _catalogs(base: Path) -> None:
+    entry = "price_per_hour: 1.0\n    vcpus: 4\n    physical_cores: 2"
+    catalogs = {
+        "list_entry": "machines:\n  m: [1, 2]\n",
+        "scalar_entry": "machines:\n  m: 3\n",
+        "negative_price": f"machines:\n  m:\n    {entry.replace('1.0', '-1.0')}\n",
+        "zero_cores": f"machines:\n  m:\n    {entry.replace('physical_cores: 2', 'physical_cores: 0')}\n",
+        "nan_price": f"machines:\n  m:\n    {entry.replace('1.0', '.nan')}\n",
+        "text_price": f"machines:\n  m:\n    {entry.replace('1.0', 'cheap')}\n",
+        "more_cores_than_vcpus": f"machines:\n  m:\n    {entry.replace('physical_cores: 2', 'physical_cores: 8')}\n",
+        "top_list": "- m\n",
+        "no_machines": "machines: {}\n",
+        "bad_yaml": "machines: [\n",
+    }
+    for name, text in catalogs.items():
+        (base / f"{name}.yaml").write_text(text)
+
+
+def _results(base: Path, root: Path) -> None:
+    """A random JSON file, records without config or metrics, a record that is a list."""
+    record = json.loads(next(root.glob("*/result.json")).read_text())
+    (base / "random.json").write_text(json.dumps({"hello": "world"}))
+    (base / "list.json").write_text(json.dumps([1, 2]))
+    for name, drop in (("no_config", "config"), ("no_metrics", "metrics")):
+        (base / name).mkdir()
+        (base / name / "result.json").write_text(json.dumps({k: v for k, v in record.items() if k != drop}))
+    (base / "metrics_list").mkdir()
+    (base / "metrics_list" / "result.json").write_text(json.dumps({**record, "metrics": [1]}))
+
+
+@pytest.fixture(scope="module")
+def place(tmp_path_factory):
+    """Inputs shared by every case: a results root (a copy, so nothing can touch the repository), bad files."""
+    base = tmp_path_factory.mktemp("bad-inputs")
+    root = base / "root"
+    shutil.copytree(SCHEMA1, root)
+    (base / "a-file").write_text("not a directory\n")
+    _model_dirs(base)
+    _catalogs(base)
+    _results(base, root)
+    return {"base": base, "root": root}
+
+
+RUN = ["run", *FAST]
+# (case id, argv, what the one line must say); {out} is a fresh output dir, {base}/{root} the shared inputs
+CASES = [
+    # non-finite numbers in every float of the config
+    ("duration-nan", [*RUN, "duration=nan"], "duration=nan is not a finite number"),
+    ("duration-inf", [*RUN, "duration=inf"], "duration=inf is not a finite number"),
+    ("duration-minus-inf", [*RUN, "duration=-inf"], "duration=-inf is not a finite number"),
+    ("timeout-nan", [*RUN, "timeout=nan"], "timeout=nan is not a finite number"),
+    ("timeout-inf", [*RUN, "timeout=inf"], "timeout=inf is not a finite number"),
+    ("padding-nan", [*RUN, "padding_fraction=nan"], "padding_fraction=nan is not a finite number"),
+    ("padding-minus-inf", [*RUN, "padding_fraction=-inf"], "padding_fraction=-inf is not a finite number"),
+    ("tolerance-nan", [*RUN, "warmup.tolerance=nan"], "warmup.tolerance=nan is not a finite number"),
+    ("tolerance-inf", [*RUN, "warmup.tolerance=inf"], "warmup.tolerance=inf is not a finite number"),
+    ("max-seconds-nan", [*RUN, "warmup.max_seconds=nan"], "warmup.max_seconds=nan is not a finite number"),
+    ("max-seconds-minus-inf", [*RUN, "warmup.max_seconds=-inf"], "warmup.max_seconds=-inf is not a finite"),
+    ("max-seconds-zero", [*RUN, "warmup.max_seconds=0"], "warmup.max_seconds must be > 0"),
+    ("drift-nan", [*RUN, "drift_tolerance=nan"], "drift_tolerance=nan is not a finite number"),
+    ("drift-inf", [*RUN, "reference=pytorch", "drift_tolerance=inf"], "drift_tolerance=inf is not a finite"),
+    ("batch-nan", [*RUN, "batch_size=nan"], "batch_size: expected integer, got 'nan'"),
+    ("threads-inf", [*RUN, "threads=inf"], "threads: expected integer, got 'inf'"),
+    # sizes beyond the machine
+    ("batch-1e20", [*RUN, "batch_size=100000000000000000000"], "needs at least"),
+    ("batch-1e12", [*RUN, "batch_size=1000000000000"], "than the"),
+    ("total-batch-huge", [*RUN, "total_batch_size=2000000000000", "instances=2", "cores_per_instance=1"],
+     "on 2 instance(s) needs at least"),
+    ("sequence-huge", [*RUN, "sequence_length=1000000000000"], "exceeds the maximum of 512 positions"),
+    ("instances-huge", [*RUN, "instances=1000000000000"], "cannot place 1000000000000 instances"),
+    ("cores-huge", [*RUN, "cores_per_instance=1000000000000"], "cannot place"),
+    ("threads-huge", [*RUN, "threads=1000000000000"], "threads=1000000000000 exceeds the"),
+    ("interop-huge", [*RUN, "interop_threads=1000000000000"], "interop_threads=1000000000000 exceeds the"),
+    ("model-too-big", [*RUN, "model={base}/huge_model"], "MemAvailable"),
+    # Hydra's prefixed overrides
+    ("plus-unknown-key", [*RUN, "+nosuchkey=1"], "'+nosuchkey=1': Hydra's +key (adds a key) is not supported"),
+    ("plus-plus-model", [*RUN, "++model=bert-base"], "write model=bert-base"),
+    ("tilde-model", [*RUN, "~model"], "'~model': Hydra's ~key (deletes a key) is not supported"),
+    ("tilde-group-option", [*RUN, "~warmup.window"], "write warmup.window=VALUE"),
+    ("plus-backend-option", [*RUN, "+backend.fusion=true"], "write backend.fusion=true"),
+    # unwritable output
+    ("output-proc", [*RUN, "output_dir=/proc/corescale-x"], "cannot write output_dir '/proc/corescale-x'"),
+    ("output-is-file", [*RUN, "output_dir={base}/a-file"], "is a file, not a directory"),
+    ("output-under-file", [*RUN, "output_dir={base}/a-file/sub"], "is a file, not a directory"),
+    ("cache-proc", [*RUN, "calibrate=true", "cache_dir=/proc/corescale-c"], "cannot write cache_dir"),
+    # bad model files
+    ("config-wrong-type", [*RUN, "model={base}/big_hidden"], "hidden_size must be a whole number >= 1 (got 'big')"),
+    ("config-negative", [*RUN, "model={base}/negative_layers"], "num_hidden_layers must be a whole number >= 1"),
+    ("config-list", [*RUN, "model={base}/list_config"], "must hold a JSON object of model settings, not a list"),
+    ("config-heads", [*RUN, "model={base}/heads_mismatch"], "not a multiple of the 3 attention heads"),
+    ("config-model-type", [*RUN, "model={base}/numeric_type"], "model_type must be a string"),
+    ("config-bool", [*RUN, "model={base}/bool_vocab"], "vocab_size must be a whole number"),
+    ("config-not-json", [*RUN, "model={base}/not_json"], "not valid JSON"),
+    # threads, seed, timeout
+    ("threads-above-instance", [*RUN, "instances=2", "cores_per_instance=1", "threads=2"],
+     "threads=2 exceeds the 1 CPUs of instance 0 of 2"),
+    ("seed-negative", [*RUN, "seed=-1"], "seed must be a whole number from 0 to 4294967295 (got -1)"),
+    ("seed-too-big", [*RUN, "seed=4294967296"], "seed must be a whole number from 0 to 4294967295"),
+    ("timeout-short", [*RUN, "timeout=1"], "timeout=1 s leaves no time to measure"),
+    ("timeout-below-duration", [*RUN, "duration=60", "timeout=30"], "allowed: timeout > 65"),
+    # run -m: the whole grid is checked before its first trial
+    ("sweep-nan", ["run", "-m", *FAST, "duration=0.5,nan"], "trial 2 ("),
+    ("sweep-batch-huge", ["run", "-m", *FAST, "batch_size=1,1000000000000"], "needs at least"),
+    ("sweep-plus", ["run", "-m", *FAST, "+nosuchkey=1,2"], "Hydra's +key"),
+    ("sweep-tilde", ["run", "-m", *FAST, "batch_size=1,2", "~seed"], "Hydra's ~key"),
+    ("sweep-output-proc", ["run", "-m", *FAST, "batch_size=1,2", "output_dir=/proc/corescale-x"],
+     "cannot write output_dir"),
+    ("sweep-seed", ["run", "-m", *FAST, "seed=0,-1"], "seed must be a whole number"),
+    # study
+    ("study-nan", ["study", "cores", "--values", "1", *FAST, "duration=nan"], "duration=nan is not a finite"),
+    ("study-tilde", ["study", "cores", "--values", "1", *FAST, "~model"], "Hydra's ~key"),
+    ("study-threads", ["study", "instances", "--values", "2", *FAST, "cores_per_instance=1", "threads=2"],
+     "threads=2 exceeds the 1 CPUs"),
+    ("study-output-proc", ["study", "cores", "--values", "1", *FAST, "output_dir=/proc/corescale-x"],
+     "cannot write output_dir"),
+    ("study-values", ["study", "cores", "--values", "0", *FAST], "--values '0'"),
+    # plan
+    ("plan-nan", ["plan", "duration=nan"], "duration=nan is not a finite number"),
+    ("plan-plus", ["plan", "+instances=2"], "Hydra's +key"),
+    ("plan-threads", ["plan", "instances=2", "cores_per_instance=1", "threads=2"], "threads=2 exceeds the 1 CPUs"),
+    ("plan-seed", ["plan", "seed=-1"], "seed must be a whole number"),
+    ("plan-tolerance", ["plan", "warmup.tolerance=-inf"], "warmup.tolerance=-inf is not a finite number"),
+    # results
+    ("results-csv-proc", ["results", "{root}", "--csv", "/proc/corescale-x.csv"], "cannot write --csv"),
+    ("results-csv-no-dir", ["results", "{root}", "--csv", "{out}/no/such/x.csv"], "does not exist"),
+    ("results-csv-is-dir", ["results", "{root}", "--csv", "{base}"], "is a directory; give a file name"),
+    ("results-missing-root", ["results", "{base}/nowhere"], "does not exist"),
+    # report
+    ("report-proc", ["report", "{root}", "-o", "/proc/corescale-x.html"], "cannot write report"),
+    ("report-is-dir", ["report", "{root}", "-o", "{base}"], "is a directory"),
+    ("report-price-nan", ["report", "{root}", "--price-per-hour", "nan"], "expected a finite number, got 'nan'"),
+    ("report-price-minus-inf", ["report", "{root}", "--price-per-hour=-inf"], "expected a finite number"),
+    ("report-slo-inf", ["report", "{root}", "--slo-p99-ms", "inf"], "--slo-p99-ms: expected a finite number"),
+    ("report-slo-zero", ["report", "{root}", "--slo-p99-ms", "0"], "must be > 0, got '0'"),
+    ("report-machine", ["report", "{root}", "--machine", "c9.huge"], "unknown machine 'c9.huge'"),
+    # cost
+    ("cost-price-nan", ["cost", "{root}", "--price-per-hour", "nan"], "--price-per-hour: expected a finite"),
+    ("cost-price-inf", ["cost", "{root}", "--price-per-hour", "inf"], "expected a finite number, got 'inf'"),
+    ("cost-price-zero", ["cost", "{root}", "--price-per-hour", "0"], "must be > 0"),
+    ("cost-price-text", ["cost", "{root}", "--price-per-hour", "cheap"], "expected a number, got 'cheap'"),
+    ("cost-slo-nan", ["cost", "{root}", "--price-per-hour", "1", "--slo-p99-ms", "nan"], "--slo-p99-ms: expected"),
+    ("cost-slo-minus-inf", ["cost", "{root}", "--price-per-hour", "1", "--slo-p99-ms=-inf"], "finite number"),
+    ("cost-csv-proc", ["cost", "{root}", "--price-per-hour", "1", "--csv", "/proc/corescale-x"],
+     "cannot write --csv"),
+    ("catalog-list-entry", ["cost", "{root}", "--machine", "m", "--catalog", "{base}/list_entry.yaml"],
+     "must be a mapping of price_per_hour, vcpus, physical_cores (got [1, 2])"),
+    ("catalog-scalar-entry", ["cost", "{root}", "--machine", "m", "--catalog", "{base}/scalar_entry.yaml"],
+     "must be a mapping of price_per_hour, vcpus, physical_cores (got 3)"),
+    ("catalog-negative-price", ["cost", "{root}", "--machine", "m", "--catalog", "{base}/negative_price.yaml"],
+     "price_per_hour=-1.0"),
+    ("catalog-zero-cores", ["cost", "{root}", "--machine", "m", "--catalog", "{base}/zero_cores.yaml"],
+     "physical_cores=0"),
+    ("catalog-nan-price", ["cost", "{root}", "--machine", "m", "--catalog", "{base}/nan_price.yaml"],
+     "price_per_hour=nan"),
+    ("catalog-text-price", ["cost", "{root}", "--machine", "m", "--catalog", "{base}/text_price.yaml"],
+     "price_per_hour='cheap'"),
+    ("catalog-cores-vcpus", ["cost", "{root}", "--machine", "m", "--catalog", "{base}/more_cores_than_vcpus.yaml"],
+     "more physical_cores (8) than vcpus (4)"),
+    ("catalog-top-list", ["cost", "--list-machines", "--catalog", "{base}/top_list.yaml"], "holds no machines"),
+    ("catalog-empty", ["cost", "{root}", "--machine", "m", "--catalog", "{base}/no_machines.yaml"],
+     "holds no machines"),
+    ("catalog-bad-yaml", ["cost", "--list-machines", "--catalog", "{base}/bad_yaml.yaml"], "while parsing"),
+    ("catalog-missing", ["cost", "--list-machines", "--catalog", "{base}/nowhere.yaml"], "No such file"),
+    # compare
+    ("compare-threshold-nan", ["compare", "{root}", "{root}", "--threshold", "nan"], "--threshold: expected a"),
+    ("compare-threshold-inf", ["compare", "{root}", "{root}", "--threshold", "inf"], "finite number, got 'inf'"),
+    ("compare-threshold-negative", ["compare", "{root}", "{root}", "--threshold=-0.5"], "must be >= 0"),
+    ("compare-csv-proc", ["compare", "{root}", "{root}", "--csv", "/proc/corescale-x"], "cannot write --csv"),
+    ("compare-missing", ["compare", "{root}", "{base}/nowhere"], "does not exist"),
+    # show
+    ("show-random-json", ["show", "{base}/random.json"], "is not a corescale result"),
+    ("show-list-json", ["show", "{base}/list.json"], "is not a corescale result"),
+    ("show-no-config", ["show", "{base}/no_config"], "malformed result"),
+    ("show-no-metrics", ["show", "{base}/no_metrics"], "status is ok but it holds no metrics"),
+    ("show-no-metrics-json", ["show", "--json", "{base}/no_metrics"], "holds no metrics"),
+    ("show-metrics-list", ["show", "{base}/metrics_list"], "malformed result"),
+    ("show-nothing", ["show", "{base}/nowhere"], "no result at"),
+    # info and the parser
+    ("info-unknown-option", ["info", "--frobnicate"], "unrecognized arguments: --frobnicate"),
+    ("info-extra-word", ["info", "extra"], "unrecognized arguments: extra"),
+    ("unknown-command", ["frobnicate"], "invalid choice"),
+]
+
+
+def _argv(argv: list[str], place: dict, out: Path) -> list[str]:
+    values = {"base": place["base"], "root": place["root"], "out": out}
+    argv = [word.format(**values) for word in argv]
+    return [*argv, f"output_dir={out}"] if argv[0] in ("run", "study") and not any(
+        w.startswith("output_dir=") for w in argv) else argv
+
+
+def _tree(path: Path) -> dict[str, float | None]:
+    """Every entry under path, with each file's mtime (a directory's own mtime moves when a writability probe
+    makes and removes a temporary entry in it: that leaves nothing behind)."""
+    return {str(p.relative_to(path)): None if p.is_dir() else p.stat().st_mtime for p in path.rglob("*")}
+
+
+@pytest.fixture
+def no_workers(monkeypatch):
+    """Starting an instance (or a Ray trial) fails the test: bad input must be refused before that."""
+    from corescale.measure.launcher import Launcher
+    from corescale.trials import ray
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a worker was started for bad input")
+
+    monkeypatch.setattr(Launcher, "run", refuse)
+    monkeypatch.setattr(ray.RayExecutor, "run", refuse)
+
+
+def test_the_corpus_is_large_and_covers_every_subcommand():
+    commands = {argv[0] for _, argv, _ in CASES}
+    assert {"run", "study", "plan", "results", "report", "cost", "compare", "show", "info"} <= commands
+    assert any(argv[:2] == ["run", "-m"] for _, argv, _ in CASES)
+    assert len(CASES) >= 60 and len({case for case, _, _ in CASES}) == len(CASES)
+
+
+@pytest.mark.parametrize("argv, message", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_input(argv, message, place, tmp_path, monkeypatch, capsys, no_workers):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "earlier.txt").write_text("an earlier file\n")
+    monkeypatch.chdir(tmp_path)  # a default output dir would appear here
+    before, shared = _tree(tmp_path), _tree(place["base"])
+    code = main(_argv(argv, place, out))
+    captured = capsys.readouterr()
+    assert code == 2, captured.err
+    lines = captured.err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("corescale: error: "), captured.err
+    assert message in lines[0]
+    assert "Traceback" not in captured.err and captured.out == ""
+    assert _tree(tmp_path) == before and _tree(place["base"]) == shared  # nothing written anywhere
+
+
+PROCESS_SAMPLE = ["duration-nan", "batch-1e20", "tilde-model", "output-proc", "config-wrong-type", "sweep-nan",
+                  "study-threads", "plan-plus", "results-csv-proc", "report-proc", "cost-price-nan",
+                  "catalog-scalar-entry", "compare-threshold-nan", "show-no-metrics", "info-extra-word"]
+
+
+@pytest.mark.parametrize("case", PROCESS_SAMPLE)
+def test_bad_input_in_a_real_process(case, place, tmp_path):
+    (argv, message), = [c[1:] for c in CASES if c[0] == case]
+    out = tmp_path / "out"
+    proc = corescale(*_argv(argv, place, out), "--no-progress" if argv[0] in ("run", "study") else "-v")
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("corescale: error: ") and message in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+    assert not out.exists()
