@@ -7,7 +7,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "corescale"
 TOP_LEVEL = {"__init__.py", "__main__.py", "cli.py", "errors.py", "config.py", "overrides.py"}
 # each stage may import the ones before it, never one after it (commands and cli sit on top)
 ORDER = ["errors", "backends.options", "config", "overrides", "workload", "machine", "results", "measure",
-         "backends", "trials", "report", "commands", "cli"]
+         "backends", "trials", "report", "commands", "cli", "__main__"]
 
 
 def imports() -> dict[str, set[str]]:

@@ -7,7 +7,13 @@ import pytest
 from conftest import FAST, corescale
 
 from corescale.machine import peak
+from corescale.machine.placement import InstancePlacement, InstanceSpec
 from corescale.measure.aggregate import percent_of_peak
+from corescale.measure.calibrate import store
+
+
+def spec(cpus, threads):
+    return InstanceSpec(InstancePlacement(0, tuple(cpus), (), len(cpus)), threads, 1)
 
 
 def test_peak_precision_follows_the_isa():
@@ -38,11 +44,11 @@ def test_a_library_that_cannot_run_is_reported_not_fatal(monkeypatch):
 def test_cache_is_per_cpus_threads_precision_and_fingerprint(tmp_path):
     cache = peak.PeakCache(tmp_path, machine="m1")
     entry = {"precision": "fp32", "gflops": 100.0, "library": "numpy", "method_version": peak.METHOD_VERSION}
-    cache.put((0, 1), 2, entry)
+    store(cache, spec((0, 1), 2), entry)
     assert cache.get((1, 0), 2, "fp32")["gflops"] == 100.0
     assert cache.get((0, 1), 1, "fp32") is None and cache.get((0, 1), 2, "bf16") is None
     assert peak.PeakCache(tmp_path, machine="m2").get((0, 1), 2, "fp32") is None  # another machine/software
-    cache.put((3,), 1, {"precision": "fp32", "gflops": None})  # a failed calibration is never cached
+    store(cache, spec((3,), 1), {"precision": "fp32", "gflops": None})  # a failed calibration is never cached
     assert cache.get((3,), 1, "fp32") is None
     stale = cache.path((0, 1), 2, "fp32")
     stale.write_text(json.dumps({**entry, "method_version": -1}))

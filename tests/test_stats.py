@@ -52,13 +52,13 @@ def test_from_ns_is_seconds():
     assert Measurement.from_ns([1_000_000, 3_000_000]).mean == pytest.approx(0.002)
 
 
-def test_window_throughput_counts_completed_samples_not_inverse_mean():
-    # 10 calls of 100 ms back to back from t=0, then one that ends after the window
+def test_window_throughput_counts_samples_done_in_the_window_not_inverse_mean():
+    # 10 calls of 100 ms back to back from t=0, then one from 1.0 to 1.1 s that straddles the window's end
     starts = np.arange(11) * 100_000_000
     ends = starts + 100_000_000
     samples, rate = window_throughput(starts, ends, 0, 1_050_000_000, batch_size=4)
-    assert samples == 40  # the 11th call ends at 1.1 s, outside the window
-    assert rate == pytest.approx(40 / 1.05)
+    assert samples == pytest.approx(40 + 4 * 0.5)  # the 11th call is half inside: half its samples
+    assert rate == pytest.approx(42 / 1.05)
 
 
 def test_bootstrap_ratio():

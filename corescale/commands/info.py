@@ -64,11 +64,10 @@ def peak_table(rows: list[dict]):
 
 
 def handle(args) -> int:
-    from corescale.commands._common import print_wide
     from corescale.machine import environment
     from corescale.machine.peak import analytic_gflops
     from corescale.machine.topology import Topology
-    from corescale.report.console import console, errors
+    from corescale.report.console import console, errors, print_wide
 
     host = environment.capture()
     if args.libraries and not args.peak:

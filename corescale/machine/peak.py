@@ -183,7 +183,7 @@ def host_fingerprint() -> str:
 
 
 class PeakCache:
-    """<cache_dir>/peak/<fingerprint>/<cpus>-t<threads>-<precision>.json, each written atomically."""
+    """<cache_dir>/peak/<fingerprint>/<cpus>-t<threads>-<precision>.json (written by measure/calibrate.py)."""
 
     def __init__(self, cache_dir, machine: str | None = None):
         self.root = Path(cache_dir).expanduser() / "peak" / (machine or host_fingerprint())
@@ -199,13 +199,6 @@ class PeakCache:
         ok = isinstance(entry, dict) and entry.get("method_version") == METHOD_VERSION and entry.get("gflops")
         return entry if ok else None
 
-    def put(self, cpus, threads: int, entry: dict) -> None:
-        from corescale.results.files import write_json_atomic
-
-        if not entry.get("gflops"):
-            return  # nothing measured: never cache a failure
-        self.root.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(self.path(cpus, threads, entry["precision"]), entry)
 
 
 def check_libraries(names: list[str]) -> tuple[str, ...]:
@@ -234,19 +227,3 @@ def analytic_gflops(cpu: dict, cores: int) -> dict | None:
     return {"gflops": per_core * cores, "per_core": per_core, "lanes": lanes, "mhz": mhz,
             "assumes": "2 full-width FMA units per core at the reported clock (an upper bound)"}
 
-
-def main(argv: list[str]) -> int:
-    """`python -m corescale.machine.peak THREADS PRECISION OUT.json`: measure here (the launcher pins this
-    process like the instance it stands for), write the entry whole."""
-    threads, precision, out = int(argv[0]), argv[1], Path(argv[2])
-    libraries = tuple(name for name in (argv[3] if len(argv) > 3 else "").split(",") if name) or None
-    from corescale.results.files import write_json_atomic
-
-    write_json_atomic(out, measure(threads, precision, libraries))
-    return 0
-
-
-if __name__ == "__main__":
-    import sys
-
-    sys.exit(main(sys.argv[1:]))

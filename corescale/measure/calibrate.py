@@ -13,6 +13,7 @@ from pathlib import Path
 from corescale.machine import instance_env
 from corescale.machine.peak import PeakCache, peak_precision
 from corescale.machine.placement import InstanceSpec
+from corescale.results.files import write_json_atomic
 
 TIMEOUT_S = 180.0
 
@@ -24,9 +25,17 @@ def with_peaks(specs: list[InstanceSpec], cfg, isa: dict, work_dir: Path, cache:
     known = {spec.id: None if force else cache.get(spec.cpus, spec.threads, precision) for spec in specs}
     todo = [spec for spec in specs if known[spec.id] is None]
     for spec, entry in zip(todo, _measure(todo, cfg, precision, work_dir, libraries)):
-        cache.put(spec.cpus, spec.threads, entry)
+        store(cache, spec, entry)
         known[spec.id] = {**entry, "cached": False}
     return [dataclasses.replace(spec, peak={"cached": True, **known[spec.id]}) for spec in specs]
+
+
+def store(cache: PeakCache, spec: InstanceSpec, entry: dict) -> None:
+    """Caches a measured peak, written whole; a failed calibration is never cached."""
+    if not entry.get("gflops"):
+        return
+    cache.root.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(cache.path(spec.cpus, spec.threads, entry["precision"]), entry)
 
 
 def _measure(specs: list[InstanceSpec], cfg, precision: str, work_dir: Path, libraries: tuple[str, ...]) -> list[dict]:
@@ -36,7 +45,7 @@ def _measure(specs: list[InstanceSpec], cfg, precision: str, work_dir: Path, lib
     running = []
     for spec in specs:
         out = work_dir / f"peak-{spec.id}.json"
-        command = [*instance_env.command_prefix(spec), sys.executable, "-m", "corescale.machine.peak",
+        command = [*instance_env.command_prefix(spec), sys.executable, "-m", "corescale.measure.calibrate",
                    str(spec.threads), precision, str(out), ",".join(libraries)]
         process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                    env=instance_env.environment(cfg, spec, preload), start_new_session=True,
@@ -56,3 +65,18 @@ def _measure(specs: list[InstanceSpec], cfg, precision: str, work_dir: Path, lib
             entries.append({"precision": precision, "gflops": None, "library": None, "libraries": {},
                             "errors": {"calibration": tail[0][:300]}})
     return entries
+
+
+def main(argv: list[str]) -> int:
+    """`python -m corescale.measure.calibrate THREADS PRECISION OUT.json [LIBRARIES]`: measure here (this process
+    is pinned and configured like the instance it stands for), write the entry whole."""
+    from corescale.machine.peak import measure
+
+    threads, precision, out = int(argv[0]), argv[1], Path(argv[2])
+    libraries = tuple(name for name in (argv[3] if len(argv) > 3 else "").split(",") if name) or None
+    write_json_atomic(out, measure(threads, precision, libraries))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -15,6 +15,11 @@ console = Console(stderr=False, highlight=False)
 errors = Console(stderr=True, highlight=False)
 
 
+def print_wide(renderable) -> None:
+    """Tables printed to a pipe or file are not wrapped at 80 columns."""
+    (console if console.is_terminal else Console(highlight=False, width=220)).print(renderable)
+
+
 def ms(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds * 1e3:.2f}"
 
@@ -333,8 +338,6 @@ def print_repeats(state, planned) -> None:
         label = item.label if len(planned) > 1 else "this configuration"
         table.add_row(str(item.number), escape(label), f"{summary.repeats}{failed}", f"{tput.mean:.2f}",
                       ci(tput), f"{p50.mean:.2f}", ci(p50), f"{summary.p99_ms.mean:.2f}")
-    from corescale.commands._common import print_wide
-
     print_wide(table)
     console.print("the intervals in each run's own table are over that run's calls; these are over repeats",
                   soft_wrap=True)
