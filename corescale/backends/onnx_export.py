@@ -1,18 +1,24 @@
 """ONNX export of the PyTorch model, cached on disk so sweeps export each model once.
 
-Key: model config + hash of the weights + opset + exporter (and its torch version). Each artifact is a
-directory written under a temporary name and renamed into place, so concurrent instances exporting the same
-model never see a half-written file: the first rename wins and the others use its result.
+Key: model config + hash of the weights + opset + exporter (and its torch version). Each artifact (the export
+and every variant derived from it: fusion, quantization) is built once: under an inter-process lock
+(`<cache>/onnx/.locks/<artifact>.lock`, fcntl, released by the kernel if its holder dies), in a private temporary
+directory renamed into place when complete. Instances that start together on a cold cache wait for the one
+building it, then use its result; none ever sees a half-written file. A derived variant reads its input through
+a private view (links in its own temporary directory), because tools such as quantize_dynamic write scratch
+files beside their input.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
 import shutil
 import tempfile
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable
 
@@ -26,6 +32,7 @@ OPSET = 17
 # The TorchScript-based exporter: onnxruntime's transformer optimizer fully fuses only its graphs.
 EXPORTER = f"torch.onnx-torchscript-{torch.__version__}"
 MODEL_FILE = "model.onnx"
+LOCK_DIR = ".locks"  # beside the artifacts: one lock file per artifact
 EXTERNAL_DATA_BYTES = 3 << 29  # 1.5 GiB: derived models keep weights in model.onnx.data (protobuf limit 2 GiB;
 # the exporter itself switches to external data files at that limit)
 
@@ -52,23 +59,49 @@ def export_key(spec, module, input_names) -> str:
     return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
 
+@contextmanager
+def build_lock(target: Path):
+    """Exclusive, across processes, while `target` is built (opened read-only: flock needs no write access, so
+    a lock file another user created works too)."""
+    locks = target.parent / LOCK_DIR
+    locks.mkdir(parents=True, exist_ok=True)
+    fd = os.open(locks / f"{target.name}.lock", os.O_RDONLY | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
 def cached(target: Path, build: Callable[[Path], None]) -> bool:
-    """Makes `target` (a directory) with build(tmp_dir) unless it exists; True when it was already there."""
+    """Makes `target` (a directory) with build(tmp_dir) unless it exists; True when it was already there
+    (also when another process built it while this one waited for the lock)."""
     if target.is_dir():
         return True
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
-        build(tmp)
-        os.chmod(tmp, 0o755)  # mkdtemp's 0700 would hide the cache from other users
+    with build_lock(target):
+        if target.is_dir():
+            return True
+        for stale in target.parent.glob(f".{target.name}.*"):  # left by a builder that was killed: we hold the lock
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
         try:
+            build(tmp)
+            os.chmod(tmp, 0o755)  # mkdtemp's 0700 would hide the cache from other users
             os.rename(tmp, target)
-        except OSError:
-            if not target.is_dir():  # not a lost race: a real error
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return False
+
+
+def private_view(source: Path, where: Path) -> Path:
+    """`source` (a model file) seen from a directory of our own: a link to every file beside it (external data
+    included), so scratch files a tool writes next to its input land in `where`, not in the shared cache."""
+    where.mkdir()
+    for item in source.parent.iterdir():
+        if item.is_file():
+            os.symlink(item.resolve(), where / item.name)
+    return where / source.name
 
 
 def export(module: torch.nn.Module, spec, path: Path) -> None:
@@ -92,7 +125,13 @@ class OnnxModel:
     def derived(self, variant: str, build: Callable[[Path, Path, bool], None]) -> "OnnxModel":
         """A cached transformation of this model: build(source_path, output_path, external_data)."""
         target = self.path.parent.parent / f"{self.key}-{variant}"
-        hit = cached(target, lambda tmp: build(self.path, tmp / MODEL_FILE, self.large))
+
+        def build_variant(tmp: Path) -> None:
+            view = tmp / ".input"
+            build(private_view(self.path, view), tmp / MODEL_FILE, self.large)
+            shutil.rmtree(view)  # the links (and the tool's scratch files) are not part of the artifact
+
+        hit = cached(target, build_variant)
         return OnnxModel(target / MODEL_FILE, f"{self.key}-{variant}", self.large, hit)
 
 

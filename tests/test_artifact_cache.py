@@ -1,0 +1,35 @@
+"""Derived ONNX artifacts on a cold cache: two instances that start together build each artifact once (under the
+cache's lock, in a private temp dir, renamed into place) and both run on it. Through the real CLI, one fresh
+cache per artifact kind."""
+
+import pytest
+from test_backends_common import run_record
+
+from corescale.backends.onnx_export import LOCK_DIR
+
+KINDS = {
+    "onnxruntime": ["backend=onnxruntime"],
+    "fusion": ["backend=onnxruntime", "backend.fusion=true"],
+    "int8": ["backend=onnxruntime", "precision=int8"],
+    "fusion-int8": ["backend=onnxruntime", "backend.fusion=true", "precision=int8"],
+    "openvino": ["backend=openvino"],
+}
+STAGES = {"onnxruntime": ["export"], "fusion": ["export", "fuse"], "int8": ["export", "quantize"],
+          "fusion-int8": ["export", "fuse", "quantize"], "openvino": ["export"]}
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_two_instances_on_a_cold_cache(kind, tmp_path):
+    pytest.importorskip("openvino" if kind == "openvino" else "onnxruntime")
+    cache = tmp_path / "cache"
+    record = run_record(tmp_path / "out", *KINDS[kind], "instances=2", "cores_per_instance=1",
+                        f"cache_dir={cache}")
+    assert len(record["instances"]) == 2
+    hits = [inst["framework"]["cache_hits"] for inst in record["instances"]]
+    for stage in STAGES[kind]:  # exactly one instance built each artifact; the other waited and reused it
+        assert sorted(h[stage] for h in hits) == [False, True], hits
+    onnx = cache / "onnx"
+    artifacts = sorted(p.name for p in onnx.iterdir() if p.name != LOCK_DIR)
+    assert len(artifacts) == len(STAGES[kind]) and not [a for a in artifacts if a.startswith(".")], artifacts
+    for artifact in artifacts:  # complete, and no scratch file of a tool (quantize_dynamic's *-inferred.onnx)
+        assert sorted(p.name for p in (onnx / artifact).iterdir()) == ["model.onnx"], artifact
