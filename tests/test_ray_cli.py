@@ -21,3 +21,19 @@ def test_cli_sweep_on_private_ray_resumes(tmp_path):
     assert second.returncode == 0, second.stderr
     assert "2 skipped" in second.stdout
     assert len(list(out.iterdir())) == 2
+
+
+def test_single_run_goes_through_ray_and_reserves_the_node(tmp_path):
+    """`corescale run executor=ray` (no -m) runs on the private Ray node, and its task holds every CPU there."""
+    import os
+
+    out = tmp_path / "out"
+    env = {"RAY_AUTH_MODE": "disabled", "RAY_TMPDIR": f"/tmp/rays{tmp_path.name[-6:]}"}
+    proc = corescale("run", "executor=ray", *FAST, f"output_dir={out}", "--no-progress", env=env)
+    assert proc.returncode == 0, proc.stderr
+    (run,) = list(out.iterdir())
+    record = json.loads((run / "result.json").read_text())
+    assert record["status"] == "ok" and record["executor"]["name"] == "ray"
+    node = record["node"]
+    assert node["hostname"] and node["ray_node_id"] and node["pid"]  # measured in a Ray worker
+    assert node["reserved_cpus"] == len(os.sched_getaffinity(0))

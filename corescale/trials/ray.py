@@ -2,8 +2,9 @@
 
 A benchmark node declares the custom resource `corescale_node: 1` (and optionally a type label
 `corescale_type:<type>: 1`). The driver picks a free node for each trial and submits one Ray task pinned to
-it (num_cpus=0, corescale_node=1, a fresh worker per task). The task re-prepares the trial for its own
-topology, runs the normal launcher there and returns the Measured; the driver commits it to the store.
+it (corescale_node=1, a fresh worker per task) that reserves every CPU the node declares to Ray, so Ray
+schedules no other CPU work there while it measures. The task re-prepares the trial for its own topology, runs
+the normal launcher there and returns the Measured; the driver commits it to the store.
 
 Faults: a dead worker or node is retried on another node (executor.max_retries times); an error inside the
 benchmark (bad input on that node) becomes a failed result at once. Ray is imported only here, lazily.
@@ -97,7 +98,7 @@ def exec_environment() -> dict[str, str] | None:
 
 
 def restore_thread_env() -> None:
-    """Ray sets OMP_NUM_THREADS (1 for a num_cpus=0 task) inside its workers: undo it, so neither the recorded
+    """Ray sets OMP_NUM_THREADS (to the task's num_cpus) inside its workers: undo it, so neither the recorded
     environment nor the instance processes inherit it (instances get their own thread counts explicitly)."""
     started_with = exec_environment()
     if started_with is None:
@@ -118,7 +119,8 @@ def run_on_node(trial: Trial, node: dict) -> Measured:
     restore_thread_env()
     started = time.time()
     host = environment.capture()
-    node = {**node, "hostname": host["hostname"], "cpu_model": host["cpu"]["model"], "pid": os.getpid()}
+    node = {**node, "hostname": host["hostname"], "cpu_model": host["cpu"]["model"], "pid": os.getpid(),
+            "reserved_cpus": reserved_cpus()}
     try:
         here = prepare_trial(trial.cfg, on_node=True)
         measured = measure(dataclasses.replace(here, key=trial.key), None, host)  # the driver's key: resume
@@ -129,6 +131,16 @@ def run_on_node(trial: Trial, node: dict) -> Measured:
     return measured
 
 
+def reserved_cpus() -> float | None:
+    """The CPUs Ray reserved for this task on its node (None outside a Ray task)."""
+    import sys
+
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return None
+    return ray.get_runtime_context().get_assigned_resources().get("CPU", 0.0)
+
+
 # --- on the driver ----------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -137,12 +149,14 @@ class Node:
     ip: str
     hostname: str
     types: tuple[str, ...]
+    cpus: float = 0.0  # the CPUs the node declares to Ray: a benchmark task reserves them all
 
     @classmethod
     def from_ray(cls, entry: dict) -> "Node":
         types = tuple(sorted(k[len(TYPE_PREFIX):] for k, v in entry["Resources"].items()
                              if k.startswith(TYPE_PREFIX) and v > 0))
-        return cls(entry["NodeID"], entry.get("NodeManagerAddress", ""), entry.get("NodeManagerHostname", ""), types)
+        return cls(entry["NodeID"], entry.get("NodeManagerAddress", ""), entry.get("NodeManagerHostname", ""), types,
+                   float(entry["Resources"].get("CPU", 0.0)))
 
     def matches(self, node_type: str | None) -> bool:
         return node_type is None or node_type in self.types
@@ -276,7 +290,8 @@ class RayExecutor:
         address = self.settings.address
         try:
             if address is None:
-                ray.init(address="local", include_dashboard=False, _node_ip_address=LOOPBACK, num_cpus=0,
+                ray.init(address="local", include_dashboard=False, _node_ip_address=LOOPBACK,
+                         num_cpus=len(os.sched_getaffinity(0)),
                          resources={NODE_RESOURCE: 1}, object_store_memory=LOCAL_OBJECT_STORE_BYTES, **options)
             else:
                 check_reachable(address)
@@ -324,7 +339,9 @@ class RayExecutor:
         attempt.node, attempt.submitted = node, time.time()
         strategy = NodeAffinitySchedulingStrategy(node.id, soft=False)
         log.info("trial %s -> node %s", attempt.key, node.describe())
-        return remote.options(scheduling_strategy=strategy).remote(attempt.trial, node.identity(attempt.node_type))
+        # every CPU of the node: Ray must not co-schedule CPU work there while the trial measures
+        return remote.options(scheduling_strategy=strategy, num_cpus=node.cpus).remote(
+            attempt.trial, node.identity(attempt.node_type))
 
     def _collect(self, ray, ref, attempt: Attempt, queue: list[Attempt]) -> Measured | None:
         """The trial's Measured, stamped for the store; None when it was queued again after a node fault."""
