@@ -67,6 +67,19 @@ def _explain(override: str, exc: Exception, selected: dict[str, str] | None = No
     return f"invalid override '{override}': {text}"
 
 
+def assignment(key: str, value) -> str:
+    """`key=value` as an override Hydra parses back to exactly `value`: quoted when it holds characters of the
+    override grammar (a path with spaces, brackets or commas), as code that writes overrides must."""
+    text = str(value)
+    if re.fullmatch(r"[\w./~+:@%-]+", text):
+        return f"{key}={text}"
+    if "'" not in text:
+        return f"{key}='{text}'"
+    if '"' not in text:
+        return f'{key}="{text}"'
+    return f"{key}='" + text.replace("'", "\\'") + "'"
+
+
 def check_renamed(overrides: list[str]) -> None:
     """0.1's flat backend options name their new spelling."""
     for override in overrides:
@@ -85,7 +98,8 @@ def parse_overrides(overrides: list[str]):
     try:
         parsed = OverridesParser.create().parse_overrides(overrides)
     except OverrideParseException as exc:
-        raise UserError(f"cannot parse overrides {' '.join(overrides)}: {str(exc).splitlines()[0]}") from None
+        raise UserError(f"cannot parse overrides {' '.join(overrides)}: {str(exc).splitlines()[0]}; quote a value "
+                        "that holds spaces, brackets, commas or '=' (key='a value [b]')") from None
     for override in parsed:
         refuse_prefixed(override)
     return parsed

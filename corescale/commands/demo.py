@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from corescale.commands import add_common
-from corescale.overrides import override_key
+from corescale.overrides import assignment, override_key
 
 ORDER = 5
 DEFAULTS = {"model": "bert-base", "sequence_length": "128", "batch_size": "1"}
@@ -39,7 +39,7 @@ def demo_trials(overrides: list[str], physical_cores: int, root: Path) -> list[l
                         "`corescale study` for other layouts)")
     own = [o for o in overrides if override_key(o) != "output_dir"]
     given = {override_key(o) for o in own}
-    base = [f"{k}={v}" for k, v in DEFAULTS.items() if k not in given] + own + [f"output_dir={root}"]
+    base = [f"{k}={v}" for k, v in DEFAULTS.items() if k not in given] + own + [assignment("output_dir", root)]
     counts = default_values(physical_cores)
     scaling = [[*base, "instances=1", f"cores_per_instance={c}"] for c in counts]
     per_core = [[*base, f"instances={n}", "cores_per_instance=1"] for n in counts if n > 1]
