@@ -52,16 +52,17 @@ def assert_agrees_with_pytorch(record: dict, tight: float = 1e-4) -> None:
 
 
 def assert_threads_honoured(one: dict, two: dict, busy: bool = True) -> None:
-    """`one`'s instance 0 has 1 thread, `two`'s 2: more OS threads, threads free to use both CPUs (not all bound
-    to one, as GNU OpenMP leaves the thread that loads torch), and on a quiet machine more busy cores."""
+    """`one`'s instance 0 has 1 thread, `two`'s 2: more OS threads; every thread stays inside the instance's CPUs
+    and together they use all of them (not all bound to one, as GNU OpenMP leaves the thread that loads torch) —
+    what the tool guarantees, whichever way a framework pins its own pool; on a quiet machine more busy cores."""
     cpus = set(two["plan"]["instances"][0]["cpus"])
     if len(cpus) < 2:
         pytest.skip("needs 2 CPUs")
     inst = two["instances"][0]
     assert inst["thread_count"] > one["instances"][0]["thread_count"]
-    threads = sorted(inst["thread_affinity"], key=int)  # the main thread first, the newest (a pool's) last
-    for tid in (threads[0], threads[-1]):
-        assert set(inst["thread_affinity"][tid]) >= cpus, inst["thread_affinity"]
+    affinities = [set(allowed) for allowed in inst["thread_affinity"].values()]
+    assert all(allowed <= cpus for allowed in affinities), inst["thread_affinity"]
+    assert set().union(*affinities) == cpus, inst["thread_affinity"]
     if busy and not (one["metrics"]["contaminated"] or two["metrics"]["contaminated"]):
         assert busy_cores(two) > 1.3 * busy_cores(one), (busy_cores(one), busy_cores(two))
 

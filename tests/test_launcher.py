@@ -96,7 +96,11 @@ def test_partial_samples_of_finished_instances_are_kept_but_invalid(tmp_path):
     assert partial.metrics.samples_in_window > 0
     assert record.metrics is None  # nothing that reads metrics mistakes it for a valid result
     samples = read_samples(outcome.path)
-    assert set(samples["instance"]) == {0} and samples["in_window"].sum() > 0
+    finished = samples[~samples["streamed"].fillna(False).astype(bool)]
+    assert set(finished["instance"]) == {0} and finished["in_window"].sum() > 0
+    streamed = samples[samples["streamed"].fillna(False).astype(bool)]  # what the killed instance had streamed
+    assert set(streamed["instance"]) <= {1} and not streamed["in_window"].any()
+    assert partial.streamed_calls.get(1, partial.streamed_calls.get("1", 0)) == len(streamed)
     assert all(not process_group(pid) for pid in saboteur.pids.values())
 
 

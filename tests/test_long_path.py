@@ -61,8 +61,6 @@ def test_study_prints_every_file_whole(odd):
     assert all((odd / path).is_file() for path in files.values()), files
 
 
-@pytest.mark.xfail(strict=True, reason="trials/studies.py writes output_dir={study_dir} unquoted: a study dir "
-                   "whose path holds [ or spaces cannot be parsed back (use overrides.assignment)")
 def test_study_into_an_odd_absolute_dir(odd):
     proc = cli(odd, "study", "cores", "--values", "1", *FAST, f"output_dir='{odd / 'study [b]'}'", "--no-progress")
     assert all(path.is_file() for path in study_files(proc).values())

@@ -9,6 +9,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from corescale.errors import UserError
+from corescale.machine.instance_env import unbind_calling_thread  # noqa: F401 - what the backends call
 
 
 class Backend(Protocol):
@@ -50,18 +51,3 @@ class TimedStages:
         finally:
             self.timings[name] = self.timings.get(name, 0.0) + time.perf_counter() - start
 
-
-def unbind_calling_thread() -> None:
-    """Gives the calling thread all of the instance's CPUs again before a framework creates its own threads.
-
-    GNU OpenMP (loaded with torch) honours OMP_PROC_BIND/OMP_PLACES by binding the thread that loads it to the
-    first place: a framework that starts its pool afterwards (ONNX Runtime, OpenVINO, TensorFlow) would
-    otherwise put every thread on that one CPU, and OpenVINO would cap its thread count at 1.
-    """
-    import os
-
-    from corescale.machine.cpulist import parse_cpulist
-
-    cpus = parse_cpulist(os.environ.get("CORESCALE_INSTANCE_CPUS", ""))
-    if cpus:
-        os.sched_setaffinity(0, cpus)

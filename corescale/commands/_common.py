@@ -19,12 +19,10 @@ def add_selection(parser) -> None:
 
 
 def print_wide(renderable) -> None:
-    """Tables printed to a pipe or file are not wrapped at 80 columns."""
-    from rich.console import Console
+    """Tables printed to a pipe or file are not wrapped at 80 columns (report/console.py draws them)."""
+    from corescale.report.console import print_wide as draw
 
-    from corescale.report.console import console
-
-    (console if console.is_terminal else Console(highlight=False, width=220)).print(renderable)
+    draw(renderable)
 
 
 def load_table(root, args):

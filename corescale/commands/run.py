@@ -58,9 +58,16 @@ def single(planned, args) -> int:
 
 def sweep(planned, args, **listener_options) -> int:
     """A grid: resumed by key, failed trials recorded, a summary table at the end."""
-    from rich.markup import escape
 
-    from corescale.report.console import ConsoleListener, console, errors, loop_summary, loop_table, print_repeats
+    from corescale.report.console import (
+        ConsoleListener,
+        console,
+        errors,
+        loop_summary,
+        loop_table,
+        print_path,
+        print_repeats,
+    )
     from corescale.trials.sweep import run_sweep
 
     options = {"progress": not args.no_progress, "tables": not args.no_progress, **listener_options}
@@ -74,5 +81,6 @@ def sweep(planned, args, **listener_options) -> int:
     if any(item.trial.cfg.repeats > 1 for item in planned):
         print_repeats(state, planned)
     for root in sorted({str(item.root) for item in planned}):
-        console.print(escape(f"results: {root}  (corescale results {root})"), soft_wrap=True)
+        print_path("results", root)  # the path alone on its line; the hint on the next
+    console.print("(corescale results ROOT shows them as one table)")
     return EXIT_FAILED if state.failed else EXIT_OK

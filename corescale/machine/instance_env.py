@@ -188,3 +188,17 @@ def thread_affinities() -> dict[int, list[int]]:
             if line.startswith("Cpus_allowed_list:"):
                 found[int(task)] = list(parse_cpulist(line.split(":", 1)[1]))
     return found
+
+
+def unbind_calling_thread() -> None:
+    """Gives the calling thread all of the instance's CPUs again before a framework creates its own threads.
+
+    GNU OpenMP (loaded with torch) honours OMP_PROC_BIND/OMP_PLACES by binding the thread that loads it to the
+    first place: a framework that starts its pool afterwards (ONNX Runtime, OpenVINO, TensorFlow, OpenBLAS)
+    would otherwise put every thread on that one CPU, and OpenVINO would cap its thread count at 1.
+    """
+    from corescale.machine.cpulist import parse_cpulist
+
+    cpus = parse_cpulist(os.environ.get("CORESCALE_INSTANCE_CPUS", ""))
+    if cpus:
+        os.sched_setaffinity(0, cpus)

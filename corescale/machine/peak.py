@@ -29,6 +29,7 @@ from typing import Callable
 
 from corescale.errors import UserError
 from corescale.machine.cpulist import format_cpulist
+from corescale.machine.instance_env import unbind_calling_thread
 
 METHOD_VERSION = 1  # bump when the way the peak is measured changes: old cache entries are then ignored
 LIBRARIES = ("torch_mm", "torch_onednn", "openvino", "numpy", "torch_int_mm")
@@ -146,6 +147,7 @@ def measure(threads: int, precision: str, libraries: tuple[str, ...] | None = No
     rates: dict[str, float] = {}
     errors: dict[str, str] = {}
     for name in libraries or PRECISION_LIBRARIES[precision]:
+        unbind_calling_thread()  # torch's GNU OpenMP binds this thread to one CPU; the next pool must not inherit it
         try:
             rates[name] = _best_rate(MEASURES[name](n, threads, precision), 2.0 * n**3, min_seconds)
         except Exception as exc:  # noqa: BLE001 - a library that cannot run here is reported, not fatal

@@ -2,11 +2,11 @@
 
 The unit of uncertainty is the repeat (`repeats=N`, fresh processes each): two back-to-back runs of one config
 differ by 10-20 % here while the calls of one run agree to a fraction of a percent, so a test over one run's calls
-would call every rerun significant. Each side's repeats give one p50 each; Welch's t-test on those and a
-bootstrap 95 % interval of the ratio of their means (after / before) decide. A change is flagged when it is
-significant (p < ALPHA and the interval excludes 1) and larger than the threshold; with fewer than MIN_REPEATS
-repeats on a side the verdict says so instead of printing a p-value. `latency_test` (block medians of one run's
-calls) is kept for looking inside one pair of runs.
+would call every rerun significant. Each side's repeats give one p50 each; Welch's t-test on their logarithms
+(latency changes are ratios) and a bootstrap 95 % interval of the ratio of their means (after / before) decide.
+A change is flagged when it is significant (p < ALPHA and the interval excludes 1) and larger than the threshold;
+with fewer than MIN_REPEATS repeats on a side the verdict says so instead of printing a p-value. `latency_test`
+(block medians of one run's calls) is kept for looking inside one pair of runs.
 """
 
 from __future__ import annotations
@@ -87,10 +87,11 @@ def repeat_test(before_p50: list[float], after_p50: list[float], seed: int = 0) 
     if a.size < MIN_REPEATS or b.size < MIN_REPEATS:
         return None
     _, low, high = bootstrap_ratio_ci(a, b, seed=seed, stat=np.mean)
-    if np.std(a) == 0 and np.std(b) == 0:
-        p_value = 1.0 if a.mean() == b.mean() else 0.0
+    la, lb = np.log(a), np.log(b)  # latencies scale multiplicatively: test the ratio, on the log scale
+    if np.std(la) == 0 and np.std(lb) == 0:
+        p_value = 1.0 if la.mean() == lb.mean() else 0.0
     else:
-        p_value = float(sps.ttest_ind(a, b, equal_var=False).pvalue)
+        p_value = float(sps.ttest_ind(la, lb, equal_var=False).pvalue)
     return LatencyTest(float(b.mean() / a.mean()), low, high, p_value)
 
 

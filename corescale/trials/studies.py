@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from corescale.errors import UserError
-from corescale.overrides import override_key
+from corescale.overrides import assignment, override_key
 from corescale.results.record import TrialRecord
 from corescale.results.store import ms
 
@@ -108,7 +108,7 @@ def trial_grid(kind: str, overrides: list[str], physical_cores: int, study_dir: 
         for value, extra in axis_trials(kind, compose(group), physical_cores, values):
             extra = [o for o in extra if override_key(o) not in given]  # the user's own setting stays (same value)
             own = [o for o in group if override_key(o) != "output_dir"]  # results go into the study directory
-            trials.append(StudyTrial(tuple([*own, *extra, f"output_dir={study_dir}"]), label, value))
+            trials.append(StudyTrial(tuple([*own, *extra, assignment("output_dir", study_dir)]), label, value))
     return trials
 
 
