@@ -34,3 +34,27 @@ def raw_record(path) -> dict:
     import json
 
     return json.loads((Path(path) / "result.json").read_text())
+
+
+def processes_with_env(marker: str) -> list[int]:
+    """Live processes whose environment holds `marker` (a test's way to find every process it started)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker.encode() in (entry / "environ").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def assert_one_line_error(compose_overrides, overrides, message) -> None:
+    """compose(overrides) refuses them with one line holding `message`."""
+    import pytest
+
+    from corescale.errors import UserError
+
+    with pytest.raises(UserError) as info:
+        compose_overrides(overrides)
+    assert message in str(info.value) and "\n" not in str(info.value)

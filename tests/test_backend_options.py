@@ -1,12 +1,11 @@
 """Backends own their options as a Hydra config group: `backend=NAME backend.OPTION=VALUE`."""
 
 import pytest
-from conftest import FAST, corescale
+from conftest import FAST, assert_one_line_error, corescale
 
 from corescale.backends import BACKENDS, OPTIONS
 from corescale.backends.onnxruntime.options import OnnxRuntimeOptions
 from corescale.config import BenchmarkConfig, migrate_config_v1
-from corescale.errors import UserError
 from corescale.overrides import compose, expand_sweep
 
 
@@ -40,9 +39,7 @@ def test_options_survive_the_process_boundary_and_the_python_api():
     (["ort_execution_mode=parallel"], "backend.execution_mode=parallel"),
 ])
 def test_bad_or_old_options_are_one_line(overrides, message):
-    with pytest.raises(UserError) as info:
-        compose(overrides)
-    assert message in str(info.value) and "\n" not in str(info.value)
+    assert_one_line_error(compose, overrides, message)
 
 
 def test_cli_names_the_new_spelling(tmp_path):

@@ -8,7 +8,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import FAST, corescale, execute
+from conftest import FAST, corescale, execute, processes_with_env
 
 from corescale.measure.launcher import Launcher
 from corescale.measure.runner import prepare_trial
@@ -31,18 +31,6 @@ def process_group(pgid: int) -> list[int]:
             if int(fields[2]) == pgid and fields[0] != "Z":
                 members.append(int(entry.name))
     return members
-
-
-def processes_with_env(marker: str) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if marker.encode() in (entry / "environ").read_bytes():
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-    return found
 
 
 class Saboteur:

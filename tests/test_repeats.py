@@ -5,9 +5,8 @@ import json
 from types import SimpleNamespace
 
 import pytest
-from conftest import FAST, corescale
+from conftest import FAST, assert_one_line_error, corescale
 
-from corescale.errors import UserError
 from corescale.overrides import compose
 from corescale.results.record import TrialRecord
 from corescale.results.repeats import Interval, across_repeats
@@ -55,9 +54,7 @@ def test_interval_is_across_repeats():
     (["backend=openvino", "openmp=intel"], "backend=openvino uses its own thread pool"),
 ])
 def test_bad_repeat_and_openmp_settings_are_one_line(overrides, message):
-    with pytest.raises(UserError) as info:
-        compose(overrides)
-    assert message in str(info.value) and "\n" not in str(info.value)
+    assert_one_line_error(compose, overrides, message)
 
 
 def test_run_with_repeats_measures_each_in_fresh_processes_and_resumes(tmp_path):

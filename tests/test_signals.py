@@ -8,25 +8,12 @@ import subprocess
 import sys
 import time
 import uuid
-from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import FAST, ROOT
+from conftest import FAST, ROOT, processes_with_env
 
 pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 usable CPUs")
-
-
-def with_marker(marker: str) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if marker.encode() in (entry / "environ").read_bytes():
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-    return found
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
@@ -52,7 +39,7 @@ def test_signal_mid_window_leaves_nothing_behind(tmp_path, sig):
     _, err = proc.communicate(timeout=60)
     time.sleep(2)
     assert proc.returncode == 130 and "interrupted" in err and "Traceback" not in err, err
-    assert with_marker(marker) == []  # no worker outlived the CLI
+    assert processes_with_env(marker) == []  # no worker outlived the CLI
     assert not [p for p in tmp.glob("corescale-*") if p.is_dir()]  # its temp directories are gone
     (run,) = [p for p in out.iterdir() if not p.name.startswith(".")]
     record = json.loads((run / "result.json").read_text())
@@ -71,10 +58,10 @@ def test_workers_die_with_a_killed_parent(tmp_path):
                              f"output_dir={tmp_path / 'out'}", "--no-progress"], cwd=ROOT, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and len(with_marker(marker)) < 2:  # the CLI and its worker
+    while time.monotonic() < deadline and len(processes_with_env(marker)) < 2:  # the CLI and its worker
         time.sleep(0.1)
-    assert len(with_marker(marker)) >= 2
+    assert len(processes_with_env(marker)) >= 2
     proc.kill()
     proc.wait()
     time.sleep(2)
-    assert with_marker(marker) == []
+    assert processes_with_env(marker) == []
