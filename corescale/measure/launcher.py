@@ -21,6 +21,7 @@ from typing import Callable
 
 from corescale.machine import instance_env
 from corescale.machine.placement import InstanceSpec
+from corescale.measure.forkserver import RepeatServers
 from corescale.results.record import Failure
 
 START_DELAY_NS = 100_000_000  # the common start instant is this far (plus two calls) after the last is ready
@@ -70,8 +71,10 @@ class InstanceFailed(Exception):
 
 
 class Launcher:
-    def __init__(self, work_dir: Path, timeout_s: float, on_event: EventHandler | None = None):
+    def __init__(self, work_dir: Path, timeout_s: float, on_event: EventHandler | None = None,
+                 forkservers: RepeatServers | None = None):
         self.work_dir = work_dir
+        self.forkservers = forkservers
         self.timeout_s = timeout_s
         self.on_event = on_event or (lambda instance, event: None)
         self.instances: dict[int, InstanceProcess] = {}
@@ -86,13 +89,17 @@ class Launcher:
             stderr_path = self.work_dir / f"instance-{spec.id}.stderr.log"
             prefix = instance_env.command_prefix(spec)
             command = [*prefix, sys.executable, "-m", "corescale.measure.worker", str(spec_path)]
-            launch = {"command_prefix": prefix, "env": instance_env.instance_variables(cfg, spec, preload)}
-            with open(stderr_path, "wb") as stderr:
-                process = subprocess.Popen(
-                    command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
-                    env=instance_env.environment(cfg, spec, preload), start_new_session=True,
-                    preexec_fn=instance_env.pin_before_exec(spec.cpus),
-                )
+            env = instance_env.environment(cfg, spec, preload)
+            process = self.forkservers and self.forkservers.spawn(prefix, env, spec.cpus, cfg.backend.name,
+                                                                  model.model_type, spec_path, stderr_path)
+            launch = {"command_prefix": prefix, "env": instance_env.instance_variables(cfg, spec, preload),
+                      "forked_from": getattr(process, "server_pid", None)}
+            if process is None:
+                with open(stderr_path, "wb") as stderr:
+                    process = subprocess.Popen(
+                        command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, env=env,
+                        start_new_session=True, preexec_fn=instance_env.pin_before_exec(spec.cpus),
+                    )
             self.instances[spec.id] = InstanceProcess(spec.id, process, stderr_path, launch)
 
     def run(self, specs: list[InstanceSpec], cfg, model) -> LaunchOutcome:

@@ -173,8 +173,9 @@ def failed_measured(trial: Trial, failure: Failure, host: dict | None, started: 
     return Measured(record, None, {})
 
 
-def measure(trial: Trial, on_event=None, host: dict | None = None) -> Measured:
-    """Runs the trial's instances; a failed instance gives a failed record, bad input raises UserError."""
+def measure(trial: Trial, on_event=None, host: dict | None = None, forkservers=None) -> Measured:
+    """Runs the trial's instances (forked from `forkservers` when given); a failed instance gives a failed record,
+    bad input raises UserError."""
     started = time.time()
     host = host or environment.capture()
     record = new_record(trial, host, started)
@@ -185,7 +186,8 @@ def measure(trial: Trial, on_event=None, host: dict | None = None) -> Measured:
             specs = with_peaks(specs, trial.cfg, host["cpu"]["isa"], Path(work), PeakCache(trial.cfg.cache_dir))
         record.specs = [spec.to_json() for spec in specs]
         with housekeeping_cpus(specs):
-            outcome = Launcher(Path(work), trial.cfg.timeout, on_event).run(specs, trial.cfg, trial.model)
+            launcher = Launcher(Path(work), trial.cfg.timeout, on_event, forkservers)
+            outcome = launcher.run(specs, trial.cfg, trial.model)
         if outcome.failure and outcome.failure.kind == "user":
             raise UserError(outcome.failure.message)
         logs = {p.name: p.read_bytes()[-200_000:] for p in Path(work).glob("instance-*.stderr.log")

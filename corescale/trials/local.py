@@ -12,6 +12,7 @@ from __future__ import annotations
 import fcntl
 import os
 import signal
+import tempfile
 import threading
 import time
 from contextlib import contextmanager
@@ -20,11 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from corescale.machine import environment
+from corescale.measure.forkserver import ForkServers
 from corescale.measure.runner import Measured, Trial, TrialOutcome, commit, failed_measured, measure
 from corescale.results.record import Failure, TrialRecord, machine_fingerprint
 from corescale.results.store import ResultIndex
 
 # One machine-wide lock in a fixed place (not TMPDIR, which differs per user and process); CORESCALE_LOCK moves it.
+FORKSERVER_ENV = "CORESCALE_FORKSERVER"
 LOCK_PATH = Path(os.environ.get("CORESCALE_LOCK", "/tmp/corescale-trials.lock"))
 
 
@@ -187,7 +190,7 @@ def interruptible():
 
 
 def run_trial(trial: Trial, host: dict | None = None, on_event=None, keep_going: bool = True,
-              on_lock_wait=None, repeat: int = 0, done_meanwhile=None) -> TrialOutcome | Path:
+              on_lock_wait=None, repeat: int = 0, done_meanwhile=None, forkservers=None) -> TrialOutcome | Path:
     """Measure under the machine lock, then commit (failures too). keep_going: errors become failed records.
     done_meanwhile(), checked once the lock is held, returns a valid result that another process committed
     while this one waited: then nothing is measured and that path is returned."""
@@ -198,7 +201,7 @@ def run_trial(trial: Trial, host: dict | None = None, on_event=None, keep_going:
         if existing is not None:
             return existing
         try:
-            measured = measure(trial, on_event, host)
+            measured = measure(trial, on_event, host, forkservers)
         except (KeyboardInterrupt, SystemExit):
             raise
         except Exception as exc:  # noqa: BLE001 - one broken trial must not end the loop
@@ -224,28 +227,41 @@ def run_trials(planned: list[Planned], listener: Listener | None = None, resume:
     indexes: dict[Path, ResultIndex] = {}
     order = schedule(planned)
     state = LoopState(len(order))
-    for number, (item, repeat) in enumerate(order, 1):
-        state.position, state.repeat = number, repeat
-        index = indexes.setdefault(item.index_root, ResultIndex(item.index_root, machine))
-        existing = index.find(item.key, repeat) if resume else None
-        if existing is not None:
-            state.rows.append(Row(item, "skipped", None, existing, repeat))
-            listener.skipped(item, existing, state)
-            continue
-        listener.starting(item, state)
-        started = time.monotonic()
-        outcome = run_trial(item.trial, host, lambda i, e, item=item: listener.worker_event(item, i, e),
-                            keep_going, on_lock_wait, repeat,
-                            (lambda i=item, r=repeat, x=index: x.find(i.key, r)) if resume else None)
-        if isinstance(outcome, Path):  # a concurrent sweep measured it while this one waited for the lock
-            state.rows.append(Row(item, "skipped", None, outcome, repeat))
-            listener.skipped(item, outcome, state)
-            continue
-        state.measured_seconds.append(time.monotonic() - started)
-        index.refresh()
-        state.rows.append(Row(item, outcome.record.status, outcome.record, outcome.path, repeat))
-        listener.finished(item, outcome, state)
-        if not outcome.ok and fail_fast:
-            state.stopped = True
-            break
+    with forkservers_for(len(planned)) as servers:
+        for number, (item, repeat) in enumerate(order, 1):
+            state.position, state.repeat = number, repeat
+            index = indexes.setdefault(item.index_root, ResultIndex(item.index_root, machine))
+            existing = index.find(item.key, repeat) if resume else None
+            if existing is not None:
+                state.rows.append(Row(item, "skipped", None, existing, repeat))
+                listener.skipped(item, existing, state)
+                continue
+            listener.starting(item, state)
+            started = time.monotonic()
+            outcome = run_trial(item.trial, host, lambda i, e, item=item: listener.worker_event(item, i, e),
+                                keep_going, on_lock_wait, repeat,
+                                (lambda i=item, r=repeat, x=index: x.find(i.key, r)) if resume else None,
+                                servers and servers.for_repeat(repeat))
+            if isinstance(outcome, Path):  # a concurrent sweep measured it while this one waited for the lock
+                state.rows.append(Row(item, "skipped", None, outcome, repeat))
+                listener.skipped(item, outcome, state)
+                continue
+            state.measured_seconds.append(time.monotonic() - started)
+            index.refresh()
+            state.rows.append(Row(item, outcome.record.status, outcome.record, outcome.path, repeat))
+            listener.finished(item, outcome, state)
+            if not outcome.ok and fail_fast:
+                state.stopped = True
+                break
     return state
+
+
+@contextmanager
+def forkservers_for(configs: int):
+    """Workers of a loop over several configurations start as forks of pre-imported servers, one set per repeat
+    (CORESCALE_FORKSERVER=0: every worker starts fresh)."""
+    if configs < 2 or os.environ.get(FORKSERVER_ENV) == "0":
+        yield None
+        return
+    with tempfile.TemporaryDirectory(prefix="corescale-forkservers-") as work, ForkServers(Path(work)) as servers:
+        yield servers

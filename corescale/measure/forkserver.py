@@ -1,0 +1,297 @@
+"""Fork servers: a loop of many trials starts each worker in milliseconds instead of seconds.
+
+A fork server is a process started exactly like a worker (the instance's CPUs, memory binding, thread and
+allocator environment, all set before the interpreter starts) that imports the worker's frameworks once and then
+waits. Each worker of a later trial with the same launch is a fork of it, so the guarantee "affinity and thread
+environment are set before any framework import" holds: the imports ran under that very launch. It forks twice,
+so the worker is re-parented to this process (a child subreaper) and is waited for, signalled and killed like
+any child; it has its own session, and dies with this process.
+
+Only what cannot differ between the worker's own start and a fork is shared: the key is the whole launch
+(command prefix, environment, CPUs, backend) and the repeat. Repeats never share a server: their spread is the
+measurement's uncertainty, and a fresh start randomises what forks of one server share (library addresses, the
+interpreter's heap). TensorFlow starts threads on import and never forks from here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+
+from corescale.machine import instance_env
+
+LIMIT = 4  # fork servers kept at once (least recently used goes); each holds its frameworks in memory
+READY_TIMEOUT_S = 180.0
+NEVER_FORKED = ("tensorflow",)  # frameworks that start threads on import
+WORKER_MODULES = ("numpy", "torch", "corescale.measure.worker", "corescale.measure.timing",
+                  "corescale.measure.contamination", "corescale.workload.inputs", "corescale.backends")
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def modules_for(backend: str, model_type: str) -> list[str]:
+    """What a worker of this backend imports before it measures (the PyTorch family builds a Transformers model)."""
+    modules = [*WORKER_MODULES, f"corescale.backends.{backend}.backend"]
+    if backend in ("pytorch", "torchscript", "torch_compile"):
+        module = model_type.replace("-", "_")
+        modules += ["transformers", f"transformers.models.{module}.modeling_{module}"]
+    return modules
+
+
+def become_subreaper(on: bool = True) -> bool:
+    """Orphans of our descendants (the forked workers) are re-parented to this process, which can wait for them."""
+    import ctypes
+
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+class AdoptedProcess:
+    """A forked worker, re-parented to this process: the part of subprocess.Popen the launcher uses."""
+
+    def __init__(self, pid: int, stdin, stdout, server_pid: int):
+        self.pid, self.stdin, self.stdout, self.server_pid = pid, stdin, stdout, server_pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped elsewhere: its exit status is gone
+                self.returncode = -9
+                return self.returncode
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(f"worker {self.pid}", timeout)
+            time.sleep(0.005)
+        return self.returncode
+
+
+@dataclass
+class Server:
+    process: subprocess.Popen
+    channel: socket.socket
+    threads: int
+
+    def fork(self, job_path: Path, stderr_path: Path) -> AdoptedProcess:
+        stdin_r, stdin_w = os.pipe()
+        stdout_r, stdout_w = os.pipe()
+        stderr = os.open(stderr_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            socket.send_fds(self.channel, [f"fork {job_path}\n".encode()], [stdin_r, stdout_w, stderr])
+            reply = _read_line(self.channel)
+        finally:
+            for fd in (stdin_r, stdout_w, stderr):
+                os.close(fd)
+        if not reply.startswith("pid "):
+            os.close(stdin_w)
+            os.close(stdout_r)
+            raise OSError(f"fork server {self.process.pid}: {reply or 'no reply'}")
+        return AdoptedProcess(int(reply.split()[1]), os.fdopen(stdin_w, "wb"), os.fdopen(stdout_r, "rb"),
+                              self.process.pid)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.channel.close()  # end of input: the server exits
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+class ForkServers:
+    """The fork servers of one trial loop; close() (or the with-block's end) stops them all."""
+
+    def __init__(self, work_dir: Path, limit: int = LIMIT):
+        self.work_dir, self.limit = work_dir, limit
+        self.servers: OrderedDict[tuple, Server | None] = OrderedDict()  # None: this launch cannot fork
+        self.enabled = become_subreaper()
+
+    def __enter__(self) -> ForkServers:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def for_repeat(self, repeat: int) -> RepeatServers:
+        for key in [key for key in self.servers if key[0] < repeat]:  # earlier repeats are over
+            server = self.servers.pop(key)
+            if server is not None:
+                server.close()
+        return RepeatServers(self, repeat)
+
+    def spawn(self, prefix: list[str], env: dict[str, str], cpus, backend: str, model_type: str,
+              job_path: Path, stderr_path: Path, repeat: int = 0) -> AdoptedProcess | None:
+        """A worker forked from the server for this launch (started now if needed); None: start it fresh."""
+        if not self.enabled or backend in NEVER_FORKED:
+            return None
+        key = (repeat, tuple(prefix), tuple(sorted(env.items())), tuple(sorted(cpus)), backend)
+        if key not in self.servers:
+            self._evict()
+            self.servers[key] = self._start(prefix, env, cpus, modules_for(backend, model_type))
+        self.servers.move_to_end(key)
+        server = self.servers[key]
+        if server is None:
+            return None
+        try:
+            return server.fork(job_path, stderr_path)
+        except OSError:
+            server.close()
+            self.servers[key] = None
+            return None
+
+    def _evict(self) -> None:
+        while len(self.servers) >= self.limit:
+            _, server = self.servers.popitem(last=False)
+            if server is not None:
+                server.close()
+
+    def _start(self, prefix: list[str], env: dict[str, str], cpus, modules: list[str]) -> Server | None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        log = self.work_dir / f"forkserver-{len(self.servers)}-{time.monotonic_ns()}.log"
+        with open(log, "wb") as stderr:
+            process = subprocess.Popen(
+                [*prefix, sys.executable, "-m", "corescale.measure.forkserver", str(theirs.fileno()), *modules],
+                stdin=subprocess.DEVNULL, stdout=stderr, stderr=stderr, env=env, pass_fds=[theirs.fileno()],
+                start_new_session=True, preexec_fn=instance_env.pin_before_exec(cpus))
+        theirs.close()
+        ours.settimeout(READY_TIMEOUT_S)
+        try:
+            reply = _read_line(ours)
+        except OSError:
+            reply = ""
+        ours.settimeout(None)
+        server = Server(process, ours, int(reply.split()[1]) if reply.startswith("ready ") else 0)
+        if not reply.startswith("ready "):
+            server.close()
+            return None
+        return server
+
+    def close(self) -> None:
+        for server in self.servers.values():
+            if server is not None:
+                server.close()
+        self.servers.clear()
+        if self.enabled:
+            become_subreaper(False)
+
+
+@dataclass
+class RepeatServers:
+    """The fork servers of one repeat (what a Launcher is handed)."""
+
+    servers: ForkServers
+    repeat: int
+
+    def spawn(self, *args, **kwargs) -> AdoptedProcess | None:
+        return self.servers.spawn(*args, **kwargs, repeat=self.repeat)
+
+
+def _read_line(channel: socket.socket) -> str:
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = channel.recv(4096)
+        if not chunk:
+            break
+        data += chunk
+    return data.decode(errors="replace").strip()
+
+
+# --- the server process -------------------------------------------------------------------------------------
+
+
+def serve(channel: socket.socket, supervisor: int) -> int:
+    while True:
+        message, fds, _, _ = socket.recv_fds(channel, 4096, 3)
+        if not message:
+            return 0  # the loop is over
+        job_path = message.decode().split(maxsplit=1)[1].strip()
+        try:
+            pid = _fork_worker(channel, job_path, fds, supervisor)
+            channel.sendall(f"pid {pid}\n".encode())
+        except OSError as exc:
+            channel.sendall(f"error {exc}\n".encode())
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+
+def _fork_worker(channel: socket.socket, job_path: str, fds: list[int], supervisor: int) -> int:
+    """Forks twice; the grandchild runs the worker once its parent is gone (re-parented to the supervisor)."""
+    read_end, write_end = os.pipe()
+    first = os.fork()
+    if first == 0:
+        try:
+            second = os.fork()
+            if second == 0:
+                os.close(read_end)
+                os.close(write_end)
+                _run_worker(channel, job_path, fds, supervisor)
+            os.write(write_end, str(second).encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    pid = int(os.read(read_end, 64) or b"0")
+    os.close(read_end)
+    os.waitpid(first, 0)
+    if pid <= 0:
+        raise OSError("the worker could not be forked")
+    return pid
+
+
+def _run_worker(channel: socket.socket, job_path: str, fds: list[int], supervisor: int) -> None:
+    code = 70
+    try:
+        channel.close()
+        deadline = time.monotonic() + 5
+        while os.getppid() != supervisor and time.monotonic() < deadline:
+            time.sleep(0.001)  # until the middle process has exited and the supervisor adopted this one
+        os.setsid()
+        instance_env.die_with_parent()
+        if os.getppid() != supervisor:
+            os._exit(code)
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+            os.close(fd)
+        sys.stdin = open(0, closefd=False)  # noqa: SIM115 - the process's own standard streams
+        sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
+        sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+        from corescale.measure import worker
+
+        code = worker.main([job_path])
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(code)
+
+
+def main(argv: list[str]) -> int:
+    channel = socket.socket(fileno=int(argv[0]))
+    supervisor = os.getppid()
+    for name in argv[1:]:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - the worker imports it again and reports the error itself
+            pass
+    channel.sendall(f"ready {len(os.listdir('/proc/self/task'))}\n".encode())
+    return serve(channel, supervisor)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
