@@ -88,10 +88,12 @@ def torch_mm(n: int, threads: int, precision: str) -> Callable[[], object]:
 def torch_onednn(n: int, threads: int, precision: str) -> Callable[[], object]:
     import torch
 
+    from corescale.machine import onednn
+
     torch.set_num_threads(threads)
     a, b = _torch_operands(n, precision)
-    packed = torch.ops.mkldnn._reorder_linear_weight(b, None)
-    return lambda: torch.ops.mkldnn._linear_pointwise(a, packed, None, "none", [], "")
+    packed = onednn.pack_weight(b)
+    return lambda: onednn.linear(a, packed, None)
 
 
 def torch_int_mm(n: int, threads: int, precision: str) -> Callable[[], object]:
