@@ -5,7 +5,8 @@
 
 `pytorch backend.linear=onednn` is eager PyTorch with every nn.Linear on torch's own oneDNN linear (the remedy
 `corescale explain` suggests); its goal, checked against plain eager in the same run: at the largest batch size
->= 80 % of the peak and >= 1.8x plain eager's throughput. One pinned instance per trial on `threads` cores (cores_per_instance=threads), trials one at a time through the
+>= 80 % of the peak and >= 1.8x plain eager's throughput.
+One pinned instance per trial on `threads` cores (cores_per_instance=threads), trials one at a time through the
 ordinary trial loop (fresh worker processes). The peak is the best of every GEMM library measured on the same
 cores and thread count (machine/peak.py, cached per machine + software), so no cell can exceed 100 %. Backends
 whose extra is not installed are listed and skipped. Prints a markdown table, the peak per library, and the P2
