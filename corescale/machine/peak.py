@@ -203,6 +203,20 @@ class PeakCache:
         ok = isinstance(entry, dict) and entry.get("method_version") == METHOD_VERSION and entry.get("gflops")
         return entry if ok else None
 
+    def bandwidth_path(self, cpus, threads: int) -> Path:
+        """The memory roof (machine/bandwidth.py) beside the peaks."""
+        return self.path(cpus, threads, "bandwidth")
+
+    def get_bandwidth(self, cpus, threads: int) -> dict | None:
+        from corescale.machine.bandwidth import METHOD_VERSION as BANDWIDTH_VERSION
+
+        try:
+            entry = json.loads(self.bandwidth_path(cpus, threads).read_text())
+        except (OSError, ValueError):
+            return None
+        ok = isinstance(entry, dict) and entry.get("method_version") == BANDWIDTH_VERSION and entry.get("gbps")
+        return entry if ok else None
+
 
 
 def check_libraries(names: list[str]) -> tuple[str, ...]:

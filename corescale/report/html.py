@@ -62,6 +62,13 @@ _batch = _series_chart(report_plots.batch_split_series, plots.batch_figure)
 _backends = _series_chart(report_plots.backends_series, report_plots.backends_figure)
 
 
+def _roofline(frame, context):
+    from corescale.report import roofline
+
+    rows = roofline.roofline_rows(frame)
+    return roofline.roofline_figure(rows) if not rows.empty else None
+
+
 def _cost(frame, context):
     tables = {name: table for name, table in context["cost_tables"].items() if not table.empty}
     return report_plots.cost_figure(tables) if tables else None
@@ -80,6 +87,9 @@ CHARTS = [
           "slowest instance and total throughput.", _batch, "corescale study batch total_batch_size=8"),
     Chart("backends", "Backends side by side", "The same configuration on each backend measured.", _backends,
           "corescale run -m backend=pytorch,torchscript"),
+    Chart("roofline", "Roofline", "Achieved GFLOP/s against arithmetic intensity (log-log); the roofs are the best "
+          "measured GEMM and the triad bandwidth on the run's cores; labels: achieved ÷ attainable and the roof that "
+          "binds.", _roofline, "any run with calibrate=true (the default)"),
     Chart("cost", "Cost per 1M inferences", "US$ per one million inferences = $/h ÷ (samples/s × 3600) × 1e6; "
           "hatched bars are projections (assumptions below).", _cost, "any successful run"),
 ]
