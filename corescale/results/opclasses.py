@@ -1,9 +1,11 @@
 """Op classes of a profiled call: every framework's op or layer name -> one of a few classes people reason about.
 
 A table of rules over the op's type (its kernel or layer type, namespace dropped) and, for matrix products, the
-shape of its second operand: a product with a 2-D (weight) operand is a linear layer, one between two activations
-is attention. Names are used only where a framework says nothing else (OpenVINO's fused `Subgraph`, gathers of an
-embedding table). What no rule claims is `other` (shown, never hidden); `overhead` is the call's wall time that no
+shape of its second operand: a product with a 2-D (weight) operand, or with only one listed input (ONNX Runtime
+does not list initializers), is a linear layer; one between two activations is attention (OpenVINO lists no
+shapes: it turns every weight product into FullyConnected, so its MatMul is attention).
+Names are used only where a framework says nothing else (OpenVINO's fused `Subgraph`, gathers of an embedding
+table). What no rule claims is `other` (shown, never hidden); `overhead` is the call's wall time that no
 op accounts for (dispatch, Python, the framework's own bookkeeping).
 """
 
@@ -47,9 +49,8 @@ def classify(op: str, name: str = "", shapes: list | None = None) -> str:
     kind, where = op_type(op), name.lower()
     if kind in GEMM:
         return "gemm"
-    if kind in PRODUCTS:
-        second = shapes[1] if shapes and len(shapes) > 1 else None
-        if second is not None and len(second) == 2:
+    if kind in PRODUCTS:  # a weight operand: 2-D, or a constant the profiler does not list (ORT initializers)
+        if shapes is not None and (len(shapes) == 1 or (len(shapes) > 1 and len(shapes[1]) == 2)):
             return "gemm"
         return "attention"
     if kind in ATTENTION:
