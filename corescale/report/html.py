@@ -290,6 +290,7 @@ def build(root, out: Path | None = None, machine: str | None = None, price: floa
         if chart.id == "cost":
             body += cost_html(context)
         sections.append((chart.id, chart.title, body))
+    sections.extend(_explain_sections(root))
     sections.append(("environment", "Environment", environment_html(frame)))
     sections.append(("results", f"All results ({len(frame)})", html_table(frame, RESULT_COLUMNS, "results-table")))
     if table.problems:
@@ -297,6 +298,15 @@ def build(root, out: Path | None = None, machine: str | None = None, price: floa
         sections.append(("problems", "Skipped result files", f"<ul>{items}</ul>"))
     write_atomic(out, _page(root, frame, sections), "report")
     return built
+
+
+def _explain_sections(root) -> list[tuple[str, str, str]]:
+    """`corescale explain` runs saved under the root: a stacked bar per backend (profiling runs, apart)."""
+    from corescale.report.explain import section_html
+    from corescale.results.explain import load_saved
+
+    saved = load_saved(root)
+    return [("explain", "Where the time goes (corescale explain)", section_html(saved))] if saved else []
 
 
 def _page(root, frame: pd.DataFrame, sections: list[tuple[str, str, str]]) -> str:
