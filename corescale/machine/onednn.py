@@ -24,3 +24,27 @@ def linear(x: torch.Tensor, packed: torch.Tensor, bias: Optional[torch.Tensor]) 
     """x @ weight.T + bias on the packed weight (any leading dimensions of x)."""
     scalars: List[Optional[Union[int, float, complex]]] = []  # TorchScript's spelling of Scalar?[]
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", scalars, "")
+
+
+def linear_rates(rows: int, shapes: list, repeats: int = 3) -> dict:
+    """GFLOP/s of torch's default linear and of the prepacked oneDNN linear on a model's linear shapes
+    [(in, out, count per model)], `rows` = batch x sequence: the remedy measured on the model's own GEMMs, in the
+    process (CPUs, threads) that runs it. Each shape's best of `repeats` calls, weighted by its count."""
+    import time
+
+    flops, seconds = 0.0, {"default": 0.0, "onednn": 0.0}
+    with torch.inference_mode():
+        for k, n, count in shapes:
+            x, w, b = torch.rand(rows, k), torch.rand(n, k), torch.rand(n)
+            packed = pack_weight(w, rows)
+            flops += 2.0 * rows * k * n * count
+            for name, run in (("default", lambda x=x, w=w, b=b: torch.nn.functional.linear(x, w, b)),
+                              ("onednn", lambda x=x, p=packed, b=b: linear(x, p, b))):
+                run()  # first call: primitive creation
+                best = float("inf")
+                for _ in range(repeats):
+                    start = time.perf_counter()
+                    run()
+                    best = min(best, time.perf_counter() - start)
+                seconds[name] += count * best
+    return {f"{name}_gflops": flops / spent / 1e9 for name, spent in seconds.items()}

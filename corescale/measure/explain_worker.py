@@ -51,10 +51,28 @@ def run(job: dict, out: Path) -> dict:
             done += 1
         for _ in range(done):
             profiler.call()
-    return {"kind": "profile", "latencies_us": latencies, "calls": profiler.finish(),
+    calls = profiler.finish()
+    rates = linear_remedy(cfg, model, spec.batch_size)
+    return {"kind": "profile", "latencies_us": latencies, "calls": calls, "linear_rates": rates,
             "profiler": profilers.PROFILERS[cfg.backend.name], "framework": backend.info(),
             "stage_seconds": dict(backend.timings), "warmup_iterations": len(warm.durations_ns),
             "warmup_converged": warm.converged}
+
+
+def linear_remedy(cfg, model, batch_size: int) -> dict | None:
+    """PyTorch family at fp32: the model's linear shapes through torch's default linear and through the prepacked
+    oneDNN linear (backend.linear=onednn), measured here, after the profile: the evidence for or against it."""
+    from corescale.backends.pytorch.options import ONEDNN_PRECISIONS
+
+    if cfg.backend.name not in ("pytorch", "torchscript", "torch_compile") or cfg.precision not in ONEDNN_PRECISIONS:
+        return None
+    from corescale.machine import onednn
+
+    if not onednn.available():
+        return None
+    d, f = model.hidden, model.intermediate
+    shapes = [(d, d, 4 * model.layers), (d, f, model.layers), (f, d, model.layers)]
+    return onednn.linear_rates(batch_size * cfg.sequence_length, shapes, repeats=2)
 
 
 def main(argv: list[str]) -> int:

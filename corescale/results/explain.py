@@ -56,7 +56,7 @@ def explain(profile: dict, cfg, model) -> dict:
         "closure": closure, "within_tolerance": abs(closure - 1) <= CLOSURE_TOLERANCE,
         "gemm": {"flops": flops["gemm"], "gflops": gemm_gflops, "peak_gflops": peak.get("gflops"),
                  "efficiency": efficiency, "peak_library": peak.get("library"), "libraries": peak.get("libraries", {})},
-        "roofline": roof, "ops": sorted(ops, key=lambda op: -op["us"]),
+        "roofline": roof, "ops": sorted(ops, key=lambda op: -op["us"]), "linear_rates": profile.get("linear_rates"),
         "framework": profile.get("framework"), "stage_seconds": profile.get("stage_seconds"),
         "warmup_converged": profile.get("warmup_converged"), "config": cfg.to_dict(),
     }
@@ -76,7 +76,9 @@ def facts(result: dict) -> dict:
              "gemm_efficiency": gemm["efficiency"], "torch_mm_gflops": libraries.get("torch_mm"),
              "torch_onednn_gflops": libraries.get("torch_onednn"), "bound": roof.get("bound"),
              "intensity": roof.get("intensity_flops_per_byte"), "ridge": roof.get("ridge_flops_per_byte"),
-             "attainable_gflops": roof.get("attainable_gflops"), "bandwidth_gbps": roof.get("bandwidth_gbps")}
+             "attainable_gflops": roof.get("attainable_gflops"), "bandwidth_gbps": roof.get("bandwidth_gbps"),
+             "linear_default_gflops": (result.get("linear_rates") or {}).get("default_gflops"),
+             "linear_onednn_gflops": (result.get("linear_rates") or {}).get("onednn_gflops")}
     found.update({f"share_{c}": result["shares"][c] for c in ALL_CLASSES})
     return found
 
