@@ -170,3 +170,12 @@ def test_op_class_filter_lists_only_that_class(compared):
     text = console.export_text()
     assert "ops of class gemm" in text and "addmm" in text and "layer_norm" not in text
     assert text.count("gemm") - 1 == sum(op["class"] == "gemm" for op in pytorch["ops"])  # every one of them
+
+
+def test_report_section_draws_a_stacked_bar_per_saved_explanation(compared):
+    from corescale.report.html import _explain_sections
+
+    out, _ = compared
+    ((section_id, title, body),) = _explain_sections(out)
+    assert section_id == "explain" and "Where the time goes" in title
+    assert body.count('src="data:image/png;base64,') == 1 and "not timing results" in body
