@@ -3,6 +3,9 @@
     python benchmarks/backends.py [--model bert-base] [--batch-sizes 1,8] [--threads 1,2] [--duration 5]
                                   [--backends pytorch,onnxruntime,...] [--output DIR] [OVERRIDES...]
 
+`pytorch backend.linear=onednn` is eager PyTorch with every nn.Linear on torch's own oneDNN linear (the remedy
+`corescale explain` suggests); its goal, checked against plain eager in the same run: at the largest batch size
+>= 80 % of the peak and >= 1.8x plain eager's throughput.
 One pinned instance per trial on `threads` cores (cores_per_instance=threads), trials one at a time through the
 ordinary trial loop (fresh worker processes). The peak is the best of every GEMM library measured on the same
 cores and thread count (machine/peak.py, cached per machine + software), so no cell can exceed 100 %. Backends
@@ -22,6 +25,7 @@ GOAL = 0.80
 # name in the table -> overrides; the ONNX Runtime row uses its transformer fusions (its best configuration)
 BACKENDS = {
     "pytorch": ["backend=pytorch"],
+    "pytorch backend.linear=onednn": ["backend=pytorch", "backend.linear=onednn"],
     "torchscript": ["backend=torchscript"],
     "torch_compile": ["backend=torch_compile"],
     "onnxruntime": ["backend=onnxruntime", "backend.fusion=true"],
@@ -118,9 +122,32 @@ def markdown(rows: list[dict], title: str, skipped: list[str]) -> str:
                 verdict = "met" if share >= GOAL else "NOT met"
                 lines.append(f"\nP2 at bs{largest}, {threads} thread(s): best is {best['backend']} at "
                              f"**{share:.0%}** of the GEMM peak (goal ≥ {GOAL:.0%}: {verdict})")
+    lines.extend(onednn_goal(ok, peak))
     if skipped:
         lines.append("\nskipped (extra not installed): " + "; ".join(skipped))
     return "\n".join(lines)
+
+
+ONEDNN_GOAL_SPEEDUP = 1.8
+
+
+def onednn_goal(ok: list[dict], peak: dict[int, dict]) -> list[str]:
+    """backend.linear=onednn against plain eager at the largest batch size, per thread count."""
+    lines = []
+    for threads in sorted({r["threads"] for r in ok}):
+        rows = {r["backend"]: r for r in ok if r["threads"] == threads and r["batch"] == max(
+            x["batch"] for x in ok if x["threads"] == threads)}
+        plain, onednn = rows.get("pytorch"), rows.get("pytorch backend.linear=onednn")
+        if not plain or not onednn:
+            continue
+        m, p = onednn["record"]["metrics"], plain["record"]["metrics"]
+        share = m["gflops_per_s"] / peak[threads]["gflops"]
+        speedup = m["throughput_samples_per_s"] / p["throughput_samples_per_s"]
+        met = share >= GOAL and speedup >= ONEDNN_GOAL_SPEEDUP
+        lines.append(f"\nbackend.linear=onednn at bs{onednn['batch']}, {threads} thread(s): **{share:.0%}** of the "
+                     f"GEMM peak, **{speedup:.2f}x** plain eager (goal >= {GOAL:.0%} and >= "
+                     f"{ONEDNN_GOAL_SPEEDUP:g}x: {'met' if met else 'NOT met'})")
+    return lines
 
 
 def from_results(root: Path) -> list[dict]:
@@ -132,6 +159,8 @@ def from_results(root: Path) -> list[dict]:
         record = json.loads(path.read_text())
         cfg = record["config"]
         backend = cfg["backend"]["name"] if isinstance(cfg["backend"], dict) else cfg["backend"]
+        if isinstance(cfg["backend"], dict) and cfg["backend"].get("linear", "default") != "default":
+            backend += f" backend.linear={cfg['backend']['linear']}"
         rows.append({"backend": backend, "batch": cfg["batch_size"], "threads": cfg["threads"], "record": record})
     order = list(BACKENDS)
     return sorted(rows, key=lambda r: (order.index(r["backend"]) if r["backend"] in order else len(order),

@@ -226,6 +226,7 @@ def validate(cfg: BenchmarkConfig) -> BenchmarkConfig:
     if cfg.reference is not None:
         _one_of("reference backend", cfg.reference, sorted(OPTIONS))
     _one_of("precision", cfg.precision, PRECISIONS)
+    cfg.backend.check(cfg)
     _one_of("allocator", cfg.allocator, ALLOCATORS)
     _one_of("openmp", cfg.openmp, OPENMP_RUNTIMES)
     if cfg.openmp != "default" and cfg.backend.name not in OPENMP_BACKENDS:

@@ -80,3 +80,17 @@ def test_schema1_config_dicts_migrate():
     flat = {"backend": "onnxruntime", "ort_fusion": True, "ov_performance_hint": "THROUGHPUT", "batch_size": 2}
     assert migrate_config_v1(flat) == {"backend": {"name": "onnxruntime", "fusion": True}, "batch_size": 2}
     assert BenchmarkConfig.from_dict(flat).backend == OnnxRuntimeOptions(fusion=True)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["backend=torch_compile", "backend.linear=onednn"], "does not compose with torch_compile"),
+    (["backend=pytorch", "backend.linear=onednn", "precision=int8"], "backend.linear=onednn supports precision fp32"),
+    (["backend=pytorch", "backend.linear=mkl"], "unknown backend.linear 'mkl' for backend=pytorch"),
+])
+def test_onednn_linear_is_refused_where_it_does_not_compose(overrides, message):
+    assert_one_line_error(compose, overrides, message)
+
+
+def test_onednn_linear_keeps_default_keys():
+    assert compose(["backend=pytorch", "backend.linear=default"]).key() == compose(["backend=pytorch"]).key()
+    assert compose(["backend=pytorch", "backend.linear=onednn"]).key() != compose(["backend=pytorch"]).key()

@@ -219,6 +219,22 @@ CASES = [
     ("info-unknown-option", ["info", "--frobnicate"], "unrecognized arguments: --frobnicate"),
     ("info-extra-word", ["info", "extra"], "unrecognized arguments: extra"),
     ("unknown-command", ["frobnicate"], "invalid choice"),
+    # explain and backend.linear=onednn (issue 11)
+    ("explain-no-profiler", ["explain", *FAST, "backend=tensorflow", "output_dir={out}"],
+     "explain cannot profile backend=tensorflow"),
+    ("explain-op-class", ["explain", *FAST, "--op-class", "gemm,nope", "output_dir={out}"],
+     "unknown op class nope; allowed: gemm, attention"),
+    ("explain-compare-one", ["explain", *FAST, "--compare", "backend=pytorch", "output_dir={out}"],
+     "--compare needs KEY=A,B"),
+    ("explain-instances", ["explain", *FAST, "instances=2", "cores_per_instance=1", "output_dir={out}"],
+     "explain profiles one instance"),
+    ("explain-output-proc", ["explain", *FAST, "output_dir=/proc/corescale-x"], "cannot write output_dir"),
+    ("onednn-openvino", [*RUN, "backend=openvino", "backend.linear=onednn"],
+     "unknown key 'backend.linear' for backend=openvino"),
+    ("onednn-compile", [*RUN, "backend=torch_compile", "backend.linear=onednn"], "does not compose with torch_compile"),
+    ("onednn-int8", [*RUN, "backend.linear=onednn", "precision=int8"], "backend.linear=onednn supports precision"),
+    ("onednn-explain-openvino", ["explain", *FAST, "backend=openvino", "backend.linear=onednn", "output_dir={out}"],
+     "unknown key 'backend.linear' for backend=openvino"),
 ]
 
 
@@ -287,3 +303,15 @@ def test_bad_input_in_a_real_process(case, place, tmp_path):
     assert len(lines) == 1 and lines[0].startswith("corescale: error: ") and message in lines[0], proc.stderr
     assert "Traceback" not in proc.stderr and proc.stdout == ""
     assert not out.exists()
+
+
+@pytest.mark.parametrize("command", ["run", "explain"])
+def test_onednn_linear_on_a_torch_without_onednn(command, tmp_path, monkeypatch, capsys, no_workers):
+    import torch
+
+    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
+    monkeypatch.chdir(tmp_path)
+    code = main([command, *FAST, "backend.linear=onednn", f"output_dir={tmp_path / 'out'}"])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.splitlines()) == 1 and "needs oneDNN (mkldnn)" in err, err
+    assert list(tmp_path.iterdir()) == []

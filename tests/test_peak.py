@@ -94,6 +94,13 @@ def test_run_records_the_peak_and_reuses_it(tmp_path):
     again = json.loads((run / "result.json").read_text())
     assert again["specs"][0]["peak"]["cached"] is True
     assert again["metrics"]["peak_gflops"] == m["peak_gflops"]
+    # the memory roof is measured beside the peak, cached with it, and places the run on the roofline
+    assert spec_peak["bandwidth"]["cached"] is False and again["specs"][0]["peak"]["bandwidth"]["cached"] is True
+    roof = m["roofline"]
+    assert roof["bandwidth_gbps"] == spec_peak["bandwidth"]["gbps"] and roof["peak_gflops"] == m["peak_gflops"]
+    assert roof["bound"] in ("compute", "memory") and roof["attainable_gflops"] <= m["peak_gflops"]
+    assert roof["fraction_of_attainable"] == pytest.approx(m["gflops_per_s"] / roof["attainable_gflops"])
+    assert "roofline" in first.stdout
 
 
 def test_info_peak_shows_every_library(tmp_path):
@@ -102,6 +109,7 @@ def test_info_peak_shows_every_library(tmp_path):
     rows = json.loads(proc.stdout)["peak"]
     assert {row["threads"] for row in rows} >= {1} and all(set(row["libraries"]) == {"torch_mm", "numpy"}
                                                            for row in rows)
+    assert all(row["bandwidth"]["gbps"] > 0 and row["bandwidth"]["library"] == "torch_triad" for row in rows)
 
 
 @pytest.mark.parametrize("args, message", [

@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+import torch
 
 from corescale.backends import create_backend
 from corescale.config import BenchmarkConfig
@@ -47,3 +48,20 @@ def test_reduced_precision_runs_within_looser_tolerance(precision, eager):
 def test_random_outputs_fail_the_drift_check(eager):
     noise = np.random.default_rng(0).normal(size=eager.shape).astype(np.float32)
     assert not drift_metrics(noise, eager, "int8")["within_tolerance"]
+
+
+@pytest.mark.parametrize("backend", ["pytorch", "torchscript"])
+def test_onednn_linear_replaces_every_linear_and_agrees_with_eager(backend, eager):
+    from corescale.backends import OPTIONS
+    from corescale.backends.pytorch.onednn_linear import OnednnLinear
+
+    cfg = BenchmarkConfig(model="bert-tiny", backend=OPTIONS[backend](linear="onednn"))
+    b = create_backend(backend)
+    b.load(SPEC, cfg, 2, INPUTS)
+    out = b.to_numpy(b.forward(b.prepare(INPUTS)))
+    assert drift_metrics(out, eager, "fp32")["max_rel_error"] < 1e-5
+    # bert-tiny: 2 layers x (q, k, v, attention output, intermediate, output) + the pooler
+    assert b.info()["onednn_linears"] == 13 and "onednn_prepack" in b.timings
+    if backend == "pytorch":
+        assert not any(isinstance(m, torch.nn.Linear) for m in b.module.modules())
+        assert sum(isinstance(m, OnednnLinear) for m in b.module.modules()) == 13

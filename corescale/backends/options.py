@@ -36,6 +36,10 @@ class BackendOptions:
                 raise UserError(f"unknown backend.{option} '{value}' for backend={self.name}; "
                                 f"allowed: {', '.join(allowed)}")
 
+    def check(self, cfg) -> None:
+        """Checks of the options against the rest of the config (precision, the installed framework); called
+        by config.validate, before any worker starts."""
+
 
 def without_options(name: str, class_name: str, module: str) -> type[BackendOptions]:
     """The group node of a backend with no options of its own (yet): only its name. `module` is where the class

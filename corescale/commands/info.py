@@ -54,12 +54,14 @@ def peak_table(rows: list[dict]):
 
     names = list(dict.fromkeys(name for row in rows for name in [*row.get("libraries", {}), *row.get("errors", {})]))
     table = Table(title="GEMM peak (GFLOP/s, best of several calls at the size shown)", header_style="bold")
-    for column in ("precision", "threads", "size", *names, "peak"):
+    for column in ("precision", "threads", "size", *names, "peak", "triad GB/s"):
         table.add_column(column, justify="right")
     for row in rows:
         cells = [f"{row['libraries'][n]:.1f}" if n in row.get("libraries", {}) else "n/a" for n in names]
         best = f"{row['gflops']:.1f} ({row['library']})" if row.get("gflops") else "none measured"
-        table.add_row(row["precision"], str(row["threads"]), str(row.get("size", "")), *cells, best)
+        triad = (row.get("bandwidth") or {}).get("gbps")  # the roofline's memory roof (machine/bandwidth.py)
+        table.add_row(row["precision"], str(row["threads"]), str(row.get("size", "")), *cells, best,
+                      f"{triad:.1f}" if triad else "n/a")
     return table
 
 

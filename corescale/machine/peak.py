@@ -88,10 +88,12 @@ def torch_mm(n: int, threads: int, precision: str) -> Callable[[], object]:
 def torch_onednn(n: int, threads: int, precision: str) -> Callable[[], object]:
     import torch
 
+    from corescale.machine import onednn
+
     torch.set_num_threads(threads)
     a, b = _torch_operands(n, precision)
-    packed = torch.ops.mkldnn._reorder_linear_weight(b, None)
-    return lambda: torch.ops.mkldnn._linear_pointwise(a, packed, None, "none", [], "")
+    packed = onednn.pack_weight(b)
+    return lambda: onednn.linear(a, packed, None)
 
 
 def torch_int_mm(n: int, threads: int, precision: str) -> Callable[[], object]:
@@ -199,6 +201,20 @@ class PeakCache:
         except (OSError, ValueError):
             return None
         ok = isinstance(entry, dict) and entry.get("method_version") == METHOD_VERSION and entry.get("gflops")
+        return entry if ok else None
+
+    def bandwidth_path(self, cpus, threads: int) -> Path:
+        """The memory roof (machine/bandwidth.py) beside the peaks."""
+        return self.path(cpus, threads, "bandwidth")
+
+    def get_bandwidth(self, cpus, threads: int) -> dict | None:
+        from corescale.machine.bandwidth import METHOD_VERSION as BANDWIDTH_VERSION
+
+        try:
+            entry = json.loads(self.bandwidth_path(cpus, threads).read_text())
+        except (OSError, ValueError):
+            return None
+        ok = isinstance(entry, dict) and entry.get("method_version") == BANDWIDTH_VERSION and entry.get("gbps")
         return entry if ok else None
 
 

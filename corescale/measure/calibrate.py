@@ -16,6 +16,7 @@ from corescale.machine.placement import InstanceSpec
 from corescale.results.files import write_json_atomic
 
 TIMEOUT_S = 180.0
+BANDWIDTH = "bandwidth"  # the calibration process's word for "measure the triad, not a GEMM"
 
 
 def with_peaks(specs: list[InstanceSpec], cfg, isa: dict, work_dir: Path, cache: PeakCache, force: bool = False,
@@ -27,7 +28,22 @@ def with_peaks(specs: list[InstanceSpec], cfg, isa: dict, work_dir: Path, cache:
     for spec, entry in zip(todo, _measure(todo, cfg, precision, work_dir, libraries)):
         store(cache, spec, entry)
         known[spec.id] = {**entry, "cached": False}
-    return [dataclasses.replace(spec, peak={"cached": True, **known[spec.id]}) for spec in specs]
+    bandwidth = with_bandwidth(specs, cfg, work_dir, cache, force)
+    return [dataclasses.replace(spec, peak={"cached": True, **known[spec.id], "bandwidth": bandwidth[spec.id]})
+            for spec in specs]
+
+
+def with_bandwidth(specs: list[InstanceSpec], cfg, work_dir: Path, cache: PeakCache, force: bool = False) -> dict:
+    """The memory roof of each instance (machine/bandwidth.py), measured all at once like the instances run (they
+    share the memory bus); from the cache where it holds them. A failed measurement is None, never cached."""
+    known = {spec.id: None if force else cache.get_bandwidth(spec.cpus, spec.threads) for spec in specs}
+    todo = [spec for spec in specs if known[spec.id] is None]
+    for spec, entry in zip(todo, _measure(todo, cfg, BANDWIDTH, work_dir, ())):
+        if entry.get("gbps"):
+            cache.root.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(cache.bandwidth_path(spec.cpus, spec.threads), entry)
+            known[spec.id] = {**entry, "cached": False}
+    return {i: None if entry is None else {"cached": True, **entry} for i, entry in known.items()}
 
 
 def store(cache: PeakCache, spec: InstanceSpec, entry: dict) -> None:
@@ -44,7 +60,7 @@ def _measure(specs: list[InstanceSpec], cfg, precision: str, work_dir: Path, lib
     preload = instance_env.preload_paths(cfg)
     running = []
     for spec in specs:
-        out = work_dir / f"peak-{spec.id}.json"
+        out = work_dir / f"peak-{precision}-{spec.id}.json"
         command = [*instance_env.command_prefix(spec), sys.executable, "-m", "corescale.measure.calibrate",
                    str(spec.threads), precision, str(out), ",".join(libraries)]
         process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -68,11 +84,16 @@ def _measure(specs: list[InstanceSpec], cfg, precision: str, work_dir: Path, lib
 
 
 def main(argv: list[str]) -> int:
-    """`python -m corescale.measure.calibrate THREADS PRECISION OUT.json [LIBRARIES]`: measure here (this process
-    is pinned and configured like the instance it stands for), write the entry whole."""
+    """`python -m corescale.measure.calibrate THREADS PRECISION|bandwidth OUT.json [LIBRARIES]`: measure here (this
+    process is pinned and configured like the instance it stands for), write the entry whole."""
     from corescale.machine.peak import measure
 
     threads, precision, out = int(argv[0]), argv[1], Path(argv[2])
+    if precision == BANDWIDTH:
+        from corescale.machine.bandwidth import triad
+
+        write_json_atomic(out, triad(threads))
+        return 0
     libraries = tuple(name for name in (argv[3] if len(argv) > 3 else "").split(",") if name) or None
     write_json_atomic(out, measure(threads, precision, libraries))
     return 0

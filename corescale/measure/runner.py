@@ -29,7 +29,7 @@ from corescale.measure.calibrate import with_peaks
 from corescale.measure.launcher import Launcher, LaunchOutcome
 from corescale.measure.timing import read_pairs
 from corescale.results.files import PendingRun, run_name
-from corescale.results.record import Failure, Partial, RunMetrics, TrialRecord, spec_key
+from corescale.results.record import Failure, Partial, Roofline, RunMetrics, TrialRecord, spec_key
 from corescale.workload.flops import forward_flops
 from corescale.workload.models import ModelSpec, resolve_model
 
@@ -262,7 +262,19 @@ def _load_instances(specs: list[InstanceSpec], outcome: LaunchOutcome) -> list[I
 def _metrics(trial: Trial, instances: list[InstanceSamples], start_ns: int) -> tuple[RunMetrics, pd.DataFrame]:
     length = trial.cfg.sequence_length
     metrics = run_metrics(instances, start_ns, length, forward_flops(trial.model, 1, length))
+    metrics.roofline = roofline_of(trial, metrics, instances)
     return metrics, samples_frame(instances, (metrics.window_start_ns, metrics.window_end_ns))
+
+
+def roofline_of(trial: Trial, metrics: RunMetrics, instances: list[InstanceSamples]) -> Roofline | None:
+    """The run on the roofline, from each instance's roofs (the peak entry holds its bandwidth)."""
+    from corescale.machine.roofline import position
+    from corescale.workload.memory import traffic_bytes
+
+    batch, length = trial.cfg.instance_batch_size, trial.cfg.sequence_length
+    found = position(metrics.gflops_per_s, forward_flops(trial.model, batch, length),
+                     traffic_bytes(trial.model, batch, length, trial.cfg.precision), [inst.peak for inst in instances])
+    return Roofline(**found) if found else None
 
 
 def _finish(record: TrialRecord, metrics: RunMetrics, reports: list[dict]) -> None:

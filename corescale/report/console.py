@@ -57,6 +57,11 @@ def result_table(record: TrialRecord) -> Table:
                   f"{metrics.samples_in_window} samples in {metrics.window_s:.2f} s window")
     table.add_row("throughput (tokens/s)", f"{metrics.throughput_tokens_per_s:.0f}", "")
     table.add_row("GFLOP/s", f"{metrics.gflops_per_s:.1f}", peak_text(metrics))
+    if metrics.roofline:
+        roof = metrics.roofline
+        table.add_row("roofline", f"{roof.fraction_of_attainable:.0%}",
+                      f"of attainable {roof.attainable_gflops:.0f} GFLOP/s ({roof.bound} bound: intensity "
+                      f"{roof.intensity_flops_per_byte:.0f} FLOP/B, memory {roof.bandwidth_gbps:.1f} GB/s)")
     table.add_row("peak RSS", _bytes(metrics.peak_rss_bytes), "largest instance")
     table.add_row("CPU utilisation", f"{metrics.cpu_utilisation:.0%}", "CPU time ÷ (wall × threads)")
     stages = ", ".join(f"{k} {v:.2f} s" for k, v in metrics.instances[0].stage_seconds.items())

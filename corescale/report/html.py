@@ -62,6 +62,13 @@ _batch = _series_chart(report_plots.batch_split_series, plots.batch_figure)
 _backends = _series_chart(report_plots.backends_series, report_plots.backends_figure)
 
 
+def _roofline(frame, context):
+    from corescale.report import roofline
+
+    rows = roofline.roofline_rows(frame)
+    return roofline.roofline_figure(rows) if not rows.empty else None
+
+
 def _cost(frame, context):
     tables = {name: table for name, table in context["cost_tables"].items() if not table.empty}
     return report_plots.cost_figure(tables) if tables else None
@@ -80,6 +87,9 @@ CHARTS = [
           "slowest instance and total throughput.", _batch, "corescale study batch total_batch_size=8"),
     Chart("backends", "Backends side by side", "The same configuration on each backend measured.", _backends,
           "corescale run -m backend=pytorch,torchscript"),
+    Chart("roofline", "Roofline", "Achieved GFLOP/s against arithmetic intensity (log-log); the roofs are the best "
+          "measured GEMM and the triad bandwidth on the run's cores; labels: achieved ÷ attainable and the roof that "
+          "binds.", _roofline, "any run with calibrate=true (the default)"),
     Chart("cost", "Cost per 1M inferences", "US$ per one million inferences = $/h ÷ (samples/s × 3600) × 1e6; "
           "hatched bars are projections (assumptions below).", _cost, "any successful run"),
 ]
@@ -280,6 +290,7 @@ def build(root, out: Path | None = None, machine: str | None = None, price: floa
         if chart.id == "cost":
             body += cost_html(context)
         sections.append((chart.id, chart.title, body))
+    sections.extend(_explain_sections(root))
     sections.append(("environment", "Environment", environment_html(frame)))
     sections.append(("results", f"All results ({len(frame)})", html_table(frame, RESULT_COLUMNS, "results-table")))
     if table.problems:
@@ -287,6 +298,15 @@ def build(root, out: Path | None = None, machine: str | None = None, price: floa
         sections.append(("problems", "Skipped result files", f"<ul>{items}</ul>"))
     write_atomic(out, _page(root, frame, sections), "report")
     return built
+
+
+def _explain_sections(root) -> list[tuple[str, str, str]]:
+    """`corescale explain` runs saved under the root: a stacked bar per backend (profiling runs, apart)."""
+    from corescale.report.explain import section_html
+    from corescale.results.explain import load_saved
+
+    saved = load_saved(root)
+    return [("explain", "Where the time goes (corescale explain)", section_html(saved))] if saved else []
 
 
 def _page(root, frame: pd.DataFrame, sections: list[tuple[str, str, str]]) -> str:

@@ -85,6 +85,23 @@ class InstanceMetrics:
 
 
 @dataclass
+class Roofline:
+    """A run's position on the roofline (machine/roofline.py): achieved ÷ attainable and the roof that binds."""
+
+    intensity_flops_per_byte: float  # FLOPs per byte of the call's minimum memory traffic
+    bytes_per_call: float
+    peak_gflops: float  # the compute roof: best measured GEMM (summed over instances)
+    peak_library: str | None
+    bandwidth_gbps: float  # the memory roof: the triad (summed over instances)
+    bandwidth_library: str | None
+    ridge_flops_per_byte: float  # where the roofs meet
+    attainable_gflops: float  # min(peak, intensity x bandwidth)
+    bound: str  # "compute" or "memory": the roof that binds at this intensity
+    achieved_gflops: float
+    fraction_of_attainable: float
+
+
+@dataclass
 class RunMetrics:
     window_s: float
     window_start_ns: int
@@ -112,6 +129,7 @@ class RunMetrics:
     calls_outside_window: int = 0
     padded_tokens_per_s: float | None = None  # tokens/s including padding (throughput_tokens_per_s: real ones)
     warmup_converged: bool = True  # every instance's warm-up reached a stable latency
+    roofline: Roofline | None = None  # None: a roof was not measured (calibrate=false), or an older record
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -121,6 +139,8 @@ class RunMetrics:
         data = _known(cls, _renamed_v1(data, "sgemm_peak_gflops"))
         data["instances"] = [InstanceMetrics(**_known(InstanceMetrics, _renamed_v1(inst, "sgemm_gflops")))
                              for inst in data.get("instances", [])]
+        if data.get("roofline"):
+            data["roofline"] = Roofline(**_known(Roofline, data["roofline"]))
         return cls(**data)
 
 

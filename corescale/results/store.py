@@ -161,6 +161,7 @@ def _metric_columns(record: TrialRecord) -> dict:
         "max_instance_p50_ms": ms(m.max_instance_p50_s) if m else None,
         "gflops_per_s": m.gflops_per_s if m else None,
         "percent_of_peak": m.percent_of_peak if m else None,
+        **_roofline_columns(m.roofline if m else None),
         "peak_rss_mib": m.peak_rss_bytes / 2**20 if m else None,
         "cpu_utilisation": m.cpu_utilisation if m else None,
         "foreign_load": m.foreign_load if m else None,
@@ -175,6 +176,17 @@ def _metric_columns(record: TrialRecord) -> dict:
         "host_logical_cpus": (env.get("topology") or {}).get("logical_cpus"),
         "schema_migrated_from": record.schema_migrated_from,
     }
+
+
+ROOFLINE_COLUMNS = {"roofline_intensity": "intensity_flops_per_byte", "roofline_attainable_gflops":
+                    "attainable_gflops", "roofline_fraction": "fraction_of_attainable", "roofline_bound": "bound",
+                    "roof_peak_gflops": "peak_gflops", "roof_peak_library": "peak_library",
+                    "roof_bandwidth_gbps": "bandwidth_gbps", "roof_bandwidth_library": "bandwidth_library"}
+
+
+def _roofline_columns(roofline) -> dict:
+    """The run's roofline position (RunMetrics.roofline) as columns; None where a roof was not measured."""
+    return {column: getattr(roofline, name) if roofline else None for column, name in ROOFLINE_COLUMNS.items()}
 
 
 def _not_config() -> set[str]:

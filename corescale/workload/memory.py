@@ -26,14 +26,34 @@ class MemoryEstimate:
         return self.weights_bytes + self.activation_bytes
 
 
-def parameter_count(spec) -> int:
+def encoder_parameter_count(spec) -> int:
+    """The parameters every call reads whole: the layers (weights, biases, layer norms) and the pooler."""
     d, f, layers = spec.hidden, spec.intermediate, spec.layers
+    layer = 4 * d * d + 2 * d * f + 9 * d + f
+    pooler = 0 if spec.model_type == "distilbert" else d * d + d
+    return layers * layer + pooler
+
+
+def parameter_count(spec) -> int:
+    d = spec.hidden
     positions = int(spec.config.get("max_position_embeddings", 512))
     token_types = int(spec.config.get("type_vocab_size", 0) or 0)
     embeddings = (spec.vocab_size + positions + token_types) * d + 2 * d
-    layer = 4 * d * d + 2 * d * f + 9 * d + f
-    pooler = 0 if spec.model_type == "distilbert" else d * d + d
-    return embeddings + layers * layer + pooler
+    return embeddings + encoder_parameter_count(spec)
+
+
+PRECISION_BYTES = {"fp32": 4, "bf16": 2, "int8": 1}
+
+
+def traffic_bytes(spec, batch_size: int, sequence_length: int, precision: str = "fp32") -> int:
+    """A lower bound on the memory traffic of one forward call (the roofline's denominator): the encoder's
+    weights read once at the precision's width, the embedding rows the inputs touch (word, position, token
+    type), the int64 inputs and the fp32 output. Activations between layers are not counted (they may stay in
+    the caches), so the intensity is an upper bound and the memory roof never too low."""
+    b, s, d = batch_size, sequence_length, spec.hidden
+    weights = PRECISION_BYTES.get(precision, FLOAT_BYTES) * encoder_parameter_count(spec)
+    embeddings = FLOAT_BYTES * (b * s * d + s * d + b * s * d)
+    return weights + embeddings + 3 * INT_BYTES * b * s + FLOAT_BYTES * b * s * d
 
 
 def estimate(spec, batch_size: int, sequence_length: int) -> MemoryEstimate:

@@ -46,6 +46,7 @@ class OpenVinoBackend(TimedStages):
             # explicit: OpenVINO would otherwise pick bf16 by itself on CPUs that have it
             "INFERENCE_PRECISION_HINT": INFERENCE_PRECISIONS[cfg.precision],
         }
+        self.network, self.compile_config = network, config  # what `corescale explain` profiles again
         with self.stage("compile"):
             self.compiled = core.compile_model(network, "CPU", config)
         self.request = self.compiled.create_infer_request()

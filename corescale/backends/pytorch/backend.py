@@ -40,6 +40,7 @@ def set_torch_threads(threads: int, interop_threads: int) -> None:
 
 class EagerBackend(TimedStages):
     name = "pytorch"
+    scripts_linears = False  # backend.linear=onednn: TorchScript compiles the replaced linears before tracing
 
     def load(self, spec, cfg, threads, inputs) -> None:
         set_torch_threads(threads, cfg.interop_threads)
@@ -51,7 +52,18 @@ class EagerBackend(TimedStages):
                 self.module = torch.ao.quantization.quantize_dynamic(self.module, {torch.nn.Linear}, torch.qint8)
         if cfg.precision == "bf16" and not torch.backends.mkldnn.is_available():
             raise UserError("precision=bf16 needs oneDNN (mkldnn), which this PyTorch build lacks")
+        self.linear = getattr(cfg.backend, "linear", "default")
+        if self.linear == "onednn":
+            self.use_onednn_linear(inputs)
         self.optimize(inputs)
+
+    def use_onednn_linear(self, inputs) -> None:
+        """backend.linear=onednn: the weights reordered once for the call's rows (batch x sequence)."""
+        from corescale.backends.pytorch.onednn_linear import replace_linears
+
+        rows = int(np.prod(next(iter(inputs.values())).shape))
+        with self.stage("onednn_prepack"):
+            self.onednn_linears = replace_linears(self.module, rows, script=self.scripts_linears)
 
     def optimize(self, inputs) -> None:
         """Hook for subclasses: turn self.module into the thing forward() calls."""
@@ -79,11 +91,14 @@ class EagerBackend(TimedStages):
             "num_interop_threads": torch.get_num_interop_threads(),
             "parallel_info": torch.__config__.parallel_info(),
             "mkldnn": torch.backends.mkldnn.is_available(),
+            "linear": self.linear,
+            **({"onednn_linears": self.onednn_linears} if self.linear == "onednn" else {}),
         }
 
 
 class TorchScriptBackend(EagerBackend):
     name = "torchscript"
+    scripts_linears = True
 
     def optimize(self, inputs) -> None:
         example = self.prepare(inputs)

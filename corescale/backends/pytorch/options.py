@@ -1,20 +1,58 @@
-"""Options of the PyTorch family (`backend=pytorch|torchscript|torch_compile`)."""
+"""Options of the PyTorch family (`backend=pytorch|torchscript|torch_compile`).
+
+`backend.linear=onednn` replaces every nn.Linear by one that keeps its weight prepacked in oneDNN's layout and
+calls torch's own oneDNN linear (machine/onednn.py): on CPUs where torch's default fp32 GEMM (MKL) runs narrower
+kernels than oneDNN (AMD), the model's GEMMs speed up. It composes with eager and TorchScript (the linears are
+scripted, then traced with the model), at fp32. torch.compile is refused: inductor cannot lower a prepacked
+oneDNN tensor, and does the same prepacking itself with `torch._inductor.config.freezing = True`.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import ClassVar
 
-from corescale.backends.options import BackendOptions, without_options
+from corescale.backends.options import BackendOptions
+from corescale.errors import UserError
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+LINEARS = ("default", "onednn")
+ONEDNN_PRECISIONS = ("fp32",)
 
-PyTorchOptions = without_options("pytorch", "PyTorchOptions", __name__)
-TorchScriptOptions = without_options("torchscript", "TorchScriptOptions", __name__)
+
+@dataclass
+class PyTorchOptions(BackendOptions):
+    name: str = "pytorch"
+    linear: str = "default"  # default: torch's nn.Linear (MKL for fp32 on x86); onednn: prepacked oneDNN linear
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"linear": LINEARS}
+
+    def check(self, cfg) -> None:
+        if self.linear != "onednn":
+            return
+        if cfg.precision not in ONEDNN_PRECISIONS:
+            raise UserError(f"backend.linear=onednn supports precision {', '.join(ONEDNN_PRECISIONS)} (got "
+                            f"{cfg.precision}); for {cfg.precision} leave backend.linear at default")
+        import torch  # only for this option: which torch build is installed decides it
+
+        if not torch.backends.mkldnn.is_available():
+            raise UserError(f"backend.linear=onednn needs oneDNN (mkldnn), which this PyTorch build "
+                            f"({torch.__version__}) lacks; leave backend.linear at default")
+
+
+@dataclass
+class TorchScriptOptions(PyTorchOptions):
+    name: str = "torchscript"
 
 
 @dataclass
 class TorchCompileOptions(BackendOptions):
     name: str = "torch_compile"
     mode: str = "default"  # torch.compile mode
-    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"mode": COMPILE_MODES}
+    linear: str = "default"  # only default: see the module's docstring
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"mode": COMPILE_MODES, "linear": LINEARS}
+
+    def check(self, cfg) -> None:
+        if self.linear == "onednn":
+            raise UserError("backend.linear=onednn does not compose with torch_compile (inductor cannot lower a "
+                            "prepacked oneDNN weight; it prepacks its own with torch._inductor.config.freezing); "
+                            "allowed with backend=pytorch or backend=torchscript")

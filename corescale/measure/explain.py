@@ -1,0 +1,44 @@
+"""`corescale explain`'s measuring side: the trial's one instance, its peak and memory roof (from the cache, or
+measured like a run's), then the explain worker pinned and configured exactly like a benchmark instance."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from corescale.errors import UserError
+from corescale.machine import instance_env
+from corescale.machine.peak import PeakCache
+from corescale.measure.calibrate import with_peaks
+
+
+def profile(trial, isa: dict) -> dict:
+    """The worker's JSON (measured latencies, profiled calls) plus the instance it ran as (with its roofs)."""
+    cfg = trial.cfg
+    with tempfile.TemporaryDirectory(prefix="corescale-explain-") as work:
+        (spec,) = trial.instance_specs(Path(work))
+        if cfg.calibrate:
+            (spec,) = with_peaks([spec], cfg, isa, Path(work), PeakCache(cfg.cache_dir))
+        job, out = Path(work) / "job.json", Path(work) / "profile.json"
+        job.write_text(json.dumps({"config": cfg.to_dict(), "model": dataclasses.asdict(trial.model), "instance":
+                                   spec.to_json()}, default=str))
+        preload = instance_env.preload_paths(cfg)
+        command = [*instance_env.command_prefix(spec), sys.executable, "-m", "corescale.measure.explain_worker",
+                   str(job), str(out)]
+        process = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=cfg.timeout,
+                                 env=instance_env.environment(cfg, spec, preload), start_new_session=True,
+                                 preexec_fn=instance_env.pin_before_exec(spec.cpus))
+        try:
+            result = json.loads(out.read_text())
+        except (OSError, ValueError):
+            tail = process.stderr.decode(errors="replace").strip().splitlines()[-1:] or [f"exit {process.returncode}"]
+            raise RuntimeError(f"explain worker failed: {tail[0][:300]}") from None
+    if result["kind"] == "error":
+        if result.get("user_error"):
+            raise UserError(result["message"])
+        raise RuntimeError(f"explain worker failed: {result['message']}\n{result.get('traceback', '')}")
+    return {**result, "instance": spec.to_json()}

@@ -1,0 +1,96 @@
+"""`corescale explain`'s worker: one pinned process that loads a backend exactly as a benchmark instance does,
+warms up, then alternates rounds of measured calls (nothing attached) and profiled calls (measure/profilers.py),
+so drift on a busy machine falls on both alike. Writes one JSON file: the measured latencies and each profiled
+call's ops. Run as `python -m corescale.measure.explain_worker JOB.json OUT.json`; these calls are profiling
+runs, never timing results.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+ROUNDS = 3
+
+
+def run(job: dict, out: Path) -> dict:
+    from corescale.backends import create_backend
+    from corescale.config import BenchmarkConfig
+    from corescale.machine.placement import InstanceSpec
+    from corescale.measure import profilers
+    from corescale.measure.timing import warm_up
+    from corescale.workload.inputs import make_inputs
+    from corescale.workload.models import ModelSpec
+
+    cfg = BenchmarkConfig.from_dict(job["config"])
+    spec = InstanceSpec.from_json(job["instance"])
+    os.sched_setaffinity(0, list(spec.cpus))  # before any framework creates its thread pool
+    model = ModelSpec(**job["model"])
+    inputs = make_inputs(model, spec.batch_size, cfg.sequence_length, cfg.seed, cfg.padding_fraction)
+    backend = create_backend(cfg.backend.name)
+    backend.load(model, cfg, spec.threads, inputs)
+    prepared = backend.prepare(inputs)
+
+    def call():
+        return backend.forward(prepared)
+
+    warm = warm_up(call, cfg.warmup)
+    profiler = profilers.open_profiler(cfg.backend.name, backend, prepared, out.parent)
+    per_round = max(2, -(-cfg.min_iterations // ROUNDS))
+    budget_s = cfg.duration / (2 * ROUNDS)
+    latencies = []
+    for _ in range(ROUNDS):
+        began, done = time.perf_counter(), 0
+        while done < per_round or time.perf_counter() - began < budget_s:
+            start = time.perf_counter_ns()
+            call()
+            latencies.append((time.perf_counter_ns() - start) / 1e3)
+            done += 1
+        for _ in range(done):
+            profiler.call()
+    calls = profiler.finish()
+    rates = linear_remedy(cfg, model, spec.batch_size)
+    return {"kind": "profile", "latencies_us": latencies, "calls": calls, "linear_rates": rates,
+            "profiler": profilers.PROFILERS[cfg.backend.name], "framework": backend.info(),
+            "stage_seconds": dict(backend.timings), "warmup_iterations": len(warm.durations_ns),
+            "warmup_converged": warm.converged}
+
+
+def linear_remedy(cfg, model, batch_size: int) -> dict | None:
+    """PyTorch family at fp32: the model's linear shapes through torch's default linear and through the prepacked
+    oneDNN linear (backend.linear=onednn), measured here, after the profile: the evidence for or against it."""
+    from corescale.backends.pytorch.options import ONEDNN_PRECISIONS
+
+    if cfg.backend.name not in ("pytorch", "torchscript", "torch_compile") or cfg.precision not in ONEDNN_PRECISIONS:
+        return None
+    from corescale.machine import onednn
+
+    if not onednn.available():
+        return None
+    d, f = model.hidden, model.intermediate
+    shapes = [(d, d, 4 * model.layers), (d, f, model.layers), (f, d, model.layers)]
+    return onednn.linear_rates(batch_size * cfg.sequence_length, shapes, repeats=2)
+
+
+def main(argv: list[str]) -> int:
+    from corescale.results.files import write_json_atomic
+
+    out = Path(argv[1])
+    try:
+        result = run(json.loads(Path(argv[0]).read_text()), out)
+    except BaseException as exc:  # the parent reports it
+        import traceback
+
+        from corescale.errors import UserError
+
+        result = {"kind": "error", "user_error": isinstance(exc, UserError), "message": str(exc) or type(exc).__name__,
+                  "traceback": traceback.format_exc()}
+    write_json_atomic(out, json.loads(json.dumps(result, default=str)))
+    return 0 if result["kind"] == "profile" else 3
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
