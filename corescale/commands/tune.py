@@ -44,6 +44,11 @@ def listener_factory(progress_enabled: bool):
 
 
 def handle(args) -> int:
+    return run_tune(args.overrides, args)
+
+
+def run_tune(words: list[str], args) -> int:
+    """The tune of `words`, its recommendation, report and recipe; exit 1 when nothing meets the constraints."""
     from rich.markup import escape
 
     from corescale.report.console import console, errors, print_path
@@ -52,7 +57,7 @@ def handle(args) -> int:
     from corescale.trials.tune.outputs import write_outputs
     from corescale.trials.tune.verdict import decide
 
-    settings = tune_settings.parse(args.overrides)
+    settings = tune_settings.parse(words)
     tune = plan_tune(settings)
     console.print(f"[bold]corescale tune[/bold]: objective {settings.objective.name}, {tune.space.size()} "
                   f"configurations in the space, screening {tune.screen_s:g} s / full {tune.cfg.duration:g} s "
@@ -71,7 +76,7 @@ def handle(args) -> int:
     verdict = decide([f for f in finalists if not f.baseline], baseline, settings.objective, settings)
     doc = write_outputs(tune, outcome["study"], verdict, finalists)
     print_recommendation(doc)
-    if not args.no_report:
+    if not getattr(args, "no_report", False):
         from corescale.report import html as report
 
         built = report.build(tune.tune_dir, tune.tune_dir / "report.html")
@@ -102,10 +107,8 @@ def print_recommendation(doc: dict) -> None:
         return "-" if not block or block.get("low") is None else f"{block['low']:.2f} – {block['high']:.2f}"
 
     rows = [*doc["finalists"], *([doc["baseline"]] if doc["baseline"] else [])]
-    for i, f in enumerate(rows):
-        role = "baseline" if f["baseline"] else ("winner" if f["label"] == doc["winner"] else
-                                                 ("tie" if f["tied"] else ("runner-up" if f["feasible"] else "—")))
-        table.add_row(role, escape(f["label"]), num(f["throughput"]), ci(f["throughput"]), num(f["p50_ms"]),
+    for f in rows:
+        table.add_row(f["role"], escape(f["label"]), num(f["throughput"]), ci(f["throughput"]), num(f["p50_ms"]),
                       num(f["p99_ms"]), num(f["cost_per_1m"], 4), num(f["drift"], 3), num(f["memory_gb"]),
                       "yes" if f["feasible"] else "no")
     print_wide(table)

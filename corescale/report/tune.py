@@ -130,9 +130,7 @@ def recommendation_html(doc: dict) -> str:
                                                  "p99 ms", "US$ per 1M", "drift", "memory GB", "meets"))
     body = []
     for f in rows:
-        role = "baseline" if f["baseline"] else ("winner" if f["label"] == doc["winner"] else
-                                                 ("tie" if f["tied"] else "runner-up" if f["feasible"] else "—"))
-        cells = [role, f["label"], _fmt(f["throughput"]), _fmt(f["p50_ms"]), _fmt(f["p99_ms"]),
+        cells = [f["role"], f["label"], _fmt(f["throughput"]), _fmt(f["p50_ms"]), _fmt(f["p99_ms"]),
                  _fmt(f["cost_per_1m"], 4), _fmt(f["drift"], 3), _fmt(f["memory_gb"]), "yes" if f["feasible"] else "no"]
         body.append("<tr>" + "".join(f'<td class="text">{e(str(c))}</td>' for c in cells) + "</tr>")
     lines = "".join(f"<li>{e(line)}</li>" for line in doc["headline"])

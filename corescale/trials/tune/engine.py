@@ -171,17 +171,13 @@ def open_study(tune: Tune):
     engine.dispose()  # connections made before the listener are gone
     sampler = optuna.samplers.TPESampler(seed=tune.cfg.seed, multivariate=True, group=True,
                                          n_startup_trials=min(10, max(3, (tune.settings.trials or 12) // 3)),
-                                         constraints_func=_constraints, warn_independent_sampling=False)
+                                         warn_independent_sampling=False)  # constraints: Trial.set_constraint
     pruner = optuna.pruners.SuccessiveHalvingPruner(min_resource=1, reduction_factor=tune.settings.eta)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(storage=storage, study_name=tune.tune_dir.name, sampler=sampler, pruner=pruner,
                                 direction=tune.settings.objective.direction, load_if_exists=True)
     _recover(study, tune)
     return study
-
-
-def _constraints(trial) -> list[float]:
-    return trial.user_attrs.get("constraints", [1.0])
 
 
 def _recover(study, tune: Tune) -> None:
@@ -250,6 +246,7 @@ class Tuner:
         planned = plan_sweep(configs)
         for item, label in zip(planned, labels):
             item.label = label
+            item.resume_root = self.tune.cfg.results_root  # earlier tunes and runs under the same root count
         started = time.monotonic()
         state = run_trials(planned, self.listener_factory(self.progress, self.reserve()), resume=True)
         measured = [row for row in state.rows if row.status != "skipped"]
@@ -329,6 +326,8 @@ class Tuner:
                 if name in earlier:
                     trial.set_user_attr(name, earlier[name])
             trial.set_user_attr("repeat_of", earlier.get("number"))
+            for name, value in zip(verdicts.violations({}, tune.settings), earlier.get("constraints") or []):
+                trial.set_constraint(name, value)
             state = TrialState.COMPLETE if earlier["outcome"] == "complete" else (
                 TrialState.PRUNED if earlier["outcome"] == "pruned" else TrialState.FAIL)
             study.tell(trial, earlier.get("value") if state == TrialState.COMPLETE else None, state=state)
@@ -338,10 +337,10 @@ class Tuner:
                                                      [f"screen {label}"])[0][:1]
         figs = verdicts.figures(screen_record, tune.cost_of)
         trial.set_user_attr("screen", {**_plain(figs), "path": str(screen_path), "duration": tune.screen_s})
-        constraints = list(verdicts.violations(figs, tune.settings).values())
-        trial.set_user_attr("constraints", constraints)
+        trial.set_user_attr("constraints", list(verdicts.violations(figs, tune.settings).values()))
         metric = tune.settings.objective.metric
         if not figs.get("valid") or figs.get(metric) is None:
+            _constrain(trial, figs, tune.settings)
             trial.set_user_attr("reason", screen_record.reason or "no figures")
             trial.set_user_attr("outcome", "failed")
             study.tell(trial, state=TrialState.FAIL)
@@ -351,6 +350,7 @@ class Tuner:
         if feasible:
             trial.report(figs[metric], 1)
         if not feasible or trial.should_prune():
+            _constrain(trial, figs, tune.settings)
             trial.set_user_attr("outcome", "pruned")
             trial.set_user_attr("value", figs[metric])
             study.tell(trial, state=TrialState.PRUNED)
@@ -359,6 +359,7 @@ class Tuner:
                                                      [f"full {label}"])[0][:1]
             full = verdicts.figures(full_record, tune.cost_of)
             trial.set_user_attr("full", {**_plain(full), "path": str(full_path), "duration": tune.cfg.duration})
+            _constrain(trial, full, tune.settings)
             if full.get("valid") and full.get(metric) is not None:
                 trial.set_user_attr("constraints", list(verdicts.violations(full, tune.settings).values()))
                 trial.set_user_attr("outcome", "complete")
@@ -388,15 +389,13 @@ class Tuner:
 
     def _final(self) -> list[verdicts.Finalist]:
         """The top k and the baseline, `tune.repeats` each, interleaved, fresh processes each."""
-        from optuna.trial import TrialState
-
         tune = self.tune
         top = self._ranked_complete()[:tune.settings.top_k]
-        if not top:  # nothing feasible at full window: the closest candidates are measured for the verdict
-            full = [t for t in self.study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE
-                    and "repeat_of" not in t.user_attrs]
-            sign = -1 if tune.settings.objective.direction == "maximize" else 1
-            top = sorted(full, key=lambda t: sign * t.value)[:tune.settings.top_k]
+        if not top:  # nothing feasible: the candidates closest to the constraints are measured for the verdict
+            tried = [t for t in self.study.get_trials(deepcopy=False) if "screen" in t.user_attrs
+                     and "repeat_of" not in t.user_attrs and t.user_attrs["screen"].get("valid")]
+            top = sorted(tried, key=lambda t: sum(max(0.0, c) for c in t.user_attrs.get("constraints", [])
+                                                  if math.isfinite(c)))[:tune.settings.top_k]
         configs = [tune.trial_overrides(t.user_attrs["overrides"], tune.cfg.duration) for t in top]
         labels = [t.user_attrs["label"] for t in top]
         configs.append(merge(tune.baseline, [f"duration={tune.cfg.duration:g}"]))
@@ -414,6 +413,14 @@ class Tuner:
 
     def _save_elapsed(self) -> None:
         self.study.set_user_attr("elapsed_s", self.progress.elapsed())
+
+
+def _constrain(trial, figs: dict, settings: TuneSettings) -> None:
+    """The decisive measurement's constraint values, for the sampler (c-TPE: feasible when all are <= 0; set
+    once per trial). A measurement without figures violates every constraint."""
+    values = verdicts.violations(figs, settings)
+    for key, value in values.items():
+        trial.set_constraint(key, value if figs.get("valid") else 1.0)
 
 
 def _cores_used(records: list[TrialRecord]) -> int:

@@ -16,12 +16,25 @@ METRICS = ("throughput", "p50_ms", "p99_ms", "cost_per_1m", "memory_gb", "drift"
 
 
 def interval_json(interval: Interval) -> dict:
-    clean = (lambda v: None if v is None or not math.isfinite(v) else v)
+    def clean(value):
+        return None if value is None or not math.isfinite(value) else value
+
     return {"mean": clean(interval.mean), "low": clean(interval.low), "high": clean(interval.high), "n": interval.n}
 
 
+def role(f: Finalist, verdict: Verdict) -> str:
+    if f.baseline:
+        return "baseline"
+    if f is verdict.winner:
+        return "winner"
+    if f.label in verdict.tie:
+        return "tie"
+    return "runner-up" if f in verdict.ranked else "infeasible"
+
+
 def finalist_json(f: Finalist, verdict: Verdict, settings) -> dict:
-    return {"label": f.label, "overrides": f.overrides, "baseline": f.baseline, "paths": f.paths,
+    return {"label": f.label, "role": role(f, verdict), "overrides": f.overrides, "baseline": f.baseline,
+            "paths": f.paths,
             "cores": f.cores, "complexity": f.complexity,
             "feasible": f in verdict.ranked or (f.baseline and f.feasible(settings)),
             "tied": f.label in verdict.tie, **{m: interval_json(f.interval(m)) for m in METRICS}}

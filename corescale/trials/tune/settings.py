@@ -42,7 +42,7 @@ WORDS = ("objective", "budget", "trials", "price_per_hour", "machine", *CONSTRAI
 KNOBS = {  # tune.NAME: (default, check, what is allowed)
     "top_k": (3, lambda v: isinstance(v, int) and 1 <= v <= 10, "a whole number from 1 to 10"),
     "repeats": (3, lambda v: isinstance(v, int) and 2 <= v <= 20, "a whole number from 2 to 20"),
-    "screen": (None, lambda v: isinstance(v, float) and 0 < v, "seconds > 0 (default: a quarter of duration, "
+    "screen": (None, lambda v: isinstance(v, float) and v > 0, "seconds > 0 (default: a quarter of duration, "
                "at least 1 s)"),
     "eta": (3, lambda v: isinstance(v, int) and 2 <= v <= 10, "a whole number from 2 to 10"),
 }

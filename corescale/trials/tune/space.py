@@ -176,10 +176,11 @@ def _narrow(space: Space, narrow: dict[str, list[str]]) -> None:
             allowed = sorted({lay.split("x")[index] for lay in space.layouts}, key=int)
             keep = _subset(name, values, allowed)
             space.layouts = [lay for lay in space.layouts if lay.split("x")[index] in keep]
-        elif name == "threads":
-            allowed = sorted({t or str(c) for c, v in space.threads.items() for t in v}, key=int)
+        elif name == "threads":  # "cores": one thread per core of the instance (the default)
+            allowed = ["cores", *sorted({t for v in space.threads.values() for t in v if t}, key=int)]
             keep = _subset(name, values, allowed)
-            space.threads = {c: [t for t in v if (t or str(c)) in keep] for c, v in space.threads.items()}
+            space.threads = {c: [t for t in v if (t or "cores") in keep or (not t and str(c) in keep)]
+                             for c, v in space.threads.items()}
         elif name == "batch_size":
             _whole_numbers(name, values)
             space.batch_sizes = [str(int(v)) for v in values]
