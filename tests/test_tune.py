@@ -142,7 +142,7 @@ def test_report_tuner_section_renders_offline_and_hover_shows_the_config(tuned):
         page.wait_for_selector("#tune-pareto .scatterlayer .point")
         page.locator("#tune-pareto .scatterlayer .point").first.hover(force=True)
         page.wait_for_selector("#tune-pareto .hoverlayer .hovertext", timeout=10_000)
-        hover = page.inner_text("#tune-pareto .hoverlayer")
+        hover = page.text_content("#tune-pareto .hoverlayer")
         assert page.locator("#tune-importance, #tuner .note").count() >= 1
         browser.close()
     assert "backend.name=pytorch" in hover and "samples/s" in hover

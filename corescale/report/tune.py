@@ -126,7 +126,7 @@ def _fmt(block, digits=2) -> str:
 
 def recommendation_html(doc: dict) -> str:
     rows = [*doc["finalists"], *([doc["baseline"]] if doc.get("baseline") else [])]
-    head = "".join(f"<th>{e(h)}</th>" for h in ("role", "configuration", "samples/s (95 % CI)", "p50 ms",
+    head = "".join(f'<th class="text">{e(h)}</th>' for h in ("role", "configuration", "samples/s (95 % CI)", "p50 ms",
                                                  "p99 ms", "US$ per 1M", "drift", "memory GB", "meets"))
     body = []
     for f in rows:
@@ -134,8 +134,8 @@ def recommendation_html(doc: dict) -> str:
                  _fmt(f["cost_per_1m"], 4), _fmt(f["drift"], 3), _fmt(f["memory_gb"]), "yes" if f["feasible"] else "no"]
         body.append("<tr>" + "".join(f'<td class="text">{e(str(c))}</td>' for c in cells) + "</tr>")
     lines = "".join(f"<li>{e(line)}</li>" for line in doc["headline"])
-    return (f"<ul>{lines}</ul><table id=\"tune-recommendation\"><thead><tr>{head}</tr></thead>"
-            f"<tbody>{''.join(body)}</tbody></table>")
+    return (f'<ul>{lines}</ul><div class="scroll"><table id="tune-recommendation"><thead><tr>{head}</tr>'
+            f"</thead><tbody>{''.join(body)}</tbody></table></div>")
 
 
 def recipe_html(doc: dict) -> str:

@@ -19,6 +19,7 @@ import hashlib
 import json
 import math
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,6 +36,7 @@ from corescale.trials.tune.settings import LOAD_MARGIN_S, TuneSettings
 STUDY_FILE = "study.db"
 TUNE_FILE = "tune.json"
 REDUCED = ("bf16", "int8")  # precisions that must pass a drift check against PyTorch fp32 to count
+CONVERGED = 25  # the sampler proposed only measured configurations this many times in a row: stop searching
 
 
 def merge(*groups: list[str]) -> list[str]:
@@ -174,6 +176,7 @@ def open_study(tune: Tune):
                                          warn_independent_sampling=False)  # constraints: Trial.set_constraint
     pruner = optuna.pruners.SuccessiveHalvingPruner(min_resource=1, reduction_factor=tune.settings.eta)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)  # group=True: documented
     study = optuna.create_study(storage=storage, study_name=tune.tune_dir.name, sampler=sampler, pruner=pruner,
                                 direction=tune.settings.objective.direction, load_if_exists=True)
     _recover(study, tune)
@@ -240,7 +243,10 @@ class Tuner:
         self.progress: Progress | None = None
 
     # one measurement (or a batch of them) through the one trial loop
-    def measure(self, configs: list[list[str]], labels: list[str], repeats: int = 1) -> list[list[tuple]]:
+    def measure(self, configs: list[list[str]], labels: list[str], repeats: int = 1,
+                kind: str = "full") -> list[list[tuple]]:
+        """Each config through the one trial loop ((record, path) per repeat); kind: screen | full, for the
+        ETA's seconds per measurement."""
         if repeats > 1:
             configs = [merge(c, [f"repeats={repeats}"]) for c in configs]
         planned = plan_sweep(configs)
@@ -251,7 +257,7 @@ class Tuner:
         state = run_trials(planned, self.listener_factory(self.progress, self.reserve()), resume=True)
         measured = [row for row in state.rows if row.status != "skipped"]
         if measured and self.progress is not None:
-            (self.progress.full_s if repeats > 1 else self.progress.screen_s).append(
+            (self.progress.screen_s if kind == "screen" else self.progress.full_s).append(
                 (time.monotonic() - started) / len(measured))
         return [[(r.record if r.record is not None else _read(r.path), r.path) for r in state.rows if r.item is item]
                 for item in planned]
@@ -259,10 +265,14 @@ class Tuner:
     def reserve(self) -> float:
         """Seconds the final stage will take: (top k + baseline) × the repeats still to measure."""
         p = self.progress
-        if p is None or not p.screen_s:
+        if p is None:
             return 0.0
-        full = (sum(p.full_s) / len(p.full_s)) if p.full_s else (
-            sum(p.screen_s) / len(p.screen_s) + self.tune.cfg.duration - self.tune.screen_s)
+        if p.full_s:
+            full = sum(p.full_s) / len(p.full_s)
+        elif p.screen_s:
+            full = sum(p.screen_s) / len(p.screen_s) + self.tune.cfg.duration - self.tune.screen_s
+        else:
+            full = self.tune.cfg.duration + LOAD_MARGIN_S
         return (self.tune.settings.top_k + 1) * (self.tune.settings.repeats - 1) * full
 
     def run(self) -> dict:
@@ -277,10 +287,12 @@ class Tuner:
         self.measure([merge(tune.baseline, [f"duration={full:g}"])], ["baseline: out-of-box pytorch"])
         self.progress.stage = "search"
         seen = self._seen()
-        while not self._done(seen):
+        again = 0  # suggestions in a row that were measured already
+        while not self._done(seen) and again < CONVERGED:
             trial = study.ask()
             suggested = spaces.suggest(trial, tune.space)
             self.progress.done = self._count()
+            again = again + 1 if json.dumps(suggested) in seen else 0
             self._search_one(study, trial, suggested, seen)
             self._save_elapsed()
             self.progress.best = self._best_text()
@@ -334,7 +346,7 @@ class Tuner:
             return
         trial.set_user_attr("number", trial.number)
         (screen_record, screen_path), = self.measure([tune.trial_overrides(suggested, tune.screen_s)],
-                                                     [f"screen {label}"])[0][:1]
+                                                     [f"screen {label}"], kind="screen")[0][:1]
         figs = verdicts.figures(screen_record, tune.cost_of)
         trial.set_user_attr("screen", {**_plain(figs), "path": str(screen_path), "duration": tune.screen_s})
         trial.set_user_attr("constraints", list(verdicts.violations(figs, tune.settings).values()))
