@@ -111,6 +111,7 @@ def main() -> int:
     parser.add_argument("--screen", type=float, default=1.0)
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--trials", type=int, default=6)
+    parser.add_argument("--top-k", type=int, default=3, help="finalists re-measured with repeats")
     parser.add_argument("--output", type=Path, default=None)
     parser.add_argument("--demo", action="store_true")
     parser.add_argument("overrides", nargs="*")
@@ -125,7 +126,8 @@ def main() -> int:
     root = args.output or Path(tempfile.mkdtemp(prefix="corescale-tuner-"))
     base = [f"model={args.model}", "sequence_length=128", "batch_size=1", f"duration={args.duration:g}",
             *args.overrides]
-    words = [*base, f"tune.screen={args.screen:g}", f"trials={args.trials}", *space_words()]
+    words = [*base, f"tune.screen={args.screen:g}", f"trials={args.trials}", f"tune.top_k={args.top_k}",
+             *space_words()]
     chunks = [configs[i::len(seeds)] for i in range(len(seeds))]
     docs, bf_seconds = {}, 0.0
     for seed, chunk in zip(seeds, chunks):  # alternated: a chunk of the grid, then one tune

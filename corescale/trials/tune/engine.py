@@ -171,12 +171,11 @@ def open_study(tune: Tune):
         connection.execute("PRAGMA synchronous=FULL")
 
     engine.dispose()  # connections made before the listener are gone
-    sampler = optuna.samplers.TPESampler(seed=tune.cfg.seed, multivariate=True, group=True,
-                                         n_startup_trials=min(10, max(3, (tune.settings.trials or 12) // 3)),
-                                         warn_independent_sampling=False)  # constraints: Trial.set_constraint
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)  # group=True: documented
+    sampler = optuna.samplers.TPESampler(seed=tune.cfg.seed, multivariate=True, group=True,  # constraints: per trial
+                                         n_startup_trials=min(10, max(3, (tune.settings.trials or 12) // 3)))
     pruner = optuna.pruners.SuccessiveHalvingPruner(min_resource=1, reduction_factor=tune.settings.eta)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)  # group=True: documented
     study = optuna.create_study(storage=storage, study_name=tune.tune_dir.name, sampler=sampler, pruner=pruner,
                                 direction=tune.settings.objective.direction, load_if_exists=True)
     _recover(study, tune)
@@ -319,7 +318,7 @@ class Tuner:
             return True  # every configuration of the space was tried
         if p.trials is not None and self._count() >= p.trials:
             return True
-        if p.budget_s is not None:
+        if p.budget_s is not None and self._count() >= 1:  # a budget that allows the baseline allows one trial
             per = (sum(p.screen_s) / len(p.screen_s)) if p.screen_s else self.tune.screen_s + LOAD_MARGIN_S
             return p.elapsed() + per + self.reserve() > p.budget_s
         return False
