@@ -214,3 +214,29 @@ def test_settings_parse_words_apart_from_overrides():
     assert s.space == {"backend": ["pytorch", "onnxruntime"]} and s.overrides == ["model=bert-tiny"]
     assert tune_settings.parse([]).trials == 20
     assert set(tune_settings.OBJECTIVES) == {"throughput", "latency", "cost"}  # server_qps: one entry more
+
+
+def _finalist(label, throughputs, cores=2, complexity=1, baseline=False):
+    from corescale.trials.tune.verdict import Finalist
+
+    figures = [{"valid": True, "throughput": t, "p50_ms": 1000 / t, "p99_ms": 1200 / t, "memory_gb": 0.5,
+                "drift_ok": True} for t in throughputs]
+    return Finalist(label, [], [], [], figures, baseline=baseline, complexity=complexity, cores=cores)
+
+
+def test_a_tie_is_reported_with_the_simpler_first_and_a_clear_winner_is_not():
+    from corescale.trials.tune.verdict import decide
+
+    settings = tune_settings.parse(["slo_p99_ms=100"])
+    baseline = _finalist("baseline", [8.0, 8.2, 7.9], baseline=True)
+    close = [_finalist("ort int8 2x1", [50.0, 52.0, 49.0], complexity=3),
+             _finalist("ort fp32 2x1", [49.5, 51.0, 50.5], complexity=2)]
+    verdict = decide(close, baseline, settings.objective, settings)
+    assert verdict.tie == ["ort fp32 2x1", "ort int8 2x1"] and verdict.winner.label == "ort fp32 2x1"
+    ratio, low, high = verdict.speedup
+    assert low < ratio < high and 5.5 < ratio < 7
+    clear = [_finalist("fast", [50.0, 50.5, 49.8]), _finalist("slow", [30.0, 30.2, 29.9], complexity=0)]
+    verdict = decide(clear, baseline, settings.objective, settings)
+    assert verdict.winner.label == "fast" and not verdict.tie
+    over = decide([_finalist("over the SLO", [5.0, 5.1, 5.2])], baseline, settings.objective, settings)
+    assert over.winner is None and over.infeasible[0].label == "over the SLO"  # p99 240 ms > 100 ms

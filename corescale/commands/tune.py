@@ -79,13 +79,28 @@ def run_tune(words: list[str], args) -> int:
     if not getattr(args, "no_report", False):
         from corescale.report import html as report
 
-        built = report.build(tune.tune_dir, tune.tune_dir / "report.html")
+        built = report.build(tune.tune_dir, tune.tune_dir / "report.html", table=used_results(tune, doc))
         print_path("report", built.path)
     if doc["recipe"]:
         print_path("recipe", doc["recipe"]["recipe.sh"])
     for line in doc["headline"]:
         console.print(escape(line), soft_wrap=True)
     return EXIT_OK if verdict.winner is not None else EXIT_INFEASIBLE
+
+
+def used_results(tune, doc: dict):
+    """The results this tune used, wherever they were measured (earlier tunes and runs under the same
+    output_dir are resumed by key): the report's table."""
+    from pathlib import Path
+
+    from corescale.results import store
+
+    used = {str(Path(p).resolve()) for f in [*doc["finalists"], doc["baseline"] or {"paths": []}] for p in f["paths"]}
+    used |= {str(Path(t[stage]["path"]).resolve()) for t in doc["trials"] for stage in ("screen", "full")
+             if t.get(stage) and t[stage].get("path")}
+    table = store.load(tune.cfg.results_root, latest=False)
+    keep = table.frame["path"].map(lambda p: str(Path(p).resolve()) in used)
+    return store.Table(table.frame[keep].reset_index(drop=True), table.problems, table.unfinished)
 
 
 def print_recommendation(doc: dict) -> None:
