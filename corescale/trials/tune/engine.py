@@ -333,15 +333,17 @@ class Tuner:
         trial.set_user_attr("label", label)
         if key in seen:  # asked again: its outcome is known, nothing is measured
             earlier = seen[key]
-            for name in ("outcome", "constraints", "screen", "full", "reason"):
+            for name in ("outcome", "value", "constraints", "screen", "full", "reason"):
                 if name in earlier:
                     trial.set_user_attr(name, earlier[name])
-            trial.set_user_attr("repeat_of", earlier.get("number"))
+            trial.set_user_attr("repeat_of", earlier.get("repeat_of", earlier.get("number")))
             for name, value in zip(verdicts.violations({}, tune.settings), earlier.get("constraints") or []):
                 trial.set_constraint(name, value)
-            state = TrialState.COMPLETE if earlier["outcome"] == "complete" else (
-                TrialState.PRUNED if earlier["outcome"] == "pruned" else TrialState.FAIL)
-            study.tell(trial, earlier.get("value") if state == TrialState.COMPLETE else None, state=state)
+            value = earlier.get("value")
+            if earlier["outcome"] == "complete" and value is not None:
+                study.tell(trial, value)
+            else:
+                study.tell(trial, state=TrialState.PRUNED if earlier["outcome"] == "pruned" else TrialState.FAIL)
             return
         trial.set_user_attr("number", trial.number)
         (screen_record, screen_path), = self.measure([tune.trial_overrides(suggested, tune.screen_s)],
