@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import random
 import subprocess
 import sys
 import tempfile
@@ -128,7 +129,8 @@ def main() -> int:
             *args.overrides]
     words = [*base, f"tune.screen={args.screen:g}", f"trials={args.trials}", f"tune.top_k={args.top_k}",
              *space_words()]
-    chunks = [configs[i::len(seeds)] for i in range(len(seeds))]
+    shuffled = random.Random(0).sample(configs, len(configs))  # no chunk holds one layout or backend only
+    chunks = [shuffled[i::len(seeds)] for i in range(len(seeds))]
     docs, bf_seconds = {}, 0.0
     for seed, chunk in zip(seeds, chunks):  # alternated: a chunk of the grid, then one tune
         started = time.monotonic()

@@ -65,7 +65,8 @@ def test_study_is_a_sqlite_file_in_wal_mode(tuned):
         assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     study = optuna.load_study(study_name=tuned["dir"].name, storage=f"sqlite:///{path}")
     assert study.direction == optuna.study.StudyDirection.MAXIMIZE
-    assert all(t.user_attrs["overrides"] for t in study.trials if t.state.is_finished())
+    done = [t for t in study.trials if t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)]
+    assert len(done) == 3 and all(t.user_attrs["overrides"] and t.user_attrs["label"] for t in done)
 
 
 def test_every_measurement_is_an_ordinary_result_with_a_baseline_and_drift_checks(tuned):
