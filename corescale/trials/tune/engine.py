@@ -301,11 +301,12 @@ class Tuner:
         return {"study": study, "finalists": finalists, "optuna": optuna}
 
     def _count(self) -> int:
+        """Trials measured (a configuration asked again costs nothing and does not count: CONVERGED bounds it)."""
         from optuna.trial import TrialState
 
-        return sum(1 for t in self.study.get_trials(deepcopy=False)
-                   if t.state in (TrialState.COMPLETE, TrialState.PRUNED) or
-                   (t.state == TrialState.FAIL and "reason" in t.user_attrs))
+        return sum(1 for t in self.study.get_trials(deepcopy=False) if "repeat_of" not in t.user_attrs and (
+            t.state in (TrialState.COMPLETE, TrialState.PRUNED) or (t.state == TrialState.FAIL and "reason" in
+                                                                   t.user_attrs)))
 
     def _seen(self) -> dict[str, dict]:
         """Configurations already tried in this study, by their overrides (a sampler may ask one again)."""
