@@ -235,6 +235,19 @@ CASES = [
     ("onednn-int8", [*RUN, "backend.linear=onednn", "precision=int8"], "backend.linear=onednn supports precision"),
     ("onednn-explain-openvino", ["explain", *FAST, "backend=openvino", "backend.linear=onednn", "output_dir={out}"],
      "unknown key 'backend.linear' for backend=openvino"),
+    # tune
+    ("tune-objective", ["tune", *FAST, "objective=speed"], "unknown objective 'speed'; allowed: throughput, latency"),
+    ("tune-constraint", ["tune", *FAST, "max_power_w=100"], "unknown constraint 'max_power_w': no such metric"),
+    ("tune-budget-small", ["tune", *FAST, "budget=2s"], "budget=2s is too small for one trial"),
+    ("tune-budget-text", ["tune", *FAST, "budget=soon"], "budget: expected a duration such as 300s, 5m"),
+    ("tune-empty-space", ["tune", *FAST, "backend=tensorflow", "precision=int8"], "the search space is empty"),
+    ("tune-empty-list", ["tune", *FAST, "space.backend=[]"], "space.backend=[] leaves nothing to search"),
+    ("tune-space-unknown", ["tune", *FAST, "space.flavour=[a]"], "unknown search dimension 'space.flavour'"),
+    ("tune-cost-no-price", ["tune", *FAST, "objective=cost"], "objective=cost needs a price"),
+    ("tune-slo-nan", ["tune", *FAST, "slo_p99_ms=nan"], "slo_p99_ms=nan is not a finite number"),
+    ("tune-machine", ["tune", *FAST, "objective=cost", "machine=c9.huge"], "unknown machine 'c9.huge'"),
+    ("tune-layout", ["tune", *FAST, "layout=max"], "tune sets layout itself"),
+    ("tune-output-proc", ["tune", *FAST, "output_dir=/proc/corescale-x"], "cannot write output_dir"),
 ]
 
 

@@ -291,6 +291,9 @@ def build(root, out: Path | None = None, machine: str | None = None, price: floa
             body += cost_html(context)
         sections.append((chart.id, chart.title, body))
     sections.extend(_explain_sections(root))
+    from corescale.report import tune as tune_report
+
+    sections[:0] = tune_report.sections(root, frame)  # a tune's directory: its section first
     sections.append(("environment", "Environment", environment_html(frame)))
     sections.append(("results", f"All results ({len(frame)})", html_table(frame, RESULT_COLUMNS, "results-table")))
     if table.problems:

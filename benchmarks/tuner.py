@@ -1,0 +1,169 @@
+"""Tuner vs brute force: does `corescale tune` find (within 5 %) the best of a fixed grid with <= 25 % of its
+trials? And what does the demo's tune find against out-of-box PyTorch?
+
+    python benchmarks/tuner.py [--model bert-base] [--duration 3] [--screen 1] [--seeds 0,1,2] [--trials 6]
+                               [--output DIR] [--demo] [OVERRIDES...]
+
+The grid: backend × precision × options × layout at batch 1 / sequence 128 (24 configs on a 2-core machine:
+PyTorch fp32/int8, ONNX Runtime fp32/int8 × fusion, OpenVINO × hint, each on 1×1, 2×1 and 1×2 cores). Brute
+force measures every config once through the ordinary trial loop; each tune searches the same space with
+`trials=` (<= 25 % of the grid) and its own seed. Brute force is split in as many chunks as there are seeds,
+alternated with the tunes in one run (BF1 T1 BF2 T2 ...), so load drift spreads over both. Printed per seed:
+the brute-force throughput of the tuner's winner ÷ the brute-force best (the choice, judged on one session's
+measurements), and the tuner's own mean over repeats ÷ the brute-force best. Goal: >= 0.95 on every seed.
+`--demo` also runs the demo's tune (and `space.precision=[fp32]`) and prints N× out-of-box PyTorch with CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+GOAL = 0.95
+BACKENDS = {  # backend -> (precisions, option lists): the grid (the tune's space is narrowed to exactly this)
+    "pytorch": (["fp32", "int8"], {}),
+    "onnxruntime": (["fp32", "int8"], {"fusion": ["false", "true"]}),
+    "openvino": (["fp32"], {"performance_hint": ["LATENCY", "THROUGHPUT"]}),
+}
+
+
+def layouts(cores: int) -> list[str]:
+    from corescale.trials.tune.space import candidate_layouts
+
+    return candidate_layouts(cores)
+
+
+def grid(cores: int) -> list[list[str]]:
+    configs = []
+    for backend, (precisions, options) in BACKENDS.items():
+        names = list(options)
+        for precision, values, layout in itertools.product(precisions, itertools.product(*options.values()),
+                                                           layouts(cores)):
+            n, c = layout.split("x")
+            extra = ["reference=pytorch"] if precision == "int8" else []
+            configs.append([f"backend={backend}", f"precision={precision}", f"instances={n}",
+                            f"cores_per_instance={c}", *[f"backend.{k}={v}" for k, v in zip(names, values)],
+                            *extra])
+    return configs
+
+
+def space_words() -> list[str]:
+    return ["space.backend=[pytorch,onnxruntime,openvino]", "space.precision=[fp32,int8]",
+            "space.backend.fusion=[false,true]", "space.backend.performance_hint=[LATENCY,THROUGHPUT]",
+            "space.backend.graph_optimization_level=[all]", "space.backend.execution_mode=[sequential]",
+            "space.threads=[cores]", "space.allocator=[default]", "space.openmp=[default]"]
+
+
+def key_of(record: dict) -> tuple:
+    cfg = record["config"]
+    options = {k: v for k, v in cfg["backend"].items() if k in ("fusion", "performance_hint")}
+    return (cfg["backend"]["name"], cfg["precision"], cfg["instances"], cfg["cores_per_instance"],
+            json.dumps(options, sort_keys=True))
+
+
+def brute_force(configs, base, out: Path) -> None:
+    from corescale.overrides import assignment
+    from corescale.trials.local import run_trials
+    from corescale.trials.sweep import plan_sweep
+
+    planned = plan_sweep([[*base, *c, assignment("output_dir", out)] for c in configs])
+    run_trials(planned, resume=True)
+
+
+def tune(words: list[str], out: Path) -> dict:
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "corescale.cli", "tune", *words, f"output_dir={out}",
+                           "--no-progress", "--no-report"], capture_output=True, text=True)
+    if proc.returncode not in (0, 1):
+        raise SystemExit(f"tune failed: {proc.stderr[-2000:]}")
+    doc = json.loads(next(out.glob("tune-*/tune.json")).read_text())
+    doc["wall_s"] = time.monotonic() - started
+    doc["measurements"] = len(list(out.glob("tune-*/*/result.json")))
+    return doc
+
+
+def bf_table(out: Path) -> dict[tuple, float]:
+    table = {}
+    for path in out.glob("*/result.json"):
+        record = json.loads(path.read_text())
+        if record["status"] == "ok" and record["valid"]:
+            table[key_of(record)] = record["metrics"]["throughput_samples_per_s"]
+    return table
+
+
+def winner_key(doc: dict) -> tuple | None:
+    winner = next((f for f in doc["finalists"] if f["role"] == "winner"), None)
+    if winner is None:
+        return None
+    return key_of(json.loads((Path(winner["paths"][0]) / "result.json").read_text()))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="bert-base")
+    parser.add_argument("--duration", type=float, default=3.0)
+    parser.add_argument("--screen", type=float, default=1.0)
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--trials", type=int, default=6)
+    parser.add_argument("--top-k", type=int, default=3, help="finalists re-measured with repeats")
+    parser.add_argument("--output", type=Path, default=None)
+    parser.add_argument("--demo", action="store_true")
+    parser.add_argument("overrides", nargs="*")
+    args = parser.parse_args()
+    from corescale.machine.topology import Topology
+
+    cores = len(Topology.from_sysfs().physical_cores)
+    configs = grid(cores)
+    seeds = [int(s) for s in args.seeds.split(",")]
+    if args.trials > len(configs) // 4:
+        raise SystemExit(f"--trials {args.trials} is more than 25 % of the {len(configs)}-config grid")
+    root = args.output or Path(tempfile.mkdtemp(prefix="corescale-tuner-"))
+    base = [f"model={args.model}", "sequence_length=128", "batch_size=1", f"duration={args.duration:g}",
+            *args.overrides]
+    words = [*base, f"tune.screen={args.screen:g}", f"trials={args.trials}", f"tune.top_k={args.top_k}",
+             *space_words()]
+    shuffled = random.Random(0).sample(configs, len(configs))  # no chunk holds one layout or backend only
+    chunks = [shuffled[i::len(seeds)] for i in range(len(seeds))]
+    docs, bf_seconds = {}, 0.0
+    for seed, chunk in zip(seeds, chunks):  # alternated: a chunk of the grid, then one tune
+        started = time.monotonic()
+        brute_force(chunk, base, root / "brute-force")
+        bf_seconds += time.monotonic() - started
+        docs[seed] = tune([*words, f"seed={seed}"], root / f"tune-seed{seed}")
+    table = bf_table(root / "brute-force")
+    best_key = max(table, key=table.get)
+    print(f"grid: {len(configs)} configs ({len(table)} measured ok) in {bf_seconds / 60:.1f} min; "
+          f"best {table[best_key]:.2f} samples/s: {best_key}")
+    ok = True
+    for seed, doc in docs.items():
+        key = winner_key(doc)
+        chosen = table.get(key, float("nan")) / table[best_key] if key else float("nan")
+        own = next((f["throughput"]["mean"] for f in doc["finalists"] if f["role"] == "winner"), float("nan"))
+        trials = sum(1 for t in doc["trials"] if t["state"] in ("COMPLETE", "PRUNED", "FAIL"))
+        print(f"seed {seed}: {trials} tune trials ({trials / len(configs):.0%} of the grid), {doc['measurements']} "
+              f"measurements, {doc['wall_s'] / 60:.1f} min; winner {doc['winner']}: brute-force throughput of "
+              f"the choice ÷ best = {chosen:.3f}; tuner's own mean ÷ best = {own / table[best_key]:.3f}")
+        ok &= chosen >= GOAL
+    print(f"goal tuner ÷ brute force >= {GOAL} on every seed: {'met' if ok else 'NOT met'}")
+    if args.demo:
+        for extra, label in (([], "demo"), (["space.precision=[fp32]"], "demo, space.precision=[fp32]")):
+            from corescale.commands.demo import demo_words
+
+            doc = tune(demo_words([*args.overrides, *extra]), root / f"demo{len(extra)}")
+            s = doc["speedup"] or {}
+            print(f"{label}: {doc['winner']} — {s.get('ratio', float('nan')):.2f}× out-of-box PyTorch (95 % CI "
+                  f"{s.get('low', float('nan')):.2f} – {s.get('high', float('nan')):.2f}) in {doc['wall_s'] / 60:.1f} "
+                  f"min; {doc['headline']}")
+    print(f"results: {root}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""`corescale tune [words]`: search the deployment (backend, precision, layout, threads, batch, allocator,
+OpenMP) for the objective under constraints; ends in a recommendation, a recipe and the report."""
+
+from __future__ import annotations
+
+from corescale.commands import add_common
+
+ORDER = 12
+EXIT_OK, EXIT_INFEASIBLE = 0, 1
+
+
+def register(sub) -> None:
+    parser = sub.add_parser("tune", help="search the best deployment for an objective under constraints")
+    add_common(parser)
+    parser.add_argument("--no-progress", action="store_true", help="no live progress display")
+    parser.add_argument("--no-report", action="store_true", help="do not write the HTML report")
+    parser.add_argument("overrides", nargs="*", help="objective=throughput|latency|cost, slo_p99_ms=, max_drift=, "
+                        "max_memory_gb=, price_per_hour= or machine=, budget=5m or trials=N, space.NAME=[a,b], "
+                        "and Hydra overrides (model=bert-tiny ...) that fix what is not searched")
+    parser.set_defaults(handler=handle)
+
+
+def listener_factory(progress_enabled: bool):
+    from rich.markup import escape
+
+    from corescale.report.console import ConsoleListener, SweepProgress, console
+
+    class TuneListener(ConsoleListener):
+        """One line per measurement; the bars carry the tune's stage, best so far and ETA."""
+
+        def __init__(self, progress, reserve):
+            super().__init__("trial", progress=progress_enabled, tables=False)
+            self.tune_progress, self.reserve = progress, reserve
+
+        def starting(self, item, state) -> None:
+            status = self.tune_progress.text(self.reserve) if self.tune_progress else ""
+            console.print(f"[bold]{escape(item.label)}[/bold]", soft_wrap=True)
+            total = self.tune_progress.trials or 0 if self.tune_progress else 0
+            done = self.tune_progress.done if self.tune_progress else 0
+            self.bars = SweepProgress(item.trial.cfg, self.progress, min(done, total or done), total or done + 1,
+                                      status).__enter__()
+
+    return TuneListener
+
+
+def handle(args) -> int:
+    return run_tune(args.overrides, args)
+
+
+def run_tune(words: list[str], args) -> int:
+    """The tune of `words`, its recommendation, report and recipe; exit 1 when nothing meets the constraints."""
+    from rich.markup import escape
+
+    from corescale.report.console import console, errors, print_path
+    from corescale.trials.tune import settings as tune_settings
+    from corescale.trials.tune.engine import Tuner, plan_tune
+    from corescale.trials.tune.outputs import write_outputs
+    from corescale.trials.tune.verdict import decide
+
+    settings = tune_settings.parse(words)
+    tune = plan_tune(settings)
+    console.print(f"[bold]corescale tune[/bold]: objective {settings.objective.name}, {tune.space.size()} "
+                  f"configurations in the space, screening {tune.screen_s:g} s / full {tune.cfg.duration:g} s "
+                  f"windows", soft_wrap=True)
+    print_path("tune", tune.tune_dir)
+    for note in tune.space.notes:
+        errors.print(f"note: {escape(note)}", soft_wrap=True)
+    factory = listener_factory(not args.no_progress)
+    from corescale.trials import local
+
+    with local.interruptible():
+        tuner = Tuner(tune, factory)
+        outcome = tuner.run()
+    finalists = outcome["finalists"]
+    baseline = next((f for f in finalists if f.baseline), None)
+    verdict = decide([f for f in finalists if not f.baseline], baseline, settings.objective, settings)
+    doc = write_outputs(tune, outcome["study"], verdict, finalists)
+    print_recommendation(doc)
+    if not getattr(args, "no_report", False):
+        from corescale.report import html as report
+
+        built = report.build(tune.tune_dir, tune.tune_dir / "report.html", table=used_results(tune, doc))
+        print_path("report", built.path)
+    if doc["recipe"]:
+        print_path("recipe", doc["recipe"]["recipe.sh"])
+    for line in doc["headline"]:
+        console.print(escape(line), soft_wrap=True)
+    return EXIT_OK if verdict.winner is not None else EXIT_INFEASIBLE
+
+
+def used_results(tune, doc: dict):
+    """The results this tune used, wherever they were measured (earlier tunes and runs under the same
+    output_dir are resumed by key): the report's table."""
+    from pathlib import Path
+
+    from corescale.results import store
+
+    used = {str(Path(p).resolve()) for f in [*doc["finalists"], doc["baseline"] or {"paths": []}] for p in f["paths"]}
+    used |= {str(Path(t[stage]["path"]).resolve()) for t in doc["trials"] for stage in ("screen", "full")
+             if t.get(stage) and t[stage].get("path")}
+    table = store.load(tune.cfg.results_root, latest=False)
+    keep = table.frame["path"].map(lambda p: str(Path(p).resolve()) in used)
+    return store.Table(table.frame[keep].reset_index(drop=True), table.problems, table.unfinished)
+
+
+def print_recommendation(doc: dict) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    from corescale.commands._common import print_wide
+
+    table = Table(title="tune: recommendation (means over repeats, 95 % CI)", header_style="bold")
+    for column in ("", "configuration", "samples/s", "95 % CI", "p50 ms", "p99 ms", "US$/1M", "drift",
+                   "memory GB", "meets"):
+        table.add_column(column, justify="left" if column in ("", "configuration") else "right")
+
+    def num(block, digits=2):
+        value = block.get("mean") if block else None
+        return "-" if value is None else f"{value:.{digits}f}"
+
+    def ci(block):
+        return "-" if not block or block.get("low") is None else f"{block['low']:.2f} – {block['high']:.2f}"
+
+    rows = [*doc["finalists"], *([doc["baseline"]] if doc["baseline"] else [])]
+    for f in rows:
+        table.add_row(f["role"], escape(f["label"]), num(f["throughput"]), ci(f["throughput"]), num(f["p50_ms"]),
+                      num(f["p99_ms"]), num(f["cost_per_1m"], 4), num(f["drift"], 3), num(f["memory_gb"]),
+                      "yes" if f["feasible"] else "no")
+    print_wide(table)

@@ -1,0 +1,127 @@
+"""The tune's document (tune.json: settings, space, every Optuna trial, the finalists, the verdict) and the
+sentences that state the recommendation; the report and the console draw from these."""
+
+from __future__ import annotations
+
+import math
+import time
+
+from corescale.results.files import write_json_atomic
+from corescale.results.repeats import Interval
+from corescale.trials.tune import recipe as recipes
+from corescale.trials.tune.engine import TUNE_FILE, Tune
+from corescale.trials.tune.verdict import Finalist, Verdict, closest
+
+METRICS = ("throughput", "p50_ms", "p99_ms", "cost_per_1m", "memory_gb", "drift")
+
+
+def interval_json(interval: Interval) -> dict:
+    def clean(value):
+        return None if value is None or not math.isfinite(value) else value
+
+    return {"mean": clean(interval.mean), "low": clean(interval.low), "high": clean(interval.high), "n": interval.n}
+
+
+def role(f: Finalist, verdict: Verdict) -> str:
+    if f.baseline:
+        return "baseline"
+    if f is verdict.winner:
+        return "winner"
+    if f.label in verdict.tie:
+        return "tie"
+    return "runner-up" if f in verdict.ranked else "infeasible"
+
+
+def finalist_json(f: Finalist, verdict: Verdict, settings) -> dict:
+    return {"label": f.label, "role": role(f, verdict), "overrides": f.overrides, "baseline": f.baseline,
+            "paths": f.paths,
+            "cores": f.cores, "complexity": f.complexity,
+            "feasible": f in verdict.ranked or (f.baseline and f.feasible(settings)),
+            "tied": f.label in verdict.tie, **{m: interval_json(f.interval(m)) for m in METRICS}}
+
+
+def trials_json(study) -> list[dict]:
+    rows = []
+    for t in study.get_trials(deepcopy=False):
+        rows.append({"number": t.number, "state": t.state.name, "params": t.params, "value": t.value,
+                     "label": t.user_attrs.get("label"), "overrides": t.user_attrs.get("overrides"),
+                     "screen": t.user_attrs.get("screen"), "full": t.user_attrs.get("full"),
+                     "constraints": t.user_attrs.get("constraints"), "reason": t.user_attrs.get("reason"),
+                     "repeat_of": t.user_attrs.get("repeat_of"),
+                     "started": t.datetime_start.timestamp() if t.datetime_start else None,
+                     "finished": t.datetime_complete.timestamp() if t.datetime_complete else None})
+    return rows
+
+
+def importances(study) -> dict[str, float]:
+    """optuna.importance over the finished trials (empty when there are too few, or one parameter)."""
+    import optuna
+    from optuna.trial import TrialState
+
+    done = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE]
+    if len(done) < 2 or len({k for t in done for k in t.params}) < 1:
+        return {}
+    try:
+        return {k: float(v) for k, v in optuna.importance.get_param_importances(study).items()}
+    except (RuntimeError, ValueError, ZeroDivisionError):
+        return {}
+
+
+def headline(tune: Tune, verdict: Verdict) -> list[str]:
+    """The recommendation in sentences (or why there is none, and the closest)."""
+    objective = tune.settings.objective
+    winner = verdict.winner
+    if winner is None:
+        near = closest(verdict.infeasible, tune.settings)
+        if near is None:
+            return ["no configuration was measured successfully: see the failed trials in the results"]
+        return [f"no configuration meets the constraints; the closest: {near.label} — p99 "
+                f"{near.interval('p99_ms').mean:.2f} ms, {near.interval('throughput').mean:.2f} samples/s, "
+                f"memory {near.interval('memory_gb').mean:.2f} GB"]
+    lines = [f"recommended: {winner.label} — {objective.name} "
+             f"{winner.interval(objective.metric).text(objective.unit, 4 if objective.name == 'cost' else 2)}"]
+    if verdict.tie:
+        lines.append(f"statistical tie (p = {verdict.tie_p:.2f}, Welch's t over repeats) between "
+                     f"{' and '.join(verdict.tie)}: the cheaper/simpler first")
+    if verdict.speedup is not None:
+        ratio, low, high = verdict.speedup
+        lines.append(f"{ratio:.2f}× the out-of-box throughput (95 % CI {low:.2f} – {high:.2f}×; out-of-box "
+                     f"PyTorch {verdict.baseline.interval('throughput').mean:.2f} samples/s)")
+    return lines
+
+
+def document(tune: Tune, study, verdict: Verdict, finalists: list[Finalist], recipe: dict | None) -> dict:
+    return {
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "tune_dir": str(tune.tune_dir),
+        "settings": tune.settings.describe(), "space": tune.space.describe(), "space_size": tune.space.size(),
+        "screen_s": tune.screen_s, "duration_s": tune.cfg.duration, "physical_cores": tune.physical_cores,
+        "machine": None if tune.machine is None else tune.machine.name,
+        "objective": {"name": tune.settings.objective.name, "metric": tune.settings.objective.metric,
+                      "direction": tune.settings.objective.direction, "unit": tune.settings.objective.unit},
+        "elapsed_s": study.user_attrs.get("elapsed_s"), "trials": trials_json(study),
+        "importances": importances(study),
+        "finalists": [finalist_json(f, verdict, tune.settings) for f in verdict.ranked + verdict.infeasible],
+        "baseline": None if verdict.baseline is None else finalist_json(verdict.baseline, verdict, tune.settings),
+        "winner": None if verdict.winner is None else verdict.winner.label,
+        "tie": verdict.tie, "tie_p": verdict.tie_p,
+        "speedup": None if verdict.speedup is None else dict(zip(("ratio", "low", "high"), verdict.speedup)),
+        "headline": headline(tune, verdict),
+        "recipe": recipe,
+    }
+
+
+def write_outputs(tune: Tune, study, verdict: Verdict, finalists: list[Finalist]) -> dict:
+    recipe = None
+    winner = verdict.winner
+    if winner is not None:
+        record = next(r for r in winner.records if r.valid_ok)
+        summary = "\n".join([f"corescale tune recipe: {winner.label}", *headline(tune, verdict),
+                             f"measured on {(record.environment.get('cpu') or {}).get('model', '?')}, "
+                             f"{tune.physical_cores} physical cores"])
+        paths = recipes.write(tune.tune_dir / "recipe", record, winner.overrides, summary)
+        recipe = {name: str(path) for name, path in paths.items()}
+        recipe["run_line"] = recipes.run_line(winner.overrides)
+        recipe["key"] = record.trial_key
+    doc = document(tune, study, verdict, finalists, recipe)
+    write_json_atomic(tune.tune_dir / TUNE_FILE, doc)
+    return doc

@@ -1,0 +1,144 @@
+"""What deploys the winner, written to the tune's directory: recipe.sh (N pinned copies of the user's command
+with each measured instance's CPUs, memory binding and environment, or by default the `corescale run` line
+that reproduces the measurement), a Python snippet building the framework session with the chosen options,
+and the chosen config as YAML. Pinning and environment are read from the winner's own record (what the
+launcher really used: machine/instance_env.py), never derived again."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+
+import yaml
+
+from corescale.machine.cpulist import format_cpulist
+from corescale.overrides import override_key
+from corescale.results.files import write_atomic
+from corescale.results.record import TrialRecord
+
+RECIPE, SNIPPET, CONFIG = "recipe.sh", "snippet.py", "config.yaml"
+INDEX_ENV, COUNT_ENV = "CORESCALE_INSTANCE_INDEX", "CORESCALE_INSTANCES"
+
+
+def run_line(overrides: list[str]) -> list[str]:
+    """The `corescale run` command that measures the same config key again (results into ./outputs)."""
+    kept = [o for o in overrides if override_key(o) not in ("output_dir", "repeats")]
+    return [sys.executable, "-m", "corescale.cli", "run", *kept]
+
+
+def instance_lines(record: TrialRecord) -> list[str]:
+    """One backgrounded line per measured instance: its environment, then its pinning, then the command."""
+    lines = []
+    count = len(record.specs)
+    unset = " -u OMP_PROC_BIND -u OMP_PLACES" if record.config.openmp == "intel" else ""
+    for spec, report in zip(record.specs, record.instances):
+        env = dict((report.get("launch") or {}).get("env") or {})
+        env.update({INDEX_ENV: str(spec["id"]), COUNT_ENV: str(count)})
+        assigned = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+        cpus, nodes = format_cpulist(spec["cpus"]), format_cpulist(spec.get("numa_nodes") or [])
+        lines.append(f"# instance {spec['id']}: CPUs {cpus}, memory on NUMA node(s) {nodes or '-'}, "
+                     f"{spec['threads']} thread(s), batch {spec['batch_size']}")
+        lines.append(f"env{unset} {assigned} $(bind {shlex.quote(cpus)} {shlex.quote(nodes)}) \"$@\" &")
+        lines.append("pids+=($!)")
+    return lines
+
+
+def recipe_script(record: TrialRecord, overrides: list[str], summary: str) -> str:
+    default = " ".join(shlex.quote(w) for w in run_line(overrides))
+    head = "\n".join(f"# {line}" for line in summary.splitlines())
+    return f"""#!/usr/bin/env bash
+{head}
+#
+# usage: recipe.sh                  runs the corescale line that reproduces the measurement
+#        recipe.sh -- CMD [ARG ...]  starts {len(record.specs)} copies of CMD, each pinned and configured as one
+#                                    measured instance; {INDEX_ENV} (0..{len(record.specs) - 1}) and
+#                                    {COUNT_ENV} tell each copy which it is
+set -euo pipefail
+if [ "$#" -eq 0 ]; then
+  exec {default}
+fi
+if [ "$1" = "--" ]; then shift; fi
+if [ "$#" -eq 0 ]; then echo "recipe.sh: give the command to start after --" >&2; exit 2; fi
+bind() {{  # CPUS NODES -> numactl where it may bind memory here, else taskset (CPUs only)
+  if [ -n "$2" ] && command -v numactl >/dev/null 2>&1 && numactl --membind="$2" true 2>/dev/null; then
+    echo numactl --physcpubind="$1" --membind="$2"
+  else
+    echo taskset -c "$1"
+  fi
+}}
+pids=()
+trap 'kill "${{pids[@]}}" 2>/dev/null || true' INT TERM
+{chr(10).join(instance_lines(record))}
+status=0
+for pid in "${{pids[@]}}"; do wait "$pid" || status=$?; done
+exit "$status"
+"""
+
+
+def snippet(record: TrialRecord) -> str:
+    """Python that builds the chosen framework session / model with the chosen options (one instance)."""
+    cfg = record.config
+    threads = record.specs[0]["threads"] if record.specs else 1
+    name = cfg.backend.name
+    model = f"# the model: corescale measured {cfg.model!r} (sequence {cfg.sequence_length}, batch " \
+            f"{cfg.instance_batch_size} per instance)\n"
+    if name == "onnxruntime":
+        o = cfg.backend
+        steps = ["import onnxruntime as ort", "", model + 'MODEL = "model.onnx"  # torch.onnx.export of the model'
+                 " (corescale caches its export under cache_dir)"]
+        if o.fusion:
+            steps += ["from onnxruntime.transformers.optimizer import optimize_model",
+                      'optimize_model(MODEL, model_type="bert", opt_level=0).save_model_to_file("fused.onnx")',
+                      'MODEL = "fused.onnx"']
+        if cfg.precision == "int8":
+            steps += ["from onnxruntime.quantization import QuantType, quantize_dynamic",
+                      'quantize_dynamic(MODEL, "int8.onnx", weight_type=QuantType.QInt8)', 'MODEL = "int8.onnx"']
+        level = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED",
+                 "all": "ORT_ENABLE_ALL"}[o.graph_optimization_level]
+        mode = {"sequential": "ORT_SEQUENTIAL", "parallel": "ORT_PARALLEL"}[o.execution_mode]
+        steps += ["options = ort.SessionOptions()",
+                  f"options.graph_optimization_level = ort.GraphOptimizationLevel.{level}",
+                  f"options.execution_mode = ort.ExecutionMode.{mode}",
+                  f"options.intra_op_num_threads = {threads}", f"options.inter_op_num_threads = {cfg.interop_threads}",
+                  'session = ort.InferenceSession(MODEL, options, providers=["CPUExecutionProvider"])']
+        return "\n".join(steps) + "\n"
+    if name == "openvino":
+        precision = {"fp32": "f32", "bf16": "bf16"}.get(cfg.precision, "f32")
+        return (f"import openvino as ov\n\n{model}core = ov.Core()\ncompiled = core.compile_model(core.read_model("
+                f'"model.onnx"), "CPU", {{\n    "INFERENCE_NUM_THREADS": {threads}, "NUM_STREAMS": 1,\n'
+                f'    "PERFORMANCE_HINT": "{cfg.backend.performance_hint}", "INFERENCE_PRECISION_HINT": '
+                f'"{precision}",\n}})\nrequest = compiled.create_infer_request()\n')
+    if name.startswith("tensorflow"):
+        return (f"import tensorflow as tf\n\n{model}tf.config.threading.set_intra_op_parallelism_threads({threads})\n"
+                f"tf.config.threading.set_inter_op_parallelism_threads({cfg.interop_threads})\n"
+                "# build the Keras/TF model here; corescale's backend: corescale/backends/tensorflow/\n")
+    lines = ["import torch", "from transformers import AutoConfig, AutoModel", "", model.rstrip(),
+             f"torch.set_num_threads({threads})", f"torch.set_num_interop_threads({cfg.interop_threads})",
+             'model = AutoModel.from_config(AutoConfig.from_pretrained("bert-base-uncased")).eval()'
+             "  # or from_pretrained(YOUR_DIR)"]
+    if cfg.precision == "int8":
+        lines.append("model = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, torch.qint8)")
+    for option, value in cfg.backend.changed().items():
+        lines.append(f"# backend.{option}={value}: see corescale/backends/pytorch/")
+    if name == "torchscript":
+        lines.append("model = torch.jit.freeze(torch.jit.trace(model, example_kwarg_inputs=INPUTS, strict=False))")
+    if name == "torch_compile":
+        lines.append(f'model = torch.compile(model, mode="{cfg.backend.mode}")')
+    call = "with torch.inference_mode()" + (", torch.autocast(\"cpu\", dtype=torch.bfloat16)"
+                                             if cfg.precision == "bf16" else "")
+    lines.append(f"{call}:\n    outputs = model(**INPUTS)  # INPUTS: input_ids, attention_mask, token_type_ids")
+    return "\n".join(lines) + "\n"
+
+
+def write(directory: Path, record: TrialRecord, overrides: list[str], summary: str) -> dict[str, Path]:
+    """recipe.sh (executable), snippet.py and config.yaml in `directory`."""
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for name, text in ((RECIPE, recipe_script(record, overrides, summary)), (SNIPPET, snippet(record)),
+                       (CONFIG, yaml.safe_dump({"overrides": [o for o in overrides if override_key(o) not in
+                                                              ("output_dir", "repeats")],
+                                                "config": record.config.to_dict()}, sort_keys=False))):
+        paths[name] = write_atomic(directory / name, text, name)
+    paths[RECIPE].chmod(0o755)
+    return paths

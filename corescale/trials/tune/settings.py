@@ -1,0 +1,189 @@
+"""The tune's own words, taken out of the overrides before Hydra sees the rest: the objective (a table, so a
+new one is one entry), constraints, the budget, `space.<name>=[...]` and the `tune.*` knobs of the search."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Callable
+
+from corescale.errors import UserError
+from corescale.overrides import override_key
+
+
+@dataclass(frozen=True)
+class Objective:
+    """What a tune optimises: a figure of one measurement, and which way is better."""
+
+    name: str
+    metric: str  # a key of Figures (verdict.figures)
+    direction: str  # maximize | minimize
+    unit: str
+    needs_price: bool = False
+
+    def better(self, a: float, b: float) -> bool:
+        return a > b if self.direction == "maximize" else a < b
+
+    def worst(self) -> float:
+        return -math.inf if self.direction == "maximize" else math.inf
+
+
+# objective=NAME -> what it optimises. The server scenario (objective=server_qps) adds one entry here and its
+# figure in verdict.figures.
+OBJECTIVES: dict[str, Objective] = {
+    "throughput": Objective("throughput", "throughput", "maximize", "samples/s"),
+    "latency": Objective("latency", "p50_ms", "minimize", "ms p50"),
+    "cost": Objective("cost", "cost_per_1m", "minimize", "US$ per 1M", needs_price=True),
+}
+# constraint=LIMIT -> (figure it bounds, unit): a measurement over a limit does not count
+CONSTRAINTS = {"slo_p99_ms": ("p99_ms", "ms"), "max_memory_gb": ("memory_gb", "GB"), "max_drift": ("drift", "")}
+WORDS = ("objective", "budget", "trials", "price_per_hour", "machine", *CONSTRAINTS)
+KNOBS = {  # tune.NAME: (default, check, what is allowed)
+    "top_k": (3, lambda v: isinstance(v, int) and 1 <= v <= 10, "a whole number from 1 to 10"),
+    "repeats": (3, lambda v: isinstance(v, int) and 2 <= v <= 20, "a whole number from 2 to 20"),
+    "screen": (None, lambda v: isinstance(v, float) and v > 0, "seconds > 0 (default: a quarter of duration, "
+               "at least 1 s)"),
+    "eta": (3, lambda v: isinstance(v, int) and 2 <= v <= 10, "a whole number from 2 to 10"),
+}
+OWNED = ("layout", "repeats", "repeat_order", "reference", "drift_tolerance", "total_batch_size")
+LOAD_MARGIN_S = 5.0  # the least a trial spends outside its window (processes, imports, load, warm-up)
+
+
+@dataclass
+class TuneSettings:
+    objective: Objective
+    overrides: list[str]  # what Hydra composes: the user's fixed settings
+    space: dict[str, list[str]] = field(default_factory=dict)  # space.NAME=[...] as given
+    slo_p99_ms: float | None = None
+    max_memory_gb: float | None = None
+    max_drift: float | None = None
+    budget_s: float | None = None
+    trials: int | None = None
+    price_per_hour: float | None = None
+    machine: str | None = None
+    top_k: int = 3
+    repeats: int = 3
+    screen: float | None = None
+    eta: int = 3
+
+    def describe(self) -> dict:
+        return {"objective": self.objective.name, "overrides": self.overrides, "space": self.space,
+                "slo_p99_ms": self.slo_p99_ms, "max_memory_gb": self.max_memory_gb, "max_drift": self.max_drift,
+                "budget_s": self.budget_s, "trials": self.trials, "price_per_hour": self.price_per_hour,
+                "machine": self.machine, "top_k": self.top_k, "repeats": self.repeats, "screen": self.screen,
+                "eta": self.eta}
+
+    def identity(self) -> dict:
+        """What names the tune (its directory and study): everything but the budget, so a rerun with more
+        budget or trials resumes the same study."""
+        return {k: v for k, v in self.describe().items() if k not in ("budget_s", "trials")}
+
+
+def _number(key: str, text: str, cast: Callable = float):
+    try:
+        value = cast(text)
+    except ValueError:
+        kind = "a whole number" if cast is int else "a number"
+        raise UserError(f"{key}: expected {kind}, got '{text}'") from None
+    if isinstance(value, float) and not math.isfinite(value):
+        raise UserError(f"{key}={text} is not a finite number; give a real number (nan, inf are not allowed)")
+    if value <= 0:
+        raise UserError(f"{key} must be > 0 (got {text})")
+    return value
+
+
+def parse_budget(text: str) -> float:
+    """`300`, `300s`, `5m`, `1h`, `1m30s` -> seconds."""
+    parts = re.fullmatch(r"\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?\s*(?:(\d+(?:\.\d+)?)s?)?\s*", text)
+    if not text.strip() or not parts or not any(parts.groups()):
+        raise UserError(f"budget: expected a duration such as 300s, 5m or 1h30m, got '{text}'")
+    hours, minutes, seconds = (float(g) if g else 0.0 for g in parts.groups())
+    total = hours * 3600 + minutes * 60 + seconds
+    if not math.isfinite(total) or total <= 0:
+        raise UserError(f"budget must be > 0 (got '{text}')")
+    return total
+
+
+def parse_list(key: str, text: str) -> list[str]:
+    """`[a,b]`, `a,b` or `a` -> ['a', 'b']."""
+    inner = text.strip()
+    if inner.startswith("[") and inner.endswith("]"):
+        inner = inner[1:-1]
+    values = [v.strip().strip("'\"") for v in inner.split(",") if v.strip()]
+    if not values:
+        raise UserError(f"{key}=[] leaves nothing to search: give at least one value, e.g. {key}=[a,b]")
+    return values
+
+
+def parse(words: list[str]) -> TuneSettings:
+    """Splits the command's words: the tune's own settings, and the overrides Hydra composes."""
+    found: dict[str, str] = {}
+    space: dict[str, list[str]] = {}
+    knobs: dict[str, object] = {}
+    overrides = []
+    for word in words:
+        key = override_key(word)
+        value = word.split("=", 1)[1] if "=" in word else None
+        if key.startswith("space."):
+            if value is None:
+                raise UserError(f"'{word}': write space.NAME=[value,...]")
+            space[key.removeprefix("space.")] = parse_list(key, value)
+        elif key.startswith("tune."):
+            knobs[key.removeprefix("tune.")] = _knob(key, value)
+        elif key in WORDS and "=" in word and not word.startswith(("+", "~")):
+            found[key] = value
+        elif unknown_constraint(word):
+            raise UserError(f"unknown constraint '{key}': no such metric; constraints: {', '.join(CONSTRAINTS)}")
+        elif key in OWNED:
+            raise UserError(f"tune sets {key} itself; remove {word} (use tune.repeats=N for the final re-measure)"
+                            if key == "repeats" else f"tune sets {key} itself; remove {word}")
+        else:
+            overrides.append(word)
+    name = found.get("objective", "throughput")
+    if name not in OBJECTIVES:
+        raise UserError(f"unknown objective '{name}'; allowed: {', '.join(OBJECTIVES)}")
+    settings = TuneSettings(OBJECTIVES[name], overrides, space, **knobs)
+    for key in CONSTRAINTS:
+        if key in found:
+            setattr(settings, key, _number(key, found[key]))
+    if "price_per_hour" in found:
+        settings.price_per_hour = _number("price_per_hour", found["price_per_hour"])
+    settings.machine = found.get("machine")
+    if "budget" in found:
+        settings.budget_s = parse_budget(found["budget"])
+    if "trials" in found:
+        settings.trials = _number("trials", found["trials"], int)
+    if settings.budget_s is None and settings.trials is None:
+        settings.trials = 20
+    if settings.objective.needs_price and settings.price_per_hour is None and not settings.machine:
+        raise UserError("objective=cost needs a price: give price_per_hour=$/h (this machine) or machine=NAME "
+                        "(see corescale cost --list-machines)")
+    return settings
+
+
+def _knob(key: str, value: str | None):
+    name = key.removeprefix("tune.")
+    if name not in KNOBS:
+        raise UserError(f"unknown setting '{key}'; tune settings: {', '.join(f'tune.{k}' for k in KNOBS)}")
+    default, check, allowed = KNOBS[name]
+    try:
+        parsed = float(value) if name == "screen" else int(value or "")
+    except ValueError:
+        parsed = None
+    if parsed is None or not check(parsed) or (isinstance(parsed, float) and not math.isfinite(parsed)):
+        raise UserError(f"{key}={value}: allowed {allowed}")
+    return parsed
+
+
+def unknown_constraint(word: str) -> str | None:
+    """A word that looks like a constraint on a metric that does not exist (`max_foo=`, `slo_*=`, `min_*=`)."""
+    import dataclasses
+
+    from corescale.config import BenchmarkConfig
+
+    key = override_key(word)
+    config_keys = {f.name for f in dataclasses.fields(BenchmarkConfig)}
+    if re.fullmatch(r"(max|min|slo)_\w+", key) and key not in CONSTRAINTS and key not in config_keys:
+        return key
+    return None

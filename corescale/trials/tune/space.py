@@ -1,0 +1,264 @@
+"""The search space: what is installed and what this CPU supports, narrowed by the user's fixed overrides and
+`space.<name>=[...]`; `suggest` draws one configuration from an Optuna trial as the overrides of a trial.
+
+Conditional dimensions get their own parameter names (`precision[onnxruntime]`, `threads[2]`,
+`onnxruntime.fusion`): each then has one fixed set of choices, which Optuna's samplers require, and the
+multivariate TPE's group decomposition models each branch on the trials that took it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+
+from corescale.backends import OPTIONS, check_available
+from corescale.config import OPENMP_BACKENDS, BenchmarkConfig
+from corescale.errors import UserError
+from corescale.overrides import override_key
+
+# precisions each backend implements (backends/*/backend.py); bf16 also needs the CPU's bf16 instructions
+BACKEND_PRECISIONS = {"pytorch": ("fp32", "bf16", "int8"), "torchscript": ("fp32", "bf16", "int8"),
+                      "torch_compile": ("fp32", "bf16", "int8"), "onnxruntime": ("fp32", "int8"),
+                      "openvino": ("fp32", "bf16")}
+BF16_ISA = ("avx512_bf16", "amx_bf16")
+THROUGHPUT_BATCHES = ("1", "2", "4", "8", "16")
+DIMENSIONS = ("backend", "precision", "layout", "threads", "batch_size", "allocator", "openmp")
+FIXED_BY = {"backend": "backend", "precision": "precision", "instances": "layout", "cores_per_instance": "layout",
+            "threads": "threads", "batch_size": "batch_size", "allocator": "allocator", "openmp": "openmp"}
+
+
+@dataclass
+class Space:
+    backends: list[str]
+    precisions: dict[str, list[str]]  # per backend
+    options: dict[str, dict[str, list[str]]]  # per backend: option -> values
+    layouts: list[str]  # "NxC": N instances of C cores
+    threads: dict[int, list[str]]  # per cores per instance; "" = one per core (the default)
+    batch_sizes: list[str]
+    allocators: list[str]
+    openmp: list[str]  # for the OpenMP backends only
+    notes: list[str] = field(default_factory=list)  # what was left out and why
+
+    def size(self) -> int:
+        per_layout = sum(len(self.threads[_cores(layout)]) for layout in self.layouts)
+        per_backend = sum(len(self.precisions[b]) * math.prod(len(v) for v in self.options[b].values())
+                          * (len(self.openmp) if b in OPENMP_BACKENDS else 1) for b in self.backends)
+        return per_backend * per_layout * len(self.batch_sizes) * len(self.allocators)
+
+    def describe(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _cores(layout: str) -> int:
+    return int(layout.split("x")[1])
+
+
+def layout_overrides(layout: str) -> list[str]:
+    instances, cores = layout.split("x")
+    return [f"instances={instances}", f"cores_per_instance={cores}"]
+
+
+def powers(limit: int) -> list[int]:
+    values = [2**k for k in range(int(math.log2(limit)) + 1)] if limit >= 1 else []
+    return sorted({*values, limit})
+
+
+def candidate_layouts(physical_cores: int) -> list[str]:
+    """N instances × C cores with C and N from 1, 2, 4, ... and the largest that fit (all cores used or not:
+    fewer can win where memory bandwidth binds)."""
+    return [f"{n}x{c}" for c in powers(physical_cores) for n in powers(physical_cores // c)]
+
+
+def _option_values(backend: str) -> dict[str, list[str]]:
+    cls = OPTIONS[backend]
+    values = {}
+    for f in dataclasses.fields(cls):
+        if f.name == "name":
+            continue
+        if f.name in cls.CHOICES:
+            values[f.name] = list(cls.CHOICES[f.name])
+        elif f.type in (bool, "bool"):
+            values[f.name] = ["false", "true"]
+    return values
+
+
+def _installed(backend: str) -> bool:
+    try:
+        check_available(backend)
+    except UserError:
+        return False
+    return True
+
+
+def _library_found(library) -> bool:
+    from corescale.machine.instance_env import find_library
+
+    try:
+        find_library(library)
+    except UserError:
+        return False
+    return True
+
+
+def derive(cfg: BenchmarkConfig, overrides: list[str], narrow: dict[str, list[str]], physical_cores: int,
+           isa: dict, latency: bool) -> Space:
+    """The space of this machine and install, narrowed by the user's fixed overrides and space.* lists."""
+    from corescale.machine.instance_env import ALLOCATORS, INTEL_OPENMP
+
+    given = {override_key(o) for o in overrides}
+    notes = []
+    backends = [b for b in OPTIONS if _installed(b)]
+    notes += [f"backend {b}: not installed" for b in OPTIONS if b not in backends]
+    bf16 = any(isa.get(name) for name in BF16_ISA)
+    if not bf16:
+        notes.append("precision bf16: this CPU has no bf16 instructions (AVX512_BF16/AMX)")
+    precisions = {b: [p for p in BACKEND_PRECISIONS.get(b, ("fp32",)) if p != "bf16" or bf16] for b in backends}
+    options = {b: _option_values(b) for b in backends}
+    layouts = candidate_layouts(physical_cores)
+    threads = {c: [""] + [str(t) for t in powers(c) if t != c] for c in powers(physical_cores)}
+    batch_sizes = [str(cfg.batch_size)] if latency or "batch_size" in given else list(THROUGHPUT_BATCHES)
+    allocators = ["default"] + [a for a, lib in ALLOCATORS.items() if _library_found(lib)]
+    openmp = ["default"] + (["intel"] if _library_found(INTEL_OPENMP) else [])
+    space = Space(backends, precisions, options, layouts, threads, batch_sizes, allocators, openmp, notes)
+    _fix(space, cfg, given)
+    _narrow(space, narrow)
+    _check_not_empty(space)
+    return space
+
+
+def _fix(space: Space, cfg: BenchmarkConfig, given: set[str]) -> None:
+    """A dimension the user set with a plain override is fixed at that value."""
+    if "backend" in given:
+        space.backends = [cfg.backend.name]
+    for key in given:
+        if key.startswith("backend."):
+            option = key.split(".", 1)[1]
+            for b in space.backends:
+                if option in space.options[b]:
+                    space.options[b][option] = [text(getattr(cfg.backend, option))]
+    if "precision" in given:
+        space.precisions = {b: [p for p in v if p == cfg.precision] for b, v in space.precisions.items()}
+    if given & {"instances", "cores_per_instance"}:
+        per = cfg.cores_per_instance
+        space.layouts = [lay for lay in space.layouts if int(lay.split("x")[0]) == cfg.instances or
+                         "instances" not in given]
+        space.layouts = [lay for lay in space.layouts if per is None or _cores(lay) == per]
+        if not space.layouts and per is not None:
+            space.layouts = [f"{cfg.instances}x{per}"]
+            space.threads.setdefault(per, [""])
+    if "threads" in given:
+        space.threads = {c: [str(cfg.threads) if cfg.threads != c else ""] if cfg.threads <= c else []
+                         for c in space.threads}
+    if "allocator" in given:
+        space.allocators = [cfg.allocator]
+    if "openmp" in given:
+        space.openmp = [cfg.openmp]
+        space.backends = [b for b in space.backends if b in OPENMP_BACKENDS or cfg.openmp == "default"]
+
+
+def text(value) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _narrow(space: Space, narrow: dict[str, list[str]]) -> None:
+    for name, values in narrow.items():
+        if name == "backend":
+            space.backends = _subset(name, values, space.backends)
+        elif name == "precision":
+            allowed = sorted({p for v in space.precisions.values() for p in v})
+            keep = _subset(name, values, allowed)
+            space.precisions = {b: [p for p in v if p in keep] for b, v in space.precisions.items()}
+        elif name == "layout":
+            space.layouts = _subset(name, values, space.layouts)
+        elif name in ("instances", "cores_per_instance"):
+            index = 0 if name == "instances" else 1
+            allowed = sorted({lay.split("x")[index] for lay in space.layouts}, key=int)
+            keep = _subset(name, values, allowed)
+            space.layouts = [lay for lay in space.layouts if lay.split("x")[index] in keep]
+        elif name == "threads":  # "cores": one thread per core of the instance (the default)
+            allowed = ["cores", *sorted({t for v in space.threads.values() for t in v if t}, key=int)]
+            keep = _subset(name, values, allowed)
+            space.threads = {c: [t for t in v if (t or "cores") in keep or (not t and str(c) in keep)]
+                             for c, v in space.threads.items()}
+        elif name == "batch_size":
+            _whole_numbers(name, values)
+            space.batch_sizes = [str(int(v)) for v in values]
+        elif name in ("allocator", "openmp"):
+            setattr(space, _plural(name), _subset(name, values, getattr(space, _plural(name))))
+        elif name.startswith("backend."):
+            _narrow_option(space, name.split(".", 1)[1], values)
+        else:
+            raise UserError(f"unknown search dimension 'space.{name}'; dimensions: "
+                            f"{', '.join(f'space.{d}' for d in (*DIMENSIONS, 'instances', 'cores_per_instance'))}"
+                            ", space.backend.OPTION")
+
+
+def _plural(name: str) -> str:
+    return {"allocator": "allocators", "openmp": "openmp"}[name]
+
+
+def _narrow_option(space: Space, option: str, values: list[str]) -> None:
+    having = [b for b in space.backends if option in space.options[b]]
+    if not having:
+        known = sorted({o for b in space.backends for o in space.options[b]})
+        raise UserError(f"space.backend.{option}: no backend in the space has option '{option}'; options: "
+                        f"{', '.join(known) or 'none'}")
+    for b in having:
+        space.options[b][option] = _subset(f"backend.{option}", [v.lower() if v.lower() in ("true", "false")
+                                                                  else v for v in values], space.options[b][option])
+
+
+def _whole_numbers(name: str, values: list[str]) -> None:
+    for v in values:
+        if not v.isdigit() or int(v) < 1:
+            raise UserError(f"space.{name}: '{v}' is not a whole number >= 1")
+
+
+def _subset(name: str, values: list[str], allowed: list[str]) -> list[str]:
+    bad = [v for v in values if v not in allowed]
+    if bad:
+        raise UserError(f"space.{name}: {', '.join(bad)} not possible here; possible: {', '.join(allowed) or 'none'}")
+    return [v for v in allowed if v in values]
+
+
+def _check_not_empty(space: Space) -> None:
+    space.backends = [b for b in space.backends if space.precisions.get(b)]
+    space.layouts = [lay for lay in space.layouts if space.threads.get(_cores(lay))]
+    empty = [name for name, values in (("backend (with a precision it supports)", space.backends),
+                                       ("layout", space.layouts), ("batch_size", space.batch_sizes),
+                                       ("allocator", space.allocators)) if not values]
+    empty += [f"{b}.{o}" for b in space.backends for o, v in space.options[b].items() if not v]
+    if empty or space.size() == 0:
+        raise UserError(f"the search space is empty: no {', '.join(empty) or 'combination'} is left by the "
+                        "overrides and space.* lists (space.backend and precision must share a supported pair)")
+
+
+def suggest(trial, space: Space) -> list[str]:
+    """One configuration drawn from an Optuna trial (dimensions with one value are not parameters)."""
+    def pick(name, values):
+        return values[0] if len(values) == 1 else trial.suggest_categorical(name, values)
+
+    backend = pick("backend", space.backends)
+    overrides = [f"backend={backend}", f"precision={pick(f'precision[{backend}]', space.precisions[backend])}"]
+    overrides += [f"backend.{o}={pick(f'{backend}.{o}', v)}" for o, v in space.options[backend].items()]
+    layout = pick("layout", space.layouts)
+    overrides += layout_overrides(layout)
+    threads = pick(f"threads[{_cores(layout)}]", space.threads[_cores(layout)])
+    if threads:
+        overrides.append(f"threads={threads}")
+    overrides.append(f"batch_size={pick('batch_size', space.batch_sizes)}")
+    overrides.append(f"allocator={pick('allocator', space.allocators)}")
+    if backend in OPENMP_BACKENDS:
+        overrides.append(f"openmp={pick('openmp', space.openmp)}")
+    return overrides
+
+
+BASELINE_DROPS = ("backend", "precision", "instances", "cores_per_instance", "threads", "allocator", "openmp")
+
+
+def baseline_overrides(overrides: list[str]) -> list[str]:
+    """Out-of-box PyTorch: the user's workload settings, every deployment choice at its default (one instance
+    on all cores, fp32, the default allocator and OpenMP)."""
+    kept = [o for o in overrides if override_key(o).split(".")[0] not in BASELINE_DROPS]
+    return [*kept, "backend=pytorch"]

@@ -1,0 +1,146 @@
+"""From measurements to a recommendation: each measurement's figures and constraint violations, the finalists
+ranked by their mean over repeats (fresh processes each) with 95 % intervals, statistical ties, and the ratio
+to the out-of-box baseline with its bootstrap interval."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+from scipy import stats as sps
+
+from corescale.results.record import TrialRecord
+from corescale.results.repeats import Interval
+from corescale.results.stats import bootstrap_ratio_ci
+from corescale.trials.tune.settings import CONSTRAINTS, Objective, TuneSettings
+
+ALPHA = 0.05
+
+
+def figures(record: TrialRecord, cost_of=None) -> dict:
+    """The figures of one measurement that objectives and constraints read (None where not measured).
+    cost_of(record) -> US$ per 1M inferences (or None without a price)."""
+    m = record.metrics
+    if m is None:
+        return {"valid": False}
+    rss = sum((inst.rss_bytes or inst.peak_rss_bytes) for inst in m.instances)
+    drift = record.drift or {}
+    return {
+        "valid": record.valid,
+        "ok": record.ok,  # a drift failure is valid (real figures) but not ok (wrong outputs)
+        "throughput": m.throughput_samples_per_s,
+        "p50_ms": m.latency_s["p50"] * 1e3,
+        "p99_ms": m.latency_s["p99"] * 1e3,
+        "memory_gb": rss / 1e9,
+        "drift": drift.get("max_rel_error"),
+        "drift_ok": drift.get("within_tolerance", True),
+        "cost_per_1m": cost_of(record) if cost_of else None,
+    }
+
+
+def violations(figs: dict, settings: TuneSettings) -> dict[str, float]:
+    """Per constraint, how far over its limit a measurement is (<= 0: met). The drift check of a reduced
+    precision counts as a constraint of its own (its tolerance is the limit)."""
+    out = {}
+    for key, (metric, _) in CONSTRAINTS.items():
+        limit = getattr(settings, key)
+        value = figs.get(metric)
+        if limit is not None and key != "max_drift":
+            out[key] = (value - limit) if value is not None else math.inf
+    out["drift_check"] = 0.0 if figs.get("drift_ok", True) else 1.0
+    return out
+
+
+def feasible(figs: dict, settings: TuneSettings) -> bool:
+    return figs.get("valid", False) and all(v <= 0 for v in violations(figs, settings).values())
+
+
+@dataclass
+class Finalist:
+    label: str
+    overrides: list[str]
+    records: list[TrialRecord]
+    paths: list[str]
+    figures: list[dict]
+    baseline: bool = False
+    complexity: int = 0  # settings away from the defaults: the simpler first in a tie
+    cores: int = 0
+
+    def interval(self, metric: str) -> Interval:
+        return Interval.of(f[metric] for f in self.figures if f.get("valid") and f.get(metric) is not None)
+
+    def values(self, metric: str) -> np.ndarray:
+        return np.asarray([f[metric] for f in self.figures if f.get("valid") and f.get(metric) is not None],
+                          dtype=float)
+
+    def feasible(self, settings: TuneSettings) -> bool:
+        """Every repeat measured and meets every constraint (the SLO on the mean p99)."""
+        if not self.figures or not all(f.get("valid") for f in self.figures):
+            return False
+        mean = {k: self.interval(k).mean for k in ("p99_ms", "memory_gb")}
+        mean["valid"], mean["drift_ok"] = True, all(f.get("drift_ok", True) for f in self.figures)
+        return feasible(mean, settings)
+
+
+@dataclass
+class Verdict:
+    ranked: list[Finalist]  # feasible finalists, best first (a tie's simpler member first)
+    infeasible: list[Finalist]
+    baseline: Finalist | None
+    tie: list[str] = field(default_factory=list)  # labels statistically tied with the winner
+    tie_p: float | None = None
+    speedup: tuple[float, float, float] | None = None  # winner ÷ baseline throughput, 95 % bootstrap CI
+
+    @property
+    def winner(self) -> Finalist | None:
+        return self.ranked[0] if self.ranked else None
+
+
+def same(a: np.ndarray, b: np.ndarray) -> tuple[bool, float]:
+    """(no significant difference, p) by Welch's t-test on the logarithms (figures scale as ratios)."""
+    if a.size < 2 or b.size < 2:
+        return False, math.nan
+    la, lb = np.log(a), np.log(b)
+    if np.std(la) == 0 and np.std(lb) == 0:
+        return bool(la.mean() == lb.mean()), 1.0 if la.mean() == lb.mean() else 0.0
+    p = float(sps.ttest_ind(la, lb, equal_var=False).pvalue)
+    return p >= ALPHA, p
+
+
+def decide(finalists: list[Finalist], baseline: Finalist | None, objective: Objective,
+           settings: TuneSettings) -> Verdict:
+    metric = objective.metric
+    good = [f for f in finalists if f.feasible(settings) and f.values(metric).size]
+    bad = [f for f in finalists if f not in good]
+    sign = -1 if objective.direction == "maximize" else 1
+    good.sort(key=lambda f: sign * f.interval(metric).mean)
+    verdict = Verdict(good, bad, baseline)
+    if good:
+        best = good[0]
+        tied = [f for f in good[1:] if same(best.values(metric), f.values(metric))[0]]
+        if tied:
+            group = [best, *tied]
+            group.sort(key=lambda f: (f.cores, f.complexity, sign * f.interval(metric).mean))
+            verdict.tie = [f.label for f in group]
+            verdict.tie_p = min(same(best.values(metric), f.values(metric))[1] for f in tied)
+            verdict.ranked = group + [f for f in good if f not in group]
+        if baseline is not None and baseline.values("throughput").size:
+            verdict.speedup = bootstrap_ratio_ci(baseline.values("throughput"),
+                                                 verdict.ranked[0].values("throughput"), stat=np.mean)
+    return verdict
+
+
+def closest(finalists: list[Finalist], settings: TuneSettings) -> Finalist | None:
+    """With nothing feasible: the measured finalist that misses the constraints by the least (relative)."""
+    def miss(f: Finalist) -> float:
+        total = 0.0
+        for key, (metric, _) in CONSTRAINTS.items():
+            limit = getattr(settings, key)
+            if limit is not None and key != "max_drift":
+                value = f.interval(metric).mean
+                total += max(0.0, (value - limit) / limit) if math.isfinite(value) else math.inf
+        return total + (0 if all(x.get("drift_ok", True) for x in f.figures) else 1e6)
+
+    measured = [f for f in finalists if f.figures and any(x.get("valid") for x in f.figures)]
+    return min(measured, key=miss) if measured else None

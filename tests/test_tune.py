@@ -1,0 +1,244 @@
+"""`corescale tune`: one real tune of bert-tiny, SIGKILLed mid-way and resumed, shared by the assertions below
+(resume without re-measuring, the SQLite study, ordinary results, recipe, report in Chromium); the space and
+settings parsing are checked without processes."""
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+from conftest import FAST, ROOT, corescale
+
+from corescale.errors import UserError
+from corescale.trials.tune import settings as tune_settings
+from corescale.trials.tune import space as spaces
+
+TUNE = [*FAST, "duration=0.6", "tune.screen=0.3", "trials=3", "tune.top_k=2", "tune.repeats=2",
+        "space.backend=[pytorch]", "space.precision=[fp32,int8]", "space.batch_size=[1,2]", "--no-progress"]
+
+
+def _results(tune_dir: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in tune_dir.glob("*/result.json")]
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory):
+    """A tune killed with SIGKILL once three measurements are committed, then the same command again."""
+    out = tmp_path_factory.mktemp("tune") / "outputs"
+    argv = [sys.executable, "-m", "corescale.cli", "tune", *TUNE, f"output_dir={out}"]
+    first = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             start_new_session=True)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and len(list(out.glob("tune-*/*/result.json"))) < 3:
+        assert first.poll() is None, first.stdout.read().decode()
+        time.sleep(0.2)
+    os.killpg(first.pid, signal.SIGKILL)
+    first.wait()
+    tune_dir, = out.glob("tune-*")
+    before = {p.parent.name for p in tune_dir.glob("*/result.json")}
+    proc = corescale("tune", *TUNE, f"output_dir={out}", timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return {"out": out, "dir": tune_dir, "before": before, "proc": proc,
+            "doc": json.loads((tune_dir / "tune.json").read_text())}
+
+
+def test_resumed_without_measuring_anything_twice(tuned):
+    records = [r for r in _results(tuned["dir"]) if r["status"] == "ok"]
+    keys = [(r["trial_key"], r["repeat"]) for r in records]
+    assert len(keys) == len(set(keys)), "a measurement was made twice"
+    assert tuned["before"] <= {p.parent.name for p in tuned["dir"].glob("*/result.json")}
+    assert tuned["proc"].stdout.count("skipped (valid result exists") >= 1
+    finished = [t for t in tuned["doc"]["trials"] if t["state"] in ("COMPLETE", "PRUNED") and t["repeat_of"] is None]
+    assert len(finished) == 3  # trials=3 counts configurations measured (one asked again is free)
+
+
+def test_study_is_a_sqlite_file_in_wal_mode(tuned):
+    path = tuned["dir"] / "study.db"
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    study = optuna.load_study(study_name=tuned["dir"].name, storage=f"sqlite:///{path}")
+    assert study.direction == optuna.study.StudyDirection.MAXIMIZE
+    done = [t for t in study.trials if t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)]
+    assert len([t for t in done if "repeat_of" not in t.user_attrs]) == 3
+    assert all(t.user_attrs["overrides"] and t.user_attrs["label"] for t in done)
+
+
+def test_every_measurement_is_an_ordinary_result_with_a_baseline_and_drift_checks(tuned):
+    proc = corescale("results", str(tuned["dir"]), "--all", "--csv", "-")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) - 1 == len(_results(tuned["dir"]))
+    records = _results(tuned["dir"])
+    baseline = [r for r in records if r["config"]["backend"]["name"] == "pytorch" and r["config"]["instances"] == 1
+                and r["config"]["cores_per_instance"] is None and r["config"]["precision"] == "fp32"]
+    assert len(baseline) == 2  # the full window and the final repeat
+    for r in records:
+        if r["config"]["precision"] == "int8":
+            assert r["config"]["reference"] == "pytorch" and r["drift"] is not None
+    screens = {r["config"]["duration"] for r in records}
+    assert screens == {0.3, 0.6}  # successive halving: screening and full windows
+
+
+def test_recommendation_has_intervals_and_the_baseline_ratio(tuned):
+    doc, out = tuned["doc"], tuned["proc"].stdout
+    assert doc["winner"] and doc["speedup"]["low"] <= doc["speedup"]["ratio"] <= doc["speedup"]["high"]
+    assert "× the out-of-box throughput (95 % CI" in out and "tune: recommendation" in out
+    winner = next(f for f in doc["finalists"] if f["role"] == "winner")
+    assert winner["throughput"]["n"] == 2 and winner["throughput"]["low"] is not None
+    assert doc["baseline"]["role"] == "baseline" and doc["baseline"]["throughput"]["n"] == 2
+    assert f"tune: {tuned['dir']}\n" in out and f"recipe: {doc['recipe']['recipe.sh']}\n" in out
+
+
+def test_recipe_starts_each_copy_pinned_with_the_measured_environment(tuned, tmp_path):
+    doc = tuned["doc"]
+    recipe = Path(doc["recipe"]["recipe.sh"])
+    winner_path = next(f for f in doc["finalists"] if f["role"] == "winner")["paths"][0]
+    record = json.loads((Path(winner_path) / "result.json").read_text())
+    probe = ("import json, os; print(json.dumps({'cpus': sorted(os.sched_getaffinity(0)), 'env': dict(os.environ)}))")
+    proc = subprocess.run([str(recipe), "--", sys.executable, "-c", probe], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    copies = sorted((json.loads(line) for line in proc.stdout.splitlines()),
+                    key=lambda c: int(c["env"]["CORESCALE_INSTANCE_INDEX"]))
+    assert len(copies) == len(record["specs"])
+    for copy, spec, report in zip(copies, record["specs"], record["instances"]):
+        assert copy["cpus"] == spec["cpus"]
+        assert copy["env"]["CORESCALE_INSTANCE_INDEX"] == str(spec["id"])
+        assert copy["env"]["CORESCALE_INSTANCES"] == str(len(copies))
+        for name, value in report["launch"]["env"].items():
+            assert copy["env"][name] == value, name
+    # no command: the corescale run line that measures the same config key again
+    again = subprocess.run([str(recipe)], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                           env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert again.returncode == 0, again.stderr
+    result, = tmp_path.glob("outputs/*/result.json")
+    assert json.loads(result.read_text())["trial_key"] == doc["recipe"]["key"] == record["trial_key"]
+    assert (recipe.parent / "snippet.py").is_file() and "config:" in (recipe.parent / "config.yaml").read_text()
+
+
+def test_report_tuner_section_renders_offline_and_hover_shows_the_config(tuned):
+    from playwright import sync_api
+    from test_report import CHROMIUM, CHROMIUM_FLAGS
+
+    report = tuned["dir"] / "report.html"
+    text = report.read_text()
+    assert '<section id="tuner">' in text and "<script src" not in text and 'id="tune-pareto"' in text
+    problems, requests = [], []
+    with sync_api.sync_playwright() as playwright, tempfile.TemporaryDirectory() as profile:
+        browser = playwright.chromium.launch_persistent_context(profile, executable_path=CHROMIUM,
+                                                                args=CHROMIUM_FLAGS, headless=True,
+                                                                viewport={"width": 1400, "height": 1000})
+        page = browser.new_page()
+        page.on("console", lambda m: problems.append(f"{m.type}: {m.text}") if m.type in ("error", "warning")
+                else None)
+        page.on("pageerror", lambda error: problems.append(f"page error: {error}"))
+        page.on("request", lambda r: requests.append(r.url) if not r.url.startswith(("data:", "file:")) else None)
+        page.goto(report.as_uri())
+        page.wait_for_selector("#tune-pareto .scatterlayer .point")
+        page.locator("#tune-pareto .scatterlayer .point").first.hover(force=True)
+        page.wait_for_selector("#tune-pareto .hoverlayer .hovertext", timeout=10_000)
+        hover = page.text_content("#tune-pareto .hoverlayer")
+        assert page.locator("#tune-importance, #tuner .note").count() >= 1
+        browser.close()
+    assert "backend.name=pytorch" in hover and "samples/s" in hover
+    assert not problems, problems
+    assert not requests, requests
+
+
+def test_an_infeasible_slo_says_the_closest_and_exits_1_with_the_report(tuned):
+    """Measurements of the first tune under the same results root are reused by key: few new ones."""
+    proc = corescale("tune", *[w for w in TUNE if not w.startswith("trials=")], "trials=1", "slo_p99_ms=0.001",
+                     f"output_dir={tuned['out']}", timeout=600)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "no configuration meets the constraints; the closest:" in proc.stdout
+    report = next(line for line in proc.stdout.splitlines() if line.startswith("report: ")).split(" ", 1)[1]
+    assert Path(report).is_file()
+
+
+# --- without processes ---------------------------------------------------------------------------------------
+
+ISA = {"avx2": True, "fma": True}
+
+
+def _space(overrides=(), narrow=None, cores=2, latency=False):
+    from corescale.overrides import compose
+
+    return spaces.derive(compose(list(overrides)), list(overrides), narrow or {}, cores, ISA, latency)
+
+
+def test_space_follows_the_cpu_and_the_install():
+    space = _space()
+    assert "bf16" not in {p for v in space.precisions.values() for p in v}  # no bf16 instructions here
+    assert space.layouts == ["1x1", "2x1", "1x2"] and space.threads[2] == ["", "1"]
+    assert "int8" in space.precisions["pytorch"] and space.batch_sizes == list(spaces.THROUGHPUT_BATCHES)
+    assert _space(latency=True).batch_sizes == ["1"]
+    assert _space(["batch_size=4"]).batch_sizes == ["4"]  # a plain override fixes a dimension
+    assert _space(["backend=onnxruntime"]).backends == ["onnxruntime"]
+    assert spaces.candidate_layouts(8) == ["1x1", "2x1", "4x1", "8x1", "1x2", "2x2", "4x2", "1x4", "2x4", "1x8"]
+
+
+def test_space_narrowing_and_suggest():
+    space = _space(narrow={"backend": ["onnxruntime", "pytorch"], "layout": ["2x1"], "backend.fusion": ["true"]})
+    assert space.backends == ["pytorch", "onnxruntime"] and space.options["onnxruntime"]["fusion"] == ["true"]
+    trial = optuna.trial.FixedTrial({"backend": "onnxruntime", "precision[onnxruntime]": "int8",
+                                     "onnxruntime.graph_optimization_level": "basic",
+                                     "onnxruntime.execution_mode": "sequential", "batch_size": "2",
+                                     "allocator": "default"})
+    overrides = spaces.suggest(trial, space)
+    assert {"backend=onnxruntime", "precision=int8", "backend.fusion=true", "instances=2", "cores_per_instance=1",
+            "batch_size=2"} <= set(overrides)
+    assert not any(o.startswith("openmp=") for o in overrides)  # onnxruntime has its own thread pool
+
+
+@pytest.mark.parametrize("overrides, narrow, message", [
+    (["backend=tensorflow", "precision=int8"], {}, "the search space is empty"),
+    ([], {"precision": ["bf16"]}, "space.precision: bf16 not possible here"),
+    ([], {"flavour": ["x"]}, "unknown search dimension 'space.flavour'"),
+    ([], {"backend.nosuch": ["1"]}, "no backend in the space has option 'nosuch'"),
+])
+def test_space_errors_are_one_line(overrides, narrow, message):
+    with pytest.raises(UserError) as info:
+        _space(overrides, narrow)
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_settings_parse_words_apart_from_overrides():
+    s = tune_settings.parse(["objective=cost", "price_per_hour=0.5", "budget=1m30s", "slo_p99_ms=20",
+                             "space.backend=[pytorch, onnxruntime]", "model=bert-tiny", "tune.top_k=2"])
+    assert s.objective.name == "cost" and s.budget_s == 90 and s.slo_p99_ms == 20 and s.top_k == 2
+    assert s.space == {"backend": ["pytorch", "onnxruntime"]} and s.overrides == ["model=bert-tiny"]
+    assert tune_settings.parse([]).trials == 20
+    assert set(tune_settings.OBJECTIVES) == {"throughput", "latency", "cost"}  # server_qps: one entry more
+
+
+def _finalist(label, throughputs, cores=2, complexity=1, baseline=False):
+    from corescale.trials.tune.verdict import Finalist
+
+    figures = [{"valid": True, "throughput": t, "p50_ms": 1000 / t, "p99_ms": 1200 / t, "memory_gb": 0.5,
+                "drift_ok": True} for t in throughputs]
+    return Finalist(label, [], [], [], figures, baseline=baseline, complexity=complexity, cores=cores)
+
+
+def test_a_tie_is_reported_with_the_simpler_first_and_a_clear_winner_is_not():
+    from corescale.trials.tune.verdict import decide
+
+    settings = tune_settings.parse(["slo_p99_ms=100"])
+    baseline = _finalist("baseline", [8.0, 8.2, 7.9], baseline=True)
+    close = [_finalist("ort int8 2x1", [50.0, 52.0, 49.0], complexity=3),
+             _finalist("ort fp32 2x1", [49.5, 51.0, 50.5], complexity=2)]
+    verdict = decide(close, baseline, settings.objective, settings)
+    assert verdict.tie == ["ort fp32 2x1", "ort int8 2x1"] and verdict.winner.label == "ort fp32 2x1"
+    ratio, low, high = verdict.speedup
+    assert low < ratio < high and 5.5 < ratio < 7
+    clear = [_finalist("fast", [50.0, 50.5, 49.8]), _finalist("slow", [30.0, 30.2, 29.9], complexity=0)]
+    verdict = decide(clear, baseline, settings.objective, settings)
+    assert verdict.winner.label == "fast" and not verdict.tie
+    over = decide([_finalist("over the SLO", [5.0, 5.1, 5.2])], baseline, settings.objective, settings)
+    assert over.winner is None and over.infeasible[0].label == "over the SLO"  # p99 240 ms > 100 ms
