@@ -21,6 +21,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -122,6 +123,13 @@ class ForkServers:
         self.work_dir, self.limit = work_dir, limit
         self.servers: OrderedDict[tuple, Server | None] = OrderedDict()  # None: this launch cannot fork
         self.enabled = become_subreaper()
+
+    @classmethod
+    @contextlib.contextmanager
+    def temporary(cls):
+        """Fork servers whose logs live in a temporary directory, all stopped at the end of the block."""
+        with tempfile.TemporaryDirectory(prefix="corescale-forkservers-") as work, cls(Path(work)) as servers:
+            yield servers
 
     def __enter__(self) -> ForkServers:
         return self

@@ -12,7 +12,6 @@ from __future__ import annotations
 import fcntl
 import os
 import signal
-import tempfile
 import threading
 import time
 from contextlib import contextmanager
@@ -218,16 +217,16 @@ def run_trial(trial: Trial, host: dict | None = None, on_event=None, keep_going:
 
 def run_trials(planned: list[Planned], listener: Listener | None = None, resume: bool = True,
                fail_fast: bool = False, keep_going: bool = True, on_lock_wait=None,
-               accept_foreign: bool = False) -> LoopState:
+               accept_foreign: bool = False, forkservers: ForkServers | None = None) -> LoopState:
     """Every planned trial, in order; returns what happened to each. Resume counts results measured on this
-    machine and software only, unless accept_foreign."""
+    machine and software only, unless accept_foreign. forkservers: a caller's, kept across its loops."""
     listener = listener or Listener()
     host = environment.capture()  # once per loop: the machine does not change between trials
     machine = None if accept_foreign else machine_fingerprint(host)
     indexes: dict[Path, ResultIndex] = {}
     order = schedule(planned)
     state = LoopState(len(order))
-    with forkservers_for(len(planned)) as servers:
+    with forkservers_for(len(planned), forkservers) as servers:
         for number, (item, repeat) in enumerate(order, 1):
             state.position, state.repeat = number, repeat
             index = indexes.setdefault(item.index_root, ResultIndex(item.index_root, machine))
@@ -256,12 +255,16 @@ def run_trials(planned: list[Planned], listener: Listener | None = None, resume:
     return state
 
 
+def fork_workers() -> bool:
+    return os.environ.get(FORKSERVER_ENV) != "0"
+
+
 @contextmanager
-def forkservers_for(configs: int):
+def forkservers_for(configs: int, given: ForkServers | None = None):
     """Workers of a loop over several configurations start as forks of pre-imported servers, one set per repeat
     (CORESCALE_FORKSERVER=0: every worker starts fresh)."""
-    if configs < 2 or os.environ.get(FORKSERVER_ENV) == "0":
-        yield None
+    if given is not None or configs < 2 or not fork_workers():
+        yield given
         return
-    with tempfile.TemporaryDirectory(prefix="corescale-forkservers-") as work, ForkServers(Path(work)) as servers:
+    with ForkServers.temporary() as servers:
         yield servers

@@ -25,9 +25,10 @@ from pathlib import Path
 
 from corescale.config import OPENMP_BACKENDS, BenchmarkConfig
 from corescale.errors import UserError, check_writable
+from corescale.measure.forkserver import ForkServers
 from corescale.overrides import assignment, compose, override_key
 from corescale.results.record import TrialRecord
-from corescale.trials.local import Listener, run_trials
+from corescale.trials.local import Listener, fork_workers, run_trials
 from corescale.trials.sweep import plan_sweep
 from corescale.trials.tune import space as spaces
 from corescale.trials.tune import verdict as verdicts
@@ -240,6 +241,7 @@ class Tuner:
         self.listener_factory = listener_factory or (lambda progress, reserve: Listener())
         self.study = None
         self.progress: Progress | None = None
+        self.forkservers: ForkServers | None = None  # one set for the whole tune: workers start in milliseconds
 
     # one measurement (or a batch of them) through the one trial loop
     def measure(self, configs: list[list[str]], labels: list[str], repeats: int = 1,
@@ -253,7 +255,8 @@ class Tuner:
             item.label = label
             item.resume_root = self.tune.cfg.results_root  # earlier tunes and runs under the same root count
         started = time.monotonic()
-        state = run_trials(planned, self.listener_factory(self.progress, self.reserve()), resume=True)
+        state = run_trials(planned, self.listener_factory(self.progress, self.reserve()), resume=True,
+                           forkservers=self.forkservers)
         measured = [row for row in state.rows if row.status != "skipped"]
         if measured and self.progress is not None:
             (self.progress.screen_s if kind == "screen" else self.progress.full_s).append(
@@ -275,6 +278,16 @@ class Tuner:
         return (self.tune.settings.top_k + 1) * (self.tune.settings.repeats - 1) * full
 
     def run(self) -> dict:
+        if not fork_workers():
+            return self._run()
+        with ForkServers.temporary() as servers:
+            self.forkservers = servers
+            try:
+                return self._run()
+            finally:
+                self.forkservers = None
+
+    def _run(self) -> dict:
         import optuna
 
         tune = self.tune
