@@ -306,6 +306,7 @@ class Tuner:
             self.progress.done = self._count()
             again = again + 1 if json.dumps(suggested) in seen else 0
             self._search_one(study, trial, suggested, seen)
+            again += seen[json.dumps(suggested)].get("outcome") == "invalid"  # cost nothing, bounded like repeats
             self._save_elapsed()
             self.progress.best = self._best_text()
         self.progress.stage = "final"
@@ -317,7 +318,8 @@ class Tuner:
         """Trials measured (a configuration asked again costs nothing and does not count: CONVERGED bounds it)."""
         from optuna.trial import TrialState
 
-        return sum(1 for t in self.study.get_trials(deepcopy=False) if "repeat_of" not in t.user_attrs and (
+        return sum(1 for t in self.study.get_trials(deepcopy=False) if "repeat_of" not in t.user_attrs
+                   and t.user_attrs.get("outcome") != "invalid" and (
             t.state in (TrialState.COMPLETE, TrialState.PRUNED) or (t.state == TrialState.FAIL and "reason" in
                                                                    t.user_attrs)))
 
@@ -360,8 +362,15 @@ class Tuner:
                 study.tell(trial, state=TrialState.PRUNED if earlier["outcome"] == "pruned" else TrialState.FAIL)
             return
         trial.set_user_attr("number", trial.number)
-        (screen_record, screen_path), = self.measure([tune.trial_overrides(suggested, tune.screen_s)],
-                                                     [f"screen {label}"], kind="screen")[0][:1]
+        try:
+            (screen_record, screen_path), = self.measure([tune.trial_overrides(suggested, tune.screen_s)],
+                                                         [f"screen {label}"], kind="screen")[0][:1]
+        except UserError as invalid:  # options that do not combine (backend.linear=onednn with int8): nothing ran
+            trial.set_user_attr("reason", f"not a valid combination: {invalid}")
+            trial.set_user_attr("outcome", "invalid")
+            study.tell(trial, state=TrialState.FAIL)
+            seen[key] = self.study.trials[trial.number].user_attrs
+            return
         figs = verdicts.figures(screen_record, tune.cost_of)
         trial.set_user_attr("screen", {**_plain(figs), "path": str(screen_path), "duration": tune.screen_s})
         trial.set_user_attr("constraints", list(verdicts.violations(figs, tune.settings).values()))
