@@ -160,6 +160,7 @@ class TrialRecord:
     repeat: int = 0  # which of the config's `repeats` (fresh processes each) this record is
     repeats: int = 1
     schema_migrated_from: int | None = None
+    server: dict[str, Any] | None = None  # scenario=server|single_stream: LoadGen's verdicts, steps, load curve
 
     @property
     def ok(self) -> bool:
