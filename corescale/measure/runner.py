@@ -221,6 +221,9 @@ def measure(trial: Trial, on_event=None, host: dict | None = None) -> Measured:
             record.fail(outcome.failure)
         else:
             _finish(record, metrics, [outcome.results[spec.id] for spec in specs])
+        if trial.queries is not None and metrics is not None and metrics.padded_tokens_per_s:
+            record.workload = {**trial.queries.summary(), "pad": trial.cfg.pad, "padding_waste":
+                               1 - metrics.throughput_tokens_per_s / metrics.padded_tokens_per_s}
     record.elapsed_s = time.time() - started
     return Measured(record, samples, logs, outcome.interrupted)
 
@@ -279,6 +282,9 @@ def _load_instances(specs: list[InstanceSpec], outcome: LaunchOutcome) -> list[I
 
 def _metrics(trial: Trial, instances: list[InstanceSamples], start_ns: int) -> tuple[RunMetrics, pd.DataFrame]:
     length = trial.cfg.sequence_length
+    padded = [inst.report.get("padded_tokens_per_sample") for inst in instances]
+    if all(padded):  # a query set: the work done is at the lengths the batches were padded to
+        length = max(int(round(sum(padded) / len(padded))), 1)
     metrics = run_metrics(instances, start_ns, length, forward_flops(trial.model, 1, length))
     return metrics, samples_frame(instances, (metrics.window_start_ns, metrics.window_end_ns))
 
@@ -290,6 +296,8 @@ def _finish_server(record: TrialRecord, trial: Trial, server: Server, outcome: L
     logs["server-batches.csv"] = batches_csv(server.outcome.batch_rows)
     record.server = summarise(trial.cfg, server.outcome, trial.queries.summary())
     record.server["parent"]["cpus"] = sorted(parent_cpus or os.sched_getaffinity(0))
+    record.workload = {**trial.queries.summary(), "pad": trial.cfg.pad,
+                       "padding_waste": record.server["batching"]["padding_waste"]}
     record.instances = [{k: v for k, v in outcome.results[spec["id"]].items() if k != "event"}
                         for spec in record.specs if spec["id"] in outcome.results]
     if outcome.failure:

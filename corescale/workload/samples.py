@@ -182,6 +182,9 @@ def load_tokenizer(cfg, model):
                         "(a directory with tokenizer files) or a hub id in the local cache")
     offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
     local = Path(os.path.expanduser(name))
+    if not local.is_dir() and (name.startswith(("/", ".", "~")) or local.exists()):
+        raise UserError(f"tokenizer directory '{name}' does not exist (or is not a directory); give a directory "
+                        "holding tokenizer.json or tokenizer_config.json, or a hub id in the local cache")
     from transformers import AutoTokenizer
 
     try:
