@@ -171,7 +171,7 @@ class Server:
             time.sleep(max(start_ns - time.perf_counter_ns(), 0) / 1e9)
             if self.cfg.scenario == "server" and self.cfg.target_qps == "auto":
                 search(self._step, self._first_guess(), self.cfg.server.search_precision, self.cfg.server.max_steps,
-                       self.outcome.steps)
+                       self.outcome.steps, floor_qps(self.cfg))
             else:
                 self.outcome.steps.append(self._step(self.cfg.target_qps if self.cfg.scenario == "server" else None))
         except BaseException as exc:  # noqa: BLE001 - reported through the launcher's loop
@@ -346,12 +346,18 @@ def _cpu_seconds() -> float:
 
 # --- the search ---------------------------------------------------------------------------------------------------
 
-def search(step, first: float, precision: float, max_steps: int, steps: list) -> float | None:
+def floor_qps(cfg) -> float:
+    """Below this rate LoadGen's minimum query count would take more than half the timeout per test."""
+    return cfg.server.min_query_count / (0.5 * cfg.timeout)
+
+
+def search(step, first: float, precision: float, max_steps: int, steps: list, floor: float = 0.0) -> float | None:
     """Bracket (double until a step misses the SLO, halve until one meets it) then bisect until the bracket is
-    within `precision` of its low end; every step is appended to `steps`. Returns the highest QPS that met it."""
+    within `precision` of its low end; every step is appended to `steps`. Returns the highest QPS that met it.
+    Halving stops below `floor` (a LoadGen test there would outlast the timeout)."""
     low = high = None
     qps = first
-    while len(steps) < max_steps:
+    while len(steps) < max_steps and qps >= floor:
         result = step(qps)
         steps.append(result)
         if result.meets_slo:
@@ -412,7 +418,7 @@ def summarise(cfg, outcome: ServeOutcome, queries: dict) -> dict:
         "validity": last.get("validity") if cfg.target_qps != "auto" else ("VALID" if met else "INVALID"),
         "max_valid_qps": max((s["target_qps"] for s in met), default=None),
         "latency_ms": (max(met, key=lambda s: s["target_qps"]) if met else last).get("latency_ms", {}),
-        "steps": steps, "load_curve": curve, "knee_qps": knee(curve),
+        "steps": steps, "load_curve": curve, "knee_qps": knee(curve), "search_floor_qps": floor_qps(cfg),
         "batching": {"max_batch": cfg.server.max_batch, "max_queue_ms": cfg.server.max_queue_ms,
                      "max_batch_tokens": cfg.server.max_batch_tokens, "pad": cfg.pad, "batches": int(len(rows)),
                      "mean_rows": float(rows.mean()), "max_rows": int(rows.max()),

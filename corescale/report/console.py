@@ -30,7 +30,8 @@ def _bytes(n: float | None) -> str:
 
 def result_table(record: TrialRecord) -> Table:
     cfg = record.config
-    title = escape(f"{cfg.model} · {cfg.backend.name} · {cfg.precision} · batch {cfg.batch_size} · "
+    batch = f"batch {cfg.batch_size}" if cfg.scenario == "offline" else f"{cfg.scenario}"
+    title = escape(f"{cfg.model} · {cfg.backend.name} · {cfg.precision} · {batch} · "
                    f"seq {cfg.sequence_length} · {cfg.instances} instance(s)")
     table = Table(title=title, show_header=True, header_style="bold")
     table.add_column("metric")
