@@ -20,7 +20,8 @@ from corescale.workload.samples import (
     read_texts,
 )
 
-WORDS = "the a model serves queries under load with latency batches cores tokens padding bucket server text".split()
+WORDS = ["the", "a", "model", "serves", "queries", "under", "load", "with", "latency", "batches", "cores",
+         "tokens", "padding", "bucket", "server", "text"]
 
 
 def write_corpus(base, lines=240):

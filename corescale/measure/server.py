@@ -165,7 +165,6 @@ class Server:
 
     # --- the controller thread ---
     def _control(self, start_ns: int) -> None:
-        import mlperf_loadgen as lg
 
         try:
             time.sleep(max(start_ns - time.perf_counter_ns(), 0) / 1e9)

@@ -185,7 +185,8 @@ def answer(table: pd.DataFrame, machine: Machine, slo_p99_ms: float | None) -> s
     rate = "max valid QPS (LoadGen server)" if best.get("scenario") == "server" else "samples/s"
     return (f"cheapest measured layout{condition}: {best['layout']} on {where}: "
             f"${best['cost_per_1m_usd']:.4g} per 1M inferences at {best['machine_samples_per_s']:.1f} {rate}, "
-            f"p99 {best['latency_p99_ms']:.1f} ms (${machine.price_per_hour:g}/h)" + closed_loop_note(table, slo_p99_ms))
+            f"p99 {best['latency_p99_ms']:.1f} ms (${machine.price_per_hour:g}/h)"
+            + closed_loop_note(table, slo_p99_ms))
 
 
 CLOSED_LOOP_NOTE = ("; only closed-loop results: their p99 is measured saturated, at a rate an open-loop server "
