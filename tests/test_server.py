@@ -206,6 +206,19 @@ def test_server_dispatches_to_both_instances_and_forms_batches(served):
     assert workload["queries"] == 240 and 0 < workload["padding_waste"] < 1 and workload["pad"] == "bucket"
 
 
+def test_cost_prices_server_results_under_the_slo(served, capsys):
+    from corescale.cli import main
+
+    _, path, _ = served
+    assert main(["cost", str(path.parent), "--price-per-hour", "1", "--slo-p99-ms", "3000"]) == 0
+    out = capsys.readouterr().out
+    assert "120.0 QPS (LoadGen server, p99 within its SLO)" in out and "closed-loop" not in out
+    assert main(["cost", str(path.parent), "--price-per-hour", "1", "--slo-p99-ms", "100"]) == 1  # measured at 3 s
+    assert "no measured layout that meets p99 ≤ 100 ms" in capsys.readouterr().out
+    assert main(["results", str(path.parent), "--csv", "-"]) == 0
+    assert "VALID" in capsys.readouterr().out
+
+
 def test_target_qps_auto_converges(tmp_path):
     from corescale.measure.runner import prepare_trial
 
@@ -221,9 +234,13 @@ def test_target_qps_auto_converges(tmp_path):
     assert len(steps) == 6 or (missed and (min(missed) - best) / best <= 0.25), steps
     assert [p["target_qps"] for p in server["load_curve"]] == sorted(s["target_qps"] for s in steps)
     assert len(list(outcome.path.glob("loadgen-*-summary.txt"))) >= len(steps)
+    from corescale.report.html import build
+
+    built = build(tmp_path, tmp_path / "report.html")
+    assert "load_curve" in built.charts and "Load curve (server scenario)" in (tmp_path / "report.html").read_text()
 
 
-def test_offline_on_text_counts_real_and_padded_tokens(corpus, tmp_path):
+def test_offline_on_text_counts_real_and_padded_tokens(corpus, tmp_path, capsys):
     from corescale.measure.runner import prepare_trial
 
     base, _ = corpus
@@ -234,6 +251,10 @@ def test_offline_on_text_counts_real_and_padded_tokens(corpus, tmp_path):
     m, workload = outcome.record.metrics, outcome.record.workload
     assert m.throughput_tokens_per_s < m.padded_tokens_per_s < m.throughput_samples_per_s * 64
     assert workload["pad"] == "sorted" and 0 <= workload["padding_waste"] < 0.5
+    from corescale.cli import main
+
+    assert main(["cost", str(tmp_path), "--price-per-hour", "1", "--slo-p99-ms", "1000"]) == 0
+    assert "only closed-loop results" in capsys.readouterr().out
 
 
 def test_a_hub_tokenizer_missing_offline_is_one_line(corpus, tmp_path, monkeypatch, capsys):

@@ -40,6 +40,7 @@ class InstanceProcess:
     state: str = "starting"  # starting -> loaded -> warming -> ready -> running -> done
     call_ns: int = 0  # a warm call's duration, from its ready event
     done: int = 0  # timed calls completed, from progress events
+    single_ns: int | None = None  # serving: one warm query at sequence_length, from its ready event
     result: dict | None = None
 
     def stderr_tail(self) -> str:
@@ -174,6 +175,7 @@ class Launcher:
                                          traceback=event.get("traceback")))
         if kind == "ready":
             inst.state, inst.call_ns = "ready", int(event.get("call_ns") or 0)
+            inst.single_ns = event.get("single_ns")
             if all(i.state == "ready" for i in self.instances.values()):
                 self._start_all(outcome)
         elif kind == "progress":

@@ -303,7 +303,7 @@ def _finish_server(record: TrialRecord, trial: Trial, server: Server, outcome: L
     if outcome.failure:
         record.partial = Partial(outcome.states, sorted(outcome.results))
         record.fail(outcome.failure)
-    elif not server.outcome.steps:
+    elif not server.outcome.steps and not server.outcome.unreachable:
         record.fail(Failure("error", "LoadGen ran no test"))
 
 

@@ -125,6 +125,7 @@ class ServeOutcome:
     steps: list[StepResult] = field(default_factory=list)
     batch_rows: list[tuple] = field(default_factory=list)
     logs: dict[str, bytes] = field(default_factory=dict)
+    unreachable: str | None = None  # target_qps=auto found no rate worth testing, and why
 
 
 class Server:
@@ -169,8 +170,11 @@ class Server:
         try:
             time.sleep(max(start_ns - time.perf_counter_ns(), 0) / 1e9)
             if self.cfg.scenario == "server" and self.cfg.target_qps == "auto":
+                self.outcome.unreachable = self._unreachable()
+                if self.outcome.unreachable:
+                    return
                 search(self._step, self._first_guess(), self.cfg.server.search_precision, self.cfg.server.max_steps,
-                       self.outcome.steps, floor_qps(self.cfg))
+                       self.outcome.steps, floor_qps(self.cfg), self.cfg.slo_p99_ms)
             else:
                 self.outcome.steps.append(self._step(self.cfg.target_qps if self.cfg.scenario == "server" else None))
         except BaseException as exc:  # noqa: BLE001 - reported through the launcher's loop
@@ -178,6 +182,19 @@ class Server:
         finally:
             self.launcher.tell_all_quietly("stop")
             self.finished.set()
+
+    def _unreachable(self) -> str | None:
+        """Why no rate can meet the SLO, when one query alone (batch 1, warm, at the one length every query has)
+        already takes longer on the fastest instance: its p99 can only be higher."""
+        single = [inst.single_ns for inst in self.launcher.instances.values() if inst.single_ns]
+        if not single or len(set(self.lengths.tolist())) != 1 or self.lengths[0] != self.cfg.sequence_length:
+            return None
+        fastest_ms = min(single) / 1e6
+        if fastest_ms <= self.cfg.slo_p99_ms:
+            return None
+        return (f"one query alone takes {fastest_ms:.1f} ms on the fastest instance (batch 1, warm, "
+                f"{self.cfg.sequence_length} tokens), over the SLO of {self.cfg.slo_p99_ms:g} ms: no arrival rate "
+                "can meet it; use more cores per instance or a smaller model")
 
     def _first_guess(self) -> float:
         """Half the instances' warm capacity at a full batch: a guess the bracket corrects either way."""
@@ -350,7 +367,8 @@ def floor_qps(cfg) -> float:
     return cfg.server.min_query_count / (0.5 * cfg.timeout)
 
 
-def search(step, first: float, precision: float, max_steps: int, steps: list, floor: float = 0.0) -> float | None:
+def search(step, first: float, precision: float, max_steps: int, steps: list, floor: float = 0.0,
+           slo_ms: float | None = None) -> float | None:
     """Bracket (double until a step misses the SLO, halve until one meets it) then bisect until the bracket is
     within `precision` of its low end; every step is appended to `steps`. Returns the highest QPS that met it.
     Halving stops below `floor` (a LoadGen test there would outlast the timeout)."""
@@ -363,6 +381,8 @@ def search(step, first: float, precision: float, max_steps: int, steps: list, fl
             low = qps if low is None else max(low, qps)
         else:
             high = qps if high is None else min(high, qps)
+            if low is None and slo_ms is not None and (result.latency_ms or {}).get("min", 0) > slo_ms:
+                break  # even the fastest query missed: lower rates cannot help
         if low is None:
             qps = high / 2
         elif high is None:
@@ -418,6 +438,7 @@ def summarise(cfg, outcome: ServeOutcome, queries: dict) -> dict:
         "max_valid_qps": max((s["target_qps"] for s in met), default=None),
         "latency_ms": (max(met, key=lambda s: s["target_qps"]) if met else last).get("latency_ms", {}),
         "steps": steps, "load_curve": curve, "knee_qps": knee(curve), "search_floor_qps": floor_qps(cfg),
+        "unreachable": outcome.unreachable,
         "batching": {"max_batch": cfg.server.max_batch, "max_queue_ms": cfg.server.max_queue_ms,
                      "max_batch_tokens": cfg.server.max_batch_tokens, "pad": cfg.pad, "batches": int(len(rows)),
                      "mean_rows": float(rows.mean()), "max_rows": int(rows.max()),

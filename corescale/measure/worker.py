@@ -133,11 +133,10 @@ def run_instance(job: dict, control: Control) -> None:
         return
     warm = warm_up(call, cfg.warmup, progress=lambda n: control.send("warmup", done=n))
     durations = list(warm.durations_ns)
-    if serving:
-        warm_shapes(backend, model, cfg, batch)
+    single_ns = warm_shapes(backend, model, cfg, batch) if serving else None
     stable = sorted(durations[-cfg.warmup.window:])
     control.send("ready", warmup_iterations=len(durations), converged=warm.converged,
-                 call_ns=stable[len(stable) // 2])
+                 call_ns=stable[len(stable) // 2], single_ns=single_ns)
     start_ns = keep_warm(call, control, durations)
     if start_ns is None:
         return
@@ -228,7 +227,7 @@ class TokenCount:
         return sum(done) / (len(done) * batch) if done else 0.0
 
 
-def warm_shapes(backend, model, cfg, max_batch: int) -> None:
+def warm_shapes(backend, model, cfg, max_batch: int) -> int | None:
     """Serving meets every batch size up to max_batch (and, padded to buckets, every bucket length): each is
     called twice before the start, so no first-call cost at a new shape lands in the measured latencies."""
     from corescale.workload.inputs import make_inputs
@@ -239,11 +238,16 @@ def warm_shapes(backend, model, cfg, max_batch: int) -> None:
     lengths = {cfg.sequence_length}
     if cfg.pad == "bucket":
         lengths |= {edge for edge in BUCKET_EDGES if edge < cfg.sequence_length}
+    single_ns = None
     for rows in sizes:
         for length in sorted(lengths):
             prepared = backend.prepare(make_inputs(model, rows, length, cfg.seed))
             for _ in range(2):
+                began = time.perf_counter_ns()
                 backend.forward(prepared)
+                if rows == 1 and length == cfg.sequence_length:
+                    single_ns = time.perf_counter_ns() - began  # the second call: warm
+    return single_ns
 
 
 def serve(backend, model, queries, control: Control, job: dict, spec, load_seconds: float, warm,

@@ -89,6 +89,8 @@ def server_table(table: Table, record: TrialRecord) -> Table:
     if s["scenario"] == "server" and s["target_qps"] == "auto":
         found = f"{s['max_valid_qps']:.4g}" if s["max_valid_qps"] else "none"
         table.add_row("max valid QPS", found, f"p99 <= {s['slo_p99_ms']:g} ms, {len(s['steps'])} LoadGen tests")
+        if s.get("unreachable"):
+            table.add_row("not searched", "", escape(s["unreachable"]))
         if s.get("knee_qps"):
             table.add_row("load curve knee (QPS)", f"{s['knee_qps']:.4g}", "where p99 turns up")
     elif s["scenario"] == "server":

@@ -182,7 +182,7 @@ def answer(table: pd.DataFrame, machine: Machine, slo_p99_ms: float | None) -> s
         return (f"no measured layout{condition} on {machine.name}; the lowest p99 is "
                 f"{fastest['latency_p99_ms']:.1f} ms ({fastest['layout']})" + closed_loop_note(table, slo_p99_ms))
     where = machine.name if best["basis"] == MEASURED else f"{machine.name} (projection: {best['copies']} copies)"
-    rate = "max valid QPS (LoadGen server)" if best.get("scenario") == "server" else "samples/s"
+    rate = "QPS (LoadGen server, p99 within its SLO)" if best.get("scenario") == "server" else "samples/s"
     return (f"cheapest measured layout{condition}: {best['layout']} on {where}: "
             f"${best['cost_per_1m_usd']:.4g} per 1M inferences at {best['machine_samples_per_s']:.1f} {rate}, "
             f"p99 {best['latency_p99_ms']:.1f} ms (${machine.price_per_hour:g}/h)"
