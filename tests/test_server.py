@@ -117,6 +117,19 @@ def test_search_stops_at_max_steps_and_reports_none_when_nothing_met():
     assert len(steps) == 5 and all(not s.meets_slo for s in steps)
 
 
+def test_search_stops_halving_once_even_the_fastest_query_missed():
+    def step(qps):
+        return types.SimpleNamespace(target_qps=qps, meets_slo=False, latency_ms={"min": 300.0})
+    steps = []
+    assert search(step, 100.0, 0.01, 10, steps, slo_ms=130.0) is None and len(steps) == 1
+    steps = []
+    assert search(step, 100.0, 0.01, 10, steps, floor=30.0, slo_ms=500.0) is None
+    assert [s.target_qps for s in steps] == [100.0, 50.0]  # 25 is below the floor
+    steps = []
+    search(_fake_step(1000.0), 1.0, 0.01, 1, steps, floor=40.0)
+    assert steps[0].target_qps == 40.0  # a first guess below the floor starts at the floor
+
+
 def test_knee_is_where_p99_turns_up():
     curve = [{"target_qps": q, "p99": p} for q, p in ((10, 20), (20, 21), (40, 23), (60, 26), (70, 200), (80, 400))]
     assert knee(curve) == 60
@@ -222,8 +235,8 @@ def test_cost_prices_server_results_under_the_slo(served, capsys):
 def test_target_qps_auto_converges(tmp_path):
     from corescale.measure.runner import prepare_trial
 
-    cfg = compose([*SERVE, "target_qps=auto", "slo_p99_ms=1000", "server.search_precision=0.3",
-                   "server.max_steps=6", "duration=0.5", "timeout=60", f"output_dir={tmp_path}"])
+    cfg = compose([*SERVE, "target_qps=auto", "slo_p99_ms=5000", "server.search_precision=0.3",
+                   "server.max_steps=6", "duration=0.5", "timeout=120", f"output_dir={tmp_path}"])
     outcome = execute(prepare_trial(cfg))
     assert outcome.ok, outcome.record.reason
     server = outcome.record.server

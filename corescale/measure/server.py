@@ -373,7 +373,7 @@ def search(step, first: float, precision: float, max_steps: int, steps: list, fl
     within `precision` of its low end; every step is appended to `steps`. Returns the highest QPS that met it.
     Halving stops below `floor` (a LoadGen test there would outlast the timeout)."""
     low = high = None
-    qps = first
+    qps = max(first, floor)
     while len(steps) < max_steps and qps >= floor:
         result = step(qps)
         steps.append(result)

@@ -219,8 +219,9 @@ def environment_html(frame: pd.DataFrame) -> str:
 
 def highlights_html(frame: pd.DataFrame) -> str:
     ok = ok_rows(frame)
+    ok = ok[ok["latency_p50_ms"].notna() & ok["throughput_samples_per_s"].notna()]  # closed-loop figures only
     if ok.empty:
-        return '<p class="note">No successful result yet.</p>'
+        return '<p class="note">No successful closed-loop result yet.</p>'
     items = []
     for model, rows in ok.groupby("model"):
         fast = rows.loc[rows["latency_p50_ms"].idxmin()]
