@@ -294,6 +294,7 @@ def test_settings(cfg, qps: float | None, min_queries: int, expected_latency_ns:
     settings.mode = lg.TestMode.PerformanceOnly
     settings.min_duration_ms = int(cfg.duration * 1000)
     settings.min_query_count = int(min_queries)
+    settings.max_duration_ms = int(cfg.timeout * 500)  # a test stops issuing at half the timeout (see floor_qps)
     settings.qsl_rng_seed = settings.sample_index_rng_seed = settings.schedule_rng_seed = cfg.seed
     if qps is None:
         settings.scenario = lg.TestScenario.SingleStream
