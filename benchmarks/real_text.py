@@ -6,7 +6,8 @@ The corpus is the prose of the installed packages' descriptions (every *.dist-in
 least 5 words; real English with a long-tailed length distribution); a WordPiece tokenizer is trained on it
 (`tokenizers`, no hub) and saved as a local BertTokenizerFast. The closed loop (offline) then runs with
 pad=max (each batch to its longest), pad=bucket (to 16/32/64/128) and pad=sorted (length-sorted batches),
-alternated over --repeats rounds in fresh processes; prints samples/s, real tokens/s and padding waste (medians).
+alternated over --repeats rounds in fresh processes; every timed window covers each batch of the query set at
+least once (in a seeded random order); prints samples/s, real tokens/s and padding waste (medians).
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--duration", type=float, default=10.0)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--samples", type=int, default=256, help="queries; each window covers all their batches")
     parser.add_argument("--output", default=None)
     args = parser.parse_args()
 
@@ -69,7 +71,7 @@ def main() -> int:
     tokenizer = tokenizer_dir(texts, out)
     base = [f"model={args.model}", f"sequence_length={args.sequence_length}", f"batch_size={args.batch}",
             f"duration={args.duration}", f"output_dir={out / 'results'}", "calibrate=false",
-            f"workload={out / 'corpus.txt'}", f"workload.tokenizer={tokenizer}", "workload.samples=2048"]
+            f"workload={out / 'corpus.txt'}", f"workload.tokenizer={tokenizer}", f"workload.samples={args.samples}"]
     trials = {pad: prepare_trial(compose([*base, f"pad={pad}"])) for pad in POLICIES}
     lengths = trials["max"].queries.summary()
     runs: dict[str, list] = {pad: [] for pad in POLICIES}

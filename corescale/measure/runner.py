@@ -284,8 +284,8 @@ def _metrics(trial: Trial, instances: list[InstanceSamples], start_ns: int) -> t
     length = trial.cfg.sequence_length
     padded = [inst.report.get("padded_tokens_per_sample") for inst in instances]
     if all(padded):  # a query set: the work done is at the lengths the batches were padded to
-        length = max(int(round(sum(padded) / len(padded))), 1)
-    metrics = run_metrics(instances, start_ns, length, forward_flops(trial.model, 1, length))
+        length = sum(padded) / len(padded)
+    metrics = run_metrics(instances, start_ns, length, forward_flops(trial.model, 1, max(int(round(length)), 1)))
     return metrics, samples_frame(instances, (metrics.window_start_ns, metrics.window_end_ns))
 
 

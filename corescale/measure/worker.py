@@ -147,7 +147,7 @@ def run_instance(job: dict, control: Control) -> None:
     watch.start()
     cpu_before = process_cpu_seconds()
     with open(f"{spec.samples_path}.stream", "wb") as stream:  # the parent reads it if this process dies
-        samples = timed_loop(call, start_ns, cfg.duration, cfg.min_iterations,
+        samples = timed_loop(call, start_ns, cfg.duration, max(cfg.min_iterations, len(tokens.batches)),
                              progress=lambda n: control.send("progress", done=n), stream=stream)
     own_cpu = process_cpu_seconds() - cpu_before
     wall = (samples.ends_ns[-1] - start_ns) / 1e9
@@ -206,7 +206,7 @@ class TokenCount:
         from corescale.workload.samples import batch_inputs, offline_batches, pad_id, padded_length
 
         prepared = []
-        for rows in offline_batches(queries.lengths, batch, cfg.pad, cfg.seed):
+        for rows in offline_batches(queries.lengths, batch, cfg.pad, cfg.seed):  # in a seeded random order
             chosen = [queries.ids[i] for i in rows]
             length = padded_length([len(q) for q in chosen], cfg.pad, cfg.sequence_length)
             prepared.append(backend.prepare(batch_inputs(chosen, length, pad_id(model), model.takes_token_type_ids)))

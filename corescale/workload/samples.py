@@ -220,15 +220,21 @@ def batch_inputs(queries: list[np.ndarray], length: int, pad_id: int, token_type
 
 def offline_batches(lengths: np.ndarray, batch: int, pad: str, seed: int) -> list[list[int]]:
     """The closed loop's batches over a query set: in draw order (max), grouped by length bucket (bucket, each
-    batch from one bucket) or length-sorted (sorted); every query once, the last batches topped up by wrapping."""
+    batch from one bucket) or length-sorted (sorted); every query once, the last batch of a group topped up by
+    wrapping. The batches come in a seeded random order, so a window that covers only some of them is not
+    biased towards the short (or long) ones."""
     order = np.arange(len(lengths))
     if pad == "sorted":
         order = np.argsort(lengths, kind="stable")
-    elif pad == "bucket":
+    if pad == "bucket":
         edges = np.searchsorted(BUCKET_EDGES, lengths)
         groups = [order[edges == e] for e in np.unique(edges)]
-        return [list(map(int, np.resize(g[i:i + batch], batch))) for g in groups for i in range(0, len(g), batch)]
-    return [list(map(int, np.resize(order[i:i + batch], batch))) for i in range(0, len(order), batch)]
+    else:
+        groups = [order]
+    batches = [list(map(int, np.resize(g[i:i + batch], batch))) for g in groups
+               for i in range(0, len(g), batch)]
+    permutation = np.random.default_rng(seed).permutation(len(batches))
+    return [batches[i] for i in permutation]
 
 
 def pad_id(model) -> int:
