@@ -20,6 +20,8 @@ OPENMP_RUNTIMES = ("default", "gnu", "intel")
 OPENMP_BACKENDS = ("pytorch", "torchscript", "torch_compile")  # the backends whose kernels run on OpenMP threads
 REPEAT_ORDERS = ("interleaved", "shuffled")
 LAYOUTS = ("none", "latency", "throughput", "max")
+SCENARIOS = ("offline", "single_stream", "server")  # offline: closed loop; the others: MLPerf LoadGen drives load
+PAD_POLICIES = ("max", "bucket", "sorted")
 # 0.1's flat backend options -> (backend, option in its group)
 RENAMED_OPTIONS = {
     "compile_mode": ("torch_compile", "mode"),
@@ -71,6 +73,28 @@ EXECUTORS = {"local": ExecutorConfig, "ray": RayExecutorConfig}
 
 
 @dataclass
+class ServerConfig:
+    """`scenario=server|single_stream`: each instance's dynamic batcher and LoadGen's settings (docs/server.md)."""
+
+    max_batch: int = 8  # queries one instance call may take
+    max_queue_ms: float = 2.0  # how long the oldest waiting query may wait for a batch to fill
+    max_batch_tokens: Optional[int] = None  # padded tokens per call (rows x padded length); None = no budget
+    min_query_count: int = 1024  # LoadGen's minimum per test (its minimum duration is `duration`)
+    search_precision: float = 0.05  # target_qps=auto stops when (hi - lo) / lo is below this
+    max_steps: int = 12  # LoadGen tests target_qps=auto may run
+
+
+@dataclass
+class WorkloadConfig:
+    """What the queries hold: random ids of sequence_length (default), a length distribution or real text."""
+
+    source: Optional[str] = None  # file.txt | file.jsonl:FIELD | file.csv:COLUMN (`workload=PATH` for short)
+    tokenizer: Optional[str] = None  # local dir or hub id (cached); default: the model's own when it has one
+    lengths: Optional[str] = None  # 'uniform(A,B)' or a histogram file of `length,count` lines
+    samples: int = 1024  # distinct queries drawn (seeded); texts beyond this are not used
+
+
+@dataclass
 class BenchmarkConfig:
     model: str = "bert-base"
     # `backend=NAME backend.OPTION=VALUE`; the field holds the base type so Hydra can merge any backend's node
@@ -108,6 +132,13 @@ class BenchmarkConfig:
     cache_dir: str = "~/.cache/corescale"
     drift_tolerance: Optional[float] = None  # max_rel_error allowed vs the reference; None = the precision's
     executor: ExecutorConfig = field(default_factory=ExecutorConfig)
+    # scenario and workload (docs/server.md)
+    scenario: str = "offline"
+    target_qps: Any = None  # a number, or "auto": the highest QPS whose p99 meets slo_p99_ms
+    slo_p99_ms: Optional[float] = None
+    server: ServerConfig = field(default_factory=ServerConfig)
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    pad: str = "max"  # max: to the batch's longest | bucket: to a length bucket | sorted: length-sorted batches
 
     def __post_init__(self) -> None:
         if isinstance(self.backend, str):  # Python API: BenchmarkConfig(backend="openvino")
@@ -124,6 +155,8 @@ class BenchmarkConfig:
         data["warmup"] = WarmupConfig(**data.get("warmup", {}))
         data["executor"] = executor_from_dict(data.get("executor") or {})
         data["backend"] = backend_from_dict(data.get("backend") or {})
+        data["server"] = ServerConfig(**data.get("server") or {})
+        data["workload"] = WorkloadConfig(**data.get("workload") or {})
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
 
@@ -147,6 +180,7 @@ class BenchmarkConfig:
         node_type = getattr(self.executor, "node_type", None)
         if node_type:
             flat["executor.node_type"] = node_type
+        flat.update(scenario_measured(self))
         return flat
 
     def key(self) -> str:
@@ -155,11 +189,26 @@ class BenchmarkConfig:
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+def scenario_measured(cfg: BenchmarkConfig) -> dict[str, Any]:
+    """The scenario's and workload's fields, only where they differ from the closed loop on random ids (so the
+    keys of every earlier result stay what they were)."""
+    flat: dict[str, Any] = {}
+    if cfg.scenario != "offline":
+        flat.update(scenario=cfg.scenario, target_qps=cfg.target_qps, slo_p99_ms=cfg.slo_p99_ms)
+        flat.update(flatten({"server": dataclasses.asdict(cfg.server)}))
+    if cfg.workload != WorkloadConfig() or cfg.pad != "max":
+        flat.update(flatten({"workload": dataclasses.asdict(cfg.workload)}), pad=cfg.pad)
+    return flat
+
+
+SCENARIO_FIELDS = ("scenario", "target_qps", "slo_p99_ms", "server", "workload", "pad")
+
+
 def is_measured(column: str) -> bool:
     """Whether a flattened config column is part of what measured() (and so key()) covers; `backend` is the
     results table's name for backend.name."""
     top = column.split(".", 1)[0]
-    return top in MEASURED_FIELDS or top == "backend" or column == "executor.node_type"
+    return top in MEASURED_FIELDS or top in SCENARIO_FIELDS or top == "backend" or column == "executor.node_type"
 
 
 def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -260,7 +309,47 @@ def validate(cfg: BenchmarkConfig) -> BenchmarkConfig:
         )
     _check_seed(cfg.seed)
     _check_timeout(cfg)
+    _validate_scenario(cfg)
     return cfg
+
+
+MAX_TARGET_QPS = 1e6
+
+
+def _validate_scenario(cfg: BenchmarkConfig) -> None:
+    _one_of("scenario", cfg.scenario, SCENARIOS)
+    _one_of("pad", cfg.pad, PAD_POLICIES)
+    qps, server = cfg.target_qps, cfg.server
+    if cfg.scenario != "server" and (qps is not None or cfg.slo_p99_ms is not None):
+        raise UserError(f"target_qps and slo_p99_ms apply to scenario=server (got scenario={cfg.scenario}); "
+                        "add scenario=server or leave them out")
+    if cfg.scenario == "server":
+        if qps is None:
+            raise UserError("scenario=server needs target_qps=QPS (a number > 0) or target_qps=auto "
+                            "(with slo_p99_ms=MS)")
+        if qps == "auto":
+            if cfg.slo_p99_ms is None:
+                raise UserError("target_qps=auto searches the highest QPS whose p99 meets an SLO: give "
+                                "slo_p99_ms=MS (MLPerf's bound for BERT is 130)")
+        elif isinstance(qps, bool) or not isinstance(qps, (int, float)) or not 0 < qps <= MAX_TARGET_QPS:
+            raise UserError(f"target_qps must be a number in (0, {MAX_TARGET_QPS:g}] or auto (got {qps})")
+    if cfg.slo_p99_ms is not None:
+        _positive("slo_p99_ms", cfg.slo_p99_ms)
+    if server.max_batch < 1 or server.max_batch > 4096:
+        raise UserError(f"server.max_batch must be a whole number from 1 to 4096 (got {server.max_batch})")
+    if server.max_queue_ms < 0:
+        raise UserError(f"server.max_queue_ms must be >= 0 (got {server.max_queue_ms})")
+    if server.max_batch_tokens is not None and server.max_batch_tokens < cfg.sequence_length:
+        raise UserError(f"server.max_batch_tokens={server.max_batch_tokens} cannot hold one query of up to "
+                        f"sequence_length={cfg.sequence_length} tokens; allowed: >= {cfg.sequence_length}")
+    _positive("server.min_query_count", server.min_query_count)
+    if not 0 < server.search_precision < 1 or server.max_steps < 2:
+        raise UserError("server.search_precision must be in (0, 1) and server.max_steps >= 2 "
+                        f"(got {server.search_precision}, {server.max_steps})")
+    if not 1 <= cfg.workload.samples <= 1_000_000:
+        raise UserError(f"workload.samples must be from 1 to 1000000 (got {cfg.workload.samples})")
+    if cfg.workload.source and cfg.workload.lengths:
+        raise UserError("give either workload (a text file) or workload.lengths (a length distribution), not both")
 
 
 def _check_finite(node: Any, prefix: str = "") -> None:

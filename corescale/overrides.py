@@ -80,6 +80,20 @@ def assignment(key: str, value) -> str:
     return f"{key}='" + text.replace("'", "\\'") + "'"
 
 
+def shorthand(overrides: list[str]) -> list[str]:
+    """`workload=PATH[:FIELD]` sets workload.source; `workload.lengths=uniform(A,B)` is quoted for Hydra (whose
+    grammar would read it as a function call)."""
+    out = []
+    for override in overrides:
+        key, _, value = override.partition("=")
+        if key == "workload" and value:
+            override = f"workload.source={value}"
+        elif key == "workload.lengths" and value[:1] not in ("'", '"') and "(" in value:
+            override = assignment(key, value)
+        out.append(override)
+    return out
+
+
 def check_renamed(overrides: list[str]) -> None:
     """0.1's flat backend options name their new spelling."""
     for override in overrides:
@@ -130,6 +144,7 @@ def compose(overrides: list[str]) -> BenchmarkConfig:
     from hydra.core.global_hydra import GlobalHydra
 
     register_hydra_schema()
+    overrides = shorthand(overrides)
     check_renamed(overrides)
     parse_overrides(overrides)
     GlobalHydra.instance().clear()
@@ -153,5 +168,5 @@ def expand_sweep(overrides: list[str]) -> list[list[str]]:
     """Cartesian product of swept values, in Hydra's BasicSweeper order."""
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 
-    batches = BasicSweeper.split_arguments(parse_overrides(overrides), None)
+    batches = BasicSweeper.split_arguments(parse_overrides(shorthand(overrides)), None)
     return [trial for batch in batches for trial in batch]

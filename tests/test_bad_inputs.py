@@ -78,6 +78,7 @@ def place(tmp_path_factory):
     _model_dirs(base)
     _catalogs(base)
     _results(base, root)
+    _workloads(base)
     return {"base": base, "root": root}
 
 
@@ -249,6 +250,61 @@ CASES = [
     ("tune-layout", ["tune", *FAST, "layout=max"], "tune sets layout itself"),
     ("tune-output-proc", ["tune", *FAST, "output_dir=/proc/corescale-x"], "cannot write output_dir"),
 ]
+
+
+SERVER = [*RUN, "scenario=server"]
+TEXTS = "workload={base}/texts.jsonl:text"
+CASES += [
+    # scenario=server, target_qps, SLO, dynamic batching
+    ("server-qps-zero", [*SERVER, "target_qps=0"], "target_qps must be a number in (0, 1e+06] or auto (got 0)"),
+    ("server-qps-negative", [*SERVER, "target_qps=-5"], "target_qps must be a number in (0"),
+    ("server-qps-nan", [*SERVER, "target_qps=nan"], "target_qps=nan is not a finite number"),
+    ("server-qps-inf", [*SERVER, "target_qps=inf"], "target_qps=inf is not a finite number"),
+    ("server-qps-word", [*SERVER, "target_qps=fast"], "or auto (got fast)"),
+    ("server-qps-huge", [*SERVER, "target_qps=1e12"], "target_qps must be a number in (0"),
+    ("server-no-qps", SERVER, "scenario=server needs target_qps=QPS"),
+    ("server-auto-no-slo", [*SERVER, "target_qps=auto"], "give slo_p99_ms=MS"),
+    ("server-slo-zero", [*SERVER, "target_qps=auto", "slo_p99_ms=0"], "slo_p99_ms must be > 0"),
+    ("server-slo-nan", [*SERVER, "target_qps=auto", "slo_p99_ms=nan"], "slo_p99_ms=nan is not a finite number"),
+    ("server-max-batch-zero", [*SERVER, "target_qps=5", "server.max_batch=0"],
+     "server.max_batch must be a whole number from 1 to 4096 (got 0)"),
+    ("server-queue-negative", [*SERVER, "target_qps=5", "server.max_queue_ms=-1"], "server.max_queue_ms must be >= 0"),
+    ("server-token-budget-small", [*SERVER, "target_qps=5", "server.max_batch_tokens=4"],
+     "cannot hold one query of up to sequence_length=32"),
+    ("offline-with-qps", [*RUN, "target_qps=5"], "target_qps and slo_p99_ms apply to scenario=server"),
+    ("scenario-unknown", [*RUN, "scenario=online"], "unknown scenario 'online'; allowed: offline, single_stream"),
+    ("sweep-server-qps-nan", ["run", "-m", *SERVER[1:], "target_qps=5,nan"], "target_qps=nan is not a finite"),
+    # workloads
+    ("workload-missing", [*RUN, "workload={base}/nowhere.txt"], "does not exist"),
+    ("workload-empty", [*RUN, "workload={base}/empty.txt"], "holds no text"),
+    ("workload-blank-lines", [*RUN, "workload={base}/blank.txt"], "holds no text"),
+    ("workload-no-field", [*RUN, "workload={base}/texts.jsonl:body", "workload.tokenizer={base}"],
+     "lacks the field 'body'; its fields: text"),
+    ("workload-no-field-named", [*RUN, "workload={base}/texts.jsonl"], "say which field holds the text"),
+    ("workload-no-column", [*RUN, "workload={base}/texts.csv:body"], "has no column 'body'; its columns: id, text"),
+    ("workload-not-json", [*RUN, "workload={base}/broken.jsonl:text"], "broken.jsonl:2 is not a JSON line"),
+    ("workload-preset-no-tokenizer", [*RUN, TEXTS], "is a preset without a tokenizer"),
+    ("workload-tokenizer-missing", [*RUN, TEXTS, "workload.tokenizer={base}/no-tokenizer"],
+     "tokenizer directory '"),
+    ("workload-tokenizer-not-one", [*RUN, TEXTS, "workload.tokenizer={base}/big_hidden"], "cannot be found"),
+    ("workload-and-lengths", [*RUN, TEXTS, "workload.lengths=uniform(8,16)"], "not both"),
+    ("lengths-zero", [*RUN, "workload.lengths=uniform(0,16)"], "need 1 <= A <= B <= sequence_length=32"),
+    ("lengths-beyond", [*RUN, "workload.lengths=uniform(8,1000)"], "need 1 <= A <= B <= sequence_length=32"),
+    ("lengths-histogram-missing", [*RUN, "workload.lengths={base}/nowhere.csv"], "nor a histogram file"),
+    ("lengths-histogram-nan", [*RUN, "workload.lengths={base}/nan-histogram.csv"], "count a finite number"),
+    ("workload-samples-zero", [*RUN, "workload.samples=0"], "workload.samples must be from 1 to 1000000"),
+    ("pad-unknown", [*RUN, "pad=left"], "unknown pad 'left'; allowed: max, bucket, sorted"),
+]
+
+
+def _workloads(base: Path) -> None:
+    """Workload files that are wrong in one way each."""
+    (base / "empty.txt").write_text("")
+    (base / "blank.txt").write_text("\n  \n\n")
+    (base / "texts.jsonl").write_text('{"text": "a b c"}\n{"text": "d e"}\n')
+    (base / "texts.csv").write_text("id,text\n1,a b c\n")
+    (base / "broken.jsonl").write_text('{"text": "a"}\n{nope\n')
+    (base / "nan-histogram.csv").write_text("length,count\n16,nan\n")
 
 
 def _argv(argv: list[str], place: dict, out: Path) -> list[str]:

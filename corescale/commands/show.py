@@ -23,7 +23,7 @@ def handle(args) -> int:
     from corescale.results.files import read_result
 
     record = read_result(args.path)
-    if record.ok and record.metrics is None:
+    if record.ok and record.metrics is None and record.server is None:
         raise UserError(f"malformed result '{args.path}': its status is ok but it holds no metrics")
     if args.json:
         print(json.dumps(record.to_json(), indent=2, default=str))

@@ -41,6 +41,7 @@ class InstanceProcess:
     state: str = "starting"  # starting -> loaded -> warming -> ready -> running -> done
     call_ns: int = 0  # a warm call's duration, from its ready event
     done: int = 0  # timed calls completed, from progress events
+    single_ns: int | None = None  # serving: one warm query at sequence_length, from its ready event
     result: dict | None = None
 
     def stderr_tail(self) -> str:
@@ -71,18 +72,21 @@ class InstanceFailed(Exception):
 
 
 class Launcher:
-    def __init__(self, work_dir: Path, timeout_s: float, on_event: EventHandler | None = None,
-                 forkservers: RepeatServers | None = None):
+    def __init__(self, work_dir: Path, timeout_s: float, on_event: EventHandler | None = None, server=None,
+                 job: dict | None = None, forkservers: RepeatServers | None = None):
         self.work_dir = work_dir
         self.forkservers = forkservers
         self.timeout_s = timeout_s
         self.on_event = on_event or (lambda instance, event: None)
         self.instances: dict[int, InstanceProcess] = {}
+        self.server = server  # measure/server.py's Server: serves LoadGen's queries once every instance is ready
+        self.job = job or {}  # more for every worker's job file (the query set's path)
+        self.deadline = 0.0
 
     def start(self, specs: list[InstanceSpec], cfg, model) -> None:
         preload = instance_env.preload_paths(cfg)  # a missing library is a UserError before anything starts
         job = {"config": cfg.to_dict(), "model": dataclasses.asdict(model),
-               "trial_cpus": sorted(c for spec in specs for c in spec.cpus)}  # siblings there are not foreign
+               "trial_cpus": sorted(c for spec in specs for c in spec.cpus), **self.job}  # siblings: not foreign
         for spec in specs:
             spec_path = self.work_dir / f"instance-{spec.id}.json"
             spec_path.write_text(json.dumps({**job, "instance": spec.to_json()}))
@@ -114,6 +118,8 @@ class Launcher:
             outcome.failure = Failure("interrupted", f"interrupted by {what}: every instance was stopped")
             outcome.interrupted = stop
         finally:
+            if self.server is not None:
+                self.server.abort()
             self.stop_all()
             outcome.results = {i: {**p.result, "launch": p.launch} for i, p in self.instances.items()
                                if p.result is not None}
@@ -122,15 +128,17 @@ class Launcher:
         return outcome
 
     def _supervise(self, outcome: LaunchOutcome) -> None:
-        deadline = time.monotonic() + self.timeout_s
+        self.extend_deadline()
         selector = selectors.DefaultSelector()
         for inst in self.instances.values():
             os.set_blocking(inst.process.stdout.fileno(), False)
             selector.register(inst.process.stdout, selectors.EVENT_READ, inst)
         while any(inst.state != "done" for inst in self.instances.values()):
-            remaining = deadline - time.monotonic()
+            remaining = self.deadline - time.monotonic()
             if remaining <= 0:
                 self._timed_out()
+            if self.server is not None and self.server.failure is not None:
+                raise InstanceFailed(self.server.failure)
             for key, _ in selector.select(timeout=min(remaining, 0.5)):
                 inst = key.data
                 chunk = inst.process.stdout.read()
@@ -154,8 +162,15 @@ class Launcher:
         message = f"timed out after {self.timeout_s:g} s (unfinished instances {states})"
         raise InstanceFailed(Failure("timeout", message, first.id, stderr_tail=first.stderr_tail()))
 
+    def extend_deadline(self) -> None:
+        """The timeout runs from now: from the start, and again from each LoadGen test (target_qps=auto)."""
+        self.deadline = time.monotonic() + self.timeout_s
+
     def _handle(self, inst: InstanceProcess, event: dict, outcome: LaunchOutcome) -> None:
         kind = event["event"]
+        if kind == "served":  # one per batch: for the server's dispatcher only
+            self.server.served(inst.id, event)
+            return
         self.on_event(inst.id, {**event, "pid": inst.process.pid})
         if kind == "error":
             message = event["message"]
@@ -166,6 +181,7 @@ class Launcher:
                                          traceback=event.get("traceback")))
         if kind == "ready":
             inst.state, inst.call_ns = "ready", int(event.get("call_ns") or 0)
+            inst.single_ns = event.get("single_ns")
             if all(i.state == "ready" for i in self.instances.values()):
                 self._start_all(outcome)
         elif kind == "progress":
@@ -185,6 +201,22 @@ class Launcher:
         outcome.start_ns = time.perf_counter_ns() + START_DELAY_NS + 2 * slowest
         self._tell_all(f"start {outcome.start_ns}", "running")
         self.on_event(-1, {"event": "started", "start_ns": outcome.start_ns})
+        if self.server is not None:
+            self.server.begin(self, outcome.start_ns)
+
+    def tell(self, instance: int, line: str) -> bool:
+        """One line to one instance (the server's dispatchers); False when it is gone."""
+        try:
+            stdin = self.instances[instance].process.stdin
+            stdin.write(f"{line}\n".encode())
+            stdin.flush()
+            return True
+        except (BrokenPipeError, ValueError, OSError):
+            return False
+
+    def tell_all_quietly(self, line: str) -> None:
+        for instance in self.instances:
+            self.tell(instance, line)
 
     def _tell_all(self, line: str, state: str) -> None:
         for inst in self.instances.values():

@@ -27,11 +27,13 @@ from corescale.machine.topology import Topology
 from corescale.measure.aggregate import InstanceSamples, run_metrics, samples_frame
 from corescale.measure.calibrate import with_peaks
 from corescale.measure.launcher import Launcher, LaunchOutcome
+from corescale.measure.server import Server, batches_csv, summarise
 from corescale.measure.timing import read_pairs
 from corescale.results.files import PendingRun, run_name
-from corescale.results.record import Failure, Partial, Roofline, RunMetrics, TrialRecord, spec_key
+from corescale.results.record import Failure, Partial, Roofline, RunMetrics, TrialRecord, spec_key, trial_key
 from corescale.workload.flops import forward_flops
 from corescale.workload.models import ModelSpec, resolve_model
+from corescale.workload.samples import QuerySet, build_query_set, uses_query_set
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,7 @@ class Trial:
     model: ModelSpec
     plan: Plan
     key: str  # the trial key resume looks up (config key + model identity)
+    queries: QuerySet | None = None  # the queries' token ids, when they are not one fixed random batch
 
     def instance_specs(self, work_dir: Path | None = None) -> list[InstanceSpec]:
         return instance_specs(self.plan, self.cfg.threads, self.cfg.instance_batch_size, work_dir)
@@ -75,8 +78,15 @@ def prepare_trial(cfg: BenchmarkConfig, topology: Topology | None = None, on_nod
                             f"{cfg.instances} instances of layout={cfg.layout}; choose a multiple of {cfg.instances}")
     if on_node or cfg.executor.name == "local":  # a Ray driver's memory says nothing about its nodes'
         check_memory(cfg, model)
+    queries = build_query_set(cfg, model) if uses_query_set(cfg) else None  # files, fields, tokenizer
     check_places(cfg, results=not on_node)  # last: every other check has passed
-    return Trial(cfg, model, placement, spec_key(cfg, model))
+    key = spec_key(cfg, model)
+    if cfg.workload.source:  # the text file's tokens, not only its name
+        import hashlib
+
+        digest = hashlib.sha256(b"".join(q.tobytes() for q in queries.ids)).hexdigest()[:16]
+        key = trial_key(key, {"queries": digest})
+    return Trial(cfg, model, placement, key, queries)
 
 
 def check_threads(cfg: BenchmarkConfig, placement: Plan, topology: Topology) -> None:
@@ -185,13 +195,23 @@ def measure(trial: Trial, on_event=None, host: dict | None = None, forkservers=N
         if trial.cfg.calibrate:  # the yardstick of "% of peak", measured once per CPUs, threads and precision
             specs = with_peaks(specs, trial.cfg, host["cpu"]["isa"], Path(work), PeakCache(trial.cfg.cache_dir))
         record.specs = [spec.to_json() for spec in specs]
-        with housekeeping_cpus(specs):
-            launcher = Launcher(Path(work), trial.cfg.timeout, on_event, forkservers)
-            outcome = launcher.run(specs, trial.cfg, trial.model)
+        job, server = {}, None
+        if trial.queries is not None:
+            trial.queries.save(Path(work) / "queries.npz")
+            job["queries"] = str(Path(work) / "queries.npz")
+        if trial.cfg.scenario != "offline":
+            server = Server(trial.cfg, trial.queries.lengths, Path(work))
+        with housekeeping_cpus(specs) as parent_cpus:
+            outcome = Launcher(Path(work), trial.cfg.timeout, on_event, server, job, forkservers).run(
+                specs, trial.cfg, trial.model)
         if outcome.failure and outcome.failure.kind == "user":
             raise UserError(outcome.failure.message)
         logs = {p.name: p.read_bytes()[-200_000:] for p in Path(work).glob("instance-*.stderr.log")
                 if p.stat().st_size}
+        if server is not None:
+            _finish_server(record, trial, server, outcome, logs, parent_cpus)
+            record.elapsed_s = time.time() - started
+            return Measured(record, None, logs, outcome.interrupted)
         instances = _load_instances(specs, outcome) if outcome.start_ns else []
         metrics, samples = _metrics(trial, instances, outcome.start_ns) if instances else (None, None)
         if outcome.failure:  # keep what finished instances measured, and the calls the others streamed: invalid
@@ -203,6 +223,9 @@ def measure(trial: Trial, on_event=None, host: dict | None = None, forkservers=N
             record.fail(outcome.failure)
         else:
             _finish(record, metrics, [outcome.results[spec.id] for spec in specs])
+        if trial.queries is not None and metrics is not None and metrics.padded_tokens_per_s:
+            record.workload = {**trial.queries.summary(), "pad": trial.cfg.pad, "padding_waste":
+                               1 - metrics.throughput_tokens_per_s / metrics.padded_tokens_per_s}
     record.elapsed_s = time.time() - started
     return Measured(record, samples, logs, outcome.interrupted)
 
@@ -261,20 +284,43 @@ def _load_instances(specs: list[InstanceSpec], outcome: LaunchOutcome) -> list[I
 
 def _metrics(trial: Trial, instances: list[InstanceSamples], start_ns: int) -> tuple[RunMetrics, pd.DataFrame]:
     length = trial.cfg.sequence_length
-    metrics = run_metrics(instances, start_ns, length, forward_flops(trial.model, 1, length))
-    metrics.roofline = roofline_of(trial, metrics, instances)
+    padded = [inst.report.get("padded_tokens_per_sample") for inst in instances]
+    if all(padded):  # a query set: the work done is at the lengths the batches were padded to
+        length = sum(padded) / len(padded)
+    tokens = max(int(round(length)), 1)
+    metrics = run_metrics(instances, start_ns, length, forward_flops(trial.model, 1, tokens))
+    metrics.roofline = roofline_of(trial, metrics, instances, tokens)
     return metrics, samples_frame(instances, (metrics.window_start_ns, metrics.window_end_ns))
 
 
-def roofline_of(trial: Trial, metrics: RunMetrics, instances: list[InstanceSamples]) -> Roofline | None:
-    """The run on the roofline, from each instance's roofs (the peak entry holds its bandwidth)."""
+def roofline_of(trial: Trial, metrics: RunMetrics, instances: list[InstanceSamples], length: int) -> Roofline | None:
+    """The run on the roofline at `length` tokens per sample, from each instance's roofs (the peak entry holds its
+    bandwidth)."""
     from corescale.machine.roofline import position
     from corescale.workload.memory import traffic_bytes
 
-    batch, length = trial.cfg.instance_batch_size, trial.cfg.sequence_length
+    batch = trial.cfg.instance_batch_size
     found = position(metrics.gflops_per_s, forward_flops(trial.model, batch, length),
                      traffic_bytes(trial.model, batch, length, trial.cfg.precision), [inst.peak for inst in instances])
     return Roofline(**found) if found else None
+
+
+def _finish_server(record: TrialRecord, trial: Trial, server: Server, outcome: LaunchOutcome,
+                   logs: dict[str, bytes], parent_cpus) -> None:
+    """The server scenario's record: LoadGen's steps and logs, the batches formed, each instance's report."""
+    logs.update(server.outcome.logs)
+    logs["server-batches.csv"] = batches_csv(server.outcome.batch_rows)
+    record.server = summarise(trial.cfg, server.outcome, trial.queries.summary())
+    record.server["parent"]["cpus"] = sorted(parent_cpus or os.sched_getaffinity(0))
+    record.workload = {**trial.queries.summary(), "pad": trial.cfg.pad,
+                       "padding_waste": record.server["batching"]["padding_waste"]}
+    record.instances = [{k: v for k, v in outcome.results[spec["id"]].items() if k != "event"}
+                        for spec in record.specs if spec["id"] in outcome.results]
+    if outcome.failure:
+        record.partial = Partial(outcome.states, sorted(outcome.results))
+        record.fail(outcome.failure)
+    elif not server.outcome.steps and not server.outcome.unreachable:
+        record.fail(Failure("error", "LoadGen ran no test"))
 
 
 def _finish(record: TrialRecord, metrics: RunMetrics, reports: list[dict]) -> None:

@@ -6,6 +6,9 @@ Run as `python -m corescale.measure.worker JOB.json` by the launcher. Protocol w
   will see -> `ready` (stable, or not: `converged`) -> the instance keeps calling the model (still warm-up) until
   the parent writes `start <perf_counter_ns>` once every instance is ready -> the timed window from that instant.
   `abort` (or end of input) at any point ends the instance.
+- serving (scenario=server|single_stream): from the start instant the instance waits for `batch N I,J,...` lines
+  (query indices into the trial's query set), answers each with a `served` line, and ends at `stop` with its
+  `result`.
 """
 
 from __future__ import annotations
@@ -34,6 +37,9 @@ class Control:
         """Blocks for the parent's next line; its words when it is `word`, None on abort or end of input."""
         line = sys.stdin.readline().split()
         return line if line and line[0] == word else None
+
+    def next_words(self) -> list[str]:
+        return sys.stdin.readline().split()
 
     def pending(self) -> bool:
         return bool(select.select([sys.stdin], [], [], 0)[0])
@@ -100,17 +106,25 @@ def run_instance(job: dict, control: Control) -> None:
     from corescale.backends import create_backend
     from corescale.measure.timing import timed_loop, warm_up
     from corescale.workload.inputs import make_inputs
+    from corescale.workload.samples import QuerySet
 
-    inputs = make_inputs(model, spec.batch_size, cfg.sequence_length, cfg.seed, cfg.padding_fraction)
+    serving = cfg.scenario != "offline"
+    queries = QuerySet.load(job["queries"]) if job.get("queries") else None
+    batch = cfg.server.max_batch if cfg.scenario == "server" else 1 if serving else spec.batch_size
+    inputs = make_inputs(model, batch, cfg.sequence_length, cfg.seed, cfg.padding_fraction)
     backend = create_backend(cfg.backend.name)
     load_start = time.perf_counter()
     backend.load(model, cfg, threads, inputs)
     load_seconds = time.perf_counter() - load_start
     instance_env.verify_mapped(cfg, environment.mapped_libraries(), spec.id)  # asked for = really in
     prepared = backend.prepare(inputs)
+    tokens = TokenCount()
 
     def call():
         return backend.forward(prepared)
+
+    if queries is not None and not serving:  # the closed loop cycles over the query set's padded batches
+        call = tokens.cycle(backend, model, queries, spec.batch_size, cfg)
 
     gc.collect()  # what loading left behind (an exporter's PyTorch model) is not the backend's memory
     hwm_reset = reset_peak_rss()
@@ -119,17 +133,21 @@ def run_instance(job: dict, control: Control) -> None:
         return
     warm = warm_up(call, cfg.warmup, progress=lambda n: control.send("warmup", done=n))
     durations = list(warm.durations_ns)
+    single_ns = warm_shapes(backend, model, cfg, batch) if serving else None
     stable = sorted(durations[-cfg.warmup.window:])
     control.send("ready", warmup_iterations=len(durations), converged=warm.converged,
-                 call_ns=stable[len(stable) // 2])
+                 call_ns=stable[len(stable) // 2], single_ns=single_ns)
     start_ns = keep_warm(call, control, durations)
     if start_ns is None:
         return
+    if serving:
+        return serve(backend, model, queries, control, job, spec, load_seconds, warm, durations)
+    tokens.begin()
     watch = contamination.Watch(cpus, contamination.smt_siblings(cpus, exclude=job.get("trial_cpus", ())))
     watch.start()
     cpu_before = process_cpu_seconds()
     with open(f"{spec.samples_path}.stream", "wb") as stream:  # the parent reads it if this process dies
-        samples = timed_loop(call, start_ns, cfg.duration, cfg.min_iterations,
+        samples = timed_loop(call, start_ns, cfg.duration, max(cfg.min_iterations, len(tokens.batches)),
                              progress=lambda n: control.send("progress", done=n), stream=stream)
     own_cpu = process_cpu_seconds() - cpu_before
     wall = (samples.ends_ns[-1] - start_ns) / 1e9
@@ -141,6 +159,8 @@ def run_instance(job: dict, control: Control) -> None:
              warmup_ns=np.asarray(durations, dtype=np.int64))
     threads_cpus = instance_env.thread_affinities()
     mask = inputs.get("attention_mask")
+    real_per_sample = tokens.per_sample(spec.batch_size) if tokens.batches else (
+        float(mask.sum()) / spec.batch_size if mask is not None else cfg.sequence_length)
     output = backend.to_numpy(call())
     drift = None
     if cfg.reference:
@@ -161,7 +181,8 @@ def run_instance(job: dict, control: Control) -> None:
         peak_rss_bytes=memory.get("VmHWM") if hwm_reset else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         peak_rss_scope="warm-up and window" if hwm_reset else "whole process (load included)",
         rss_bytes=memory.get("VmRSS"),
-        real_tokens_per_sample=float(mask.sum()) / spec.batch_size if mask is not None else cfg.sequence_length,
+        real_tokens_per_sample=real_per_sample,
+        padded_tokens_per_sample=tokens.per_sample(spec.batch_size, padded=True) if tokens.batches else None,
         affinity=sorted(set().union(*threads_cpus.values())),  # every CPU any of its threads may use
         thread_affinity={str(tid): cpus for tid, cpus in threads_cpus.items()},
         framework=backend.info(),
@@ -171,6 +192,102 @@ def run_instance(job: dict, control: Control) -> None:
         output_checksum=float(np.abs(output).astype(np.float64).sum()),
         drift=drift,
     )
+
+
+class TokenCount:
+    """The closed loop over a query set: which padded batch each call ran, to count real and padded tokens."""
+
+    def __init__(self) -> None:
+        self.batches: list[tuple[int, int]] = []  # (real, padded) tokens of each prepared batch
+        self.calls = 0
+        self.first = 0
+
+    def cycle(self, backend, model, queries, batch: int, cfg):
+        from corescale.workload.samples import batch_inputs, offline_batches, pad_id, padded_length
+
+        prepared = []
+        for rows in offline_batches(queries.lengths, batch, cfg.pad, cfg.seed):  # in a seeded random order
+            chosen = [queries.ids[i] for i in rows]
+            length = padded_length([len(q) for q in chosen], cfg.pad, cfg.sequence_length)
+            prepared.append(backend.prepare(batch_inputs(chosen, length, pad_id(model), model.takes_token_type_ids)))
+            self.batches.append((sum(len(q) for q in chosen), len(chosen) * length))
+
+        def call():
+            self.calls += 1
+            return backend.forward(prepared[(self.calls - 1) % len(prepared)])
+        return call
+
+    def begin(self) -> None:
+        self.first = self.calls
+
+    def per_sample(self, batch: int, padded: bool = False) -> float:
+        """Mean over the timed calls (the ones since begin())."""
+        n = len(self.batches)
+        done = [self.batches[i % n][1 if padded else 0] for i in range(self.first, self.calls)]
+        return sum(done) / (len(done) * batch) if done else 0.0
+
+
+def warm_shapes(backend, model, cfg, max_batch: int) -> int | None:
+    """Serving meets every batch size up to max_batch (and, padded to buckets, every bucket length): each is
+    called twice before the start, so no first-call cost at a new shape lands in the measured latencies."""
+    from corescale.workload.inputs import make_inputs
+    from corescale.workload.samples import BUCKET_EDGES
+
+    sizes = range(1, max_batch + 1) if max_batch <= 16 else sorted({1, max_batch} | {2**k for k in range(1, 13)
+                                                                                  if 2**k < max_batch})
+    lengths = {cfg.sequence_length}
+    if cfg.pad == "bucket":
+        lengths |= {edge for edge in BUCKET_EDGES if edge < cfg.sequence_length}
+    single_ns = None
+    for rows in sizes:
+        for length in sorted(lengths):
+            prepared = backend.prepare(make_inputs(model, rows, length, cfg.seed))
+            single = rows == 1 and length == cfg.sequence_length
+            for call in range(4 if single else 2):
+                began = time.perf_counter_ns()
+                backend.forward(prepared)
+                if single and call:  # warm calls: their fastest bounds any query's latency from below
+                    single_ns = min(single_ns or 2**63, time.perf_counter_ns() - began)
+    return single_ns
+
+
+def serve(backend, model, queries, control: Control, job: dict, spec, load_seconds: float, warm,
+          durations: list[int]) -> None:
+    """Answers the parent's batches until `stop`; then its result (no timed window of its own)."""
+    from corescale.machine import environment, instance_env
+    from corescale.workload.samples import batch_inputs, pad_id, padded_length
+
+    cfg_pad, limit = job["config"]["pad"], job["config"]["sequence_length"]
+    cpu_before, began = process_cpu_seconds(), time.perf_counter_ns()
+    served = rows = 0
+    busy_ns = 0
+    while True:
+        words = control.next_words()
+        if not words or words[0] != "batch":
+            break
+        chosen = [queries.ids[int(i)] for i in words[2].split(",")]
+        start_ns = time.perf_counter_ns()
+        length = padded_length([len(q) for q in chosen], cfg_pad, limit)
+        prepared = backend.prepare(batch_inputs(chosen, length, pad_id(model), model.takes_token_type_ids))
+        backend.to_numpy(backend.forward(prepared))
+        end_ns = time.perf_counter_ns()
+        busy_ns += end_ns - start_ns
+        served, rows = served + 1, rows + len(chosen)
+        control.send("served", batch=int(words[1]), start_ns=start_ns, end_ns=end_ns, length=length,
+                     real_tokens=sum(len(q) for q in chosen))
+    wall = (time.perf_counter_ns() - began) / 1e9
+    memory = memory_now()
+    threads_cpus = instance_env.thread_affinities()
+    control.send(
+        "result", instance=spec.id, load_seconds=load_seconds, stage_seconds=dict(backend.timings),
+        warmup_iterations=len(durations), warmup_stable_iterations=len(warm.durations_ns),
+        warmup_converged=warm.converged, cpu_seconds=process_cpu_seconds() - cpu_before, wall_seconds=wall,
+        busy_seconds=busy_ns / 1e9, batches_served=served, queries_served=rows,
+        peak_rss_bytes=memory.get("VmHWM"), rss_bytes=memory.get("VmRSS"),
+        affinity=sorted(set().union(*threads_cpus.values())),
+        thread_affinity={str(tid): cpus for tid, cpus in threads_cpus.items()},
+        framework=backend.info(), mapped_libraries=environment.mapped_libraries(),
+        thread_count=environment.os_thread_count())
 
 
 def main(argv: list[str]) -> int:

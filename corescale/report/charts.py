@@ -7,6 +7,7 @@ cores of one instance), whatever sweeps produced them. Figures are built on the 
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -176,4 +177,51 @@ def cost_figure(tables: dict[str, pd.DataFrame]) -> Figure:
     ax.set_title("Cost per 1M inferences (hatched: projection to that machine)", fontsize=10)
     ax.grid(axis="x", alpha=0.3)
     fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncols=len(tables), fontsize=8)
+    return fig
+
+
+def load_curves(frame: pd.DataFrame) -> dict[str, dict]:
+    """label -> the `server` section of each target_qps=auto result (its load curve, SLO and max valid QPS)."""
+    from corescale.results.files import read_result
+
+    if "scenario" not in frame.columns:
+        return {}
+    found = {}
+    for _, row in frame[(frame["scenario"] == "server") & (frame["status"] == "ok")].iterrows():
+        server = read_result(Path(row["path"])).server or {}
+        if len(server.get("load_curve") or []) >= 2:
+            label = (f"{row['model']} · {row['backend']} · {row['instances']:.0f} inst · "
+                     f"max_batch {server['batching']['max_batch']} · {row['run']}")
+            found[label] = server
+    return found
+
+
+def load_curve_figure(curves: dict[str, dict]) -> Figure:
+    """Latency (p50, p90, p99 from LoadGen's scheduled issue) vs offered QPS; the SLO, the max valid QPS and the
+    knee marked; one panel per search."""
+    fig = new_figure(6.4 * min(len(curves), 2), 4.6 * ((len(curves) + 1) // 2))
+    axes = fig.subplots((len(curves) + 1) // 2, min(len(curves), 2), squeeze=False).ravel()
+    for ax, (label, server) in zip(axes, curves.items()):
+        points = server["load_curve"]
+        qps = [p["target_qps"] for p in points]
+        for name, style in (("p50", ":"), ("p90", "--"), ("p99", "-")):
+            ax.plot(qps, [p[name] for p in points], style, marker="o", markersize=3, label=name)
+        for p in points:
+            if not p["meets_slo"]:
+                ax.plot(p["target_qps"], p["p99"], "x", color="red", markersize=8)
+        if server.get("slo_p99_ms"):
+            ax.axhline(server["slo_p99_ms"], color="grey", lw=1, label=f"SLO p99 {server['slo_p99_ms']:g} ms")
+        if server.get("max_valid_qps"):
+            ax.axvline(server["max_valid_qps"], color="green", lw=1,
+                       label=f"max valid {server['max_valid_qps']:.4g} QPS")
+        if server.get("knee_qps"):
+            ax.axvline(server["knee_qps"], color="orange", lw=1, ls="--", label=f"knee {server['knee_qps']:.4g} QPS")
+        ax.set_yscale("log")
+        ax.set_xlabel("offered load (queries/s, Poisson)")
+        ax.set_ylabel("latency (ms, log)")
+        ax.set_title(label, fontsize=8)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    for ax in axes[len(curves):]:
+        ax.set_visible(False)
     return fig

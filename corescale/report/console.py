@@ -30,13 +30,16 @@ def _bytes(n: float | None) -> str:
 
 def result_table(record: TrialRecord) -> Table:
     cfg = record.config
-    title = escape(f"{cfg.model} · {cfg.backend.name} · {cfg.precision} · batch {cfg.batch_size} · "
+    batch = f"batch {cfg.batch_size}" if cfg.scenario == "offline" else f"{cfg.scenario}"
+    title = escape(f"{cfg.model} · {cfg.backend.name} · {cfg.precision} · {batch} · "
                    f"seq {cfg.sequence_length} · {cfg.instances} instance(s)")
     table = Table(title=title, show_header=True, header_style="bold")
     table.add_column("metric")
     table.add_column("value", justify="right")
     table.add_column("95 % CI / detail", justify="right")
     metrics = record.metrics
+    if record.server is not None and record.ok:
+        return server_table(table, record)
     if metrics is None:
         table.add_row("status", "[red]failed[/red]", escape(record.reason or ""))
         tail = (record.failure.stderr_tail if record.failure else "").strip().splitlines()[-3:]
@@ -81,6 +84,36 @@ def result_table(record: TrialRecord) -> Table:
                       f"cos {d['cosine_similarity']:.6f} · {'ok' if d['within_tolerance'] else 'OVER tolerance'}")
     if not record.ok:
         table.add_row("status", "[red]failed[/red]", escape(record.reason or ""))
+    return table
+
+
+def server_table(table: Table, record: TrialRecord) -> Table:
+    """scenario=server|single_stream: LoadGen's verdict, latency from scheduled issue, batching, the parent."""
+    s = record.server
+    lat = s["latency_ms"]
+    if s["scenario"] == "server" and s["target_qps"] == "auto":
+        found = f"{s['max_valid_qps']:.4g}" if s["max_valid_qps"] else "none"
+        table.add_row("max valid QPS", found, f"p99 <= {s['slo_p99_ms']:g} ms, {len(s['steps'])} LoadGen tests")
+        if s.get("unreachable"):
+            table.add_row("not searched", "", escape(s["unreachable"]))
+        if s.get("knee_qps"):
+            table.add_row("load curve knee (QPS)", f"{s['knee_qps']:.4g}", "where p99 turns up")
+    elif s["scenario"] == "server":
+        step = s["steps"][-1]
+        slo = f"p99 <= {s['slo_p99_ms']:g} ms" if s["slo_p99_ms"] else "no SLO"
+        table.add_row("LoadGen result", s["validity"], f"target {s['target_qps']:g} QPS, {slo}")
+        table.add_row("completed QPS", f"{step['completed_qps']:.2f}", f"{step['queries']} queries")
+    else:
+        table.add_row("LoadGen result", s["validity"], f"single stream, {s['steps'][-1]['queries']} queries")
+    for name in ("p50", "p90", "p99"):
+        if lat.get(name) is not None:
+            table.add_row(f"latency {name} (ms)", f"{lat[name]:.2f}", "from LoadGen's scheduled issue time")
+    b = s["batching"]
+    table.add_row("batches", f"{b['mean_rows']:.2f} rows mean", f"max {b['max_rows']} of max_batch "
+                  f"{b['max_batch']}, {b['batches']} calls, padding waste {b['padding_waste']:.0%}")
+    parent = s["parent"]
+    if parent.get("cores_used") is not None:
+        table.add_row("parent CPU", f"{parent['cores_used']:.2f} cores", "LoadGen + queue + dispatch threads")
     return table
 
 
@@ -197,6 +230,11 @@ def eta_text(state, remaining: int) -> str:
 def brief(record: TrialRecord) -> str:
     """One line: the headline figures of an ok trial, or why it failed."""
     m = record.metrics
+    if record.ok and record.server is not None:
+        s = record.server
+        if s["target_qps"] == "auto":
+            return f"max valid QPS {s['max_valid_qps'] or 0:.4g} at p99 <= {s['slo_p99_ms']:g} ms"
+        return f"LoadGen {s['validity']}, p99 {s['latency_ms'].get('p99', float('nan')):.2f} ms"
     if not record.ok or m is None:
         return f"failed: {record.reason}"
     flag = " (contaminated)" if m.contaminated else ""

@@ -229,8 +229,9 @@ def environment_html(frame: pd.DataFrame) -> str:
 
 def highlights_html(frame: pd.DataFrame) -> str:
     ok = ok_rows(frame)
+    ok = ok[ok["latency_p50_ms"].notna() & ok["throughput_samples_per_s"].notna()]  # closed-loop figures only
     if ok.empty:
-        return '<p class="note">No successful result yet.</p>'
+        return '<p class="note">No successful closed-loop result yet.</p>'
     items = []
     for model, rows in ok.groupby("model"):
         fast = rows.loc[rows["latency_p50_ms"].idxmin()]
@@ -294,6 +295,16 @@ def build(root, out: Path | None = None, machine: str | None = None, price: floa
     from corescale.report import tune as tune_report
 
     sections[:0] = tune_report.sections(root, frame)  # a tune's directory: its section first
+    curves = report_plots.load_curves(frame)
+    if curves:  # only where server searches were run (no "missing" note otherwise)
+        chart = Chart("load_curve", "Load curve (server scenario)", "Latency from LoadGen's scheduled issue time "
+                      "vs offered Poisson load; red x: the step missed the p99 SLO.", None, "")
+        png = report_plots.png_bytes(report_plots.load_curve_figure(curves))
+        png_path = out.with_name(f"{out.stem}-load_curve.png")
+        write_atomic(png_path, png, "figure")
+        built.charts.append(chart.id)
+        built.pngs.append(png_path)
+        sections.append((chart.id, chart.title, _figure_html(chart, png, png_path.name)))
     sections.append(("environment", "Environment", environment_html(frame)))
     sections.append(("results", f"All results ({len(frame)})", html_table(frame, RESULT_COLUMNS, "results-table")))
     if table.problems:

@@ -130,6 +130,8 @@ def layout_label(row) -> str:
     """e.g. '2 × 1 cores · pytorch · batch 1 each · seq 128'."""
     each = " each" if row["instances"] > 1 else ""
     batch = row.get("instance_batch_size") if row.get("instance_batch_size") is not None else row["batch_size"]
+    if row.get("scenario") == "server":
+        batch, each = f"≤ {row.get('server.max_batch')} (dynamic)", " each"
     return (f"{row['instances']} × {row['cpus_per_instance']} cores · {row['backend']} · "
             f"batch {batch}{each} · seq {row['sequence_length']}")
 
@@ -139,14 +141,19 @@ def cost_table(frame: pd.DataFrame, machine: Machine, slo_p99_ms: float | None =
     rows = []
     for _, row in ok_rows(frame).iterrows():
         kind, copies = basis(machine, row)
-        throughput = float(row["throughput_samples_per_s"] or 0) * copies
-        p99 = row["latency_p99_ms"]
+        served = server_figures(row, slo_p99_ms)
+        if served is None and row.get("scenario") in ("server", "single_stream"):
+            continue  # a LoadGen result with no sustained rate to price (single stream, or INVALID)
+        measured, p99, meets = served or (row["throughput_samples_per_s"], row["latency_p99_ms"], None)
+        throughput = float(measured or 0) * copies
+        if meets is None and slo_p99_ms is not None:
+            meets = bool(p99 is not None and p99 <= slo_p99_ms)
         rows.append({
             "layout": layout_label(row), "model": row["model"], "run": row["run"], "basis": kind, "copies": copies,
-            "measured_samples_per_s": row["throughput_samples_per_s"], "machine_samples_per_s": throughput,
+            "measured_samples_per_s": measured, "machine_samples_per_s": throughput,
             "latency_p99_ms": p99, "cost_per_1m_usd": cost_per_million(machine.price_per_hour, throughput),
-            "meets_slo": None if slo_p99_ms is None else bool(p99 is not None and p99 <= slo_p99_ms),
-            "contaminated": row.get("contaminated"), "cpu_model": row.get("cpu_model"),
+            "meets_slo": meets, "contaminated": row.get("contaminated"), "cpu_model": row.get("cpu_model"),
+            "scenario": "server" if served else "offline",
         })
     table = pd.DataFrame(rows)
     return table.sort_values("cost_per_1m_usd", kind="stable", ignore_index=True) if rows else table
@@ -157,7 +164,9 @@ def cheapest(table: pd.DataFrame, slo_p99_ms: float | None = None):
     if table.empty:
         return None
     usable = table[table["copies"] > 0]
-    if slo_p99_ms is not None:
+    if slo_p99_ms is not None and has_server(table):  # open-loop verdicts, where there are any
+        usable = usable[(usable["scenario"] == "server") & usable["meets_slo"].astype(bool)]
+    elif slo_p99_ms is not None:
         usable = usable[usable["latency_p99_ms"] <= slo_p99_ms]
     return None if usable.empty else usable.sort_values("cost_per_1m_usd", kind="stable").iloc[0]
 
@@ -171,8 +180,44 @@ def answer(table: pd.DataFrame, machine: Machine, slo_p99_ms: float | None) -> s
             return "no valid results to price"
         fastest = table.sort_values("latency_p99_ms").iloc[0]
         return (f"no measured layout{condition} on {machine.name}; the lowest p99 is "
-                f"{fastest['latency_p99_ms']:.1f} ms ({fastest['layout']})")
+                f"{fastest['latency_p99_ms']:.1f} ms ({fastest['layout']})" + closed_loop_note(table, slo_p99_ms))
     where = machine.name if best["basis"] == MEASURED else f"{machine.name} (projection: {best['copies']} copies)"
+    rate = "QPS (LoadGen server, p99 within its SLO)" if best.get("scenario") == "server" else "samples/s"
     return (f"cheapest measured layout{condition}: {best['layout']} on {where}: "
-            f"${best['cost_per_1m_usd']:.4g} per 1M inferences at {best['machine_samples_per_s']:.1f} samples/s, "
-            f"p99 {best['latency_p99_ms']:.1f} ms (${machine.price_per_hour:g}/h)")
+            f"${best['cost_per_1m_usd']:.4g} per 1M inferences at {best['machine_samples_per_s']:.1f} {rate}, "
+            f"p99 {best['latency_p99_ms']:.1f} ms (${machine.price_per_hour:g}/h)"
+            + closed_loop_note(table, slo_p99_ms))
+
+
+CLOSED_LOOP_NOTE = ("; only closed-loop results: their p99 is measured saturated, at a rate an open-loop server "
+                    "would queue without bound; for an SLO verdict run scenario=server target_qps=auto "
+                    "slo_p99_ms=MS")
+
+
+def has_server(table: pd.DataFrame) -> bool:
+    return "scenario" in table.columns and bool((table["scenario"] == "server").any())
+
+
+def closed_loop_note(table: pd.DataFrame, slo_p99_ms: float | None) -> str:
+    return CLOSED_LOOP_NOTE if slo_p99_ms is not None and not has_server(table) else ""
+
+
+def server_figures(row, slo_p99_ms: float | None) -> tuple[float, float, bool | None] | None:
+    """(sustained QPS, its p99, meets the asked SLO) of a LoadGen server result: the max valid QPS of a search,
+    or the target of a VALID fixed-rate run; it meets an SLO no tighter than the one it was measured under."""
+    if row.get("scenario") != "server":
+        return None
+    qps = row.get("server_max_valid_qps")
+    if _missing(qps):
+        if row.get("server_validity") != "VALID" or row.get("target_qps") in (None, "auto"):
+            return None
+        qps = float(row["target_qps"])
+    measured_slo = row.get("slo_p99_ms")
+    p99 = row.get("server_p99_ms")
+    meets = None if slo_p99_ms is None else bool(not _missing(measured_slo) and measured_slo <= slo_p99_ms
+                                                 and not _missing(p99) and p99 <= slo_p99_ms)
+    return float(qps), p99, meets
+
+
+def _missing(value) -> bool:
+    return value is None or (isinstance(value, float) and value != value)

@@ -180,6 +180,8 @@ class TrialRecord:
     repeat: int = 0  # which of the config's `repeats` (fresh processes each) this record is
     repeats: int = 1
     schema_migrated_from: int | None = None
+    server: dict[str, Any] | None = None  # scenario=server|single_stream: LoadGen's verdicts, steps, load curve
+    workload: dict[str, Any] | None = None  # a query set's lengths, padding policy and padding waste
 
     @property
     def ok(self) -> bool:

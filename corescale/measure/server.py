@@ -1,0 +1,459 @@
+"""`scenario=server|single_stream`: MLPerf LoadGen drives the load, the trial's pinned instances serve it.
+
+The parent holds LoadGen (seeded Poisson arrivals in Server, one query at a time in SingleStream) and ONE queue;
+each instance has a dispatcher thread that, whenever its instance is idle, takes the next batch from the queue
+(dynamic batching: up to server.max_batch queries and server.max_batch_tokens padded tokens, waiting at most
+server.max_queue_ms after the oldest query arrived), sends the query indices down the instance's pipe, waits for
+its `served` line and reports the queries complete to LoadGen. LoadGen counts latency from each query's
+*scheduled* issue time, so a queue that falls behind shows in p99 (no coordinated omission).
+`target_qps=auto` brackets then bisects on QPS, each step one LoadGen test judged by its validity (p99 within
+the SLO, early stopping, minimum duration and query count), the instances staying loaded between steps.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import queue
+import re
+import resource
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from corescale.results.record import Failure
+from corescale.workload.samples import padded_length
+
+NO_SLO_NS = 3_600 * 10**9  # fixed target_qps without slo_p99_ms: LoadGen needs a bound; an hour judges nothing
+PERCENTILES = ("50.00", "90.00", "95.00", "97.00", "99.00", "99.90")
+LOG_FILES = ("summary", "detail")
+
+
+@dataclass
+class Waiting:
+    sample: object  # LoadGen's QuerySample (id, index)
+    arrived_ns: int
+    length: int
+
+
+class Batcher:
+    """The one queue every instance takes its batches from."""
+
+    def __init__(self, cfg, lengths: np.ndarray):
+        self.max_batch = cfg.server.max_batch if cfg.scenario == "server" else 1
+        self.max_queue_ns = int(cfg.server.max_queue_ms * 1e6)
+        self.max_tokens = cfg.server.max_batch_tokens
+        self.pad, self.limit, self.lengths = cfg.pad, cfg.sequence_length, lengths
+        self.cond = threading.Condition()
+        self.waiting: collections.deque[Waiting] = collections.deque()
+        self.closed = False
+
+    def put(self, samples) -> None:
+        now = time.perf_counter_ns()
+        with self.cond:
+            self.waiting.extend(Waiting(s, now, int(self.lengths[s.index])) for s in samples)
+            self.cond.notify_all()
+
+    def close(self) -> None:
+        with self.cond:
+            self.closed = True
+            self.cond.notify_all()
+
+    def take(self) -> list[Waiting] | None:
+        """The next batch (blocks); None once closed and empty."""
+        with self.cond:
+            while True:
+                if not self.waiting:
+                    if self.closed:
+                        return None
+                    self.cond.wait()
+                    continue
+                left_ns = self.waiting[0].arrived_ns + self.max_queue_ns - time.perf_counter_ns()
+                if len(self.waiting) >= self.max_batch or left_ns <= 0 or self.closed:
+                    return self._pop()
+                self.cond.wait(left_ns / 1e9)
+
+    def _pop(self) -> list[Waiting]:
+        """Oldest first; pad=sorted fills the batch with the waiting queries nearest the oldest one's length.
+        The token budget stops the batch at the first query that would overflow it (no starvation)."""
+        oldest = self.waiting[0]
+        candidates = list(self.waiting)
+        if self.pad == "sorted":
+            candidates = [oldest] + sorted(candidates[1:], key=lambda w: abs(w.length - oldest.length))
+        chosen: list[Waiting] = []
+        for item in candidates:
+            if len(chosen) == self.max_batch:
+                break
+            if self.max_tokens and chosen:
+                length = padded_length([w.length for w in chosen] + [item.length], self.pad, self.limit)
+                if (len(chosen) + 1) * length > self.max_tokens:
+                    break
+            chosen.append(item)
+        ids = {id(w) for w in chosen}
+        self.waiting = collections.deque(w for w in self.waiting if id(w) not in ids)
+        return chosen
+
+
+@dataclass
+class StepResult:
+    """One LoadGen test."""
+
+    target_qps: float | None
+    validity: str
+    meets_slo: bool | None  # the search's verdict: None = LoadGen could not decide (too few queries)
+    latency_ms: dict[str, float]
+    scheduled_qps: float | None
+    completed_qps: float | None
+    queries: int
+    overlatency_queries: int | None
+    early_stopping: str
+    checks: dict[str, bool]
+    duration_s: float
+    parent_cpu_s: float
+    batches: dict[str, float]
+    log_prefix: str
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass
+class ServeOutcome:
+    steps: list[StepResult] = field(default_factory=list)
+    batch_rows: list[tuple] = field(default_factory=list)
+    logs: dict[str, bytes] = field(default_factory=dict)
+    unreachable: str | None = None  # target_qps=auto found no rate worth testing, and why
+
+
+class Server:
+    """The launcher's serve hook: begin() once every instance is ready, served() for each reply line."""
+
+    def __init__(self, cfg, lengths: np.ndarray, work_dir: Path):
+        self.cfg, self.lengths, self.work_dir = cfg, lengths, work_dir
+        self.outcome = ServeOutcome()
+        self.failure: Failure | None = None
+        self.finished = threading.Event()
+        self.aborted = False
+        self.replies: dict[int, queue.Queue] = {}
+        self.batcher: Batcher | None = None
+        self.thread: threading.Thread | None = None
+        self.batch_count = 0
+        self.tests = 0
+        self.lock = threading.Lock()
+        self.step_batches: list[int] = []  # rows of each batch of the current step
+
+    # --- the launcher's side ---
+    def begin(self, launcher, start_ns: int) -> None:
+        self.launcher = launcher
+        self.replies = {i: queue.Queue() for i in launcher.instances}
+        self.thread = threading.Thread(target=self._control, args=(start_ns,), name="corescale-loadgen",
+                                       daemon=True)
+        self.thread.start()
+
+    def served(self, instance: int, event: dict) -> None:
+        self.replies[instance].put(event)
+
+    def abort(self) -> None:
+        """The trial failed or was interrupted: dispatchers answer LoadGen at once so its test ends."""
+        self.aborted = True
+        for replies in self.replies.values():
+            replies.put(None)
+        if self.thread is not None:
+            self.thread.join(timeout=self.cfg.duration + 10)
+
+    # --- the controller thread ---
+    def _control(self, start_ns: int) -> None:
+
+        try:
+            time.sleep(max(start_ns - time.perf_counter_ns(), 0) / 1e9)
+            if self.cfg.scenario == "server" and self.cfg.target_qps == "auto":
+                self.outcome.unreachable = self._unreachable()
+                if self.outcome.unreachable:
+                    return
+                search(self._step, self._first_guess(), self.cfg.server.search_precision, self.cfg.server.max_steps,
+                       self.outcome.steps, floor_qps(self.cfg), self.cfg.slo_p99_ms)
+            else:
+                self.outcome.steps.append(self._step(self.cfg.target_qps if self.cfg.scenario == "server" else None))
+        except BaseException as exc:  # noqa: BLE001 - reported through the launcher's loop
+            self.failure = Failure.from_exception(exc)
+        finally:
+            self.launcher.tell_all_quietly("stop")
+            self.finished.set()
+
+    def _unreachable(self) -> str | None:
+        """Why no rate can meet the SLO, when one query alone (batch 1, warm, at the one length every query has)
+        already takes longer on the fastest instance: its p99 can only be higher."""
+        single = [inst.single_ns for inst in self.launcher.instances.values() if inst.single_ns]
+        if not single or len(set(self.lengths.tolist())) != 1 or self.lengths[0] != self.cfg.sequence_length:
+            return None
+        fastest_ms = min(single) / 1e6
+        if fastest_ms <= self.cfg.slo_p99_ms:
+            return None
+        return (f"one query alone takes {fastest_ms:.1f} ms on the fastest instance (batch 1, warm, "
+                f"{self.cfg.sequence_length} tokens), over the SLO of {self.cfg.slo_p99_ms:g} ms: no arrival rate "
+                "can meet it; use more cores per instance or a smaller model")
+
+    def _first_guess(self) -> float:
+        """Half the instances' warm capacity at a full batch: a guess the bracket corrects either way."""
+        capacity = sum(self.cfg.server.max_batch / max(inst.call_ns, 1) * 1e9
+                       for inst in self.launcher.instances.values())
+        return float(f"{max(capacity / 2, 0.1):.3g}")
+
+    def _issue(self, samples) -> None:
+        self.batcher.put(samples)
+
+    def _step(self, qps: float | None) -> StepResult:
+        """One LoadGen test at `qps` (None: SingleStream); a test LoadGen could not decide (too few queries
+        for early stopping) is run once more with the queries it asked for."""
+        import mlperf_loadgen as lg
+
+        sut = lg.ConstructSUT(self._issue, lambda: None)  # one SUT and QSL per test keep LoadGen's state apart
+        qsl = lg.ConstructQSL(len(self.lengths), len(self.lengths), lambda i: None, lambda i: None)
+        try:
+            result = self._test(qps, sut, qsl, self.cfg.server.min_query_count)
+            more = _queries_needed(result.early_stopping)
+            if result.meets_slo is None and more:
+                result = self._test(qps, sut, qsl, result.queries + more + 16)
+            return result
+        finally:
+            lg.DestroyQSL(qsl)
+            lg.DestroySUT(sut)
+
+    def _test(self, qps, sut, qsl, min_queries: int) -> StepResult:
+        import mlperf_loadgen as lg
+
+        if self.aborted:
+            raise RuntimeError("the trial was stopped")
+        self.tests += 1
+        prefix = f"loadgen-{self.tests:02d}-"
+        out = self.work_dir / "loadgen" / prefix
+        out.mkdir(parents=True)
+        settings = test_settings(self.cfg, qps, min_queries, self._expected_latency_ns())
+        log = lg.LogSettings()
+        log.log_output.outdir = str(out)
+        log.log_output.copy_summary_to_stdout = False
+        log.enable_trace = False
+        self.launcher.extend_deadline()
+        self.batcher = Batcher(self.cfg, self.lengths)
+        self.step_batches = []
+        threads = [threading.Thread(target=self._dispatch, args=(i,), daemon=True, name=f"corescale-dispatch-{i}")
+                   for i in self.launcher.instances]
+        for thread in threads:
+            thread.start()
+        usage, began = _cpu_seconds(), time.perf_counter()
+        lg.StartTestWithLogSettings(sut, qsl, settings, log)
+        self.batcher.close()
+        for thread in threads:
+            thread.join()
+        wall, cpu = time.perf_counter() - began, _cpu_seconds() - usage
+        for name in LOG_FILES:
+            path = out / f"mlperf_log_{name}.txt"
+            if path.is_file():
+                self.outcome.logs[f"{prefix}{name}.txt"] = path.read_bytes()
+        if self.aborted:
+            raise RuntimeError("the trial was stopped")
+        return step_result(qps, read_detail(out / "mlperf_log_detail.txt"), wall, cpu, self.step_batches, prefix)
+
+    def _expected_latency_ns(self) -> int:
+        return max(inst.call_ns for inst in self.launcher.instances.values()) or 1_000_000
+
+    def _dispatch(self, instance: int) -> None:
+        import mlperf_loadgen as lg
+
+        replies = self.replies[instance]
+        while True:
+            batch = self.batcher.take()
+            if batch is None:
+                return
+            taken_ns = time.perf_counter_ns()
+            reply = None
+            if not self.aborted:
+                with self.lock:
+                    self.batch_count += 1
+                    number = self.batch_count
+                indices = ",".join(str(w.sample.index) for w in batch)
+                if self.launcher.tell(instance, f"batch {number} {indices}"):
+                    reply = replies.get()
+            lg.QuerySamplesComplete([lg.QuerySampleResponse(w.sample.id, 0, 0) for w in batch])
+            if reply is None:
+                continue
+            done_ns = time.perf_counter_ns()
+            self.step_batches.append(len(batch))
+            self.outcome.batch_rows.append((
+                len(self.outcome.steps) + 1, instance, number, len(batch), reply["length"], reply["real_tokens"],
+                batch[0].arrived_ns, taken_ns, reply["start_ns"], reply["end_ns"], done_ns))
+
+
+def test_settings(cfg, qps: float | None, min_queries: int, expected_latency_ns: int):
+    import mlperf_loadgen as lg
+
+    settings = lg.TestSettings()
+    settings.mode = lg.TestMode.PerformanceOnly
+    settings.min_duration_ms = int(cfg.duration * 1000)
+    settings.min_query_count = int(min_queries)
+    settings.max_duration_ms = int(cfg.timeout * 500)  # a test stops issuing at half the timeout (see floor_qps)
+    settings.qsl_rng_seed = settings.sample_index_rng_seed = settings.schedule_rng_seed = cfg.seed
+    if qps is None:
+        settings.scenario = lg.TestScenario.SingleStream
+        settings.single_stream_expected_latency_ns = int(expected_latency_ns)
+    else:
+        settings.scenario = lg.TestScenario.Server
+        settings.server_target_qps = float(qps)
+        settings.server_target_latency_ns = int(cfg.slo_p99_ms * 1e6) if cfg.slo_p99_ms else NO_SLO_NS
+        settings.server_target_latency_percentile = 0.99
+    return settings
+
+
+def read_detail(path: Path) -> dict:
+    """LoadGen's detail log: one `:::MLLOG {json}` per line -> {key: value}."""
+    found = {}
+    for line in path.read_text(errors="replace").splitlines():
+        if line.startswith(":::MLLOG"):
+            try:
+                entry = json.loads(line[len(":::MLLOG"):])
+            except ValueError:
+                continue
+            found[entry.get("key")] = entry.get("value")
+    return found
+
+
+def _queries_needed(text: str) -> int | None:
+    match = re.search(r"at least (\d+) more queries", text or "")
+    return int(match.group(1)) if match else None
+
+
+def step_result(qps, detail: dict, wall: float, cpu: float, batches: list[int], prefix: str) -> StepResult:
+    checks = {name: bool(detail.get(f"result_{name}")) for name in
+              ("perf_constraints_met", "min_duration_met", "min_queries_met")}
+    checks["early_stopping_met"] = bool(detail.get("early_stopping_met"))
+    validity = str(detail.get("result_validity", "INVALID"))
+    early = str(detail.get("early_stopping_result", ""))
+    if validity == "VALID":
+        verdict = True
+    elif not checks["perf_constraints_met"] or "Reduce target QPS" in early:
+        verdict = False
+    else:  # within the bound so far, but LoadGen wants more queries to be sure
+        verdict = None if _queries_needed(early) else False
+    latency = {f"p{p.rstrip('0').rstrip('.')}": detail[f"result_{p}_percentile_latency_ns"] / 1e6
+               for p in PERCENTILES if f"result_{p}_percentile_latency_ns" in detail}
+    for name in ("mean", "min", "max"):
+        if f"result_{name}_latency_ns" in detail:
+            latency[name] = detail[f"result_{name}_latency_ns"] / 1e6
+    sizes = np.asarray(batches or [0])
+    return StepResult(
+        target_qps=qps, validity=validity, meets_slo=verdict, latency_ms=latency,
+        scheduled_qps=detail.get("result_scheduled_samples_per_sec"),
+        completed_qps=detail.get("result_completed_samples_per_sec"),
+        queries=int(detail.get("result_query_count") or 0),
+        overlatency_queries=detail.get("result_overlatency_query_count"), early_stopping=early, checks=checks,
+        duration_s=wall, parent_cpu_s=cpu,
+        batches={"count": len(batches), "mean_rows": float(sizes.mean()), "max_rows": int(sizes.max()),
+                 "share_multi_row": float((sizes > 1).mean())},
+        log_prefix=prefix)
+
+
+def _cpu_seconds() -> float:
+    """The parent's own CPU time (LoadGen, the queue and the dispatchers are all threads of it)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+# --- the search ---------------------------------------------------------------------------------------------------
+
+def floor_qps(cfg) -> float:
+    """Below this rate LoadGen's minimum query count would take more than half the timeout per test."""
+    return cfg.server.min_query_count / (0.5 * cfg.timeout)
+
+
+def search(step, first: float, precision: float, max_steps: int, steps: list, floor: float = 0.0,
+           slo_ms: float | None = None) -> float | None:
+    """Bracket (double until a step misses the SLO, halve until one meets it) then bisect until the bracket is
+    within `precision` of its low end; every step is appended to `steps`. Returns the highest QPS that met it.
+    Halving stops below `floor` (a LoadGen test there would outlast the timeout)."""
+    low = high = None
+    qps = max(first, floor)
+    while len(steps) < max_steps and qps >= floor:
+        result = step(qps)
+        steps.append(result)
+        if result.meets_slo:
+            low = qps if low is None else max(low, qps)
+        else:
+            high = qps if high is None else min(high, qps)
+            if low is None and slo_ms is not None and (result.latency_ms or {}).get("min", 0) > slo_ms:
+                break  # even the fastest query missed: lower rates cannot help
+        if low is None:
+            qps = high / 2
+        elif high is None:
+            qps = low * 2
+        elif (high - low) / low <= precision:
+            break
+        else:
+            qps = (low + high) / 2
+        qps = float(f"{qps:.4g}")
+    return low
+
+
+def load_curve(steps: list[dict]) -> list[dict]:
+    """(QPS, p50/p90/p99) of every step, by offered load."""
+    points = [{"target_qps": s["target_qps"], "scheduled_qps": s["scheduled_qps"], "completed_qps": s["completed_qps"],
+               **{k: s["latency_ms"].get(k) for k in ("p50", "p90", "p99")}, "validity": s["validity"],
+               "meets_slo": s["meets_slo"]} for s in steps if s["target_qps"] is not None]
+    return sorted(points, key=lambda p: p["target_qps"])
+
+
+def knee(curve: list[dict]) -> float | None:
+    """The QPS where p99 turns up: the point farthest below the chord from the first to the last point, both axes
+    scaled to [0, 1] (Kneedle, Satopää et al. 2011); None with fewer than three distinct loads."""
+    points = [(p["target_qps"], p["p99"]) for p in curve if p["p99"] is not None]
+    if len({q for q, _ in points}) < 3:
+        return None
+    qs, ps = np.array([q for q, _ in points], float), np.array([p for _, p in points], float)
+    x = (qs - qs.min()) / (qs.max() - qs.min())
+    span = ps.max() - ps.min()
+    if span <= 0:
+        return None
+    y = (ps - ps.min()) / span
+    below = x - y  # p99 rising late: the chord y = x lies above the curve
+    best = int(np.argmax(below))
+    return float(qs[best]) if below[best] > 0 else None
+
+
+def summarise(cfg, outcome: ServeOutcome, queries: dict) -> dict:
+    """The record's `server` section."""
+    steps = [s.to_json() for s in outcome.steps]
+    met = [s for s in steps if s["meets_slo"] and s["target_qps"] is not None]
+    curve = load_curve(steps)
+    rows = np.array([r[3] for r in outcome.batch_rows] or [0])
+    lengths = np.array([r[4] for r in outcome.batch_rows] or [0])
+    real = float(sum(r[5] for r in outcome.batch_rows))
+    padded = float((rows * lengths).sum())
+    wall = sum(s["duration_s"] for s in steps)
+    cpu = sum(s["parent_cpu_s"] for s in steps)
+    last = steps[-1] if steps else {}
+    summary = {
+        "scenario": cfg.scenario, "target_qps": cfg.target_qps, "slo_p99_ms": cfg.slo_p99_ms,
+        "validity": last.get("validity") if cfg.target_qps != "auto" else ("VALID" if met else "INVALID"),
+        "max_valid_qps": max((s["target_qps"] for s in met), default=None),
+        "latency_ms": (max(met, key=lambda s: s["target_qps"]) if met else last).get("latency_ms", {}),
+        "steps": steps, "load_curve": curve, "knee_qps": knee(curve), "search_floor_qps": floor_qps(cfg),
+        "unreachable": outcome.unreachable,
+        "batching": {"max_batch": cfg.server.max_batch, "max_queue_ms": cfg.server.max_queue_ms,
+                     "max_batch_tokens": cfg.server.max_batch_tokens, "pad": cfg.pad, "batches": int(len(rows)),
+                     "mean_rows": float(rows.mean()), "max_rows": int(rows.max()),
+                     "padding_waste": 1 - real / padded if padded else 0.0},
+        "parent": {"cpu_seconds": cpu, "wall_seconds": wall, "cores_used": cpu / wall if wall else None},
+        "queries": queries,
+    }
+    if cfg.scenario == "single_stream":
+        summary["max_valid_qps"] = None
+    return summary
+
+
+def batches_csv(rows: list[tuple]) -> bytes:
+    header = ("step,instance,batch,rows,padded_length,real_tokens,first_arrival_ns,taken_ns,instance_start_ns,"
+              "instance_end_ns,completed_ns\n")
+    return (header + "".join(",".join(map(str, r)) + "\n" for r in rows)).encode()
+

@@ -1,0 +1,241 @@
+"""Query sets: the token ids each query holds (random ids of fixed or drawn lengths, or real text through a
+tokenizer), and the padding policies that turn a group of queries into one [rows, length] call.
+
+Built once in the parent (which checks everything a user gave before a worker starts) and saved to one .npz the
+instances read; draws are seeded by the config's seed.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from corescale.errors import UserError
+
+BUCKET_EDGES = (16, 32, 64, 128, 256, 384, 512)
+LOW_ID = 5  # random ids keep clear of special tokens
+
+
+@dataclass
+class QuerySet:
+    ids: list[np.ndarray]  # one int64 array per query, unpadded
+    origin: str  # what they came from, for the record
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.array([len(q) for q in self.ids], dtype=np.int64)
+
+    def save(self, path: Path) -> None:
+        np.savez(path, flat=np.concatenate(self.ids), lengths=self.lengths, origin=np.array(self.origin))
+
+    @classmethod
+    def load(cls, path) -> QuerySet:
+        data = np.load(path)
+        ends = np.cumsum(data["lengths"])
+        return cls(list(np.split(data["flat"], ends[:-1])), str(data["origin"]))
+
+    def summary(self) -> dict:
+        lengths = self.lengths
+        return {"origin": self.origin, "queries": len(lengths), "mean_length": float(lengths.mean()),
+                "min_length": int(lengths.min()), "max_length": int(lengths.max()),
+                "p50_length": float(np.percentile(lengths, 50)), "p90_length": float(np.percentile(lengths, 90))}
+
+
+def uses_query_set(cfg) -> bool:
+    """Whether queries differ from the closed loop's one fixed random batch."""
+    return bool(cfg.workload.source or cfg.workload.lengths) or cfg.scenario != "offline"
+
+
+def build_query_set(cfg, model) -> QuerySet:
+    """Every check on the workload a user gave (files, fields, tokenizer) happens here, in the parent."""
+    rng = np.random.default_rng(cfg.seed)
+    count, limit = cfg.workload.samples, cfg.sequence_length
+    if cfg.workload.source:
+        texts = read_texts(cfg.workload.source)
+        tokenizer = load_tokenizer(cfg, model)
+        encoded = tokenizer(texts[:count], truncation=True, max_length=limit)["input_ids"]
+        ids = [np.asarray(row, dtype=np.int64) for row in encoded]
+        top = max(int(row.max()) for row in ids)
+        if top >= model.vocab_size:
+            raise UserError(f"the tokenizer gives token id {top}, beyond the {model.vocab_size} embeddings of model "
+                            f"'{cfg.model}'; use the model's own tokenizer (workload.tokenizer=DIR)")
+        return QuerySet(ids, f"{cfg.workload.source} ({len(ids)} of {len(texts)} texts)")
+    if cfg.workload.lengths:
+        lengths = draw_lengths(cfg.workload.lengths, rng, count, limit)
+        origin = f"random ids, lengths {cfg.workload.lengths}"
+    else:
+        keep = limit - int(round(cfg.padding_fraction * limit))
+        lengths = np.full(count, keep, dtype=np.int64)
+        origin = f"random ids, length {keep}"
+    return QuerySet([rng.integers(LOW_ID, model.vocab_size, size=int(n), dtype=np.int64) for n in lengths], origin)
+
+
+# --- lengths ----------------------------------------------------------------------------------------------------
+
+def draw_lengths(spec: str, rng: np.random.Generator, count: int, limit: int) -> np.ndarray:
+    """`uniform(A,B)` (inclusive) or a histogram file of `length,count` lines; lengths above `limit` are refused."""
+    match = re.fullmatch(r"\s*uniform\(\s*(\d+)\s*,\s*(\d+)\s*\)\s*", spec)
+    if match:
+        low, high = int(match.group(1)), int(match.group(2))
+        if not 1 <= low <= high <= limit:
+            raise UserError(f"workload.lengths={spec}: need 1 <= A <= B <= sequence_length={limit}")
+        return rng.integers(low, high + 1, size=count)
+    lengths, weights = read_histogram(spec, limit)
+    return rng.choice(lengths, size=count, p=weights / weights.sum())
+
+
+def read_histogram(path: str, limit: int) -> tuple[np.ndarray, np.ndarray]:
+    file = Path(os.path.expanduser(path))
+    if not file.is_file():
+        raise UserError(f"workload.lengths='{path}' is neither uniform(A,B) nor a histogram file that exists")
+    pairs = []
+    for number, line in enumerate(file.read_text().splitlines(), 1):
+        fields = [f for f in re.split(r"[,\s]+", line.strip()) if f]
+        if not fields or fields[0].startswith("#") or not fields[0].isdigit() and number == 1:
+            continue  # blank, comment or header
+        try:
+            length, weight = int(fields[0]), float(fields[1])
+        except (ValueError, IndexError):
+            raise UserError(f"{path}:{number}: expected `length,count`, got '{line.strip()}'") from None
+        if not 1 <= length <= limit or not weight >= 0 or not np.isfinite(weight):
+            raise UserError(f"{path}:{number}: length must be 1..{limit} (sequence_length) and count a finite "
+                            f"number >= 0 (got '{line.strip()}')")
+        pairs.append((length, weight))
+    if not pairs or sum(w for _, w in pairs) <= 0:
+        raise UserError(f"histogram file {path} holds no `length,count` line with a count > 0")
+    lengths, weights = zip(*pairs)
+    return np.array(lengths), np.array(weights, dtype=float)
+
+
+# --- text -------------------------------------------------------------------------------------------------------
+
+def split_source(source: str) -> tuple[Path, str | None]:
+    """`file.jsonl:field` -> (file, field); a colon that is part of an existing file's name stays in it."""
+    path = Path(os.path.expanduser(source))
+    if path.exists() or ":" not in source:
+        return path, None
+    head, _, name = source.rpartition(":")
+    return Path(os.path.expanduser(head)), name or None
+
+
+def read_texts(source: str) -> list[str]:
+    path, name = split_source(source)
+    kind = path.suffix.lower()
+    if not path.is_file():
+        raise UserError(f"workload file '{path}' does not exist; give file.txt, file.jsonl:FIELD or file.csv:COLUMN")
+    if kind in (".jsonl", ".csv") and not name:
+        raise UserError(f"workload={source}: say which {'field' if kind == '.jsonl' else 'column'} holds the text "
+                        f"(workload={path}:NAME)")
+    if kind not in (".jsonl", ".csv") and name:
+        raise UserError(f"workload={source}: a field applies to .jsonl and .csv files only")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"cannot read workload file '{path}': {exc}") from None
+    if kind == ".jsonl":
+        texts = _jsonl_field(path, text, name)
+    elif kind == ".csv":
+        texts = _csv_column(path, text, name)
+    else:
+        texts = [line for line in text.splitlines() if line.strip()]
+    texts = [t for t in texts if t.strip()]
+    if not texts:
+        raise UserError(f"workload file '{path}' holds no text" + (f" in '{name}'" if name else ""))
+    return texts
+
+
+def _jsonl_field(path: Path, text: str, name: str) -> list[str]:
+    texts = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            raise UserError(f"{path}:{number} is not a JSON line") from None
+        if not isinstance(row, dict) or name not in row:
+            keys = ", ".join(row) if isinstance(row, dict) else "none"
+            raise UserError(f"{path}:{number} lacks the field '{name}'; its fields: {keys}")
+        texts.append(str(row[name]))
+    return texts
+
+
+def _csv_column(path: Path, text: str, name: str) -> list[str]:
+    reader = csv.DictReader(text.splitlines())
+    if reader.fieldnames is None or name not in reader.fieldnames:
+        raise UserError(f"{path} has no column '{name}'; its columns: {', '.join(reader.fieldnames or []) or 'none'}")
+    return [row[name] or "" for row in reader]
+
+
+def load_tokenizer(cfg, model):
+    """The model's tokenizer (a local directory or a hub id already cached; HF_HUB_OFFLINE is respected)."""
+    name = cfg.workload.tokenizer or (model.path if model.source == "local" else None) or (
+        cfg.model if model.source == "hub" else None)
+    if name is None:
+        raise UserError(f"model '{cfg.model}' is a preset without a tokenizer: give workload.tokenizer=DIR "
+                        "(a directory with tokenizer files) or a hub id in the local cache")
+    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+    local = Path(os.path.expanduser(name))
+    if not local.is_dir() and (name.startswith(("/", ".", "~")) or local.exists()):
+        raise UserError(f"tokenizer directory '{name}' does not exist (or is not a directory); give a directory "
+                        "holding tokenizer.json or tokenizer_config.json, or a hub id in the local cache")
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(local) if local.is_dir() else name,
+                                             local_files_only=offline or local.is_dir())
+    except Exception as exc:  # noqa: BLE001 - transformers raises many kinds for a directory it cannot read
+        where = "offline (HF_HUB_OFFLINE is set)" if offline else "as a local directory or on the hub"
+        raise UserError(f"tokenizer '{name}' cannot be found {where}: {str(exc).splitlines()[0][:160]}; give a "
+                        "directory holding tokenizer.json or tokenizer_config.json") from None
+
+
+# --- padding ----------------------------------------------------------------------------------------------------
+
+def padded_length(lengths, pad: str, limit: int) -> int:
+    """What a call over queries of these lengths is padded to: the longest (max, sorted) or its bucket's edge."""
+    longest = int(max(lengths))
+    if pad != "bucket":
+        return longest
+    return min([edge for edge in BUCKET_EDGES if edge >= longest] + [limit])
+
+
+def batch_inputs(queries: list[np.ndarray], length: int, pad_id: int, token_types: bool) -> dict[str, np.ndarray]:
+    ids = np.full((len(queries), length), pad_id, dtype=np.int64)
+    mask = np.zeros((len(queries), length), dtype=np.int64)
+    for row, query in enumerate(queries):
+        ids[row, :len(query)] = query
+        mask[row, :len(query)] = 1
+    inputs = {"input_ids": ids, "attention_mask": mask}
+    if token_types:
+        inputs["token_type_ids"] = np.zeros_like(ids)
+    return inputs
+
+
+def offline_batches(lengths: np.ndarray, batch: int, pad: str, seed: int) -> list[list[int]]:
+    """The closed loop's batches over a query set: in draw order (max), grouped by length bucket (bucket, each
+    batch from one bucket) or length-sorted (sorted); every query once, the last batch of a group topped up by
+    wrapping. The batches come in a seeded random order, so a window that covers only some of them is not
+    biased towards the short (or long) ones."""
+    order = np.arange(len(lengths))
+    if pad == "sorted":
+        order = np.argsort(lengths, kind="stable")
+    if pad == "bucket":
+        edges = np.searchsorted(BUCKET_EDGES, lengths)
+        groups = [order[edges == e] for e in np.unique(edges)]
+    else:
+        groups = [order]
+    batches = [list(map(int, np.resize(g[i:i + batch], batch))) for g in groups
+               for i in range(0, len(g), batch)]
+    permutation = np.random.default_rng(seed).permutation(len(batches))
+    return [batches[i] for i in permutation]
+
+
+def pad_id(model) -> int:
+    return int(model.config.get("pad_token_id") or 0)
