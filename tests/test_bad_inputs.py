@@ -249,6 +249,7 @@ CASES = [
     ("tune-machine", ["tune", *FAST, "objective=cost", "machine=c9.huge"], "unknown machine 'c9.huge'"),
     ("tune-layout", ["tune", *FAST, "layout=max"], "tune sets layout itself"),
     ("tune-output-proc", ["tune", *FAST, "output_dir=/proc/corescale-x"], "cannot write output_dir"),
+    ("tune-server-no-slo", ["tune", *FAST, "objective=server_qps"], "objective=server_qps needs slo_p99_ms=MS"),
 ]
 
 

@@ -215,7 +215,33 @@ def test_settings_parse_words_apart_from_overrides():
     assert s.objective.name == "cost" and s.budget_s == 90 and s.slo_p99_ms == 20 and s.top_k == 2
     assert s.space == {"backend": ["pytorch", "onnxruntime"]} and s.overrides == ["model=bert-tiny"]
     assert tune_settings.parse([]).trials == 20
-    assert set(tune_settings.OBJECTIVES) == {"throughput", "latency", "cost"}  # server_qps: one entry more
+    assert set(tune_settings.OBJECTIVES) == {"throughput", "latency", "cost", "server_qps"}
+
+
+def test_server_qps_searches_the_server_scenario_and_its_batching():
+    from corescale.overrides import compose
+    from corescale.results.record import TrialRecord
+    from corescale.trials.tune.verdict import figures, samples_per_s
+
+    s = tune_settings.parse(["objective=server_qps", "slo_p99_ms=130", "model=bert-tiny"])
+    assert tune_settings.scenario_overrides(s) == ["scenario=server", "target_qps=auto", "slo_p99_ms=130"]
+    assert tune_settings.scenario_overrides(tune_settings.parse([])) == []
+    space = spaces.derive(compose([]), [], {"batch_size": ["1", "4"]}, 2, ISA, False, batch_key="server.max_batch")
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
+    for _ in range(30):  # every suggestion composes: no backend.linear=onednn with int8, a server.max_batch
+        words = spaces.suggest(study.ask(), space)
+        assert any(w.startswith("server.max_batch=") for w in words) and not any(w.startswith("batch_size=")
+                                                                                     for w in words)
+        compose(words)
+    any_record = next((ROOT / "tests" / "data" / "schema1").rglob("result.json"))
+    record = TrialRecord.from_json(json.loads(any_record.read_text()))  # a real record, made a server one
+    fake = {"scenario": "server", "max_valid_qps": 61.5, "latency_ms": {"p50": 40.0, "p99": 117.8}}
+    record.server, record.metrics, record.instances, record.drift = fake, None, [{"rss_bytes": 2e8}], None
+    figs = figures(record)
+    assert figs["server_qps"] == 61.5 and figs["p99_ms"] == 117.8 and figs["memory_gb"] == 0.2
+    assert samples_per_s(record) == 61.5
+    fake["max_valid_qps"] = None  # no rate met the SLO: no value, no latency to judge
+    assert figures(record)["server_qps"] is None and figures(record)["p99_ms"] is None
 
 
 def _finalist(label, throughputs, cores=2, complexity=1, baseline=False):

@@ -32,7 +32,7 @@ from corescale.trials.local import Listener, fork_workers, run_trials
 from corescale.trials.sweep import plan_sweep
 from corescale.trials.tune import space as spaces
 from corescale.trials.tune import verdict as verdicts
-from corescale.trials.tune.settings import LOAD_MARGIN_S, TuneSettings
+from corescale.trials.tune.settings import LOAD_MARGIN_S, TuneSettings, scenario_overrides
 
 STUDY_FILE = "study.db"
 TUNE_FILE = "tune.json"
@@ -104,13 +104,14 @@ class Tune:
         return merge(self.base, suggested, extra)
 
     def cost_of(self, record: TrialRecord) -> float | None:
-        if self.machine is None or record.metrics is None:
+        rate = verdicts.samples_per_s(record)
+        if self.machine is None or rate is None:
             return None
         from corescale.results import cost
         from corescale.results.store import flatten
 
         _, copies = cost.basis(self.machine, flatten(record, Path(".")))
-        return cost.cost_per_million(self.machine.price_per_hour, record.metrics.throughput_samples_per_s * copies)
+        return cost.cost_per_million(self.machine.price_per_hour, rate * copies)
 
 
 def tune_name(settings: TuneSettings) -> str:
@@ -131,7 +132,8 @@ def plan_tune(settings: TuneSettings, topology=None) -> Tune:
     cores = len(topology.physical_cores)
     isa = (environment.capture().get("cpu") or {}).get("isa") or {}
     space = spaces.derive(cfg, settings.overrides, settings.space, cores, isa,
-                          latency=settings.objective.name == "latency")
+                          latency=settings.objective.name == "latency",
+                          batch_key="server.max_batch" if settings.objective.scenario == "server" else "batch_size")
     screen = settings.screen or max(cfg.duration / 4, min(cfg.duration, 1.0))
     if screen > cfg.duration:
         raise UserError(f"tune.screen={screen:g} s is longer than the full window duration={cfg.duration:g} s")
@@ -147,7 +149,7 @@ def plan_tune(settings: TuneSettings, topology=None) -> Tune:
         machine = choose_machine(settings.machine, settings.price_per_hour)
     tune_dir = cfg.results_root / tune_name(settings)
     check_writable(tune_dir, "output_dir", directory=True)
-    base = merge([o for o in settings.overrides if override_key(o) != "output_dir"],
+    base = merge([o for o in settings.overrides if override_key(o) != "output_dir"], scenario_overrides(settings),
                  [assignment("output_dir", tune_dir)])
     tune = Tune(settings, cfg, space, tune_dir, cores, screen, machine, spaces.baseline_overrides(base), base)
     plan_sweep([merge(tune.baseline, [f"duration={cfg.duration:g}"])], topology)  # the baseline can run here

@@ -21,6 +21,7 @@ class Objective:
     direction: str  # maximize | minimize
     unit: str
     needs_price: bool = False
+    scenario: str = "offline"  # server: every trial (the baseline too) is a LoadGen max-QPS search under the SLO
 
     def better(self, a: float, b: float) -> bool:
         return a > b if self.direction == "maximize" else a < b
@@ -29,12 +30,12 @@ class Objective:
         return -math.inf if self.direction == "maximize" else math.inf
 
 
-# objective=NAME -> what it optimises. The server scenario (objective=server_qps) adds one entry here and its
-# figure in verdict.figures.
+# objective=NAME -> what it optimises (its figure comes from verdict.figures).
 OBJECTIVES: dict[str, Objective] = {
     "throughput": Objective("throughput", "throughput", "maximize", "samples/s"),
     "latency": Objective("latency", "p50_ms", "minimize", "ms p50"),
     "cost": Objective("cost", "cost_per_1m", "minimize", "US$ per 1M", needs_price=True),
+    "server_qps": Objective("server_qps", "server_qps", "maximize", "QPS at p99 <= SLO", scenario="server"),
 }
 # constraint=LIMIT -> (figure it bounds, unit): a measurement over a limit does not count
 CONSTRAINTS = {"slo_p99_ms": ("p99_ms", "ms"), "max_memory_gb": ("memory_gb", "GB"), "max_drift": ("drift", "")}
@@ -159,7 +160,17 @@ def parse(words: list[str]) -> TuneSettings:
     if settings.objective.needs_price and settings.price_per_hour is None and not settings.machine:
         raise UserError("objective=cost needs a price: give price_per_hour=$/h (this machine) or machine=NAME "
                         "(see corescale cost --list-machines)")
+    if settings.objective.scenario == "server" and settings.slo_p99_ms is None:
+        raise UserError("objective=server_qps needs slo_p99_ms=MS: the p99 bound each configuration's highest "
+                        "arrival rate is searched under (MLPerf's BERT bound is 130)")
     return settings
+
+
+def scenario_overrides(settings: TuneSettings) -> list[str]:
+    """What every trial of this objective measures in (the server scenario's QPS search under the SLO)."""
+    if settings.objective.scenario != "server":
+        return []
+    return ["scenario=server", "target_qps=auto", f"slo_p99_ms={settings.slo_p99_ms:g}"]
 
 
 def _knob(key: str, value: str | None):

@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass, field
 
 from corescale.backends import OPTIONS, check_available
+from corescale.backends.pytorch.options import ONEDNN_PRECISIONS
 from corescale.config import OPENMP_BACKENDS, BenchmarkConfig
 from corescale.errors import UserError
 from corescale.overrides import override_key
@@ -39,6 +40,7 @@ class Space:
     allocators: list[str]
     openmp: list[str]  # for the OpenMP backends only
     notes: list[str] = field(default_factory=list)  # what was left out and why
+    batch_key: str = "batch_size"  # server.max_batch for objective=server_qps: the dynamic batch's bound
 
     def size(self) -> int:
         per_layout = sum(len(self.threads[_cores(layout)]) for layout in self.layouts)
@@ -102,7 +104,7 @@ def _library_found(library) -> bool:
 
 
 def derive(cfg: BenchmarkConfig, overrides: list[str], narrow: dict[str, list[str]], physical_cores: int,
-           isa: dict, latency: bool) -> Space:
+           isa: dict, latency: bool, batch_key: str = "batch_size") -> Space:
     """The space of this machine and install, narrowed by the user's fixed overrides and space.* lists."""
     from corescale.machine.instance_env import ALLOCATORS, INTEL_OPENMP
 
@@ -117,10 +119,13 @@ def derive(cfg: BenchmarkConfig, overrides: list[str], narrow: dict[str, list[st
     options = {b: _option_values(b) for b in backends}
     layouts = candidate_layouts(physical_cores)
     threads = {c: [""] + [str(t) for t in powers(c) if t != c] for c in powers(physical_cores)}
-    batch_sizes = [str(cfg.batch_size)] if latency or "batch_size" in given else list(THROUGHPUT_BATCHES)
+    if batch_key != "batch_size":  # the server scenario batches dynamically, up to the searched bound
+        batch_sizes = [str(cfg.server.max_batch)] if batch_key in given else list(THROUGHPUT_BATCHES)
+    else:
+        batch_sizes = [str(cfg.batch_size)] if latency or "batch_size" in given else list(THROUGHPUT_BATCHES)
     allocators = ["default"] + [a for a, lib in ALLOCATORS.items() if _library_found(lib)]
     openmp = ["default"] + (["intel"] if _library_found(INTEL_OPENMP) else [])
-    space = Space(backends, precisions, options, layouts, threads, batch_sizes, allocators, openmp, notes)
+    space = Space(backends, precisions, options, layouts, threads, batch_sizes, allocators, openmp, notes, batch_key)
     _fix(space, cfg, given)
     _narrow(space, narrow)
     _check_not_empty(space)
@@ -234,20 +239,33 @@ def _check_not_empty(space: Space) -> None:
                         "overrides and space.* lists (space.backend and precision must share a supported pair)")
 
 
+# backend option values that hold for some precisions only (the backend's own check refuses the others)
+PRECISION_BOUND = {("linear", "onednn"): ONEDNN_PRECISIONS}
+
+
+def option_values(option: str, values: list[str], precision: str) -> list[str]:
+    return [v for v in values if precision in PRECISION_BOUND.get((option, v), (precision,))]
+
+
 def suggest(trial, space: Space) -> list[str]:
     """One configuration drawn from an Optuna trial (dimensions with one value are not parameters)."""
     def pick(name, values):
         return values[0] if len(values) == 1 else trial.suggest_categorical(name, values)
 
     backend = pick("backend", space.backends)
-    overrides = [f"backend={backend}", f"precision={pick(f'precision[{backend}]', space.precisions[backend])}"]
-    overrides += [f"backend.{o}={pick(f'{backend}.{o}', v)}" for o, v in space.options[backend].items()]
+    precision = pick(f"precision[{backend}]", space.precisions[backend])
+    overrides = [f"backend={backend}", f"precision={precision}"]
+    for option, values in space.options[backend].items():
+        usable = option_values(option, values, precision)  # a narrower list is a parameter of its own
+        name = f"{backend}.{option}" if usable == values else f"{backend}.{option}[{precision}]"
+        if usable:
+            overrides.append(f"backend.{option}={pick(name, usable)}")
     layout = pick("layout", space.layouts)
     overrides += layout_overrides(layout)
     threads = pick(f"threads[{_cores(layout)}]", space.threads[_cores(layout)])
     if threads:
         overrides.append(f"threads={threads}")
-    overrides.append(f"batch_size={pick('batch_size', space.batch_sizes)}")
+    overrides.append(f"{space.batch_key}={pick('batch_size', space.batch_sizes)}")
     overrides.append(f"allocator={pick('allocator', space.allocators)}")
     if backend in OPENMP_BACKENDS:
         overrides.append(f"openmp={pick('openmp', space.openmp)}")
