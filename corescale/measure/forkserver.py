@@ -87,7 +87,20 @@ class AdoptedProcess:
 class Server:
     process: subprocess.Popen
     channel: socket.socket
-    threads: int
+    threads: int | None = None  # known once its imports are done (the "ready" line)
+
+    def wait_ready(self) -> bool:
+        if self.threads is None:
+            self.channel.settimeout(READY_TIMEOUT_S)
+            try:
+                reply = _read_line(self.channel)
+            except OSError:
+                reply = ""
+            self.channel.settimeout(None)
+            if not reply.startswith("ready "):
+                return False
+            self.threads = int(reply.split()[1])
+        return True
 
     def fork(self, job_path: Path, stderr_path: Path) -> AdoptedProcess:
         stdin_r, stdin_w = os.pipe()
@@ -107,13 +120,11 @@ class Server:
                               self.process.pid)
 
     def close(self) -> None:
+        """It holds nothing to save: killed at once (its forked workers are not its children any more)."""
         with contextlib.suppress(OSError):
-            self.channel.close()  # end of input: the server exits
-        try:
-            self.process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+            self.channel.close()
+        self.process.kill()
+        self.process.wait()
 
 
 class ForkServers:
@@ -144,9 +155,10 @@ class ForkServers:
                 server.close()
         return RepeatServers(self, repeat)
 
-    def spawn(self, prefix: list[str], env: dict[str, str], cpus, backend: str, model_type: str,
-              job_path: Path, stderr_path: Path, repeat: int = 0) -> AdoptedProcess | None:
-        """A worker forked from the server for this launch (started now if needed); None: start it fresh."""
+    def prepare(self, prefix: list[str], env: dict[str, str], cpus, backend: str, model_type: str,
+                repeat: int = 0) -> tuple | None:
+        """Starts the server for this launch unless there is one, without waiting for its imports (a trial's
+        servers import side by side); returns its key, None when this launch never forks."""
         if not self.enabled or backend in NEVER_FORKED:
             return None
         key = (repeat, tuple(prefix), tuple(sorted(env.items())), tuple(sorted(cpus)), backend)
@@ -154,15 +166,23 @@ class ForkServers:
             self._evict()
             self.servers[key] = self._start(prefix, env, cpus, modules_for(backend, model_type))
         self.servers.move_to_end(key)
-        server = self.servers[key]
+        return key
+
+    def spawn(self, prefix: list[str], env: dict[str, str], cpus, backend: str, model_type: str,
+              job_path: Path, stderr_path: Path, repeat: int = 0) -> AdoptedProcess | None:
+        """A worker forked from the server for this launch (started now if needed); None: start it fresh."""
+        key = self.prepare(prefix, env, cpus, backend, model_type, repeat)
+        server = self.servers.get(key) if key else None
         if server is None:
             return None
         try:
-            return server.fork(job_path, stderr_path)
+            if server.wait_ready():
+                return server.fork(job_path, stderr_path)
         except OSError:
-            server.close()
-            self.servers[key] = None
-            return None
+            pass
+        server.close()
+        self.servers[key] = None  # this launch starts fresh from now on
+        return None
 
     def _evict(self) -> None:
         while len(self.servers) >= self.limit:
@@ -173,23 +193,18 @@ class ForkServers:
     def _start(self, prefix: list[str], env: dict[str, str], cpus, modules: list[str]) -> Server | None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         log = self.work_dir / f"forkserver-{len(self.servers)}-{time.monotonic_ns()}.log"
-        with open(log, "wb") as stderr:
-            process = subprocess.Popen(
-                [*prefix, sys.executable, "-m", "corescale.measure.forkserver", str(theirs.fileno()), *modules],
-                stdin=subprocess.DEVNULL, stdout=stderr, stderr=stderr, env=env, pass_fds=[theirs.fileno()],
-                start_new_session=True, preexec_fn=instance_env.pin_before_exec(cpus))
-        theirs.close()
-        ours.settimeout(READY_TIMEOUT_S)
         try:
-            reply = _read_line(ours)
+            with open(log, "wb") as stderr:
+                process = subprocess.Popen(
+                    [*prefix, sys.executable, "-m", "corescale.measure.forkserver", str(theirs.fileno()), *modules],
+                    stdin=subprocess.DEVNULL, stdout=stderr, stderr=stderr, env=env, pass_fds=[theirs.fileno()],
+                    start_new_session=True, preexec_fn=instance_env.pin_before_exec(cpus))
         except OSError:
-            reply = ""
-        ours.settimeout(None)
-        server = Server(process, ours, int(reply.split()[1]) if reply.startswith("ready ") else 0)
-        if not reply.startswith("ready "):
-            server.close()
+            ours.close()
             return None
-        return server
+        finally:
+            theirs.close()
+        return Server(process, ours)
 
     def close(self) -> None:
         for server in self.servers.values():
@@ -207,8 +222,11 @@ class RepeatServers:
     servers: ForkServers
     repeat: int
 
-    def spawn(self, *args, **kwargs) -> AdoptedProcess | None:
-        return self.servers.spawn(*args, **kwargs, repeat=self.repeat)
+    def prepare(self, *args) -> None:
+        self.servers.prepare(*args, repeat=self.repeat)
+
+    def spawn(self, *args) -> AdoptedProcess | None:
+        return self.servers.spawn(*args, repeat=self.repeat)
 
 
 def _read_line(channel: socket.socket) -> str:

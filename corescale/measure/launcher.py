@@ -87,13 +87,15 @@ class Launcher:
         preload = instance_env.preload_paths(cfg)  # a missing library is a UserError before anything starts
         job = {"config": cfg.to_dict(), "model": dataclasses.asdict(model),
                "trial_cpus": sorted(c for spec in specs for c in spec.cpus), **self.job}  # siblings: not foreign
-        for spec in specs:
+        launches = [(spec, instance_env.command_prefix(spec), instance_env.environment(cfg, spec, preload))
+                    for spec in specs]
+        for spec, prefix, env in launches if self.forkservers else ():  # their servers import side by side
+            self.forkservers.prepare(prefix, env, spec.cpus, cfg.backend.name, model.model_type)
+        for spec, prefix, env in launches:
             spec_path = self.work_dir / f"instance-{spec.id}.json"
             spec_path.write_text(json.dumps({**job, "instance": spec.to_json()}))
             stderr_path = self.work_dir / f"instance-{spec.id}.stderr.log"
-            prefix = instance_env.command_prefix(spec)
             command = [*prefix, sys.executable, "-m", "corescale.measure.worker", str(spec_path)]
-            env = instance_env.environment(cfg, spec, preload)
             process = self.forkservers and self.forkservers.spawn(prefix, env, spec.cpus, cfg.backend.name,
                                                                   model.model_type, spec_path, stderr_path)
             launch = {"command_prefix": prefix, "env": instance_env.instance_variables(cfg, spec, preload),
