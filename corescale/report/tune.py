@@ -35,11 +35,20 @@ def _measurements(frame) -> list[dict]:
                                                           "cores_per_instance", "threads", "batch_size",
                                                           "allocator", "openmp", "duration")
                  or (k.startswith("backend.") and k != "backend.name")}
-        rows.append({"p50": row["latency_p50_ms"], "p99": row["latency_p99_ms"],
-                     "throughput": row["throughput_samples_per_s"], "finished": row["finished_at"],
+        served = _number(row.get("server_max_valid_qps"))  # a server search: its max valid QPS, p99 there
+        rate = served if served is not None else _number(row["throughput_samples_per_s"])
+        p50 = _number(row["latency_p50_ms"])
+        p50 = p50 if p50 is not None else _number(row.get("server_p50_ms"))
+        if rate is None or p50 is None:
+            continue  # a server search where no rate met the SLO: nothing to place
+        rows.append({"p50": p50, "p99": row["latency_p99_ms"], "throughput": rate, "finished": row["finished_at"],
                      "duration": config.get("duration"), "run": row["run"],
                      "config": "<br>".join(f"{k}={v}" for k, v in shown.items() if v is not None)})
     return rows
+
+
+def _number(value) -> float | None:
+    return None if value is None or value != value else float(value)  # NaN: not measured
 
 
 def pareto(points: list[dict]) -> list[dict]:

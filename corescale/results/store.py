@@ -149,6 +149,7 @@ def _metric_columns(record: TrialRecord) -> dict:
     return {
         "server_validity": server.get("validity"),  # scenario=server|single_stream (LoadGen)
         "server_max_valid_qps": server.get("max_valid_qps"),
+        "server_p50_ms": (server.get("latency_ms") or {}).get("p50"),
         "server_p99_ms": (server.get("latency_ms") or {}).get("p99"),
         "cpus_total": sum(len(inst.get("cpus", [])) for inst in placed) or None,
         "cpus_per_instance": len(placed[0].get("cpus", [])) if placed else None,

@@ -23,10 +23,10 @@ def interval_json(interval: Interval) -> dict:
 
 
 def role(f: Finalist, verdict: Verdict) -> str:
+    if f is verdict.winner:  # the out-of-box baseline too, when nothing measured beats it
+        return "winner"
     if f.baseline:
         return "baseline"
-    if f is verdict.winner:
-        return "winner"
     if f.label in verdict.tie:
         return "tie"
     return "runner-up" if f in verdict.ranked else "infeasible"

@@ -124,7 +124,8 @@ def same(a: np.ndarray, b: np.ndarray) -> tuple[bool, float]:
 def decide(finalists: list[Finalist], baseline: Finalist | None, objective: Objective,
            settings: TuneSettings) -> Verdict:
     metric = objective.metric
-    good = [f for f in finalists if f.feasible(settings) and f.values(metric).size]
+    candidates = [*finalists, *([baseline] if baseline is not None else [])]  # out-of-box may be the best here
+    good = [f for f in candidates if f.feasible(settings) and f.values(metric).size]
     bad = [f for f in finalists if f not in good]
     sign = -1 if objective.direction == "maximize" else 1
     good.sort(key=lambda f: sign * f.interval(metric).mean)
