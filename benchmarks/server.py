@@ -1,6 +1,7 @@
 """Server scenario on this machine: offline samples/s vs LoadGen server max QPS at a p99 SLO.
 
     python benchmarks/server.py [--model bert-base] [--sequence-length 128] [--duration 10] [--output DIR]
+                                [OVERRIDES ...]       e.g. backend=onnxruntime precision=int8 (the tune's choice)
 
 For each layout (1 instance x 2 cores, 2 instances x 1 core) the closed loop (offline) at batch 8 gives
 samples/s. The server layout (--server-layout, default the latency layout 1 x 2 cores: on a 1-core instance one
@@ -33,6 +34,7 @@ def main() -> int:
     parser.add_argument("--precision", type=float, default=0.15, help="server.search_precision")
     parser.add_argument("--max-steps", type=int, default=5, help="server.max_steps")
     parser.add_argument("--output", default=None)
+    parser.add_argument("overrides", nargs="*", help="the deployment: backend=, precision=, backend.* ...")
     args = parser.parse_args()
 
     from corescale.measure.runner import prepare_trial
@@ -43,7 +45,8 @@ def main() -> int:
     out = args.output or tempfile.mkdtemp(prefix="corescale-server-bench-")
     base = [f"model={args.model}", f"sequence_length={args.sequence_length}", f"duration={args.duration}",
             f"output_dir={out}", "calibrate=false", f"server.min_query_count={args.min_queries}",
-            f"server.search_precision={args.precision}", f"server.max_steps={args.max_steps}", "timeout=900"]
+            f"server.search_precision={args.precision}", f"server.max_steps={args.max_steps}", "timeout=900",
+            *args.overrides]
     offline = {}
     for name, layout in LAYOUTS.items():
         print(f"offline {name} ...", file=sys.stderr, flush=True)
@@ -66,7 +69,7 @@ def main() -> int:
                      "mean_rows": (server.get("batching") or {}).get("mean_rows"),
                      "parent_cores": (server.get("parent") or {}).get("cores_used"), "path": str(outcome.path),
                      "reason": outcome.record.reason, "unreachable": server.get("unreachable")})
-    print(f"model {args.model}, seq {args.sequence_length}; results under {out}\n")
+    print(f"model {args.model}, seq {args.sequence_length} {' '.join(args.overrides)}; results under {out}\n")
     print("| layout | offline samples/s (batch 8) |\n|---|---|")
     for name, rate in offline.items():
         print(f"| {name}{' (best)' if name == best else ''} | {rate:.2f} |")

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from conftest import FAST, corescale, execute, raw_record
 
-from corescale.measure.server import Batcher, knee, search
+from corescale.measure.batching import Batcher
+from corescale.measure.qps_search import knee, search
 from corescale.overrides import compose
 from corescale.workload.samples import (
     QuerySet,

@@ -12,7 +12,6 @@ the SLO, early stopping, minimum duration and query count), the instances stayin
 
 from __future__ import annotations
 
-import collections
 import json
 import queue
 import re
@@ -24,77 +23,13 @@ from pathlib import Path
 
 import numpy as np
 
+from corescale.measure.batching import Batcher
+from corescale.measure.qps_search import floor_qps, knee, load_curve, search
 from corescale.results.record import Failure
-from corescale.workload.samples import padded_length
 
 NO_SLO_NS = 3_600 * 10**9  # fixed target_qps without slo_p99_ms: LoadGen needs a bound; an hour judges nothing
 PERCENTILES = ("50.00", "90.00", "95.00", "97.00", "99.00", "99.90")
 LOG_FILES = ("summary", "detail")
-
-
-@dataclass
-class Waiting:
-    sample: object  # LoadGen's QuerySample (id, index)
-    arrived_ns: int
-    length: int
-
-
-class Batcher:
-    """The one queue every instance takes its batches from."""
-
-    def __init__(self, cfg, lengths: np.ndarray):
-        self.max_batch = cfg.server.max_batch if cfg.scenario == "server" else 1
-        self.max_queue_ns = int(cfg.server.max_queue_ms * 1e6)
-        self.max_tokens = cfg.server.max_batch_tokens
-        self.pad, self.limit, self.lengths = cfg.pad, cfg.sequence_length, lengths
-        self.cond = threading.Condition()
-        self.waiting: collections.deque[Waiting] = collections.deque()
-        self.closed = False
-
-    def put(self, samples) -> None:
-        now = time.perf_counter_ns()
-        with self.cond:
-            self.waiting.extend(Waiting(s, now, int(self.lengths[s.index])) for s in samples)
-            self.cond.notify_all()
-
-    def close(self) -> None:
-        with self.cond:
-            self.closed = True
-            self.cond.notify_all()
-
-    def take(self) -> list[Waiting] | None:
-        """The next batch (blocks); None once closed and empty."""
-        with self.cond:
-            while True:
-                if not self.waiting:
-                    if self.closed:
-                        return None
-                    self.cond.wait()
-                    continue
-                left_ns = self.waiting[0].arrived_ns + self.max_queue_ns - time.perf_counter_ns()
-                if len(self.waiting) >= self.max_batch or left_ns <= 0 or self.closed:
-                    return self._pop()
-                self.cond.wait(left_ns / 1e9)
-
-    def _pop(self) -> list[Waiting]:
-        """Oldest first; pad=sorted fills the batch with the waiting queries nearest the oldest one's length.
-        The token budget stops the batch at the first query that would overflow it (no starvation)."""
-        oldest = self.waiting[0]
-        candidates = list(self.waiting)
-        if self.pad == "sorted":
-            candidates = [oldest] + sorted(candidates[1:], key=lambda w: abs(w.length - oldest.length))
-        chosen: list[Waiting] = []
-        for item in candidates:
-            if len(chosen) == self.max_batch:
-                break
-            if self.max_tokens and chosen:
-                length = padded_length([w.length for w in chosen] + [item.length], self.pad, self.limit)
-                if (len(chosen) + 1) * length > self.max_tokens:
-                    break
-            chosen.append(item)
-        ids = {id(w) for w in chosen}
-        self.waiting = collections.deque(w for w in self.waiting if id(w) not in ids)
-        return chosen
 
 
 @dataclass
@@ -359,66 +294,6 @@ def _cpu_seconds() -> float:
     """The parent's own CPU time (LoadGen, the queue and the dispatchers are all threads of it)."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
-
-
-# --- the search ---------------------------------------------------------------------------------------------------
-
-def floor_qps(cfg) -> float:
-    """Below this rate LoadGen's minimum query count would take more than half the timeout per test."""
-    return cfg.server.min_query_count / (0.5 * cfg.timeout)
-
-
-def search(step, first: float, precision: float, max_steps: int, steps: list, floor: float = 0.0,
-           slo_ms: float | None = None) -> float | None:
-    """Bracket (double until a step misses the SLO, halve until one meets it) then bisect until the bracket is
-    within `precision` of its low end; every step is appended to `steps`. Returns the highest QPS that met it.
-    Halving stops below `floor` (a LoadGen test there would outlast the timeout)."""
-    low = high = None
-    qps = max(first, floor)
-    while len(steps) < max_steps and qps >= floor:
-        result = step(qps)
-        steps.append(result)
-        if result.meets_slo:
-            low = qps if low is None else max(low, qps)
-        else:
-            high = qps if high is None else min(high, qps)
-            if low is None and slo_ms is not None and (result.latency_ms or {}).get("min", 0) > slo_ms:
-                break  # even the fastest query missed: lower rates cannot help
-        if low is None:
-            qps = high / 2
-        elif high is None:
-            qps = low * 2
-        elif (high - low) / low <= precision:
-            break
-        else:
-            qps = (low + high) / 2
-        qps = float(f"{qps:.4g}")
-    return low
-
-
-def load_curve(steps: list[dict]) -> list[dict]:
-    """(QPS, p50/p90/p99) of every step, by offered load."""
-    points = [{"target_qps": s["target_qps"], "scheduled_qps": s["scheduled_qps"], "completed_qps": s["completed_qps"],
-               **{k: s["latency_ms"].get(k) for k in ("p50", "p90", "p99")}, "validity": s["validity"],
-               "meets_slo": s["meets_slo"]} for s in steps if s["target_qps"] is not None]
-    return sorted(points, key=lambda p: p["target_qps"])
-
-
-def knee(curve: list[dict]) -> float | None:
-    """The QPS where p99 turns up: the point farthest below the chord from the first to the last point, both axes
-    scaled to [0, 1] (Kneedle, Satopää et al. 2011); None with fewer than three distinct loads."""
-    points = [(p["target_qps"], p["p99"]) for p in curve if p["p99"] is not None]
-    if len({q for q, _ in points}) < 3:
-        return None
-    qs, ps = np.array([q for q, _ in points], float), np.array([p for _, p in points], float)
-    x = (qs - qs.min()) / (qs.max() - qs.min())
-    span = ps.max() - ps.min()
-    if span <= 0:
-        return None
-    y = (ps - ps.min()) / span
-    below = x - y  # p99 rising late: the chord y = x lies above the curve
-    best = int(np.argmax(below))
-    return float(qs[best]) if below[best] > 0 else None
 
 
 def summarise(cfg, outcome: ServeOutcome, queries: dict) -> dict:

@@ -1,0 +1,79 @@
+"""Dynamic batching of the server scenario: the one queue every instance takes its batches from (up to
+server.max_batch queries and server.max_batch_tokens padded tokens, waiting at most server.max_queue_ms after
+the oldest query arrived)."""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from corescale.workload.samples import padded_length
+
+
+@dataclass
+class Waiting:
+    sample: object  # LoadGen's QuerySample (id, index)
+    arrived_ns: int
+    length: int
+
+
+class Batcher:
+    """The one queue every instance takes its batches from."""
+
+    def __init__(self, cfg, lengths: np.ndarray):
+        self.max_batch = cfg.server.max_batch if cfg.scenario == "server" else 1
+        self.max_queue_ns = int(cfg.server.max_queue_ms * 1e6)
+        self.max_tokens = cfg.server.max_batch_tokens
+        self.pad, self.limit, self.lengths = cfg.pad, cfg.sequence_length, lengths
+        self.cond = threading.Condition()
+        self.waiting: collections.deque[Waiting] = collections.deque()
+        self.closed = False
+
+    def put(self, samples) -> None:
+        now = time.perf_counter_ns()
+        with self.cond:
+            self.waiting.extend(Waiting(s, now, int(self.lengths[s.index])) for s in samples)
+            self.cond.notify_all()
+
+    def close(self) -> None:
+        with self.cond:
+            self.closed = True
+            self.cond.notify_all()
+
+    def take(self) -> list[Waiting] | None:
+        """The next batch (blocks); None once closed and empty."""
+        with self.cond:
+            while True:
+                if not self.waiting:
+                    if self.closed:
+                        return None
+                    self.cond.wait()
+                    continue
+                left_ns = self.waiting[0].arrived_ns + self.max_queue_ns - time.perf_counter_ns()
+                if len(self.waiting) >= self.max_batch or left_ns <= 0 or self.closed:
+                    return self._pop()
+                self.cond.wait(left_ns / 1e9)
+
+    def _pop(self) -> list[Waiting]:
+        """Oldest first; pad=sorted fills the batch with the waiting queries nearest the oldest one's length.
+        The token budget stops the batch at the first query that would overflow it (no starvation)."""
+        oldest = self.waiting[0]
+        candidates = list(self.waiting)
+        if self.pad == "sorted":
+            candidates = [oldest] + sorted(candidates[1:], key=lambda w: abs(w.length - oldest.length))
+        chosen: list[Waiting] = []
+        for item in candidates:
+            if len(chosen) == self.max_batch:
+                break
+            if self.max_tokens and chosen:
+                length = padded_length([w.length for w in chosen] + [item.length], self.pad, self.limit)
+                if (len(chosen) + 1) * length > self.max_tokens:
+                    break
+            chosen.append(item)
+        ids = {id(w) for w in chosen}
+        self.waiting = collections.deque(w for w in self.waiting if id(w) not in ids)
+        return chosen
