@@ -146,7 +146,8 @@ def main() -> int:
         key = winner_key(doc)
         chosen = table.get(key, float("nan")) / table[best_key] if key else float("nan")
         own = next((f["throughput"]["mean"] for f in doc["finalists"] if f["role"] == "winner"), float("nan"))
-        trials = sum(1 for t in doc["trials"] if t["state"] in ("COMPLETE", "PRUNED", "FAIL"))
+        trials = sum(1 for t in doc["trials"] if t["state"] in ("COMPLETE", "PRUNED", "FAIL")
+                     and t["repeat_of"] is None)  # a configuration asked again is answered from the study
         print(f"seed {seed}: {trials} tune trials ({trials / len(configs):.0%} of the grid), {doc['measurements']} "
               f"measurements, {doc['wall_s'] / 60:.1f} min; winner {doc['winner']}: brute-force throughput of "
               f"the choice ÷ best = {chosen:.3f}; tuner's own mean ÷ best = {own / table[best_key]:.3f}")

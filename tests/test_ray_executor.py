@@ -18,7 +18,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from conftest import FAST, ROOT, raw_record
+from conftest import FAST, ROOT, corescale, raw_record
 
 from corescale.overrides import expand_sweep
 from corescale.results.files import iter_run_dirs
@@ -60,7 +60,7 @@ def cluster():
         with affinity(CPUS[:1]):  # the raylet and every worker it starts inherit this
             ray_cluster.add_node(num_cpus=1, node_ip_address=LOOPBACK,
                                  resources={"corescale_node": 1, "corescale_type:b": 1})
-        yield SimpleNamespace(address=ray_cluster.address, tmp=tmp)
+        yield SimpleNamespace(address=ray_cluster.address, tmp=tmp, cluster=ray_cluster)
     finally:
         ray_cluster.shutdown()
         patch.undo()
@@ -337,3 +337,71 @@ def test_unreachable_cluster_fails_fast(tmp_path):
     with pytest.raises(UserError, match=r"cannot reach the Ray cluster at '127.0.0.1:1' \(Connection refused\)"):
         run_trials(trials)
     assert time.monotonic() - started < 10
+
+
+TUNE = [*QUICK, "duration=0.6", "tune.screen=0.3", "tune.top_k=1", "tune.repeats=2", "space.backend=[pytorch]",
+        "space.precision=[fp32]", "space.batch_size=[1,2]", "--no-progress", "--no-report"]
+
+
+def test_tune_fans_out_over_each_node_type_and_ranks_them_by_cost(cluster, tmp_path):
+    """Type a: one node, every CPU. Type c: two 1-CPU nodes, so its final repeats run side by side."""
+    added = []
+    try:
+        for cpu in CPUS[:2]:
+            with affinity([cpu]):
+                added.append(cluster.cluster.add_node(num_cpus=1, node_ip_address=LOOPBACK, resources={
+                    "corescale_node": 1, "corescale_type:c": 1}))
+        cluster.cluster.wait_for_nodes()
+        out = tmp_path / "out"
+        proc = corescale("tune", *TUNE, "trials=1", f"output_dir={out}", "executor=ray",
+                         f"executor.address={cluster.address}", "executor.node_type=a,c",
+                         "price_per_hour={a:0.2,c:0.3}", timeout=900)
+    finally:
+        for node in added:
+            cluster.cluster.remove_node(node)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    fleet_dir, = out.glob("tune-*")
+    ranking = json.loads((fleet_dir / "node-types.json").read_text())
+    by_type = {e["node_type"]: e for e in ranking["node_types"]}
+    assert set(by_type) == {"a", "c"}
+    assert (by_type["a"]["physical_cores"], by_type["c"]["physical_cores"]) == (len(CPUS), 1)  # probed on the nodes
+    assert (by_type["a"]["nodes"], by_type["c"]["nodes"]) == (1, 2)
+    costs = [e["cost_per_1m"] for e in ranking["node_types"]]
+    assert costs == sorted(costs) and [e["rank"] for e in ranking["node_types"]] == [1, 2]
+    for e in ranking["node_types"]:  # the mean over the winner's repeats of price / rate
+        doc = json.loads((fleet_dir / e["node_type"] / "tune.json").read_text())
+        winner = next(f for f in [*doc["finalists"], doc["baseline"]] if f["role"] == "winner")
+        rates = [json.loads((Path(p) / "result.json").read_text())["metrics"]["throughput_samples_per_s"]
+                 for p in winner["paths"]]
+        assert e["winner"] == winner["label"] and e["throughput"] == pytest.approx(sum(rates) / len(rates))
+        costs = [e["price_per_hour"] / (rate * 3600) * 1e6 for rate in rates]
+        assert e["cost_per_1m"] == pytest.approx(sum(costs) / len(costs), rel=1e-9)
+    assert f"cheapest per 1M inferences: node type {ranking['node_types'][0]['node_type']}" in proc.stdout
+    for node_type in ("a", "c"):
+        doc = json.loads((fleet_dir / node_type / "tune.json").read_text())
+        assert doc["node_type"] == node_type and doc["headline"][0].startswith(f"recommended on node type {node_type}")
+        records = iter_records(fleet_dir / node_type)
+        assert records and all(r["node"]["node_type"] == node_type and r["executor"]["name"] == "ray"
+                               for r in records)
+        cores = {r["environment"]["topology"]["physical_cores"] for r in records}
+        assert cores == {by_type[node_type]["physical_cores"]}
+        for finalist in [*doc["finalists"], doc["baseline"]]:  # the final stage's repeats ran on the cluster too
+            assert len(finalist["paths"]) == 2 and finalist["throughput"]["n"] == 2
+    spans = [dict(r["executor"], node=r["node"]["ray_node_id"]) for r in iter_records(fleet_dir / "c")]
+    assert len({s["node"] for s in spans}) == 2
+    for i, x in enumerate(spans):  # one trial per node at a time, the two nodes side by side
+        for y in spans[i + 1:]:
+            assert not (x["node"] == y["node"] and overlap(x, y))
+    assert any(overlap(x, y) for i, x in enumerate(spans) for y in spans[i + 1:])
+
+
+def iter_records(folder):
+    return [raw_record(d) for d in iter_run_dirs(folder)]
+
+
+def test_tune_refuses_nodes_of_one_type_that_differ(cluster, tmp_path):
+    proc = corescale("tune", *TUNE, "trials=1", f"output_dir={tmp_path / 'out'}", "executor=ray",
+                     f"executor.address={cluster.address}", timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "the nodes of type (any) differ" in proc.stderr and "a node type must be one machine kind" in proc.stderr
+    assert not (tmp_path / "out").exists()

@@ -184,6 +184,16 @@ def test_space_follows_the_cpu_and_the_install():
     assert spaces.candidate_layouts(8) == ["1x1", "2x1", "4x1", "8x1", "1x2", "2x2", "4x2", "1x4", "2x4", "1x8"]
 
 
+def test_first_trials_are_each_backend_at_its_fastest_precision_and_the_objectives_layout():
+    space = _space([], {"backend": ["pytorch", "onnxruntime"]})  # 2 cores: layouts 1x1, 2x1, 1x2
+    assert spaces.starting_points(space, latency=False) == [
+        {"backend": "pytorch", "precision[pytorch]": "int8", "layout": "2x1"},
+        {"backend": "onnxruntime", "precision[onnxruntime]": "int8", "layout": "2x1"}]
+    assert [p["layout"] for p in spaces.starting_points(space, latency=True)] == ["1x2", "1x2"]
+    fixed = _space(["instances=1", "cores_per_instance=2"], {"backend": ["pytorch"], "precision": ["fp32"]})
+    assert spaces.starting_points(fixed, latency=False) == []  # nothing left to choose: the sampler's draw
+
+
 def test_space_narrowing_and_suggest():
     space = _space(narrow={"backend": ["onnxruntime", "pytorch"], "layout": ["2x1"], "backend.fusion": ["true"]})
     assert space.backends == ["pytorch", "onnxruntime"] and space.options["onnxruntime"]["fusion"] == ["true"]
@@ -216,6 +226,37 @@ def test_settings_parse_words_apart_from_overrides():
     assert s.space == {"backend": ["pytorch", "onnxruntime"]} and s.overrides == ["model=bert-tiny"]
     assert tune_settings.parse([]).trials == 20
     assert set(tune_settings.OBJECTIVES) == {"throughput", "latency", "cost", "server_qps"}
+
+
+def test_node_types_and_their_prices_are_parsed_per_type():
+    s = tune_settings.parse(["executor=ray", "executor.node_type=[small, big]", "price_per_hour={small:0.36,big:2.1}",
+                             "model=bert-tiny"])
+    assert s.node_types == ["small", "big"] and s.overrides == ["executor=ray", "model=bert-tiny"]
+    assert s.for_node_type("big").price_per_hour == 2.1 and s.for_node_type("big").node_types == ["big"]
+    assert s.identity() == tune_settings.parse(["executor=ray", "executor.node_type=small", "model=bert-tiny",
+                                                "price_per_hour={small:0.36}"]).identity()  # adding a type resumes
+    one = tune_settings.parse(["executor=ray", "executor.node_type=a,b", "machine={a:c6i.2xlarge,b:c6i.12xlarge}"])
+    assert one.for_node_type("a").machine == "c6i.2xlarge" and one.for_node_type("b").machine == "c6i.12xlarge"
+
+
+@pytest.mark.parametrize("words, message", [
+    (["executor=ray", "executor.node_type=a,b"], "the node types are ranked by cost per 1M inferences, so each "
+     "needs a price; missing for a, b: give price_per_hour={a:USD_PER_HOUR,b:USD_PER_HOUR}"),
+    (["executor=ray", "executor.node_type=a,b", "price_per_hour={a:1}"], "missing for b"),
+    (["executor=ray", "executor.node_type=a", "price_per_hour={z:1}"], "name node type 'z', which is not tuned"),
+    (["executor=ray", "executor.node_type=a", "price_per_hour={a:nan}"], "is not a finite number"),
+    (["executor=ray", "executor.node_type=a", "price_per_hour={a:}"], "expected a value or {type:value,...}"),
+])
+def test_node_type_settings_errors_are_one_line(words, message):
+    with pytest.raises(UserError) as info:
+        tune_settings.parse(words)
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_node_type_without_ray_is_refused_before_anything_runs(tmp_path):
+    proc = corescale("tune", "model=bert-tiny", "executor.node_type=a", f"output_dir={tmp_path / 'out'}")
+    assert proc.returncode == 2 and "executor.node_type needs executor=ray" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
 
 
 def test_server_qps_searches_the_server_scenario_and_its_batching():
@@ -266,5 +307,8 @@ def test_a_tie_is_reported_with_the_simpler_first_and_a_clear_winner_is_not():
     clear = [_finalist("fast", [50.0, 50.5, 49.8]), _finalist("slow", [30.0, 30.2, 29.9], complexity=0)]
     verdict = decide(clear, baseline, settings.objective, settings)
     assert verdict.winner.label == "fast" and not verdict.tie
+    noisy = [_finalist("1 core", [44, 36, 51], complexity=1), _finalist("2x1", [50, 43, 57], complexity=3)]
+    verdict = decide(noisy, baseline, settings.objective, settings)  # a tie, but 13 % apart: the faster first
+    assert verdict.tie == ["2x1", "1 core"] and verdict.winner.label == "2x1"
     over = decide([_finalist("over the SLO", [5.0, 5.1, 5.2])], baseline, settings.objective, settings)
     assert over.winner is None and over.infeasible[0].label == "over the SLO"  # p99 240 ms > 100 ms

@@ -16,6 +16,7 @@ def register(sub) -> None:
     parser.add_argument("--no-report", action="store_true", help="do not write the HTML report")
     parser.add_argument("overrides", nargs="*", help="objective=throughput|latency|cost, slo_p99_ms=, max_drift=, "
                         "max_memory_gb=, price_per_hour= or machine=, budget=5m or trials=N, space.NAME=[a,b], "
+                        "executor=ray executor.node_type=a,b price_per_hour={a:P,b:Q} (rank node types), "
                         "and Hydra overrides (model=bert-tiny ...) that fix what is not searched")
     parser.set_defaults(handler=handle)
 
@@ -33,6 +34,7 @@ def listener_factory(progress_enabled: bool):
             self.tune_progress, self.reserve = progress, reserve
 
         def starting(self, item, state) -> None:
+            self._close()  # on Ray, trials start side by side: the bars follow the latest
             status = self.tune_progress.text(self.reserve) if self.tune_progress else ""
             console.print(f"[bold]{escape(item.label)}[/bold]", soft_wrap=True)
             total = self.tune_progress.trials or 0 if self.tune_progress else 0
@@ -48,29 +50,42 @@ def handle(args) -> int:
 
 
 def run_tune(words: list[str], args) -> int:
-    """The tune of `words`, its recommendation, report and recipe; exit 1 when nothing meets the constraints."""
+    """The tune of `words` (one per Ray node type with executor=ray: ranked by cost per 1M), its
+    recommendation, report and recipe; exit 1 when nothing meets the constraints."""
+    from corescale.trials import local
+    from corescale.trials.tune import fleet
+    from corescale.trials.tune import settings as tune_settings
+
+    settings = tune_settings.parse(words)
+    with fleet.connected(settings) as ray:
+        tunes = fleet.plan(settings, ray)  # every type probed and checked before any trial
+        with local.interruptible():
+            docs = [tune_one(tune, args) for tune in tunes]
+    if len(tunes) > 1:
+        ranking = fleet.write_ranking(tunes[0].tune_dir.parent, fleet.rank(
+            [fleet.entry(tune, doc) for tune, doc in zip(tunes, docs)]))
+        print_ranking(ranking, tunes[0].tune_dir.parent / fleet.RANKING_FILE)
+    return EXIT_OK if any(doc["winner"] is not None for doc in docs) else EXIT_INFEASIBLE
+
+
+def tune_one(tune, args) -> dict:
     from rich.markup import escape
 
     from corescale.report.console import console, errors, print_path
-    from corescale.trials.tune import settings as tune_settings
-    from corescale.trials.tune.engine import Tuner, plan_tune
+    from corescale.trials.tune.engine import Tuner
     from corescale.trials.tune.outputs import write_outputs
     from corescale.trials.tune.verdict import decide
 
-    settings = tune_settings.parse(words)
-    tune = plan_tune(settings)
-    console.print(f"[bold]corescale tune[/bold]: objective {settings.objective.name}, {tune.space.size()} "
-                  f"configurations in the space, screening {tune.screen_s:g} s / full {tune.cfg.duration:g} s "
-                  f"windows", soft_wrap=True)
+    settings = tune.settings
+    where = f" on node type {tune.node_type} ({tune.nodes} node(s), {tune.physical_cores} cores each)" \
+        if tune.on_ray else ""
+    console.print(f"[bold]corescale tune[/bold]{escape(where)}: objective {settings.objective.name}, "
+                  f"{tune.space.size()} configurations in the space, screening {tune.screen_s:g} s / full "
+                  f"{tune.cfg.duration:g} s windows", soft_wrap=True)
     print_path("tune", tune.tune_dir)
     for note in tune.space.notes:
         errors.print(f"note: {escape(note)}", soft_wrap=True)
-    factory = listener_factory(not args.no_progress)
-    from corescale.trials import local
-
-    with local.interruptible():
-        tuner = Tuner(tune, factory)
-        outcome = tuner.run()
+    outcome = Tuner(tune, listener_factory(not args.no_progress)).run()
     finalists = outcome["finalists"]
     baseline = next((f for f in finalists if f.baseline), None)
     verdict = decide([f for f in finalists if not f.baseline], baseline, settings.objective, settings)
@@ -85,7 +100,33 @@ def run_tune(words: list[str], args) -> int:
         print_path("recipe", doc["recipe"]["recipe.sh"])
     for line in doc["headline"]:
         console.print(escape(line), soft_wrap=True)
-    return EXIT_OK if verdict.winner is not None else EXIT_INFEASIBLE
+    return doc
+
+
+def print_ranking(ranking: dict, path) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    from corescale.commands._common import print_wide
+    from corescale.report.console import console, print_path
+
+    table = Table(title="tune: node types by cost per 1M inferences (each at its recommended deployment)",
+                  header_style="bold")
+    for column in ("rank", "node type", "nodes", "cores", "US$/h", "recommended", "samples/s", "p99 ms",
+                   "US$/1M", "× cheapest"):
+        table.add_column(column, justify="left" if column in ("node type", "recommended") else "right")
+
+    def num(value, digits=2):
+        return "-" if value is None else f"{value:.{digits}f}"
+
+    for e in ranking["node_types"]:
+        table.add_row(str(e["rank"]), escape(str(e["node_type"])), str(e["nodes"]), str(e["physical_cores"]),
+                      num(e["price_per_hour"], 3), escape(e["winner"] or "none feasible"), num(e["throughput"]),
+                      num(e["p99_ms"]), num(e["cost_per_1m"], 4), num(e["vs_cheapest"]))
+    print_wide(table)
+    print_path("node types", path)
+    for line in ranking["headline"]:
+        console.print(escape(line), soft_wrap=True)
 
 
 def used_results(tune, doc: dict):

@@ -279,6 +279,7 @@ class ConsoleListener:
                              f"{label}"), soft_wrap=True)
 
     def starting(self, item, state) -> None:
+        self._close()  # a Ray loop starts several trials at once: the bars follow the latest
         number, label = self._where(item, state)
         eta = eta_text(state, state.total - number + 1)
         if state.total > 1:

@@ -26,7 +26,7 @@ from corescale.errors import UserError
 from corescale.measure.runner import Measured, Trial, commit, failed_measured
 from corescale.results.record import Failure
 from corescale.results.store import ResultIndex
-from corescale.trials.local import Listener, LoopState, Planned, Row, stamp
+from corescale.trials.local import Listener, LoopState, Planned, Row, schedule, stamp
 
 NODE_RESOURCE = "corescale_node"
 TYPE_PREFIX = "corescale_type:"
@@ -193,6 +193,7 @@ class Attempt:
     """One trial on its way through the cluster, with the nodes where it already died."""
 
     item: Planned
+    repeat: int = 0  # repeats of a trial run as separate tasks, anywhere of its type, each in fresh processes
     failures: list[dict] = field(default_factory=list)
     node: Node | None = None
     submitted: float = 0.0
@@ -265,20 +266,22 @@ class RayExecutor:
 
     @staticmethod
     def _unfinished(planned: list[Planned], state: LoopState, listener: Listener) -> list[Attempt]:
-        """Trials without a valid result under their results root (and no earlier twin in this list)."""
+        """(trial, repeat)s without a valid result under their results root (and no earlier twin in this list),
+        round by round as the local loop orders them."""
         indexes: dict[Path, ResultIndex] = {}
         queued: dict[tuple, Planned] = {}
         queue = []
-        for item in planned:
-            existing = indexes.setdefault(item.index_root, ResultIndex(item.index_root)).find(item.key)
-            if existing is None and (item.root, item.key) in queued:
-                existing = Path(f"(same key as trial {queued[(item.root, item.key)].number} of this sweep)")
+        for item, repeat in schedule(planned):
+            existing = indexes.setdefault(item.index_root, ResultIndex(item.index_root)).find(item.key, repeat)
+            twin = (item.root, item.key, repeat)
+            if existing is None and twin in queued:
+                existing = Path(f"(same key as trial {queued[twin].number} of this sweep)")
             if existing is not None:
-                state.rows.append(Row(item, "skipped", None, existing))
+                state.rows.append(Row(item, "skipped", None, existing, repeat))
                 listener.skipped(item, existing, state)
             else:
-                queued[(item.root, item.key)] = item
-                queue.append(Attempt(item))
+                queued[twin] = item
+                queue.append(Attempt(item, repeat))
         return queue
 
     def _connect(self, ray) -> bool:
@@ -329,7 +332,8 @@ class RayExecutor:
                 measured = self._collect(ray, ref, attempt, queue)
                 if measured is not None:
                     outcome = commit(measured)
-                    state.rows.append(Row(attempt.item, outcome.record.status, outcome.record, outcome.path))
+                    state.rows.append(Row(attempt.item, outcome.record.status, outcome.record, outcome.path,
+                                          attempt.repeat))
                     listener.finished(attempt.item, outcome, state)
 
     @staticmethod
@@ -366,7 +370,8 @@ class RayExecutor:
             measured = failed_measured(attempt.trial, failure, {"node": node}, started)
         executor = {**(measured.record.executor or {}), "name": "ray", "attempt": len(attempt.failures) + 1,
                     "failed_attempts": attempt.failures}
-        return stamp(measured, node=measured.record.node or node, executor=executor)
+        return stamp(measured, node=measured.record.node or node, executor=executor, repeat=attempt.repeat,
+                     repeats=attempt.trial.cfg.repeats)
 
 
 def _ray_initialized() -> bool:

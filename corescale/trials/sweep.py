@@ -43,10 +43,6 @@ def run_sweep(planned: list[Planned], listener: Listener | None = None, fail_fas
     if executor is not None and executor.name == "ray":
         from corescale.trials.ray import RayExecutor
 
-        if any(item.trial.cfg.repeats > 1 for item in planned):
-            raise UserError("repeats > 1 runs locally only for now (executor=ray measures each trial once); "
-                            "drop executor=ray or set repeats=1")
-
         return RayExecutor(executor).run(planned, listener)  # trials in flight finish: no --fail-fast there
     return run_trials(planned, listener, resume=resume, fail_fast=fail_fast, keep_going=keep_going,
                       on_lock_wait=on_lock_wait, accept_foreign=accept_foreign)

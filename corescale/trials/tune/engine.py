@@ -4,7 +4,8 @@ of the one local loop, so results, report and compare see them and a rerun resum
 1. baseline: out-of-box PyTorch (one instance on all cores, defaults), full window;
 2. search: each Optuna trial is screened on a short window; successive halving (Optuna's
    SuccessiveHalvingPruner, rung = the screened figure) promotes the promising to a full window, the rest are
-   pruned; a screen that breaks a constraint is pruned at once; the first trials take one backend each;
+   pruned; a screen that breaks a constraint is pruned at once; the first trials take one backend each, at
+   its fastest precision and the objective's known-good layout (space.starting_points);
 3. final: the top k full-window configurations and the baseline are measured `tune.repeats` times, interleaved,
    each in fresh processes (the full-window run counts as the first repeat); verdict.py ranks them.
 
@@ -87,6 +88,14 @@ class Tune:
     machine: object | None = None  # cost.Machine when there is a price
     baseline: list[str] = field(default_factory=list)
     base: list[str] = field(default_factory=list)  # the user's overrides, output_dir pointing into the tune
+    topology: object | None = None  # the machine the trials run on (a Ray node type's, probed)
+    node_type: str | None = None  # executor=ray: the node type tuned
+    nodes: int = 1  # trials in flight at once (one per node of the type)
+    cpu_model: str = ""
+
+    @property
+    def on_ray(self) -> bool:
+        return self.cfg.executor.name == "ray"
 
     @property
     def study_path(self) -> Path:
@@ -119,18 +128,19 @@ def tune_name(settings: TuneSettings) -> str:
     return "tune-" + hashlib.sha256(blob.encode()).hexdigest()[:10]
 
 
-def plan_tune(settings: TuneSettings, topology=None) -> Tune:
-    """Every check that needs no worker: the overrides, the space, the budget, the places written."""
+def plan_tune(settings: TuneSettings, topology=None, kind=None, name: str | None = None) -> Tune:
+    """Every check that needs no worker: the overrides, the space, the budget, the places written.
+    kind: a probed Ray node type (fleet.NodeKind) the trials run on; name: the tune's folder (default: from
+    the settings; a fleet's types share their fleet's)."""
     from corescale.machine import environment
     from corescale.machine.topology import Topology
 
     cfg = compose(settings.overrides)
-    if cfg.executor.name != "local":
-        raise UserError("tune runs its trials on this machine for now (executor=local); drop executor=ray and "
-                        "run the tune on each node type")
-    topology = topology or Topology.from_sysfs()
+    if cfg.executor.name != "local" and kind is None:
+        raise UserError("executor=ray: the tune probes the cluster's nodes first (corescale tune does)")
+    topology = kind.topology if kind is not None else topology or Topology.from_sysfs()
     cores = len(topology.physical_cores)
-    isa = (environment.capture().get("cpu") or {}).get("isa") or {}
+    isa = kind.isa if kind is not None else (environment.capture().get("cpu") or {}).get("isa") or {}
     space = spaces.derive(cfg, settings.overrides, settings.space, cores, isa,
                           latency=settings.objective.name == "latency",
                           batch_key="server.max_batch" if settings.objective.scenario == "server" else "batch_size")
@@ -142,18 +152,34 @@ def plan_tune(settings: TuneSettings, topology=None) -> Tune:
         raise UserError(f"budget={settings.budget_s:g}s is too small for one trial: each needs at least its "
                         f"window (duration={cfg.duration:g} s) plus {LOAD_MARGIN_S:g} s to start; allowed: "
                         f"budget >= {math.ceil(least)}s (a useful tune needs minutes: budget=5m)")
-    machine = None
-    if settings.price_per_hour is not None or settings.machine:
-        from corescale.results.cost import choose_machine
-
-        machine = choose_machine(settings.machine, settings.price_per_hour)
-    tune_dir = cfg.results_root / tune_name(settings)
+    machine = tune_machine(settings, kind)
+    node_type = kind.node_type if kind is not None else None
+    tune_dir = cfg.results_root / (name or tune_name(settings))
+    if kind is not None:
+        tune_dir = tune_dir / (node_type or "any-node")
     check_writable(tune_dir, "output_dir", directory=True)
+    placed = [assignment("executor.node_type", node_type)] if node_type else []
     base = merge([o for o in settings.overrides if override_key(o) != "output_dir"], scenario_overrides(settings),
-                 [assignment("output_dir", tune_dir)])
-    tune = Tune(settings, cfg, space, tune_dir, cores, screen, machine, spaces.baseline_overrides(base), base)
+                 placed, [assignment("output_dir", tune_dir)])
+    tune = Tune(settings, cfg, space, tune_dir, cores, screen, machine, spaces.baseline_overrides(base), base,
+                topology, node_type, kind.nodes if kind is not None else 1,
+                kind.cpu_model if kind is not None else "")
     plan_sweep([merge(tune.baseline, [f"duration={cfg.duration:g}"])], topology)  # the baseline can run here
     return tune
+
+
+def tune_machine(settings: TuneSettings, kind):
+    """The priced machine of cost figures: a catalog machine, or the measured one (a node type) at a price."""
+    if settings.price_per_hour is None and not settings.machine:
+        return None
+    from dataclasses import replace
+
+    from corescale.results.cost import choose_machine
+
+    machine = choose_machine(settings.machine, settings.price_per_hour)
+    if kind is not None and machine.measured_here and kind.node_type:
+        machine = replace(machine, name=f"node type {kind.node_type}")
+    return machine
 
 
 # --- the study ----------------------------------------------------------------------------------------------
@@ -176,7 +202,8 @@ def open_study(tune: Tune):
     engine.dispose()  # connections made before the listener are gone
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)  # group=True: documented
     sampler = optuna.samplers.TPESampler(seed=tune.cfg.seed, multivariate=True, group=True,  # constraints: per trial
-                                         n_startup_trials=min(10, max(3, (tune.settings.trials or 12) // 3)))
+                                         n_startup_trials=min(10, max(3, (tune.settings.trials or 12) // 3)),
+                                         constant_liar=tune.nodes > 1)  # trials in flight side by side
     pruner = optuna.pruners.SuccessiveHalvingPruner(min_resource=1, reduction_factor=tune.settings.eta)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(storage=storage, study_name=tune.tune_dir.name, sampler=sampler, pruner=pruner,
@@ -198,9 +225,8 @@ def _recover(study, tune: Tune) -> None:
     if not trials:
         study.set_user_attr("settings", tune.settings.describe())
         study.set_user_attr("space", tune.space.describe())
-        if len(tune.space.backends) > 1:
-            for backend in tune.space.backends:
-                study.enqueue_trial({"backend": backend}, skip_if_exists=True)
+        for point in spaces.starting_points(tune.space, latency=tune.settings.objective.name == "latency"):
+            study.enqueue_trial(point, skip_if_exists=True)
 
 
 # --- running ------------------------------------------------------------------------------------------------
@@ -252,18 +278,24 @@ class Tuner:
         ETA's seconds per measurement."""
         if repeats > 1:
             configs = [merge(c, [f"repeats={repeats}"]) for c in configs]
-        planned = plan_sweep(configs)
+        planned = plan_sweep(configs, self.tune.topology)
         for item, label in zip(planned, labels):
             item.label = label
             item.resume_root = self.tune.cfg.results_root  # earlier tunes and runs under the same root count
         started = time.monotonic()
-        state = run_trials(planned, self.listener_factory(self.progress, self.reserve()), resume=True,
-                           forkservers=self.forkservers)
+        listener = self.listener_factory(self.progress, self.reserve())
+        if self.tune.on_ray:  # one trial per node of the type at a time, repeats on any of them
+            from corescale.trials.ray import RayExecutor
+
+            state = RayExecutor(self.tune.cfg.executor).run(planned, listener)
+        else:
+            state = run_trials(planned, listener, resume=True, forkservers=self.forkservers)
         measured = [row for row in state.rows if row.status != "skipped"]
         if measured and self.progress is not None:
             (self.progress.screen_s if kind == "screen" else self.progress.full_s).append(
                 (time.monotonic() - started) / len(measured))
-        return [[(r.record if r.record is not None else _read(r.path), r.path) for r in state.rows if r.item is item]
+        return [[(r.record if r.record is not None else _read(r.path), r.path)
+                 for r in sorted((r for r in state.rows if r.item is item), key=lambda r: r.repeat)]
                 for item in planned]
 
     def reserve(self) -> float:
@@ -280,7 +312,7 @@ class Tuner:
         return (self.tune.settings.top_k + 1) * (self.tune.settings.repeats - 1) * full
 
     def run(self) -> dict:
-        if not fork_workers():
+        if self.tune.on_ray or not fork_workers():  # Ray nodes start their workers themselves
             return self._run()
         with ForkServers.temporary() as servers:
             self.forkservers = servers
@@ -303,12 +335,16 @@ class Tuner:
         seen = self._seen()
         again = 0  # suggestions in a row that were measured already
         while not self._done(seen) and again < CONVERGED:
-            trial = study.ask()
-            suggested = spaces.suggest(trial, tune.space)
+            batch = []  # one trial per node in flight (one here, on this machine)
+            for _ in range(self._width()):
+                trial = study.ask()
+                batch.append((trial, spaces.suggest(trial, tune.space)))
             self.progress.done = self._count()
-            again = again + 1 if json.dumps(suggested) in seen else 0
-            self._search_one(study, trial, suggested, seen)
-            again += seen[json.dumps(suggested)].get("outcome") == "invalid"  # cost nothing, bounded like repeats
+            keys = [json.dumps(suggested) for _, suggested in batch]
+            fresh = [key not in seen and key not in keys[:i] for i, key in enumerate(keys)]
+            again = again + len(batch) if not any(fresh) else 0
+            self._search(study, batch, seen)
+            again += sum(seen[key].get("outcome") == "invalid" for key in keys)  # cost nothing, bounded too
             self._save_elapsed()
             self.progress.best = self._best_text()
         self.progress.stage = "final"
@@ -341,73 +377,127 @@ class Tuner:
             return p.elapsed() + per + self.reserve() > p.budget_s
         return False
 
-    def _search_one(self, study, trial, suggested: list[str], seen: dict) -> None:
+    def _width(self) -> int:
+        """Trials to ask at once: one per node, no more than the trial budget has left."""
+        width = self.tune.nodes
+        if self.progress.trials is not None:
+            width = min(width, self.progress.trials - self._count())
+        return max(1, width)
+
+    def _search(self, study, batch: list[tuple], seen: dict) -> None:
+        """Screens the batch side by side, promotes the promising to full windows side by side; a configuration
+        asked again (here or earlier in the batch) is told its known outcome."""
         from optuna.trial import TrialState
 
         tune = self.tune
-        label = describe(suggested)
-        key = json.dumps(suggested)
-        trial.set_user_attr("overrides", suggested)
-        trial.set_user_attr("label", label)
-        if key in seen:  # asked again: its outcome is known, nothing is measured
-            earlier = seen[key]
-            for name in ("outcome", "value", "constraints", "screen", "full", "reason"):
-                if name in earlier:
-                    trial.set_user_attr(name, earlier[name])
-            trial.set_user_attr("repeat_of", earlier.get("repeat_of", earlier.get("number")))
-            for name, value in zip(verdicts.violations({}, tune.settings), earlier.get("constraints") or []):
-                trial.set_constraint(name, value)
-            value = earlier.get("value")
-            if earlier["outcome"] == "complete" and value is not None:
-                study.tell(trial, value)
-            else:
-                study.tell(trial, state=TrialState.PRUNED if earlier["outcome"] == "pruned" else TrialState.FAIL)
-            return
-        trial.set_user_attr("number", trial.number)
+        screens, later = [], []
+        for trial, suggested in batch:
+            key = json.dumps(suggested)
+            trial.set_user_attr("overrides", suggested)
+            trial.set_user_attr("label", describe(suggested))
+            if key in seen:
+                self._tell_known(study, trial, seen[key])
+            elif any(json.dumps(s) == key for _, s in screens):
+                later.append((trial, key))
+            elif self._valid(study, trial, suggested, seen):
+                trial.set_user_attr("number", trial.number)
+                screens.append((trial, suggested))
+        measured = self.measure([tune.trial_overrides(s, tune.screen_s) for _, s in screens],
+                                [f"screen {describe(s)}" for _, s in screens], kind="screen") if screens else []
+        screened = [(trial, suggested, self._screened(study, trial, rows[0], seen))
+                    for (trial, suggested), rows in zip(screens, measured)]
+        promoted = [(trial, suggested) for trial, suggested, figs in screened if figs is not None]
+        for trial, suggested, figs in screened:  # reported together: the pruner compares each with the others
+            if figs is not None and trial.should_prune():
+                _constrain(trial, figs, tune.settings)
+                trial.set_user_attr("outcome", "pruned")
+                trial.set_user_attr("value", figs[tune.settings.objective.metric])
+                study.tell(trial, state=TrialState.PRUNED)
+                seen[json.dumps(suggested)] = study.trials[trial.number].user_attrs
+        promoted = [(t, s) for t, s in promoted if json.dumps(s) not in seen]
+        fulls = self.measure([tune.trial_overrides(s, tune.cfg.duration) for _, s in promoted],
+                             [f"full {describe(s)}" for _, s in promoted]) if promoted else []
+        for (trial, suggested), rows in zip(promoted, fulls):
+            self._finish(study, trial, rows[0], seen)
+            seen[json.dumps(suggested)] = study.trials[trial.number].user_attrs
+        for trial, key in later:
+            self._tell_known(study, trial, seen[key])
+
+    def _tell_known(self, study, trial, earlier: dict) -> None:
+        """Asked again: its outcome is known, nothing is measured."""
+        from optuna.trial import TrialState
+
+        for name in ("outcome", "value", "constraints", "screen", "full", "reason"):
+            if name in earlier:
+                trial.set_user_attr(name, earlier[name])
+        trial.set_user_attr("repeat_of", earlier.get("repeat_of", earlier.get("number")))
+        for name, value in zip(verdicts.violations({}, self.tune.settings), earlier.get("constraints") or []):
+            trial.set_constraint(name, value)
+        value = earlier.get("value")
+        if earlier["outcome"] == "complete" and value is not None:
+            study.tell(trial, value)
+        else:
+            study.tell(trial, state=TrialState.PRUNED if earlier["outcome"] == "pruned" else TrialState.FAIL)
+
+    def _valid(self, study, trial, suggested: list[str], seen: dict) -> bool:
+        """Options that do not combine (backend.linear=onednn with int8) are an uncounted failed trial."""
+        from optuna.trial import TrialState
+
         try:
-            (screen_record, screen_path), = self.measure([tune.trial_overrides(suggested, tune.screen_s)],
-                                                         [f"screen {label}"], kind="screen")[0][:1]
-        except UserError as invalid:  # options that do not combine (backend.linear=onednn with int8): nothing ran
+            plan_sweep([self.tune.trial_overrides(suggested, self.tune.screen_s)], self.tune.topology)
+        except UserError as invalid:
             trial.set_user_attr("reason", f"not a valid combination: {invalid}")
             trial.set_user_attr("outcome", "invalid")
             study.tell(trial, state=TrialState.FAIL)
-            seen[key] = self.study.trials[trial.number].user_attrs
-            return
-        figs = verdicts.figures(screen_record, tune.cost_of)
-        trial.set_user_attr("screen", {**_plain(figs), "path": str(screen_path), "duration": tune.screen_s})
+            seen[json.dumps(suggested)] = study.trials[trial.number].user_attrs
+            return False
+        return True
+
+    def _screened(self, study, trial, row: tuple, seen: dict) -> dict | None:
+        """Records the screen; its figures when it may be promoted (valid, feasible: reported at rung 1)."""
+        from optuna.trial import TrialState
+
+        tune = self.tune
+        record, path = row
+        figs = verdicts.figures(record, tune.cost_of)
+        trial.set_user_attr("screen", {**_plain(figs), "path": str(path), "duration": tune.screen_s})
         trial.set_user_attr("constraints", list(verdicts.violations(figs, tune.settings).values()))
         metric = tune.settings.objective.metric
+        key = json.dumps(trial.user_attrs["overrides"])
         if not figs.get("valid") or figs.get(metric) is None:
             _constrain(trial, figs, tune.settings)
-            trial.set_user_attr("reason", screen_record.reason or "no figures")
+            trial.set_user_attr("reason", record.reason or "no figures")
             trial.set_user_attr("outcome", "failed")
             study.tell(trial, state=TrialState.FAIL)
-            seen[key] = self.study.trials[trial.number].user_attrs
-            return
-        feasible = verdicts.feasible(figs, tune.settings)
-        if feasible:
-            trial.report(figs[metric], 1)
-        if not feasible or trial.should_prune():
+        elif not verdicts.feasible(figs, tune.settings):
             _constrain(trial, figs, tune.settings)
             trial.set_user_attr("outcome", "pruned")
             trial.set_user_attr("value", figs[metric])
             study.tell(trial, state=TrialState.PRUNED)
         else:
-            (full_record, full_path), = self.measure([tune.trial_overrides(suggested, tune.cfg.duration)],
-                                                     [f"full {label}"])[0][:1]
-            full = verdicts.figures(full_record, tune.cost_of)
-            trial.set_user_attr("full", {**_plain(full), "path": str(full_path), "duration": tune.cfg.duration})
-            _constrain(trial, full, tune.settings)
-            if full.get("valid") and full.get(metric) is not None:
-                trial.set_user_attr("constraints", list(verdicts.violations(full, tune.settings).values()))
-                trial.set_user_attr("outcome", "complete")
-                trial.set_user_attr("value", full[metric])
-                study.tell(trial, full[metric])
-            else:
-                trial.set_user_attr("reason", full_record.reason or "no figures")
-                trial.set_user_attr("outcome", "failed")
-                study.tell(trial, state=TrialState.FAIL)
-        seen[key] = self.study.trials[trial.number].user_attrs
+            trial.report(figs[metric], 1)
+            return figs
+        seen[key] = study.trials[trial.number].user_attrs
+        return None
+
+    def _finish(self, study, trial, row: tuple, seen: dict) -> None:
+        from optuna.trial import TrialState
+
+        tune = self.tune
+        record, path = row
+        metric = tune.settings.objective.metric
+        full = verdicts.figures(record, tune.cost_of)
+        trial.set_user_attr("full", {**_plain(full), "path": str(path), "duration": tune.cfg.duration})
+        _constrain(trial, full, tune.settings)
+        if full.get("valid") and full.get(metric) is not None:
+            trial.set_user_attr("constraints", list(verdicts.violations(full, tune.settings).values()))
+            trial.set_user_attr("outcome", "complete")
+            trial.set_user_attr("value", full[metric])
+            study.tell(trial, full[metric])
+        else:
+            trial.set_user_attr("reason", record.reason or "no figures")
+            trial.set_user_attr("outcome", "failed")
+            study.tell(trial, state=TrialState.FAIL)
 
     def _best_text(self) -> str:
         best = self._ranked_complete()

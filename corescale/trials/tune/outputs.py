@@ -78,7 +78,8 @@ def headline(tune: Tune, verdict: Verdict) -> list[str]:
         return [f"no configuration meets the constraints; the closest: {near.label} — p99 "
                 f"{near.interval('p99_ms').mean:.2f} ms, {near.interval('throughput').mean:.2f} samples/s, "
                 f"memory {near.interval('memory_gb').mean:.2f} GB"]
-    lines = [f"recommended: {winner.label} — {objective.name} "
+    where = f" on node type {tune.node_type}" if tune.node_type else ""
+    lines = [f"recommended{where}: {winner.label} — {objective.name} "
              f"{winner.interval(objective.metric).text(objective.unit, 4 if objective.name == 'cost' else 2)}"]
     if verdict.tie:
         lines.append(f"statistical tie (p = {verdict.tie_p:.2f}, Welch's t over repeats) between "
@@ -95,6 +96,7 @@ def document(tune: Tune, study, verdict: Verdict, finalists: list[Finalist], rec
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "tune_dir": str(tune.tune_dir),
         "settings": tune.settings.describe(), "space": tune.space.describe(), "space_size": tune.space.size(),
         "screen_s": tune.screen_s, "duration_s": tune.cfg.duration, "physical_cores": tune.physical_cores,
+        "node_type": tune.node_type, "nodes": tune.nodes,
         "machine": None if tune.machine is None else tune.machine.name,
         "objective": {"name": tune.settings.objective.name, "metric": tune.settings.objective.metric,
                       "direction": tune.settings.objective.direction, "unit": tune.settings.objective.unit},
@@ -117,7 +119,8 @@ def write_outputs(tune: Tune, study, verdict: Verdict, finalists: list[Finalist]
         record = next(r for r in winner.records if r.valid_ok)
         summary = "\n".join([f"corescale tune recipe: {winner.label}", *headline(tune, verdict),
                              f"measured on {(record.environment.get('cpu') or {}).get('model', '?')}, "
-                             f"{tune.physical_cores} physical cores"])
+                             f"{tune.physical_cores} physical cores"
+                             + (f" (Ray node type {tune.node_type})" if tune.node_type else "")])
         paths = recipes.write(tune.tune_dir / "recipe", record, winner.overrides, summary)
         recipe = {name: str(path) for name, path in paths.items()}
         recipe["run_line"] = recipes.run_line(winner.overrides)

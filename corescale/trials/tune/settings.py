@@ -67,18 +67,30 @@ class TuneSettings:
     repeats: int = 3
     screen: float | None = None
     eta: int = 3
+    node_types: list[str | None] = field(default_factory=lambda: [None])  # executor=ray: one tune per type
+    prices: dict[str, float] = field(default_factory=dict)  # price_per_hour={a:0.34,b:2.04}: per node type
+    machines: dict[str, str] = field(default_factory=dict)  # machine={a:NAME,b:NAME}: catalog names per type
 
     def describe(self) -> dict:
         return {"objective": self.objective.name, "overrides": self.overrides, "space": self.space,
                 "slo_p99_ms": self.slo_p99_ms, "max_memory_gb": self.max_memory_gb, "max_drift": self.max_drift,
                 "budget_s": self.budget_s, "trials": self.trials, "price_per_hour": self.price_per_hour,
                 "machine": self.machine, "top_k": self.top_k, "repeats": self.repeats, "screen": self.screen,
-                "eta": self.eta}
+                "eta": self.eta, "node_types": self.node_types, "prices": self.prices, "machines": self.machines}
 
     def identity(self) -> dict:
         """What names the tune (its directory and study): everything but the budget, so a rerun with more
-        budget or trials resumes the same study."""
-        return {k: v for k, v in self.describe().items() if k not in ("budget_s", "trials")}
+        budget or trials resumes the same study (and the node types, so adding one resumes the others)."""
+        return {k: v for k, v in self.describe().items()
+                if k not in ("budget_s", "trials", "node_types", "prices", "machines")}
+
+    def for_node_type(self, node_type: str | None) -> "TuneSettings":
+        """The settings of one node type's tune: its own price or catalog machine."""
+        import dataclasses
+
+        return dataclasses.replace(self, node_types=[node_type], prices={}, machines={},
+                                   price_per_hour=self.prices.get(node_type, self.price_per_hour),
+                                   machine=self.machines.get(node_type, self.machine))
 
 
 def _number(key: str, text: str, cast: Callable = float):
@@ -117,11 +129,28 @@ def parse_list(key: str, text: str) -> list[str]:
     return values
 
 
+def parse_per_type(key: str, text: str) -> tuple[str | None, dict[str, str]]:
+    """`V` (every node type) or `{a:V,b:W}` / `a:V,b:W` (per node type) -> (V or None, {type: value})."""
+    inner = text.strip()
+    if inner.startswith("{") and inner.endswith("}"):
+        inner = inner[1:-1]
+    if ":" not in inner:
+        return text, {}
+    pairs = {}
+    for part in filter(None, (p.strip() for p in inner.split(","))):
+        name, sep, value = part.partition(":")
+        if not sep or not name.strip() or not value.strip():
+            raise UserError(f"{key}: expected a value or {{type:value,...}} per node type, got '{text}'")
+        pairs[name.strip()] = value.strip()
+    return None, pairs
+
+
 def parse(words: list[str]) -> TuneSettings:
     """Splits the command's words: the tune's own settings, and the overrides Hydra composes."""
     found: dict[str, str] = {}
     space: dict[str, list[str]] = {}
     knobs: dict[str, object] = {}
+    node_types: list[str | None] = [None]
     overrides = []
     for word in words:
         key = override_key(word)
@@ -134,6 +163,8 @@ def parse(words: list[str]) -> TuneSettings:
             knobs[key.removeprefix("tune.")] = _knob(key, value)
         elif key in WORDS and "=" in word and not word.startswith(("+", "~")):
             found[key] = value
+        elif key == "executor.node_type" and value is not None and not word.startswith(("+", "~")):
+            node_types = list(dict.fromkeys(parse_list(key, value)))
         elif unknown_constraint(word):
             raise UserError(f"unknown constraint '{key}': no such metric; constraints: {', '.join(CONSTRAINTS)}")
         elif key in OWNED:
@@ -144,26 +175,48 @@ def parse(words: list[str]) -> TuneSettings:
     name = found.get("objective", "throughput")
     if name not in OBJECTIVES:
         raise UserError(f"unknown objective '{name}'; allowed: {', '.join(OBJECTIVES)}")
-    settings = TuneSettings(OBJECTIVES[name], overrides, space, **knobs)
+    settings = TuneSettings(OBJECTIVES[name], overrides, space, **knobs, node_types=node_types)
     for key in CONSTRAINTS:
         if key in found:
             setattr(settings, key, _number(key, found[key]))
     if "price_per_hour" in found:
-        settings.price_per_hour = _number("price_per_hour", found["price_per_hour"])
-    settings.machine = found.get("machine")
+        single, per_type = parse_per_type("price_per_hour", found["price_per_hour"])
+        settings.price_per_hour = None if single is None else _number("price_per_hour", single)
+        settings.prices = {t: _number(f"price_per_hour of node type {t}", v) for t, v in per_type.items()}
+    if "machine" in found:
+        settings.machine, settings.machines = parse_per_type("machine", found["machine"])
+    _check_node_types(settings)
     if "budget" in found:
         settings.budget_s = parse_budget(found["budget"])
     if "trials" in found:
         settings.trials = _number("trials", found["trials"], int)
     if settings.budget_s is None and settings.trials is None:
         settings.trials = 20
-    if settings.objective.needs_price and settings.price_per_hour is None and not settings.machine:
+    if settings.objective.needs_price and settings.price_per_hour is None and not settings.machine and \
+            not (settings.prices or settings.machines):
         raise UserError("objective=cost needs a price: give price_per_hour=$/h (this machine) or machine=NAME "
                         "(see corescale cost --list-machines)")
     if settings.objective.scenario == "server" and settings.slo_p99_ms is None:
         raise UserError("objective=server_qps needs slo_p99_ms=MS: the p99 bound each configuration's highest "
                         "arrival rate is searched under (MLPerf's BERT bound is 130)")
     return settings
+
+
+def _check_node_types(settings: TuneSettings) -> None:
+    """Per-type prices name tuned types; several types are ranked by cost per 1M, so each needs a price."""
+    types = [t for t in settings.node_types if t is not None]
+    for name in [*settings.prices, *settings.machines]:
+        if name not in types:
+            raise UserError(f"price_per_hour/machine name node type '{name}', which is not tuned; tuned: "
+                            f"{', '.join(types) or 'none (give executor=ray executor.node_type=a,b)'}")
+    if len(types) > 1:
+        unpriced = [t for t in types if t not in settings.prices and t not in settings.machines
+                    and settings.price_per_hour is None and settings.machine is None]
+        if unpriced:
+            raise UserError(f"executor.node_type={','.join(types)}: the node types are ranked by cost per 1M "
+                            f"inferences, so each needs a price; missing for {', '.join(unpriced)}: give "
+                            f"price_per_hour={{{','.join(f'{t}:USD_PER_HOUR' for t in types)}}} or "
+                            f"machine={{{','.join(f'{t}:NAME' for t in types)}}} (corescale cost --list-machines)")
 
 
 def scenario_overrides(settings: TuneSettings) -> list[str]:

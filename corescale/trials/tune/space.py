@@ -272,6 +272,37 @@ def suggest(trial, space: Space) -> list[str]:
     return overrides
 
 
+FASTEST_FIRST = ("int8", "bf16", "fp32")  # reduced precision first: a drift failure is itself a finding
+
+
+def starting_points(space: Space, latency: bool) -> list[dict]:
+    """The first trials, one per backend, at the field's known-good corner of the rest of the space: its fastest
+    precision and, for throughput (cost, server QPS), the most instances of one core each (the study's finding at
+    small batches); for latency, one instance on every core. The sampler draws the other dimensions and takes
+    over from there; a corner that loses (or fails its drift check) is just an early measurement."""
+    def cores(layout: str) -> int:
+        n, c = (int(x) for x in layout.split("x"))
+        return n * c
+
+    layouts = space.layouts
+    if latency:
+        layout = max(layouts, key=lambda lay: (_cores(lay), -int(lay.split("x")[0])))
+    else:
+        layout = max(layouts, key=lambda lay: (cores(lay), int(lay.split("x")[0])))
+    points = []
+    for backend in space.backends:
+        precisions = space.precisions[backend]
+        point = {"backend": backend} if len(space.backends) > 1 else {}
+        if len(precisions) > 1:
+            point[f"precision[{backend}]"] = min(precisions, key=lambda p: FASTEST_FIRST.index(p)
+                                                 if p in FASTEST_FIRST else len(FASTEST_FIRST))
+        if len(layouts) > 1:
+            point["layout"] = layout
+        if point:
+            points.append(point)
+    return points
+
+
 BASELINE_DROPS = ("backend", "precision", "instances", "cores_per_instance", "threads", "allocator", "openmp")
 
 

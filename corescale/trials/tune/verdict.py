@@ -16,6 +16,7 @@ from corescale.results.stats import bootstrap_ratio_ci
 from corescale.trials.tune.settings import CONSTRAINTS, Objective, TuneSettings
 
 ALPHA = 0.05
+PRACTICAL = 0.05  # tied means this close are the same in practice: fewer cores, then fewer settings, first
 
 
 def figures(record: TrialRecord, cost_of=None) -> dict:
@@ -135,7 +136,15 @@ def decide(finalists: list[Finalist], baseline: Finalist | None, objective: Obje
         tied = [f for f in good[1:] if same(best.values(metric), f.values(metric))[0]]
         if tied:
             group = [best, *tied]
-            group.sort(key=lambda f: (f.cores, f.complexity, sign * f.interval(metric).mean))
+            top = best.interval(metric).mean
+
+            def order(f: Finalist):  # within PRACTICAL of the best mean: the cheaper/simpler first
+                mean = f.interval(metric).mean
+                if abs(mean / top - 1) <= PRACTICAL:
+                    return (0, f.cores, f.complexity, sign * mean)
+                return (1, 0, 0, sign * mean)
+
+            group.sort(key=order)
             verdict.tie = [f.label for f in group]
             verdict.tie_p = min(same(best.values(metric), f.values(metric))[1] for f in tied)
             verdict.ranked = group + [f for f in good if f not in group]
