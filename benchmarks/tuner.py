@@ -8,9 +8,12 @@ The grid: backend × precision × options × layout at batch 1 / sequence 128 (2
 PyTorch fp32/int8, ONNX Runtime fp32/int8 × fusion, OpenVINO × hint, each on 1×1, 2×1 and 1×2 cores). Brute
 force measures every config once through the ordinary trial loop; each tune searches the same space with
 `trials=` (<= 25 % of the grid) and its own seed. Brute force is split in as many chunks as there are seeds,
-alternated with the tunes in one run (BF1 T1 BF2 T2 ...), so load drift spreads over both. Printed per seed:
-the brute-force throughput of the tuner's winner ÷ the brute-force best (the choice, judged on one session's
-measurements), and the tuner's own mean over repeats ÷ the brute-force best. Goal: >= 0.95 on every seed.
+alternated with the tunes in one run (BF1 T1 BF2 T2 ...), so load drift spreads over both. Then the judge: the
+grid's top 4 (by their single window) and every seed's winner are measured 3 more times each, interleaved, in
+fresh processes, because the best of 24 single noisy windows is biased up (the winner's curse). Printed per
+seed: the judged mean of the tuner's winner ÷ the judged best (goal: >= 0.95 on every seed), with the
+single-window ratio and the tuner's own mean beside it. Rerun with the same --output: everything measured is
+resumed by key, so only what is missing runs.
 `--demo` also runs the demo's tune (and `space.precision=[fp32]`) and prints N× out-of-box PyTorch with CI.
 """
 
@@ -98,6 +101,33 @@ def bf_table(out: Path) -> dict[tuple, float]:
     return table
 
 
+def grid_key(config: list[str]) -> tuple:
+    """key_of for a grid config's overrides."""
+    values = dict(o.split("=", 1) for o in config)
+    options = {k.removeprefix("backend."): {"true": True, "false": False}.get(v, v) for k, v in values.items()
+               if k in ("backend.fusion", "backend.performance_hint")}
+    return (values["backend"], values["precision"], int(values["instances"]), int(values["cores_per_instance"]),
+            json.dumps(options, sort_keys=True))
+
+
+def judge(configs: list[list[str]], keys: list[tuple], base: list[str], out: Path, repeats: int) -> dict:
+    """The brute force's leaders and the tuners' winners again, `repeats` times each in fresh processes,
+    interleaved: a single window per grid config crowns whichever leader was lucky (the winner's curse)."""
+    from corescale.overrides import assignment
+    from corescale.trials.local import run_trials
+    from corescale.trials.sweep import plan_sweep
+
+    by_key = {grid_key(c): c for c in configs}
+    planned = plan_sweep([[*base, *by_key[k], f"repeats={repeats}", assignment("output_dir", out)] for k in keys])
+    run_trials(planned, resume=True)
+    rates: dict[tuple, list[float]] = {}
+    for path in out.glob("*/result.json"):
+        record = json.loads(path.read_text())
+        if record["status"] == "ok" and record["valid"]:
+            rates.setdefault(key_of(record), []).append(record["metrics"]["throughput_samples_per_s"])
+    return {k: sum(v) / len(v) for k, v in rates.items()}
+
+
 def winner_key(doc: dict) -> tuple | None:
     winner = next((f for f in doc["finalists"] if f["role"] == "winner"), None)
     if winner is None:
@@ -115,6 +145,8 @@ def main() -> int:
     parser.add_argument("--top-k", type=int, default=3, help="finalists re-measured with repeats")
     parser.add_argument("--output", type=Path, default=None)
     parser.add_argument("--demo", action="store_true")
+    parser.add_argument("--judge-top", type=int, default=4, help="grid leaders re-measured with the winners")
+    parser.add_argument("--judge-repeats", type=int, default=3)
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
     from corescale.machine.topology import Topology
@@ -141,18 +173,29 @@ def main() -> int:
     best_key = max(table, key=table.get)
     print(f"grid: {len(configs)} configs ({len(table)} measured ok) in {bf_seconds / 60:.1f} min; "
           f"best {table[best_key]:.2f} samples/s: {best_key}")
+    leaders = sorted(table, key=table.get, reverse=True)[:args.judge_top]
+    winners = {seed: winner_key(doc) for seed, doc in docs.items()}
+    judged = judge(configs, list(dict.fromkeys([*leaders, *[k for k in winners.values() if k]])), base,
+                   root / "judge", args.judge_repeats)
+    judged_best = max(judged, key=judged.get)
+    print(f"judge: the grid's top {len(leaders)} and the tuners' winners, {args.judge_repeats} repeats each "
+          f"(fresh processes, interleaved):")
+    for k in sorted(judged, key=judged.get, reverse=True):
+        print(f"  {judged[k]:6.2f} samples/s (single window in the grid: {table.get(k, float('nan')):.2f})  {k}")
     ok = True
     for seed, doc in docs.items():
-        key = winner_key(doc)
+        key = winners[seed]
         chosen = table.get(key, float("nan")) / table[best_key] if key else float("nan")
+        fair = judged.get(key, float("nan")) / judged[judged_best] if key else float("nan")
         own = next((f["throughput"]["mean"] for f in doc["finalists"] if f["role"] == "winner"), float("nan"))
         trials = sum(1 for t in doc["trials"] if t["state"] in ("COMPLETE", "PRUNED", "FAIL")
                      and t["repeat_of"] is None)  # a configuration asked again is answered from the study
         print(f"seed {seed}: {trials} tune trials ({trials / len(configs):.0%} of the grid), {doc['measurements']} "
-              f"measurements, {doc['wall_s'] / 60:.1f} min; winner {doc['winner']}: brute-force throughput of "
-              f"the choice ÷ best = {chosen:.3f}; tuner's own mean ÷ best = {own / table[best_key]:.3f}")
-        ok &= chosen >= GOAL
-    print(f"goal tuner ÷ brute force >= {GOAL} on every seed: {'met' if ok else 'NOT met'}")
+              f"measurements, {doc['wall_s'] / 60:.1f} min; winner {doc['winner']}: judged mean of the choice ÷ "
+              f"judged best = {fair:.3f} (single windows: {chosen:.3f}; tuner's own mean ÷ grid best = "
+              f"{own / table[best_key]:.3f})")
+        ok &= fair >= GOAL
+    print(f"goal tuner ÷ brute force (judged) >= {GOAL} on every seed: {'met' if ok else 'NOT met'}")
     if args.demo:
         for extra, label in (([], "demo"), (["space.precision=[fp32]"], "demo, space.precision=[fp32]")):
             from corescale.commands.demo import demo_words
