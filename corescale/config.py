@@ -343,6 +343,12 @@ def _validate_scenario(cfg: BenchmarkConfig) -> None:
         raise UserError(f"server.max_batch_tokens={server.max_batch_tokens} cannot hold one query of up to "
                         f"sequence_length={cfg.sequence_length} tokens; allowed: >= {cfg.sequence_length}")
     _positive("server.min_query_count", server.min_query_count)
+    least = EARLY_STOPPING_QUERIES.get(cfg.scenario)
+    if least and server.min_query_count < least:
+        percentile = "99th" if cfg.scenario == "server" else "90th"
+        raise UserError(f"server.min_query_count={server.min_query_count} is below {least}, the fewest queries "
+                        f"LoadGen's early stopping needs to judge a {percentile} percentile ({cfg.scenario}; none "
+                        f"over the bound, 99 % confidence): every test would be INVALID; allowed: >= {least}")
     if not 0 < server.search_precision < 1 or server.max_steps < 2:
         raise UserError("server.search_precision must be in (0, 1) and server.max_steps >= 2 "
                         f"(got {server.search_precision}, {server.max_steps})")
@@ -350,6 +356,11 @@ def _validate_scenario(cfg: BenchmarkConfig) -> None:
         raise UserError(f"workload.samples must be from 1 to 1000000 (got {cfg.workload.samples})")
     if cfg.workload.source and cfg.workload.lengths:
         raise UserError("give either workload (a text file) or workload.lengths (a length distribution), not both")
+
+
+# LoadGen's early stopping: the fewest queries that can pass with none over the latency bound
+# (loadgen/early_stopping.cc: 459 for the Server scenario's p99, 64 for SingleStream's p90)
+EARLY_STOPPING_QUERIES = {"server": 459, "single_stream": 64}
 
 
 def _check_finite(node: Any, prefix: str = "") -> None:

@@ -269,6 +269,8 @@ CASES += [
     ("server-slo-nan", [*SERVER, "target_qps=auto", "slo_p99_ms=nan"], "slo_p99_ms=nan is not a finite number"),
     ("server-max-batch-zero", [*SERVER, "target_qps=5", "server.max_batch=0"],
      "server.max_batch must be a whole number from 1 to 4096 (got 0)"),
+    ("server-too-few-queries", [*SERVER, "target_qps=5", "server.min_query_count=300"],
+     "server.min_query_count=300 is below 459, the fewest queries LoadGen's early stopping needs to judge a 99th"),
     ("server-queue-negative", [*SERVER, "target_qps=5", "server.max_queue_ms=-1"], "server.max_queue_ms must be >= 0"),
     ("server-token-budget-small", [*SERVER, "target_qps=5", "server.max_batch_tokens=4"],
      "cannot hold one query of up to sequence_length=32"),
