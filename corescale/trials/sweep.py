@@ -37,12 +37,13 @@ def label(planned: list[Planned]) -> None:
 
 def run_sweep(planned: list[Planned], listener: Listener | None = None, fail_fast: bool = False,
               resume: bool = True, keep_going: bool = True, on_lock_wait=None,
-              accept_foreign: bool = False) -> LoopState:
-    """Runs planned trials where their executor says: here, one at a time, or on a Ray cluster."""
+              accept_foreign: bool = False, forkservers=None) -> LoopState:
+    """Runs planned trials where their executor says: here, one at a time, or on a Ray cluster
+    (forkservers: a caller's, kept across its local loops; Ray nodes start their own workers)."""
     executor = planned[0].trial.cfg.executor if planned else None
     if executor is not None and executor.name == "ray":
         from corescale.trials.ray import RayExecutor
 
         return RayExecutor(executor).run(planned, listener)  # trials in flight finish: no --fail-fast there
     return run_trials(planned, listener, resume=resume, fail_fast=fail_fast, keep_going=keep_going,
-                      on_lock_wait=on_lock_wait, accept_foreign=accept_foreign)
+                      on_lock_wait=on_lock_wait, accept_foreign=accept_foreign, forkservers=forkservers)

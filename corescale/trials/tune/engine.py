@@ -29,8 +29,8 @@ from corescale.errors import UserError, check_writable
 from corescale.measure.forkserver import ForkServers
 from corescale.overrides import assignment, compose, override_key
 from corescale.results.record import TrialRecord
-from corescale.trials.local import Listener, fork_workers, run_trials
-from corescale.trials.sweep import plan_sweep
+from corescale.trials.local import Listener, fork_workers
+from corescale.trials.sweep import plan_sweep, run_sweep
 from corescale.trials.tune import space as spaces
 from corescale.trials.tune import verdict as verdicts
 from corescale.trials.tune.settings import LOAD_MARGIN_S, TuneSettings, scenario_overrides
@@ -283,13 +283,7 @@ class Tuner:
             item.label = label
             item.resume_root = self.tune.cfg.results_root  # earlier tunes and runs under the same root count
         started = time.monotonic()
-        listener = self.listener_factory(self.progress, self.reserve())
-        if self.tune.on_ray:  # one trial per node of the type at a time, repeats on any of them
-            from corescale.trials.ray import RayExecutor
-
-            state = RayExecutor(self.tune.cfg.executor).run(planned, listener)
-        else:
-            state = run_trials(planned, listener, resume=True, forkservers=self.forkservers)
+        state = run_sweep(planned, self.listener_factory(self.progress, self.reserve()), forkservers=self.forkservers)
         measured = [row for row in state.rows if row.status != "skipped"]
         if measured and self.progress is not None:
             (self.progress.screen_s if kind == "screen" else self.progress.full_s).append(

@@ -30,10 +30,6 @@ class NodeKind:
     isa: dict
     cpu_model: str
 
-    @property
-    def physical_cores(self) -> int:
-        return len(self.topology.physical_cores)
-
 
 def probe_node() -> dict:
     """The Ray task: this node's usable topology (its affinity and cgroup included) and CPU."""
