@@ -368,7 +368,8 @@ class RayExecutor:
             failure = Failure("crash", f"Ray worker or node died {len(attempt.failures)} time(s), last on "
                                        f"{attempt.node.describe()}: {_first_line(exc)}")
             measured = failed_measured(attempt.trial, failure, {"node": node}, started)
-        executor = {**(measured.record.executor or {}), "name": "ray", "attempt": len(attempt.failures) + 1,
+        executor = {**(measured.record.executor or {}), "name": "ray", "submitted": attempt.submitted,
+                    "attempt": len(attempt.failures) + 1,
                     "failed_attempts": attempt.failures}
         return stamp(measured, node=measured.record.node or node, executor=executor, repeat=attempt.repeat,
                      repeats=attempt.trial.cfg.repeats)
