@@ -1,5 +1,7 @@
 """OpenVINO through the real CLI: agreement with PyTorch, threads and streams, hint, bf16, 2 instances."""
 
+from pathlib import Path
+
 import pytest
 
 ov = pytest.importorskip("openvino", reason="needs corescale[openvino]")
@@ -8,8 +10,19 @@ from conftest import FAST, corescale  # noqa: E402
 from test_backends_common import assert_agrees_with_pytorch, error_line, load, run_record  # noqa: E402
 
 from corescale.errors import UserError  # noqa: E402
+from corescale.machine import instance_env  # noqa: E402
 
 HAS_BF16 = "BF16" in ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+
+
+def installed(library) -> bool:
+    try:
+        return bool(instance_env.find_library(library))
+    except UserError:
+        return False
+
+
+HAS_JEMALLOC = installed(instance_env.ALLOCATORS["jemalloc"])
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +34,8 @@ def runs(tmp_path_factory):
                           *overrides)
     return {
         "two_instances": run("two", "instances=2", "reference=pytorch"),  # 1 thread each
-        "2t": run("two_threads", "threads=2", "backend.performance_hint=THROUGHPUT"),
+        "2t": run("two_threads", "threads=2", "backend.performance_hint=THROUGHPUT",
+                  *(["allocator=jemalloc"] if HAS_JEMALLOC else [])),
     }
 
 
@@ -51,6 +65,15 @@ def test_threads_honoured_and_hint_configurable(runs):
     affinity = {tid: set(allowed) for tid, allowed in two["thread_affinity"].items()}
     assert all(allowed <= cpus for allowed in affinity.values()), affinity
     assert set().union(*affinity.values()) == cpus, affinity  # both CPUs in use by some thread
+
+
+@pytest.mark.skipif(not HAS_JEMALLOC, reason="needs Debian's libjemalloc2")
+def test_a_preloaded_allocator_comes_with_openvinos_own_hwloc(runs):
+    """Without it OpenVINO's hwloc frees the allocator's memory with glibc's free(): SIGABRT as the Core starts."""
+    inst = runs["2t"]["instances"][0]
+    preload = inst["launch"]["env"]["LD_PRELOAD"].split(":")
+    assert "jemalloc" in inst["mapped_libraries"] and "libjemalloc" in preload[0]
+    assert any(Path(p).name.startswith("libhwloc.so") and "openvino" in p for p in preload)
 
 
 def test_threads_of_each_instance_stay_on_its_cpus(runs):

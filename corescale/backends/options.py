@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar
 
 from corescale.errors import UserError
@@ -35,6 +36,11 @@ class BackendOptions:
             if value not in allowed:
                 raise UserError(f"unknown backend.{option} '{value}' for backend={self.name}; "
                                 f"allowed: {', '.join(allowed)}")
+
+    def allocator_companions(self) -> list[Path]:
+        """Libraries of the framework to preload beside a preloaded allocator: one the framework opens in a way
+        that binds it to glibc's malloc (RTLD_DEEPBIND) would free the allocator's memory with glibc's free."""
+        return []
 
     def check(self, cfg) -> None:
         """Checks of the options against the rest of the config (precision, the installed framework); called

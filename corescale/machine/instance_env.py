@@ -71,8 +71,12 @@ def requested_libraries(cfg) -> list[Library]:
 
 
 def preload_paths(cfg) -> list[Path]:
-    """Resolves every requested library; raises UserError naming the package when one is missing."""
-    return [find_library(library) for library in requested_libraries(cfg)]
+    """Resolves every requested library; raises UserError naming the package when one is missing. A preloaded
+    allocator comes with the libraries the backend needs bound to it."""
+    paths = [find_library(library) for library in requested_libraries(cfg)]
+    if cfg.allocator in ALLOCATORS:
+        paths[1:1] = cfg.backend.allocator_companions()
+    return paths
 
 
 def openmp_env(cfg, spec: InstanceSpec) -> dict[str, str]:
