@@ -22,6 +22,7 @@ REPEAT_ORDERS = ("interleaved", "shuffled")
 LAYOUTS = ("none", "latency", "throughput", "max")
 SCENARIOS = ("offline", "single_stream", "server")  # offline: closed loop; the others: MLPerf LoadGen drives load
 PAD_POLICIES = ("max", "bucket", "sorted")
+STUDY_KINDS = ("cores", "instances", "batch")  # corescale study KIND
 # 0.1's flat backend options -> (backend, option in its group)
 RENAMED_OPTIONS = {
     "compile_mode": ("torch_compile", "mode"),

@@ -9,7 +9,7 @@ ORDER = 70
 
 
 def register(sub) -> None:
-    from corescale.results.compare import DEFAULT_THRESHOLD
+    from corescale.results.stats import CHANGE_THRESHOLD as DEFAULT_THRESHOLD  # results.compare needs pandas
 
     parser = sub.add_parser("compare", help="compare two result roots: faster/slower, with significance")
     add_common(parser)

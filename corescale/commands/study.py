@@ -9,7 +9,7 @@ ORDER = 12
 
 
 def register(sub) -> None:
-    from corescale.trials.studies import KINDS
+    from corescale.config import STUDY_KINDS as KINDS  # not trials.studies: pandas takes half a second
 
     parser = sub.add_parser("study", help="scaling study: latency vs cores, throughput vs instances, batch split")
     add_common(parser)

@@ -16,16 +16,15 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-from scipy import stats as sps
 
 from corescale.errors import UserError
 from corescale.results.repeats import MIN_REPEATS
-from corescale.results.stats import bootstrap_ratio_ci
+from corescale.results.stats import CHANGE_THRESHOLD, bootstrap_ratio_ci
 from corescale.results.store import normalise_value, ok_rows
 
 ALPHA = 0.05
 BLOCKS = 50
-DEFAULT_THRESHOLD = 0.10
+DEFAULT_THRESHOLD = CHANGE_THRESHOLD
 def measured_keys(frames: list[pd.DataFrame]) -> list[str]:
     """Every measured config key of the trials (config.measured(): exactly what trial keys hash), as the
     results table names its columns (`backend` for backend.name)."""
@@ -63,6 +62,8 @@ class LatencyTest:
 
 
 def latency_test(before: np.ndarray, after: np.ndarray, seed: int = 0) -> LatencyTest:
+    from scipy import stats as sps  # scipy takes a second to import: only when used
+
     if before.size < 2 or after.size < 2:
         raise UserError("need at least 2 timed samples on each side to compare")
     a, b = block_medians(before), block_medians(after)
@@ -83,6 +84,8 @@ def describe_ratio(ratio: float) -> str:
 def repeat_test(before_p50: list[float], after_p50: list[float], seed: int = 0) -> LatencyTest | None:
     """Across repeats (each a fresh set of processes: the unit of uncertainty): Welch's t-test on the repeats' p50s
     and a bootstrap interval of the ratio of their means. None below MIN_REPEATS on either side."""
+    from scipy import stats as sps  # scipy takes a second to import: only when used
+
     a, b = np.asarray(before_p50, dtype=float), np.asarray(after_p50, dtype=float)
     if a.size < MIN_REPEATS or b.size < MIN_REPEATS:
         return None

@@ -8,7 +8,6 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats as sps
 
 from corescale.results.record import TrialRecord
 
@@ -24,6 +23,8 @@ class Interval:
 
     @classmethod
     def of(cls, values) -> Interval:
+        from scipy import stats as sps  # scipy takes a second to import: only when used
+
         data = np.asarray([v for v in values if v is not None and math.isfinite(v)], dtype=float)
         if data.size == 0:
             return cls(math.nan, None, None, 0)

@@ -7,11 +7,11 @@ from functools import cached_property
 from math import ceil, floor, sqrt
 
 import numpy as np
-from scipy import stats as sps
 
 PERCENTILES = (50, 90, 95, 99, 99.9)
 MAD_OUTLIER_THRESHOLD = 5.0  # |x - median| / (1.4826 · MAD)
 BOOTSTRAP_RESAMPLES = 2000
+CHANGE_THRESHOLD = 0.10  # compare: a change smaller than this fraction is not flagged (its default)
 
 
 @dataclass(frozen=True, eq=False)
@@ -58,6 +58,8 @@ class Measurement:
     @cached_property
     def mean_ci95(self) -> tuple[float, float]:
         """Student-t interval for the mean."""
+        from scipy import stats as sps  # scipy takes a second to import: only when used
+
         if self.count < 2:
             return (self.mean, self.mean)
         half = sps.t.ppf(0.975, self.count - 1) * self.std / sqrt(self.count)

@@ -19,12 +19,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from corescale.config import STUDY_KINDS
 from corescale.errors import UserError
 from corescale.overrides import assignment, override_key
 from corescale.results.record import TrialRecord
 from corescale.results.store import ms
 
-KINDS = ("cores", "instances", "batch")
+KINDS = STUDY_KINDS
 AXIS = {"cores": "cores", "instances": "instances", "batch": "instances"}  # the x of each study
 # Keys a study sets itself; the user may not override them.
 OWNED_KEYS = {

@@ -8,7 +8,6 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy import stats as sps
 
 from corescale.results.record import TrialRecord
 from corescale.results.repeats import Interval
@@ -113,6 +112,8 @@ class Verdict:
 
 def same(a: np.ndarray, b: np.ndarray) -> tuple[bool, float]:
     """(no significant difference, p) by Welch's t-test on the logarithms (figures scale as ratios)."""
+    from scipy import stats as sps  # scipy takes a second to import: only when used
+
     if a.size < 2 or b.size < 2:
         return False, math.nan
     la, lb = np.log(a), np.log(b)
