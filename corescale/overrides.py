@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import threading
 
 from omegaconf import OmegaConf
 
@@ -137,20 +138,30 @@ def refuse_prefixed(override) -> None:
                     f"fixed and each has a default; {fix}")
 
 
+_HYDRA = threading.Lock()
+
+
 def compose(overrides: list[str]) -> BenchmarkConfig:
     """One trial's overrides -> a validated config (unknown keys and wrong types are UserErrors)."""
+    overrides = shorthand(overrides)
+    check_renamed(overrides)
+    parse_overrides(overrides)
+    with _HYDRA:  # Hydra's state is global: one compose at a time (node types tune in threads)
+        composed = _hydra_compose(overrides)
+    data = OmegaConf.to_container(composed, resolve=True)
+    return validate(BenchmarkConfig.from_dict(data))
+
+
+def _hydra_compose(overrides: list[str]):
     from hydra import compose as hydra_compose
     from hydra import initialize
     from hydra.core.global_hydra import GlobalHydra
 
     register_hydra_schema()
-    overrides = shorthand(overrides)
-    check_renamed(overrides)
-    parse_overrides(overrides)
     GlobalHydra.instance().clear()
     with initialize(version_base=None, config_path=None):
         try:
-            composed = hydra_compose(SCHEMA_NAME, overrides)
+            return hydra_compose(SCHEMA_NAME, overrides)
         except Exception:  # noqa: BLE001 - hydra raises several kinds; find the override at fault
             groups = [o for o in overrides if override_key(o) in GROUPS]  # a group's keys need its selection
             selected = {override_key(o): o.split("=", 1)[-1] for o in groups}
@@ -160,8 +171,6 @@ def compose(overrides: list[str]) -> BenchmarkConfig:
                 except Exception as exc:  # noqa: BLE001
                     raise UserError(_explain(override, exc, selected)) from None
             raise UserError(f"invalid overrides: {' '.join(overrides)}") from None
-    data = OmegaConf.to_container(composed, resolve=True)
-    return validate(BenchmarkConfig.from_dict(data))
 
 
 def expand_sweep(overrides: list[str]) -> list[list[str]]:

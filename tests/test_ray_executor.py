@@ -350,18 +350,19 @@ TUNE = [*QUICK, "duration=0.6", "tune.screen=0.3", "tune.top_k=1", "tune.repeats
 
 
 def test_tune_fans_out_over_each_node_type_and_ranks_them_by_cost(cluster, tmp_path):
-    """Type a: one node, every CPU. Type c: two 1-CPU nodes, so its final repeats run side by side."""
+    """Type b: the module's node on CPU 0. Type c: two nodes on CPU 1, so its trials fan out over them. The
+    types' CPUs are apart, so they are tuned side by side."""
     added = []
     try:
-        for cpu in CPUS[:2]:
-            with affinity([cpu]):
+        for _ in range(2):
+            with affinity(CPUS[1:2]):
                 added.append(cluster.cluster.add_node(num_cpus=1, node_ip_address=LOOPBACK, resources={
                     "corescale_node": 1, "corescale_type:c": 1}))
         cluster.cluster.wait_for_nodes()
         out = tmp_path / "out"
         proc = corescale("tune", *TUNE, "trials=1", f"output_dir={out}", "executor=ray",
-                         f"executor.address={cluster.address}", "executor.node_type=a,c",
-                         "price_per_hour={a:0.2,c:0.3}", timeout=900)
+                         f"executor.address={cluster.address}", "executor.node_type=b,c",
+                         "price_per_hour={b:0.2,c:0.3}", timeout=900)
     finally:
         for node in added:
             cluster.cluster.remove_node(node)
@@ -369,9 +370,9 @@ def test_tune_fans_out_over_each_node_type_and_ranks_them_by_cost(cluster, tmp_p
     fleet_dir, = out.glob("tune-*")
     ranking = json.loads((fleet_dir / "node-types.json").read_text())
     by_type = {e["node_type"]: e for e in ranking["node_types"]}
-    assert set(by_type) == {"a", "c"}
-    assert (by_type["a"]["physical_cores"], by_type["c"]["physical_cores"]) == (len(CPUS), 1)  # probed on the nodes
-    assert (by_type["a"]["nodes"], by_type["c"]["nodes"]) == (1, 2)
+    assert set(by_type) == {"b", "c"}
+    assert (by_type["b"]["physical_cores"], by_type["c"]["physical_cores"]) == (1, 1)  # probed on the nodes
+    assert (by_type["b"]["nodes"], by_type["c"]["nodes"]) == (1, 2)
     costs = [e["cost_per_1m"] for e in ranking["node_types"]]
     assert costs == sorted(costs) and [e["rank"] for e in ranking["node_types"]] == [1, 2]
     for e in ranking["node_types"]:  # the mean over the winner's repeats of price / rate
@@ -383,17 +384,23 @@ def test_tune_fans_out_over_each_node_type_and_ranks_them_by_cost(cluster, tmp_p
         costs = [e["price_per_hour"] / (rate * 3600) * 1e6 for rate in rates]
         assert e["cost_per_1m"] == pytest.approx(sum(costs) / len(costs), rel=1e-9)
     assert f"cheapest per 1M inferences: node type {ranking['node_types'][0]['node_type']}" in proc.stdout
-    for node_type in ("a", "c"):
+    records = {}
+    for node_type in ("b", "c"):
         doc = json.loads((fleet_dir / node_type / "tune.json").read_text())
         assert doc["node_type"] == node_type and doc["headline"][0].startswith(f"recommended on node type {node_type}")
-        records = iter_records(fleet_dir / node_type)
-        assert records and all(r["node"]["node_type"] == node_type and r["executor"]["name"] == "ray"
-                               for r in records)
-        cores = {r["environment"]["topology"]["physical_cores"] for r in records}
-        assert cores == {by_type[node_type]["physical_cores"]}
+        records[node_type] = iter_records(fleet_dir / node_type)
+        assert records[node_type] and all(r["node"]["node_type"] == node_type and r["executor"]["name"] == "ray"
+                                          for r in records[node_type])
+        for r in records[node_type]:  # each type measured on its own nodes' CPUs
+            assert r["environment"]["topology"]["physical_cores"] == 1
+            assert r["plan"]["instances"][0]["cpus"] == ([CPUS[0]] if node_type == "b" else [CPUS[1]])
         for finalist in [*doc["finalists"], doc["baseline"]]:  # the final stage's repeats ran on the cluster too
             assert len(finalist["paths"]) == 2 and finalist["throughput"]["n"] == 2
-    spans = [dict(r["executor"], node=r["node"]["ray_node_id"]) for r in iter_records(fleet_dir / "c")]
+    assert "tuned one after the other" not in proc.stderr
+    assert any(dispatched_together(x["executor"], y["executor"]) for x in records["b"] for y in records["c"])
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("[")]
+    assert {line[:4] for line in lines} == {"[b] ", "[c] "}  # each measurement's line says its node type
+    spans = [dict(r["executor"], node=r["node"]["ray_node_id"]) for r in records["c"]]
     assert len({s["node"] for s in spans}) == 2
     for i, x in enumerate(spans):  # one trial per node at a time, the two nodes side by side
         for y in spans[i + 1:]:

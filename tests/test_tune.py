@@ -228,6 +228,22 @@ def test_settings_parse_words_apart_from_overrides():
     assert set(tune_settings.OBJECTIVES) == {"throughput", "latency", "cost", "server_qps"}
 
 
+def test_node_types_sharing_a_hosts_cpus_are_tuned_one_after_the_other():
+    from types import SimpleNamespace
+
+    from corescale.commands.tune import together
+    from corescale.trials.tune import fleet
+
+    def kind(node_type, *cpus):
+        return SimpleNamespace(node_type=node_type, cpus=frozenset(cpus))
+
+    apart = [kind("a", ("host1", 0), ("host1", 1)), kind("b", ("host1", 2)), kind("c", ("host2", 0))]
+    assert fleet.sharing(apart) == [] and together(apart)
+    shared = [*apart, kind("d", ("host2", 0), ("host2", 1))]  # CPU 0 of host2 is c's and d's
+    assert fleet.sharing(shared) == [("c", "d")] and not together(shared)
+    assert not together(apart[:1])  # one type: nothing to run beside
+
+
 def test_node_types_and_their_prices_are_parsed_per_type():
     s = tune_settings.parse(["executor=ray", "executor.node_type=[small, big]", "price_per_hour={small:0.36,big:2.1}",
                              "model=bert-tiny"])

@@ -21,7 +21,8 @@ def register(sub) -> None:
     parser.set_defaults(handler=handle)
 
 
-def listener_factory(progress_enabled: bool):
+def listener_factory(progress_enabled: bool, prefix: str = ""):
+    """prefix: before every line (the node type, when several tune side by side)."""
     from rich.markup import escape
 
     from corescale.report.console import ConsoleListener, SweepProgress, console
@@ -33,10 +34,14 @@ def listener_factory(progress_enabled: bool):
             super().__init__("trial", progress=progress_enabled, tables=False)
             self.tune_progress, self.reserve = progress, reserve
 
+        def _where(self, item, state) -> tuple[int, str]:
+            number, label = super()._where(item, state)
+            return number, prefix + label
+
         def starting(self, item, state) -> None:
             self._close()  # on Ray, trials start side by side: the bars follow the latest
             status = self.tune_progress.text(self.reserve) if self.tune_progress else ""
-            console.print(f"[bold]{escape(item.label)}[/bold]", soft_wrap=True)
+            console.print(f"[bold]{escape(prefix + item.label)}[/bold]", soft_wrap=True)
             total = self.tune_progress.trials or 0 if self.tune_progress else 0
             done = self.tune_progress.done if self.tune_progress else 0
             self.bars = SweepProgress(item.trial.cfg, self.progress, min(done, total or done), total or done + 1,
@@ -60,7 +65,8 @@ def run_tune(words: list[str], args) -> int:
     with fleet.connected(settings) as ray:
         tunes = fleet.plan(settings, ray)  # every type probed and checked before any trial
         with local.interruptible():
-            docs = [tune_one(tune, args) for tune in tunes]
+            outcomes = side_by_side(tunes, args) if together(tunes) else [search(tune, args) for tune in tunes]
+            docs = [conclude(tune, outcome, args) for tune, outcome in zip(tunes, outcomes)]
     if len(tunes) > 1:
         ranking = fleet.write_ranking(tunes[0].tune_dir.parent, fleet.rank(
             [fleet.entry(tune, doc) for tune, doc in zip(tunes, docs)]))
@@ -68,13 +74,55 @@ def run_tune(words: list[str], args) -> int:
     return EXIT_OK if any(doc["winner"] is not None for doc in docs) else EXIT_INFEASIBLE
 
 
-def tune_one(tune, args) -> dict:
+def together(tunes) -> bool:
+    """Several node types on separate CPUs tune at once; types sharing a host's CPUs, one after the other."""
+    from rich.markup import escape
+
+    from corescale.report.console import errors
+    from corescale.trials.tune import fleet
+
+    if len(tunes) < 2:
+        return False
+    shared = fleet.sharing(tunes)
+    for a, b in shared:
+        errors.print(escape(f"note: node types {a} and {b} have nodes on the same CPUs of one host: tuned one "
+                            "after the other"), soft_wrap=True)
+    return not shared
+
+
+def side_by_side(tunes, args) -> list[dict]:
+    """The node types' searches at once, one thread each (each on its own nodes; Ray's driver API is
+    thread-safe): the fleet takes as long as its slowest type, not their sum. Lines carry the node type; live
+    bars are off (one display at a time). The first error is raised once every search has ended."""
+    import threading
+
+    outcomes: list = [None] * len(tunes)
+    failures: list[BaseException] = []
+
+    def work(i: int, tune) -> None:
+        try:
+            outcomes[i] = search(tune, args, progress=False, prefix=f"[{tune.node_type}] ")
+        except BaseException as exc:  # noqa: BLE001 - handed to the main thread
+            failures.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i, tune), name=f"tune-{tune.node_type}", daemon=True)
+               for i, tune in enumerate(tunes)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        while thread.is_alive():
+            thread.join(0.5)  # short joins: Ctrl-C and SIGTERM reach the main thread meanwhile
+    if failures:
+        raise failures[0]
+    return outcomes
+
+
+def search(tune, args, progress: bool | None = None, prefix: str = "") -> dict:
+    """The tune's measurements (Tuner.run's outcome), after its heading."""
     from rich.markup import escape
 
     from corescale.report.console import console, errors, print_path
     from corescale.trials.tune.engine import Tuner
-    from corescale.trials.tune.outputs import write_outputs
-    from corescale.trials.tune.verdict import decide
 
     settings = tune.settings
     where = f" on node type {tune.node_type} ({tune.nodes} node(s), {tune.physical_cores} cores each)" \
@@ -84,8 +132,20 @@ def tune_one(tune, args) -> dict:
                   f"{tune.cfg.duration:g} s windows", soft_wrap=True)
     print_path("tune", tune.tune_dir)
     for note in tune.space.notes:
-        errors.print(f"note: {escape(note)}", soft_wrap=True)
-    outcome = Tuner(tune, listener_factory(not args.no_progress)).run()
+        errors.print(f"{escape(prefix)}note: {escape(note)}", soft_wrap=True)
+    enabled = not args.no_progress if progress is None else progress
+    return Tuner(tune, listener_factory(enabled, prefix)).run()
+
+
+def conclude(tune, outcome: dict, args) -> dict:
+    """Verdict, outputs, recommendation table, report and recipe of one searched tune."""
+    from rich.markup import escape
+
+    from corescale.report.console import console, print_path
+    from corescale.trials.tune.outputs import write_outputs
+    from corescale.trials.tune.verdict import decide
+
+    settings = tune.settings
     finalists = outcome["finalists"]
     baseline = next((f for f in finalists if f.baseline), None)
     verdict = decide([f for f in finalists if not f.baseline], baseline, settings.objective, settings)

@@ -92,6 +92,7 @@ class Tune:
     node_type: str | None = None  # executor=ray: the node type tuned
     nodes: int = 1  # trials in flight at once (one per node of the type)
     cpu_model: str = ""
+    cpus: frozenset = frozenset()  # executor=ray: the (host, CPU) pairs the type's nodes measure on
 
     @property
     def on_ray(self) -> bool:
@@ -163,7 +164,7 @@ def plan_tune(settings: TuneSettings, topology=None, kind=None, name: str | None
                  placed, [assignment("output_dir", tune_dir)])
     tune = Tune(settings, cfg, space, tune_dir, cores, screen, machine, spaces.baseline_overrides(base), base,
                 topology, node_type, kind.nodes if kind is not None else 1,
-                kind.cpu_model if kind is not None else "")
+                kind.cpu_model if kind is not None else "", kind.cpus if kind is not None else frozenset())
     plan_sweep([merge(tune.baseline, [f"duration={cfg.duration:g}"])], topology)  # the baseline can run here
     return tune
 

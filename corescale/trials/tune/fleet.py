@@ -4,7 +4,8 @@ to buy, measured.
 
 Before any trial, each node of each type is probed (a Ray task pinned to it): its usable topology and ISA give
 that type's search space and placements, and the nodes of one type must agree on them (a type is one machine
-kind). The types are tuned one after the other, so no two types' trials share a host's cores.
+kind). The types are tuned side by side, unless two of them have nodes on the same CPUs of one host (a test
+cluster on one machine): then one after the other, so no two types' trials share cores.
 """
 
 from __future__ import annotations
@@ -29,6 +30,18 @@ class NodeKind:
     topology: object  # machine.topology.Topology of one node (every node of the type has the same shape)
     isa: dict
     cpu_model: str
+    cpus: frozenset = frozenset()  # (host, CPU id) of every node's usable CPUs
+
+
+def host_id() -> str:
+    """What tells hosts apart: the kernel's boot id (containers on one host share it), else the hostname."""
+    import socket
+    from pathlib import Path
+
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return socket.gethostname()
 
 
 def probe_node() -> dict:
@@ -39,7 +52,8 @@ def probe_node() -> dict:
 
     restore_thread_env()
     cpu = environment.cpuinfo()
-    return {"topology": Topology.from_sysfs(), "isa": cpu.get("isa") or {}, "cpu_model": cpu.get("model") or "?"}
+    return {"topology": Topology.from_sysfs(), "isa": cpu.get("isa") or {}, "cpu_model": cpu.get("model") or "?",
+            "host": host_id()}
 
 
 @contextmanager
@@ -82,7 +96,14 @@ def probe(ray, node_type: str | None) -> NodeKind:
         described = "; ".join(f"{c} cores / {lc} CPUs ({m})" for c, lc, m in sorted(shapes))
         raise UserError(f"the nodes of type {node_type or '(any)'} differ ({described}): a node type must be "
                         "one machine kind; label them with different corescale_type:<type> resources")
-    return NodeKind(node_type, len(nodes), found[0]["topology"], found[0]["isa"], found[0]["cpu_model"])
+    cpus = frozenset((f["host"], cpu) for f in found for cpu in f["topology"].cpu_ids)
+    return NodeKind(node_type, len(nodes), found[0]["topology"], found[0]["isa"], found[0]["cpu_model"], cpus)
+
+
+def sharing(tunes: list) -> list[tuple[str, str]]:
+    """Pairs of node types whose nodes use some same CPU of one host: those cannot tune side by side."""
+    return [(str(a.node_type), str(b.node_type)) for i, a in enumerate(tunes) for b in tunes[i + 1:]
+            if a.cpus & b.cpus]
 
 
 def plan(settings: TuneSettings, ray) -> list:
