@@ -1,5 +1,5 @@
 # Two commands set up a fresh clone completely:
-#   make run    virtualenv + dependencies, then the tune of the default model here (~5 min), ending in the report
+#   make run    virtualenv + dependencies, then the tune of the default model here (~5.5 min), ending in the report
 #   make test   virtualenv + every backend + system packages, the lint gate (ruff), then the whole test suite
 PYTHON ?= python3
 VENV ?= .venv

@@ -138,7 +138,7 @@ def refuse_prefixed(override) -> None:
                     f"fixed and each has a default; {fix}")
 
 
-_HYDRA = threading.Lock()
+_HYDRA = threading.RLock()
 
 
 def compose(overrides: list[str]) -> BenchmarkConfig:

@@ -1,7 +1,8 @@
 """`corescale demo [words]` (what `make run` runs): the tune of the default model on this machine, then the
 HTML report: bert-base, sequence 128, batch 1, objective throughput over PyTorch, ONNX Runtime and OpenVINO
-(every precision and layout this CPU offers), within a 4-minute search budget. Any `corescale tune` word
-overrides a default (model=bert-tiny, budget=10m, space.backend=[...], objective=latency ...)."""
+(every precision and layout this CPU offers), within a 5-minute budget (baseline, search and final repeats).
+Any `corescale tune` word overrides a default (model=bert-tiny, budget=10m, space.backend=[...], objective=latency
+...)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ ORDER = 5
 DEFAULTS = [
     (("model",), "model=bert-base"), (("sequence_length",), "sequence_length=128"),
     (("batch_size", "space.batch_size"), "batch_size=1"), (("duration",), "duration=3"),
-    (("tune.screen",), "tune.screen=1"), (("budget",), "budget=4m"),
+    (("tune.screen",), "tune.screen=1"), (("budget",), "budget=5m"),
     (("backend", "space.backend"), "space.backend=[pytorch,onnxruntime,openvino]"),
 ]
 

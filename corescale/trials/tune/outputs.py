@@ -10,7 +10,7 @@ from corescale.results.files import write_json_atomic
 from corescale.results.repeats import Interval
 from corescale.trials.tune import recipe as recipes
 from corescale.trials.tune.engine import TUNE_FILE, Tune
-from corescale.trials.tune.verdict import Finalist, Verdict, closest
+from corescale.trials.tune.verdict import PRACTICAL, Finalist, Verdict, closest
 
 METRICS = ("throughput", "p50_ms", "p99_ms", "cost_per_1m", "memory_gb", "drift")
 
@@ -41,8 +41,12 @@ def finalist_json(f: Finalist, verdict: Verdict, settings) -> dict:
 
 
 def trials_json(study) -> list[dict]:
+    from optuna.trial import TrialState
+
     rows = []
     for t in study.get_trials(deepcopy=False):
+        if t.state == TrialState.WAITING:  # a starting point still queued when the budget ran out: never asked
+            continue
         rows.append({"number": t.number, "state": t.state.name, "params": t.params, "value": t.value,
                      "label": t.user_attrs.get("label"), "overrides": t.user_attrs.get("overrides"),
                      "screen": t.user_attrs.get("screen"), "full": t.user_attrs.get("full"),
@@ -83,7 +87,9 @@ def headline(tune: Tune, verdict: Verdict) -> list[str]:
              f"{winner.interval(objective.metric).text(objective.unit, 4 if objective.name == 'cost' else 2)}"]
     if verdict.tie:
         lines.append(f"statistical tie (p = {verdict.tie_p:.2f}, Welch's t over repeats) between "
-                     f"{' and '.join(verdict.tie)}: the cheaper/simpler first")
+                     f"{' and '.join(verdict.tie)}: " + (
+                         "the cheaper/simpler first" if verdict.tie_simpler_first else
+                         f"the faster first (means more than {PRACTICAL:.0%} apart are not the same in practice)"))
     if verdict.speedup is not None:
         ratio, low, high = verdict.speedup
         lines.append(f"{ratio:.2f}× the out-of-box throughput (95 % CI {low:.2f} – {high:.2f}×; out-of-box "
@@ -102,7 +108,8 @@ def document(tune: Tune, study, verdict: Verdict, finalists: list[Finalist], rec
                       "direction": tune.settings.objective.direction, "unit": tune.settings.objective.unit},
         "elapsed_s": study.user_attrs.get("elapsed_s"), "trials": trials_json(study),
         "importances": importances(study),
-        "finalists": [finalist_json(f, verdict, tune.settings) for f in verdict.ranked + verdict.infeasible],
+        "finalists": [finalist_json(f, verdict, tune.settings) for f in verdict.ranked + verdict.infeasible
+                      if f is not verdict.baseline],  # out-of-box has its own entry, winner or not
         "baseline": None if verdict.baseline is None else finalist_json(verdict.baseline, verdict, tune.settings),
         "winner": None if verdict.winner is None else verdict.winner.label,
         "tie": verdict.tie, "tie_p": verdict.tie_p,

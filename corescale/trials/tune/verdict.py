@@ -103,6 +103,7 @@ class Verdict:
     baseline: Finalist | None
     tie: list[str] = field(default_factory=list)  # labels statistically tied with the winner
     tie_p: float | None = None
+    tie_simpler_first: bool = False  # some tied mean was within PRACTICAL of the best: it went by cores, settings
     speedup: tuple[float, float, float] | None = None  # winner ÷ baseline throughput, 95 % bootstrap CI
 
     @property
@@ -147,6 +148,7 @@ def decide(finalists: list[Finalist], baseline: Finalist | None, objective: Obje
 
             group.sort(key=order)
             verdict.tie = [f.label for f in group]
+            verdict.tie_simpler_first = any(abs(f.interval(metric).mean / top - 1) <= PRACTICAL for f in tied)
             verdict.tie_p = min(same(best.values(metric), f.values(metric))[1] for f in tied)
             verdict.ranked = group + [f for f in good if f not in group]
         if baseline is not None and baseline.values("throughput").size:
