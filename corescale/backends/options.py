@@ -38,8 +38,8 @@ class BackendOptions:
                                 f"allowed: {', '.join(allowed)}")
 
     def allocator_companions(self) -> list[Path]:
-        """Libraries of the framework to preload beside a preloaded allocator: one the framework opens in a way
-        that binds it to glibc's malloc (RTLD_DEEPBIND) would free the allocator's memory with glibc's free."""
+        """Libraries of the framework to preload beside a preloaded allocator: a library of the framework that
+        keeps calling glibc's free() on the allocator's memory aborts the process unless it is preloaded too."""
         return []
 
     def check(self, cfg) -> None:
