@@ -140,15 +140,16 @@ def decide(finalists: list[Finalist], baseline: Finalist | None, objective: Obje
             group = [best, *tied]
             top = best.interval(metric).mean
 
-            def order(f: Finalist):  # within PRACTICAL of the best mean: the cheaper/simpler first
+            def close(f: Finalist) -> bool:  # within PRACTICAL of the best mean: the same in practice
+                return abs(f.interval(metric).mean / top - 1) <= PRACTICAL
+
+            def order(f: Finalist):  # the practically same: the cheaper/simpler first
                 mean = f.interval(metric).mean
-                if abs(mean / top - 1) <= PRACTICAL:
-                    return (0, f.cores, f.complexity, sign * mean)
-                return (1, 0, 0, sign * mean)
+                return (0, f.cores, f.complexity, sign * mean) if close(f) else (1, 0, 0, sign * mean)
 
             group.sort(key=order)
             verdict.tie = [f.label for f in group]
-            verdict.tie_simpler_first = any(abs(f.interval(metric).mean / top - 1) <= PRACTICAL for f in tied)
+            verdict.tie_simpler_first = any(close(f) for f in tied)
             verdict.tie_p = min(same(best.values(metric), f.values(metric))[1] for f in tied)
             verdict.ranked = group + [f for f in good if f not in group]
         if baseline is not None and baseline.values("throughput").size:
