@@ -18,7 +18,7 @@ import torch
 from corescale.backends import create_backend
 from corescale.config import BenchmarkConfig, WarmupConfig
 from corescale.measure.timing import timed_loop, warm_up
-from corescale.results.stats import Measurement, bootstrap_ratio_ci
+from corescale.record.stats import Measurement, bootstrap_ratio_ci
 from corescale.workload.inputs import make_inputs
 from corescale.workload.models import build_torch_model, resolve_model
 

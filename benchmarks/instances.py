@@ -85,7 +85,7 @@ def markdown(rows: list[dict], title: str, rounds: list[float]) -> str:
                   f"(goal ≥ {GOAL}: {verdict})",
               f"2 pinned 1-core instances ÷ one 2-thread instance: **{pinned / threaded:.2f}x**"]
     if len(rounds) > 1:
-        from corescale.results.repeats import Interval
+        from corescale.record.repeats import Interval
 
         lines.append("P1 efficiency per round: " + ", ".join(
             f"{e:.3f}" + ("" if clean else " (contaminated)") for e, clean in rounds))

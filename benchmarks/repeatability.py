@@ -30,8 +30,8 @@ def one_run(base: list[str], out: Path) -> list[dict]:
 
 
 def summarise(records: list[dict]) -> dict:
-    from corescale.results.record import TrialRecord
-    from corescale.results.repeats import across_repeats
+    from corescale.record.repeats import across_repeats
+    from corescale.record.trial import TrialRecord
 
     typed = [TrialRecord.from_json(r) for r in records]
     summary = across_repeats(typed)

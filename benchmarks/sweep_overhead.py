@@ -44,9 +44,9 @@ def main(argv=None) -> int:
     if args.fresh:
         os.environ["CORESCALE_FORKSERVER"] = "0"
 
+    from corescale.analysis import store
     from corescale.overrides import expand_sweep
-    from corescale.results import store
-    from corescale.results.files import read_result
+    from corescale.record.files import read_result
     from corescale.trials.local import Listener
     from corescale.trials.sweep import plan_sweep, run_sweep
 

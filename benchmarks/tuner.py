@@ -38,7 +38,7 @@ BACKENDS = {  # backend -> (precisions, option lists): the grid (the tune's spac
 
 
 def layouts(cores: int) -> list[str]:
-    from corescale.trials.tune.space import candidate_layouts
+    from corescale.tune.space import candidate_layouts
 
     return candidate_layouts(cores)
 

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 from conftest import FAST, corescale
 
-from corescale.results import compare, store
+from corescale.analysis import compare, store
 
 THRESHOLD = "0.5"
 

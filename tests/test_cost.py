@@ -6,8 +6,8 @@ import pandas as pd
 import pytest
 from conftest import FAST, corescale
 
+from corescale.analysis import cost
 from corescale.errors import UserError
-from corescale.results import cost
 
 
 def rows(**columns):

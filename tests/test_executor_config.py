@@ -10,7 +10,7 @@ from corescale.config import BenchmarkConfig, ExecutorConfig, RayExecutorConfig
 from corescale.errors import UserError
 from corescale.measure.runner import prepare_trial
 from corescale.overrides import compose, expand_sweep
-from corescale.results.files import iter_run_dirs, read_result
+from corescale.record.files import iter_run_dirs, read_result
 from corescale.trials.local import Listener, Planned, run_trials
 
 TINY = ["model=bert-tiny"]

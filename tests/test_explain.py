@@ -6,9 +6,9 @@ import json
 import pytest
 from conftest import FAST, corescale
 
-from corescale.results import explain as analysis
-from corescale.results.findings import RULES, findings
-from corescale.results.opclasses import ALL_CLASSES, breakdown, classify
+from corescale.explain import analysis
+from corescale.explain.findings import RULES, findings
+from corescale.explain.opclasses import ALL_CLASSES, breakdown, classify
 from corescale.workload.models import resolve_model
 
 
@@ -150,8 +150,8 @@ def test_compare_profiles_each_backend_and_saves_json_and_figure(compared):
 
 
 def test_profiling_runs_are_never_timing_results(compared):
+    from corescale.analysis import store
     from corescale.errors import UserError
-    from corescale.results import store
 
     out, _ = compared
     with pytest.raises(UserError, match="no results under"):

@@ -13,7 +13,7 @@ from conftest import FAST, corescale, execute, processes_with_env
 from corescale.measure.launcher import Launcher
 from corescale.measure.runner import prepare_trial
 from corescale.overrides import compose
-from corescale.results.files import read_result, read_samples
+from corescale.record.files import read_result, read_samples
 
 pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 usable CPUs")
 TWO = ["instances=2", "cores_per_instance=1", "timeout=120"]

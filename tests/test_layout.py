@@ -6,8 +6,8 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parent.parent / "corescale"
 TOP_LEVEL = {"__init__.py", "__main__.py", "cli.py", "errors.py", "config.py", "overrides.py"}
 # each stage may import the ones before it, never one after it (commands and cli sit on top)
-ORDER = ["errors", "backends.options", "config", "overrides", "workload", "machine", "results", "measure",
-         "backends", "trials", "report", "commands", "cli", "__main__"]
+ORDER = ["errors", "backends.options", "config", "overrides", "workload", "machine", "record", "measure",
+         "backends", "trials", "analysis", "explain", "tune", "report", "commands", "cli", "__main__"]
 
 
 def imports() -> dict[str, set[str]]:
@@ -40,7 +40,8 @@ def stage(module: str) -> int:
 def test_only_the_listed_top_level_modules():
     assert {p.name for p in PACKAGE.glob("*.py")} <= TOP_LEVEL
     stages = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
-    assert stages == {"workload", "machine", "measure", "backends", "trials", "results", "report", "commands"}
+    assert stages == {"workload", "machine", "record", "measure", "backends", "trials", "analysis", "explain", "tune",
+                      "report", "commands"}
 
 
 def test_no_import_cycle():

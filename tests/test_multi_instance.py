@@ -13,7 +13,7 @@ from corescale.errors import UserError
 from corescale.machine import instance_env
 from corescale.measure.runner import prepare_trial
 from corescale.overrides import compose
-from corescale.results.files import read_samples
+from corescale.record.files import read_samples
 
 TWO_CPUS = len(os.sched_getaffinity(0)) >= 2
 needs_two_cpus = pytest.mark.skipif(not TWO_CPUS, reason="needs 2 usable CPUs")

@@ -21,7 +21,7 @@ import pytest
 from conftest import FAST, ROOT, corescale, raw_record
 
 from corescale.overrides import expand_sweep
-from corescale.results.files import iter_run_dirs
+from corescale.record.files import iter_run_dirs
 from corescale.trials.local import Listener
 from corescale.trials.ray import RayExecutor
 from corescale.trials.sweep import plan_sweep

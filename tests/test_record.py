@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 from conftest import corescale
 
+from corescale.analysis import store
 from corescale.config import BenchmarkConfig
-from corescale.results import store
-from corescale.results.files import iter_run_dirs, read_result
-from corescale.results.record import SCHEMA_VERSION, Failure, TrialRecord
+from corescale.record.files import iter_run_dirs, read_result
+from corescale.record.index import ResultIndex
+from corescale.record.trial import SCHEMA_VERSION, Failure, TrialRecord
 
 SCHEMA1 = Path(__file__).parent / "data" / "schema1"
 V1_RUNS = sorted(iter_run_dirs(SCHEMA1))  # 6 runs and sweeps, 2 trials of an instances study
@@ -100,7 +101,7 @@ def test_report_cost_and_compare_read_schema1(root, tmp_path):
 def test_resume_finds_schema1_results_by_their_migrated_key(root):
     """A trial measured by 0.1.0 counts as done for today's sweep of the same configuration."""
     from corescale.overrides import compose
-    from corescale.results.record import spec_key
+    from corescale.record.trial import spec_key
     from corescale.workload.models import resolve_model
 
     record = read_result(v1("onnxruntime-fp32-b1"))
@@ -109,5 +110,5 @@ def test_resume_finds_schema1_results_by_their_migrated_key(root):
                    "calibrate=false", "instances=2", "cores_per_instance=1", f"output_dir={root}"])
     key = spec_key(cfg, resolve_model("bert-tiny"))
     assert key == record.trial_key
-    index = store.ResultIndex(root)
+    index = ResultIndex(root)
     assert index.find(key) is not None and index.find(record.legacy_keys[0]) is not None

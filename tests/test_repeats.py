@@ -8,8 +8,8 @@ import pytest
 from conftest import FAST, assert_one_line_error, corescale
 
 from corescale.overrides import compose
-from corescale.results.record import TrialRecord
-from corescale.results.repeats import Interval, across_repeats
+from corescale.record.repeats import Interval, across_repeats
+from corescale.record.trial import TrialRecord
 from corescale.trials.local import schedule
 
 

@@ -11,7 +11,7 @@ import pytest
 from conftest import raw_record
 
 from corescale.errors import UserError
-from corescale.results.files import (
+from corescale.record.files import (
     PendingRun,
     iter_run_dirs,
     read_result,
@@ -22,7 +22,7 @@ from corescale.results.files import (
 
 WRITER = r"""
 import sys, numpy as np, pandas as pd
-from corescale.results.files import PendingRun
+from corescale.record.files import PendingRun
 root = sys.argv[1]
 big = {"payload": ["x" * 100] * 20000}
 i = 0

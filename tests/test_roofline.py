@@ -7,7 +7,7 @@ import pytest
 from conftest import ROOT
 
 from corescale.machine import bandwidth, roofline
-from corescale.results.record import Roofline, RunMetrics, TrialRecord
+from corescale.record.trial import Roofline, RunMetrics, TrialRecord
 from corescale.workload.flops import forward_flops
 from corescale.workload.memory import encoder_parameter_count, traffic_bytes
 from corescale.workload.models import resolve_model
@@ -83,7 +83,7 @@ def test_chart_labels_each_roof_with_what_set_it():
 
 @pytest.mark.parametrize("column", ["roofline_intensity", "roofline_bound", "roof_bandwidth_library"])
 def test_results_table_has_the_roofline_columns(column):
-    from corescale.results import store
+    from corescale.analysis import store
 
     table = store.load(ROOT / "tests" / "data" / "schema1")
     assert column in table.frame and table.frame[column].isna().all()  # old records: no position

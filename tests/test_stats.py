@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from corescale.results.stats import Measurement, bootstrap_ratio_ci, window_throughput
+from corescale.record.stats import Measurement, bootstrap_ratio_ci, window_throughput
 
 
 def test_known_samples():

@@ -7,10 +7,10 @@ import pandas as pd
 import pytest
 from conftest import FAST, corescale
 
+from corescale.analysis import store
 from corescale.errors import UserError
 from corescale.overrides import compose
-from corescale.results import store
-from corescale.results.record import spec_key
+from corescale.record.trial import spec_key
 from corescale.workload.models import resolve_model
 
 

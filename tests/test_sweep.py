@@ -11,8 +11,8 @@ from multiprocessing import get_context
 
 from conftest import FAST, ROOT, corescale
 
-from corescale.results import store
-from corescale.results.files import PendingRun, iter_run_dirs, read_result
+from corescale.analysis import store
+from corescale.record.files import PendingRun, iter_run_dirs, read_result
 from corescale.trials.sweep import plan_sweep
 
 

@@ -17,8 +17,8 @@ import pytest
 from conftest import FAST, ROOT, corescale
 
 from corescale.errors import UserError
-from corescale.trials.tune import settings as tune_settings
-from corescale.trials.tune import space as spaces
+from corescale.tune import settings as tune_settings
+from corescale.tune import space as spaces
 
 TUNE = [*FAST, "duration=0.6", "tune.screen=0.3", "trials=3", "tune.top_k=2", "tune.repeats=2",
         "space.backend=[pytorch]", "space.precision=[fp32,int8]", "space.batch_size=[1,2]", "--no-progress"]
@@ -239,7 +239,7 @@ def test_node_types_sharing_a_hosts_cpus_are_tuned_one_after_the_other():
     from types import SimpleNamespace
 
     from corescale.commands.tune import together
-    from corescale.trials.tune import fleet
+    from corescale.tune import fleet
 
     def kind(node_type, *cpus):
         return SimpleNamespace(node_type=node_type, cpus=frozenset(cpus))
@@ -284,8 +284,8 @@ def test_node_type_without_ray_is_refused_before_anything_runs(tmp_path):
 
 def test_server_qps_searches_the_server_scenario_and_its_batching():
     from corescale.overrides import compose
-    from corescale.results.record import TrialRecord
-    from corescale.trials.tune.verdict import figures, samples_per_s
+    from corescale.record.trial import TrialRecord
+    from corescale.tune.verdict import figures, samples_per_s
 
     s = tune_settings.parse(["objective=server_qps", "slo_p99_ms=130", "model=bert-tiny"])
     assert tune_settings.scenario_overrides(s) == ["scenario=server", "target_qps=auto", "slo_p99_ms=130"]
@@ -309,7 +309,7 @@ def test_server_qps_searches_the_server_scenario_and_its_batching():
 
 
 def _finalist(label, throughputs, cores=2, complexity=1, baseline=False):
-    from corescale.trials.tune.verdict import Finalist
+    from corescale.tune.verdict import Finalist
 
     figures = [{"valid": True, "throughput": t, "p50_ms": 1000 / t, "p99_ms": 1200 / t, "memory_gb": 0.5,
                 "drift_ok": True} for t in throughputs]
@@ -317,7 +317,7 @@ def _finalist(label, throughputs, cores=2, complexity=1, baseline=False):
 
 
 def test_a_tie_is_reported_with_the_simpler_first_and_a_clear_winner_is_not():
-    from corescale.trials.tune.verdict import decide
+    from corescale.tune.verdict import decide
 
     settings = tune_settings.parse(["slo_p99_ms=100"])
     baseline = _finalist("baseline", [8.0, 8.2, 7.9], baseline=True)

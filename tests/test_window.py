@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from corescale.measure.aggregate import InstanceSamples, common_window, run_metrics
-from corescale.results.stats import in_window, window_throughput
+from corescale.record.stats import in_window, window_throughput
 
 REPORT = {"wall_seconds": 10.0, "foreign_cpu_seconds": 0.0, "cpu_seconds": 10.0, "peak_rss_bytes": 1,
           "load_seconds": 1.0, "stage_seconds": {}, "warmup_iterations": 3, "warmup_converged": True}

@@ -29,8 +29,8 @@ def load_table(root, args):
     """The table, with unreadable files reported on stderr (one line each) and skipped."""
     from rich.markup import escape
 
+    from corescale.analysis import store
     from corescale.report.console import errors
-    from corescale.results import store
 
     table = store.load(root, latest=not args.all, where=args.where)
     for _path, reason in table.problems:
@@ -75,7 +75,7 @@ def check_csv_dest(dest: str | None) -> None:
 
 def write_csv(frame, dest: str) -> None:
     """CSV to stdout ('-') or to a file, written whole (temp file + rename)."""
-    from corescale.results.files import write_atomic
+    from corescale.record.files import write_atomic
 
     text = frame.to_csv(index=False)
     if dest == "-":

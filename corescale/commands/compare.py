@@ -9,7 +9,7 @@ ORDER = 70
 
 
 def register(sub) -> None:
-    from corescale.results.stats import CHANGE_THRESHOLD as DEFAULT_THRESHOLD  # results.compare needs pandas
+    from corescale.record.stats import CHANGE_THRESHOLD as DEFAULT_THRESHOLD  # results.compare needs pandas
 
     parser = sub.add_parser("compare", help="compare two result roots: faster/slower, with significance")
     add_common(parser)
@@ -30,8 +30,8 @@ def handle(args) -> int:
     from rich.markup import escape
     from rich.table import Table
 
+    from corescale.analysis.compare import compare_frames
     from corescale.report.console import console, errors
-    from corescale.results.compare import compare_frames
 
     check_csv_dest(args.csv)
     result = compare_frames(load_table(args.before, args).frame, load_table(args.after, args).frame,

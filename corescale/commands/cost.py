@@ -33,7 +33,7 @@ def register(sub) -> None:
 def list_machines(catalog_path) -> int:
     from rich.table import Table
 
-    from corescale.results.cost import load_catalog
+    from corescale.analysis.cost import load_catalog
 
     table = Table(title="price catalog", header_style="bold")
     for column in ("machine", "$/h", "vCPUs", "cores", "CPU", "note"):
@@ -48,9 +48,9 @@ def handle(args) -> int:
     from rich.markup import escape
     from rich.table import Table
 
+    from corescale.analysis import cost
     from corescale.errors import UserError
     from corescale.report.console import console, errors
-    from corescale.results import cost
 
     if args.list_machines:
         return list_machines(args.catalog)

@@ -38,7 +38,7 @@ def configurations(args) -> list[list[str]]:
 
 def prepare(overrides: list[str]):
     from corescale.errors import UserError
-    from corescale.measure.profilers import check_profiler
+    from corescale.explain.profilers import check_profiler
     from corescale.measure.runner import prepare_trial
     from corescale.overrides import compose
 
@@ -51,13 +51,13 @@ def prepare(overrides: list[str]):
 
 
 def handle(args) -> int:
+    from corescale.explain import analysis
+    from corescale.explain.opclasses import check_filter
+    from corescale.explain.run import profile
     from corescale.machine import environment
-    from corescale.measure.explain import profile
+    from corescale.record.files import write_atomic
     from corescale.report import explain as draw
     from corescale.report.console import console, errors, print_path, print_wide
-    from corescale.results import explain as analysis
-    from corescale.results.files import write_atomic
-    from corescale.results.opclasses import check_filter
     from corescale.trials.local import machine_lock
 
     classes = check_filter([c.strip() for c in args.op_class.split(",") if c.strip()]) if args.op_class else ()

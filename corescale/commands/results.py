@@ -27,9 +27,9 @@ def handle(args) -> int:
     from rich.markup import escape
     from rich.table import Table
 
+    from corescale.analysis import store
     from corescale.errors import UserError
     from corescale.report.console import console
-    from corescale.results import store
 
     check_csv_dest(args.csv)
     frame = load_table(args.root, args).frame

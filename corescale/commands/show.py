@@ -19,8 +19,8 @@ def register(sub) -> None:
 
 def handle(args) -> int:
     from corescale.errors import UserError
+    from corescale.record.files import read_result
     from corescale.report.console import print_result
-    from corescale.results.files import read_result
 
     record = read_result(args.path)
     if record.ok and record.metrics is None and record.server is None:

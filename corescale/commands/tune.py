@@ -58,8 +58,8 @@ def run_tune(words: list[str], args) -> int:
     """The tune of `words` (one per Ray node type with executor=ray: ranked by cost per 1M), its
     recommendation, report and recipe; exit 1 when nothing meets the constraints."""
     from corescale.trials import local
-    from corescale.trials.tune import fleet
-    from corescale.trials.tune import settings as tune_settings
+    from corescale.tune import fleet
+    from corescale.tune import settings as tune_settings
 
     settings = tune_settings.parse(words)
     with fleet.connected(settings) as ray:
@@ -79,7 +79,7 @@ def together(tunes) -> bool:
     from rich.markup import escape
 
     from corescale.report.console import errors
-    from corescale.trials.tune import fleet
+    from corescale.tune import fleet
 
     if len(tunes) < 2:
         return False
@@ -122,7 +122,7 @@ def search(tune, args, progress: bool | None = None, prefix: str = "") -> dict:
     from rich.markup import escape
 
     from corescale.report.console import console, errors, print_path
-    from corescale.trials.tune.engine import Tuner
+    from corescale.tune.engine import Tuner
 
     settings = tune.settings
     where = f" on node type {tune.node_type} ({tune.nodes} node(s), {tune.physical_cores} cores each)" \
@@ -142,8 +142,8 @@ def conclude(tune, outcome: dict, args) -> dict:
     from rich.markup import escape
 
     from corescale.report.console import console, print_path
-    from corescale.trials.tune.outputs import write_outputs
-    from corescale.trials.tune.verdict import decide
+    from corescale.tune.outputs import write_outputs
+    from corescale.tune.verdict import decide
 
     settings = tune.settings
     finalists = outcome["finalists"]
@@ -194,7 +194,7 @@ def used_results(tune, doc: dict):
     output_dir are resumed by key): the report's table."""
     from pathlib import Path
 
-    from corescale.results import store
+    from corescale.analysis import store
 
     used = {str(Path(p).resolve()) for f in [*doc["finalists"], doc["baseline"] or {"paths": []}] for p in f["paths"]}
     used |= {str(Path(t[stage]["path"]).resolve()) for t in doc["trials"] for stage in ("screen", "full")

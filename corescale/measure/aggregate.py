@@ -9,8 +9,8 @@ import pandas as pd
 
 from corescale.machine.placement import InstanceSpec
 from corescale.measure.contamination import CONTAMINATION_THRESHOLD, foreign_fraction
-from corescale.results.record import InstanceMetrics, RunMetrics
-from corescale.results.stats import Measurement, in_window, window_throughput
+from corescale.record.stats import Measurement, in_window, window_throughput
+from corescale.record.trial import InstanceMetrics, RunMetrics
 
 
 @dataclass

@@ -13,7 +13,7 @@ from pathlib import Path
 from corescale.machine import instance_env
 from corescale.machine.peak import PeakCache, peak_precision
 from corescale.machine.placement import InstanceSpec
-from corescale.results.files import write_json_atomic
+from corescale.record.files import write_json_atomic
 
 TIMEOUT_S = 180.0
 BANDWIDTH = "bandwidth"  # the calibration process's word for "measure the triad, not a GEMM"

@@ -22,7 +22,7 @@ from typing import Callable
 from corescale.machine import instance_env
 from corescale.machine.placement import InstanceSpec
 from corescale.measure.forkserver import RepeatServers
-from corescale.results.record import Failure
+from corescale.record.trial import Failure
 
 START_DELAY_NS = 100_000_000  # the common start instant is this far (plus two calls) after the last is ready
 STDERR_TAIL_LINES = 12

@@ -29,8 +29,8 @@ from corescale.measure.calibrate import with_peaks
 from corescale.measure.launcher import Launcher, LaunchOutcome
 from corescale.measure.server import Server, batches_csv, summarise
 from corescale.measure.timing import read_pairs
-from corescale.results.files import PendingRun, run_name
-from corescale.results.record import Failure, Partial, Roofline, RunMetrics, TrialRecord, spec_key, trial_key
+from corescale.record.files import PendingRun, run_name
+from corescale.record.trial import Failure, Partial, Roofline, RunMetrics, TrialRecord, spec_key, trial_key
 from corescale.workload.flops import forward_flops
 from corescale.workload.models import ModelSpec, resolve_model
 from corescale.workload.samples import QuerySet, build_query_set, uses_query_set

@@ -25,7 +25,7 @@ import numpy as np
 
 from corescale.measure.batching import Batcher
 from corescale.measure.qps_search import floor_qps, knee, load_curve, search
-from corescale.results.record import Failure
+from corescale.record.trial import Failure
 
 NO_SLO_NS = 3_600 * 10**9  # fixed target_qps without slo_p99_ms: LoadGen needs a bound; an hour judges nothing
 PERCENTILES = ("50.00", "90.00", "95.00", "97.00", "99.00", "99.90")

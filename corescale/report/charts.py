@@ -14,7 +14,7 @@ import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from corescale.results.store import config_columns, normalise_value, ok_rows
+from corescale.analysis.store import config_columns, normalise_value, ok_rows
 
 # How a trial was measured, not what: never splits a series.
 PROCEDURE = {"output_dir", "cache_dir", "duration", "min_iterations", "timeout", "calibrate", "seed",
@@ -182,7 +182,7 @@ def cost_figure(tables: dict[str, pd.DataFrame]) -> Figure:
 
 def load_curves(frame: pd.DataFrame) -> dict[str, dict]:
     """label -> the `server` section of each target_qps=auto result (its load curve, SLO and max valid QPS)."""
-    from corescale.results.files import read_result
+    from corescale.record.files import read_result
 
     if "scenario" not in frame.columns:
         return {}

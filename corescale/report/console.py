@@ -9,7 +9,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from corescale.results.record import TrialRecord
+from corescale.record.trial import TrialRecord
 
 console = Console(stderr=False, highlight=False)
 errors = Console(stderr=True, highlight=False)
@@ -366,7 +366,7 @@ def study_table(kind: str, frame) -> Table:
 
 def print_repeats(state, planned) -> None:
     """Per trial, the headline figures with their interval across repeats (the unit of uncertainty)."""
-    from corescale.results.repeats import across_repeats
+    from corescale.record.repeats import across_repeats
 
     table = Table(title="across repeats (fresh processes each; 95 % Student-t intervals)", header_style="bold")
     for column in ("#", "trial", "repeats", "samples/s", "95 % CI", "p50 ms", "95 % CI", "p99 ms"):

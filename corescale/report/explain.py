@@ -9,8 +9,8 @@ import numpy as np
 from rich.markup import escape
 from rich.table import Table
 
+from corescale.explain.opclasses import ALL_CLASSES, LABELS
 from corescale.report.charts import new_figure, png_bytes
-from corescale.results.opclasses import ALL_CLASSES, LABELS
 
 OPS_SHOWN = 12
 

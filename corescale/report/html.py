@@ -15,12 +15,12 @@ from typing import Callable
 
 import pandas as pd
 
+from corescale.analysis import cost
+from corescale.analysis.store import Table, describe_value, load, ok_rows
 from corescale.errors import UserError
+from corescale.record.files import read_result, write_atomic
 from corescale.report import charts as report_plots
 from corescale.report import plots
-from corescale.results import cost
-from corescale.results.files import read_result, write_atomic
-from corescale.results.store import Table, describe_value, load, ok_rows
 
 STUDY_MACHINES = ("study-48-cores", "study-8-cores")  # the original study's cost comparison
 
@@ -316,8 +316,8 @@ def build(root, out: Path | None = None, machine: str | None = None, price: floa
 
 def _explain_sections(root) -> list[tuple[str, str, str]]:
     """`corescale explain` runs saved under the root: a stacked bar per backend (profiling runs, apart)."""
+    from corescale.explain.analysis import load_saved
     from corescale.report.explain import section_html
-    from corescale.results.explain import load_saved
 
     saved = load_saved(root)
     return [("explain", "Where the time goes (corescale explain)", section_html(saved))] if saved else []

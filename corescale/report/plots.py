@@ -138,7 +138,7 @@ def batch_figure(frame: pd.DataFrame, group: str | None = "group") -> Figure:
 
 def save_figure(fig: Figure, path: Path, dpi: int = 120) -> Path:
     """Writes the figure (format from the suffix) whole, then renames it into place."""
-    from corescale.results.files import write_atomic
+    from corescale.record.files import write_atomic
 
     return write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=dpi), "figure")
 

@@ -7,8 +7,8 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from corescale.analysis.store import ok_rows
 from corescale.report.charts import new_figure
-from corescale.results.store import ok_rows
 
 ROOF_COLUMNS = ["roof_peak_gflops", "roof_peak_library", "roof_bandwidth_gbps", "roof_bandwidth_library",
                 "threads_per_instance", "instances"]

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import numpy as np
 
+from corescale.record.files import write_atomic, write_json_atomic
 from corescale.report import plots
-from corescale.results.files import write_atomic, write_json_atomic
 
 FILES = {"csv": "study.csv", "figure": "study.png", "json": "study.json"}
 FIGURES = {"cores": plots.cores_figure, "instances": plots.instances_figure, "batch": plots.batch_figure}

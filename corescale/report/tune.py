@@ -9,10 +9,10 @@ import html
 import json
 from pathlib import Path
 
-from corescale.results import store
+from corescale.analysis import store
 
 e = html.escape
-TUNE_FILE = "tune.json"  # trials/tune/engine.TUNE_FILE (the report reads the document, not the engine)
+TUNE_FILE = "tune.json"  # tune/engine.TUNE_FILE (the report reads the document, not the engine)
 PLOT_CONFIG = {"displaylogo": False, "responsive": True}
 
 

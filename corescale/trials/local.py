@@ -22,8 +22,8 @@ from typing import Any
 from corescale.machine import environment
 from corescale.measure.forkserver import ForkServers
 from corescale.measure.runner import Measured, Trial, TrialOutcome, commit, failed_measured, measure
-from corescale.results.record import Failure, TrialRecord, machine_fingerprint
-from corescale.results.store import ResultIndex
+from corescale.record.index import ResultIndex
+from corescale.record.trial import Failure, TrialRecord, machine_fingerprint
 
 # One machine-wide lock in a fixed place (not TMPDIR, which differs per user and process); CORESCALE_LOCK moves it.
 FORKSERVER_ENV = "CORESCALE_FORKSERVER"
@@ -103,7 +103,7 @@ class LoopState:
 
     def records_of(self, item: Planned) -> list[TrialRecord]:
         """Every repeat of one trial measured or found in this loop (skipped ones read from their files)."""
-        from corescale.results.files import read_result
+        from corescale.record.files import read_result
 
         return [row.record if row.record is not None else read_result(row.path)
                 for row in self.rows if row.item is item and (row.record is not None or row.path is not None)]

@@ -24,8 +24,8 @@ from pathlib import Path
 from corescale.config import RayExecutorConfig
 from corescale.errors import UserError
 from corescale.measure.runner import Measured, Trial, commit, failed_measured
-from corescale.results.record import Failure
-from corescale.results.store import ResultIndex
+from corescale.record.index import ResultIndex
+from corescale.record.trial import Failure
 from corescale.trials.local import Listener, LoopState, Planned, Row, schedule, stamp
 
 NODE_RESOURCE = "corescale_node"

@@ -22,8 +22,8 @@ import pandas as pd
 from corescale.config import STUDY_KINDS
 from corescale.errors import UserError
 from corescale.overrides import assignment, override_key
-from corescale.results.record import TrialRecord
-from corescale.results.store import ms
+from corescale.record.stats import ms
+from corescale.record.trial import TrialRecord
 
 KINDS = STUDY_KINDS
 AXIS = {"cores": "cores", "instances": "instances", "batch": "instances"}  # the x of each study
@@ -157,7 +157,7 @@ def trial_row(kind: str, trial: StudyTrial, record: TrialRecord, path) -> dict:
 def with_repeats(row: dict, records: list[TrialRecord]) -> dict:
     """A trial measured `repeats` times: its figures are the means over the repeats, with their 95 % interval
     (a failed repeat fails the row: a study compares like with like)."""
-    from corescale.results.repeats import across_repeats
+    from corescale.record.repeats import across_repeats
 
     summary = across_repeats(records)
     row = {**row, "repeats": len(records), "repeats_ok": summary.repeats}
@@ -259,7 +259,7 @@ def run_study(kind: str, overrides: list[str], values: list[int] | None = None, 
               accept_foreign: bool = False) -> StudyResult:
     """Runs the study's trials through the local loop; returns the table, its document and the loop state."""
     from corescale.machine import environment
-    from corescale.results.files import read_result
+    from corescale.record.files import read_result
     from corescale.trials.local import run_trials
 
     study_dir, trials, planned, topology = plan_study(kind, overrides, values, topology)

@@ -1,7 +1,7 @@
 """Sweeps: a Hydra `-m` grid composed and checked whole before the first trial runs, then run through the one
 local loop (local.py) or fanned out over a Ray cluster (ray.py, `executor=ray`).
 
-Sweeps resume: a trial whose key (measured config + model identity, see results/record.trial_key) already has a
+Sweeps resume: a trial whose key (measured config + model identity, see record/trial.trial_key) already has a
 valid result under its results root is skipped; failed or unfinished ones are measured again. Every result is
 committed atomically as soon as its trial ends, so killing a sweep loses nothing already finished.
 """

@@ -17,7 +17,7 @@ import pandas as pd
 import yaml
 
 from corescale.errors import UserError, read_json
-from corescale.results.record import TrialRecord
+from corescale.record.trial import TrialRecord
 
 RESULT_FILE = "result.json"
 SAMPLES_FILE = "samples.parquet"

@@ -14,8 +14,8 @@ import yaml
 
 from corescale.machine.cpulist import format_cpulist
 from corescale.overrides import override_key
-from corescale.results.files import write_atomic
-from corescale.results.record import TrialRecord
+from corescale.record.files import write_atomic
+from corescale.record.trial import TrialRecord
 
 RECIPE, SNIPPET, CONFIG = "recipe.sh", "snippet.py", "config.yaml"
 INDEX_ENV, COUNT_ENV = "CORESCALE_INSTANCE_INDEX", "CORESCALE_INSTANCES"

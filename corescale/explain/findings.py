@@ -1,6 +1,6 @@
 """Findings: plain sentences from measured facts, each with the figures behind it.
 
-A finding is a rule over the facts of one explained configuration (results/explain.py: shares of the call by op
+A finding is a rule over the facts of one explained configuration (explain/analysis.py: shares of the call by op
 class, the GEMM class's rate against the machine's measured peak, the GEMM libraries measured on the same cores,
 the roofline position, how well the profile agrees with unprofiled timing). No rule names a CPU model: what
 differs between CPUs is in the measured facts. RULES is the table; `findings` applies every rule in order.

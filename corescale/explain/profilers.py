@@ -1,4 +1,4 @@
-"""The framework's own profiler, one call at a time, in the explain worker (measure/explain_worker.py).
+"""The framework's own profiler, one call at a time, in the explain worker (explain/worker.py).
 
 - PyTorch family: torch.profiler around each call; every op's exclusive (self) CPU time, with input shapes.
 - ONNX Runtime: a second session on the same model and options with `SessionOptions.enable_profiling`; its

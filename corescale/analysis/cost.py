@@ -17,8 +17,8 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
+from corescale.analysis.store import ok_rows
 from corescale.errors import UserError
-from corescale.results.store import ok_rows
 
 FIELDS = ("price_per_hour", "vcpus", "physical_cores")
 MEASURED, PROJECTION = "measured", "projection"

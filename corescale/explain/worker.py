@@ -1,7 +1,7 @@
 """`corescale explain`'s worker: one pinned process that loads a backend exactly as a benchmark instance does,
-warms up, then alternates rounds of measured calls (nothing attached) and profiled calls (measure/profilers.py),
+warms up, then alternates rounds of measured calls (nothing attached) and profiled calls (explain/profilers.py),
 so drift on a busy machine falls on both alike. Writes one JSON file: the measured latencies and each profiled
-call's ops. Run as `python -m corescale.measure.explain_worker JOB.json OUT.json`; these calls are profiling
+call's ops. Run as `python -m corescale.explain.worker JOB.json OUT.json`; these calls are profiling
 runs, never timing results.
 """
 
@@ -19,8 +19,8 @@ ROUNDS = 3
 def run(job: dict, out: Path) -> dict:
     from corescale.backends import create_backend
     from corescale.config import BenchmarkConfig
+    from corescale.explain import profilers
     from corescale.machine.placement import InstanceSpec
-    from corescale.measure import profilers
     from corescale.measure.timing import warm_up
     from corescale.workload.inputs import make_inputs
     from corescale.workload.models import ModelSpec
@@ -76,7 +76,7 @@ def linear_remedy(cfg, model, batch_size: int) -> dict | None:
 
 
 def main(argv: list[str]) -> int:
-    from corescale.results.files import write_json_atomic
+    from corescale.record.files import write_json_atomic
 
     out = Path(argv[1])
     try:

@@ -27,7 +27,7 @@ def profile(trial, isa: dict) -> dict:
         job.write_text(json.dumps({"config": cfg.to_dict(), "model": dataclasses.asdict(trial.model), "instance":
                                    spec.to_json()}, default=str))
         preload = instance_env.preload_paths(cfg)
-        command = [*instance_env.command_prefix(spec), sys.executable, "-m", "corescale.measure.explain_worker",
+        command = [*instance_env.command_prefix(spec), sys.executable, "-m", "corescale.explain.worker",
                    str(job), str(out)]
         process = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=cfg.timeout,
                                  env=instance_env.environment(cfg, spec, preload), start_new_session=True,

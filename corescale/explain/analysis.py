@@ -1,4 +1,4 @@
-"""An explained configuration: the profile of its calls (measure/explain.py) turned into time by op class, the GEMM
+"""An explained configuration: the profile of its calls (explain/run.py) turned into time by op class, the GEMM
 class's rate against the machine's peak, the roofline position and the findings; saved as JSON, never as a timing
 result (`kind: explain`, under <output_dir>/explain/, which the results store does not read)."""
 
@@ -8,10 +8,10 @@ import statistics
 import time
 from pathlib import Path
 
+from corescale.explain.findings import findings
+from corescale.explain.opclasses import ALL_CLASSES, OP_CLASSES, breakdown, classify
 from corescale.machine.roofline import position
-from corescale.results.files import slug, write_json_atomic
-from corescale.results.findings import findings
-from corescale.results.opclasses import ALL_CLASSES, OP_CLASSES, breakdown, classify
+from corescale.record.files import slug, write_json_atomic
 from corescale.workload.flops import class_flops, forward_flops
 from corescale.workload.memory import traffic_bytes
 

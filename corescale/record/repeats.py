@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from corescale.results.record import TrialRecord
+from corescale.record.trial import TrialRecord
 
 MIN_REPEATS = 3  # below this, an across-repeat interval or test says too little to print
 

@@ -18,8 +18,9 @@ import pandas as pd
 
 from corescale.config import flatten as flatten_dict
 from corescale.errors import UserError
-from corescale.results.files import RESULT_FILE, TMP_PREFIX, iter_run_dirs, read_result, read_samples
-from corescale.results.record import TrialRecord, machine_fingerprint
+from corescale.record.files import RESULT_FILE, TMP_PREFIX, iter_run_dirs, read_result, read_samples
+from corescale.record.stats import ms
+from corescale.record.trial import TrialRecord
 
 # Columns shown by `corescale results` unless --columns says otherwise.
 SUMMARY_COLUMNS = ["status", "model", "backend", "precision", "batch_size", "sequence_length", "instances",
@@ -83,11 +84,6 @@ def load(root, latest: bool = True, where: list[str] | None = None, require: boo
             frame = frame.drop_duplicates(["key", "repeat"], keep="last").reset_index(drop=True)
         frame = filter_frame(frame, where or [])
     return Table(frame, problems, unfinished)
-
-
-def ms(seconds: float | None) -> float | None:
-    """Seconds -> milliseconds, None stays None."""
-    return None if seconds is None else seconds * 1e3
 
 
 def _finished_at(record: TrialRecord, path: Path) -> float:
@@ -279,37 +275,3 @@ def describe_value(value) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
     return str(value)
-
-
-class ResultIndex:
-    """Valid results by key under one root, refreshed incrementally (only new run dirs are read)."""
-
-    def __init__(self, root, machine: str | None = None):
-        """machine: a machine_fingerprint; when given, only results measured on that machine and software count."""
-        self.root = Path(root).expanduser()
-        self.machine = machine
-        self.foreign = 0  # valid results skipped because they come from another machine or software
-        self.seen: set[Path] = set()
-        self.ok: dict[tuple[str, int], Path] = {}
-
-    def refresh(self) -> None:
-        if not self.root.is_dir():
-            return
-        for run_dir in iter_run_dirs(self.root):
-            if run_dir in self.seen:
-                continue
-            self.seen.add(run_dir)
-            try:
-                record = read_result(run_dir)
-            except (UserError, OSError):
-                continue
-            if record.valid_ok and self.machine and machine_fingerprint(record.environment) != self.machine:
-                self.foreign += 1
-            elif record.valid_ok:
-                for key in (record.trial_key, *record.legacy_keys):  # old keys stay findable
-                    self.ok[(key, record.repeat)] = run_dir
-
-    def find(self, key: str, repeat: int = 0) -> Path | None:
-        """A valid result of that trial key and repeat (repeats are measured in fresh processes each)."""
-        self.refresh()
-        return self.ok.get((key, repeat))

@@ -6,11 +6,11 @@ from __future__ import annotations
 import math
 import time
 
-from corescale.results.files import write_json_atomic
-from corescale.results.repeats import Interval
-from corescale.trials.tune import recipe as recipes
-from corescale.trials.tune.engine import TUNE_FILE, Tune
-from corescale.trials.tune.verdict import PRACTICAL, Finalist, Verdict, closest
+from corescale.record.files import write_json_atomic
+from corescale.record.repeats import Interval
+from corescale.tune import recipe as recipes
+from corescale.tune.engine import TUNE_FILE, Tune
+from corescale.tune.verdict import PRACTICAL, Finalist, Verdict, closest
 
 METRICS = ("throughput", "p50_ms", "p99_ms", "cost_per_1m", "memory_gb", "drift")
 

@@ -15,8 +15,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from corescale.errors import UserError
-from corescale.results.files import write_json_atomic
-from corescale.trials.tune.settings import TuneSettings
+from corescale.record.files import write_json_atomic
+from corescale.tune.settings import TuneSettings
 
 RANKING_FILE = "node-types.json"
 
@@ -108,7 +108,7 @@ def sharing(tunes: list) -> list[tuple[str, str]]:
 
 def plan(settings: TuneSettings, ray) -> list:
     """One Tune per node type (or the local one), every check made before any trial runs."""
-    from corescale.trials.tune.engine import plan_tune, tune_name
+    from corescale.tune.engine import plan_tune, tune_name
 
     if ray is None:
         return [plan_tune(settings)]

@@ -9,10 +9,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from corescale.results.record import TrialRecord
-from corescale.results.repeats import Interval
-from corescale.results.stats import bootstrap_ratio_ci
-from corescale.trials.tune.settings import CONSTRAINTS, Objective, TuneSettings
+from corescale.record.repeats import Interval
+from corescale.record.stats import bootstrap_ratio_ci
+from corescale.record.trial import TrialRecord
+from corescale.tune.settings import CONSTRAINTS, Objective, TuneSettings
 
 ALPHA = 0.05
 PRACTICAL = 0.05  # tied means this close are the same in practice: fewer cores, then fewer settings, first

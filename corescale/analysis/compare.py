@@ -17,10 +17,10 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from corescale.analysis.store import normalise_value, ok_rows
 from corescale.errors import UserError
-from corescale.results.repeats import MIN_REPEATS
-from corescale.results.stats import CHANGE_THRESHOLD, bootstrap_ratio_ci
-from corescale.results.store import normalise_value, ok_rows
+from corescale.record.repeats import MIN_REPEATS
+from corescale.record.stats import CHANGE_THRESHOLD, bootstrap_ratio_ci
 
 ALPHA = 0.05
 BLOCKS = 50

@@ -132,3 +132,8 @@ def in_window(starts_ns, ends_ns, window_start_ns: int, window_end_ns: int) -> n
     """Which calls started and ended inside the window (the calls latency statistics are taken from)."""
     starts, ends = np.asarray(starts_ns), np.asarray(ends_ns)
     return (starts >= window_start_ns) & (ends <= window_end_ns)
+
+
+def ms(seconds: float | None) -> float | None:
+    """Seconds -> milliseconds, None stays None."""
+    return None if seconds is None else seconds * 1e3

@@ -28,12 +28,12 @@ from corescale.config import OPENMP_BACKENDS, BenchmarkConfig
 from corescale.errors import UserError, check_writable
 from corescale.measure.forkserver import ForkServers
 from corescale.overrides import assignment, compose, override_key
-from corescale.results.record import TrialRecord
+from corescale.record.trial import TrialRecord
 from corescale.trials.local import Listener, fork_workers
 from corescale.trials.sweep import plan_sweep, run_sweep
-from corescale.trials.tune import space as spaces
-from corescale.trials.tune import verdict as verdicts
-from corescale.trials.tune.settings import LOAD_MARGIN_S, TuneSettings, scenario_overrides
+from corescale.tune import space as spaces
+from corescale.tune import verdict as verdicts
+from corescale.tune.settings import LOAD_MARGIN_S, TuneSettings, scenario_overrides
 
 STUDY_FILE = "study.db"
 TUNE_FILE = "tune.json"
@@ -117,8 +117,8 @@ class Tune:
         rate = verdicts.samples_per_s(record)
         if self.machine is None or rate is None:
             return None
-        from corescale.results import cost
-        from corescale.results.store import flatten
+        from corescale.analysis import cost
+        from corescale.analysis.store import flatten
 
         _, copies = cost.basis(self.machine, flatten(record, Path(".")))
         return cost.cost_per_million(self.machine.price_per_hour, rate * copies)
@@ -175,7 +175,7 @@ def tune_machine(settings: TuneSettings, kind):
         return None
     from dataclasses import replace
 
-    from corescale.results.cost import choose_machine
+    from corescale.analysis.cost import choose_machine
 
     machine = choose_machine(settings.machine, settings.price_per_hour)
     if kind is not None and machine.measured_here and kind.node_type:
@@ -554,7 +554,7 @@ def _cores_used(records: list[TrialRecord]) -> int:
 
 
 def _read(path):
-    from corescale.results.files import read_result
+    from corescale.record.files import read_result
 
     return read_result(path)
 

@@ -1,0 +1,1 @@
+"""What is read back from a results root: the results table (store), compare, cost."""

@@ -1,1 +1,0 @@
-"""Results: files written atomically, the store (one table), compare, cost."""
