@@ -1,3 +1,3 @@
 """corescale: how to deploy a transformer on this CPU (or the one you should buy)."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
