@@ -81,7 +81,7 @@ def prepare_trial(cfg: BenchmarkConfig, topology: Topology | None = None, on_nod
     queries = build_query_set(cfg, model) if uses_query_set(cfg) else None  # files, fields, tokenizer
     check_places(cfg, results=not on_node)  # last: every other check has passed
     key = spec_key(cfg, model)
-    if cfg.workload.source:  # the text file's tokens, not only its name
+    if cfg.workload.source and queries is not None:  # the text file's tokens, not only its name
         import hashlib
 
         digest = hashlib.sha256(b"".join(q.tobytes() for q in queries.ids)).hexdigest()[:16]
@@ -200,6 +200,7 @@ def measure(trial: Trial, on_event=None, host: dict | None = None, forkservers=N
             trial.queries.save(Path(work) / "queries.npz")
             job["queries"] = str(Path(work) / "queries.npz")
         if trial.cfg.scenario != "offline":
+            assert trial.queries is not None, "a served trial has its query set (uses_query_set)"
             server = Server(trial.cfg, trial.queries.lengths, Path(work))
         with housekeeping_cpus(specs) as parent_cpus:
             outcome = Launcher(Path(work), trial.cfg.timeout, on_event, server, job, forkservers).run(
@@ -212,8 +213,9 @@ def measure(trial: Trial, on_event=None, host: dict | None = None, forkservers=N
             _finish_server(record, trial, server, outcome, logs, parent_cpus)
             record.elapsed_s = time.time() - started
             return Measured(record, None, logs, outcome.interrupted)
-        instances = _load_instances(specs, outcome) if outcome.start_ns else []
-        metrics, samples = _metrics(trial, instances, outcome.start_ns) if instances else (None, None)
+        start_ns = outcome.start_ns
+        instances = _load_instances(specs, outcome) if start_ns else []
+        metrics, samples = _metrics(trial, instances, start_ns) if instances and start_ns else (None, None)
         if outcome.failure:  # keep what finished instances measured, and the calls the others streamed: invalid
             streamed = streamed_samples(specs, outcome) if outcome.start_ns else None
             if streamed is not None:
@@ -222,6 +224,7 @@ def measure(trial: Trial, on_event=None, host: dict | None = None, forkservers=N
                                      {} if streamed is None else streamed.groupby("instance").size().to_dict())
             record.fail(outcome.failure)
         else:
+            assert metrics is not None, "a launch without a failure measured every instance"
             _finish(record, metrics, [outcome.results[spec.id] for spec in specs])
         if trial.queries is not None and metrics is not None and metrics.padded_tokens_per_s:
             record.workload = {**trial.queries.summary(), "pad": trial.cfg.pad, "padding_waste":
@@ -283,9 +286,9 @@ def _load_instances(specs: list[InstanceSpec], outcome: LaunchOutcome) -> list[I
 
 
 def _metrics(trial: Trial, instances: list[InstanceSamples], start_ns: int) -> tuple[RunMetrics, pd.DataFrame]:
-    length = trial.cfg.sequence_length
-    padded = [inst.report.get("padded_tokens_per_sample") for inst in instances]
-    if all(padded):  # a query set: the work done is at the lengths the batches were padded to
+    length: float = trial.cfg.sequence_length
+    padded = [p for inst in instances if (p := inst.report.get("padded_tokens_per_sample"))]
+    if len(padded) == len(instances):  # a query set: the work done is at the lengths the batches were padded to
         length = sum(padded) / len(padded)
     tokens = max(int(round(length)), 1)
     metrics = run_metrics(instances, start_ns, length, forward_flops(trial.model, 1, tokens))
@@ -308,6 +311,7 @@ def roofline_of(trial: Trial, metrics: RunMetrics, instances: list[InstanceSampl
 def _finish_server(record: TrialRecord, trial: Trial, server: Server, outcome: LaunchOutcome,
                    logs: dict[str, bytes], parent_cpus) -> None:
     """The server scenario's record: LoadGen's steps and logs, the batches formed, each instance's report."""
+    assert trial.queries is not None, "a served trial has its query set (uses_query_set)"
     logs.update(server.outcome.logs)
     logs["server-batches.csv"] = batches_csv(server.outcome.batch_rows)
     record.server = summarise(trial.cfg, server.outcome, trial.queries.summary())

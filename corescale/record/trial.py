@@ -207,7 +207,7 @@ class TrialRecord:
         return list(self.plan.get("instances") or [])
 
     def to_json(self) -> dict[str, Any]:
-        data = {"schema_version": SCHEMA_VERSION}
+        data: dict[str, Any] = {"schema_version": SCHEMA_VERSION}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             data[f.name] = value.to_dict() if isinstance(value, BenchmarkConfig) else _plain(value)
@@ -336,6 +336,6 @@ def _known(cls, data: dict[str, Any]) -> dict[str, Any]:
 
 
 def _plain(value: Any) -> Any:
-    if dataclasses.is_dataclass(value):
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return dataclasses.asdict(value)
     return value

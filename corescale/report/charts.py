@@ -7,6 +7,7 @@ cores of one instance), whatever sweeps produced them. Figures are built on the 
 from __future__ import annotations
 
 import io
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +31,7 @@ def _norm(value) -> str:
     return "-" if text == "None" else text
 
 
-def series(frame: pd.DataFrame, axes: list[str], free: list[str] = (), keys: list[str] = (),
+def series(frame: pd.DataFrame, axes: list[str], free: Sequence[str] = (), keys: Sequence[str] = (),
            min_points: int = 2) -> pd.DataFrame:
     """Valid rows grouped so that within a group only `axes` (and `free`) change; a `group` column labels each.
 

@@ -6,7 +6,7 @@ import time
 
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 from corescale.record.trial import TrialRecord
@@ -90,6 +90,7 @@ def result_table(record: TrialRecord) -> Table:
 def server_table(table: Table, record: TrialRecord) -> Table:
     """scenario=server|single_stream: LoadGen's verdict, latency from scheduled issue, batching, the parent."""
     s = record.server
+    assert s is not None, "the server table is drawn only for a served trial"
     lat = s["latency_ms"]
     if s["scenario"] == "server" and s["target_qps"] == "auto":
         found = f"{s['max_valid_qps']:.4g}" if s["max_valid_qps"] else "none"
@@ -176,9 +177,9 @@ class TrialProgress:
                                  TimeRemainingColumn(), auto_refresh=False, transient=True, console=errors,
                                  disable=not enabled)
         self.drawn = 0.0
-        self.warmup = None
-        self.timed = None
-        self.started_at = None
+        self.warmup: TaskID | None = None  # added on entering
+        self.timed: TaskID | None = None
+        self.started_at = 0.0
         self.done: dict[int, int] = {}
 
     def __enter__(self):
@@ -191,6 +192,8 @@ class TrialProgress:
 
     def __call__(self, instance: int, event: dict) -> None:
         kind = event["event"]
+        if self.warmup is None:
+            return  # not entered: nothing is drawn
         if kind == "warmup":
             self.progress.update(self.warmup, completed=event["done"], info=f"{event['done']} calls")
         elif kind == "ready":
@@ -265,8 +268,7 @@ class ConsoleListener:
             self.bars.__exit__(*(exc or (None, None, None)))
             self.bars = None
 
-    @staticmethod
-    def _where(item, state) -> tuple[int, str]:
+    def _where(self, item, state) -> tuple[int, str]:
         """(the loop position, the trial's label with its repeat when it has several)."""
         repeats = item.trial.cfg.repeats
         label = item.label + (f" [repeat {state.repeat + 1}/{repeats}]" if repeats > 1 else "")

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Callable
 
 import pandas as pd
+from matplotlib.figure import Figure
 
 from corescale.analysis import cost
 from corescale.analysis.store import Table, describe_value, load, ok_rows
@@ -30,7 +31,7 @@ class Chart:
     id: str
     title: str
     caption: str
-    build: Callable[[pd.DataFrame, dict], object]  # (table, context) -> Figure | None
+    build: Callable[[pd.DataFrame, dict], Figure | None]  # (table, context) -> the figure, None: no data
     missing: str  # what to run when the data is not there
 
 
@@ -298,7 +299,8 @@ def build(root, out: Path | None = None, machine: str | None = None, price: floa
     curves = report_plots.load_curves(frame)
     if curves:  # only where server searches were run (no "missing" note otherwise)
         chart = Chart("load_curve", "Load curve (server scenario)", "Latency from LoadGen's scheduled issue time "
-                      "vs offered Poisson load; red x: the step missed the p99 SLO.", None, "")
+                      "vs offered Poisson load; red x: the step missed the p99 SLO.",
+                      lambda _frame, _context: report_plots.load_curve_figure(curves), "")
         png = report_plots.png_bytes(report_plots.load_curve_figure(curves))
         png_path = out.with_name(f"{out.stem}-load_curve.png")
         write_atomic(png_path, png, "figure")

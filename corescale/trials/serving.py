@@ -31,4 +31,5 @@ def max_valid_qps(cfg: BenchmarkConfig, slo_p99_ms: float, host: dict | None = N
                   **server) -> tuple[float | None, TrialOutcome]:
     """Measures cfg's deployment under Poisson load and searches its max valid QPS at p99 <= slo_p99_ms."""
     outcome = run_trial(prepare_trial(server_config(cfg, slo_p99_ms, **server)), host, on_event)
+    assert isinstance(outcome, TrialOutcome), "without done_meanwhile the trial is measured, never found"
     return qps_of(outcome), outcome

@@ -259,7 +259,6 @@ def run_study(kind: str, overrides: list[str], values: list[int] | None = None, 
               accept_foreign: bool = False) -> StudyResult:
     """Runs the study's trials through the local loop; returns the table, its document and the loop state."""
     from corescale.machine import environment
-    from corescale.record.files import read_result
     from corescale.trials.local import run_trials
 
     study_dir, trials, planned, topology = plan_study(kind, overrides, values, topology)
@@ -270,8 +269,8 @@ def run_study(kind: str, overrides: list[str], values: list[int] | None = None, 
         done = [row for row in state.rows if row.item is item]
         if not done:  # not run: --fail-fast stopped the study first
             continue
-        records = [row.record if row.record is not None else read_result(row.path) for row in done]
-        reused += [row.path for row in done if row.status == "skipped"]
+        records = [row.result() for row in done]
+        reused += [row.path for row in done if row.status == "skipped" and row.path is not None]
         rows.append(with_repeats(trial_row(kind, trial, records[-1], done[-1].path), records))
         runs += [{"overrides": list(trial.overrides), "path": str(row.path), "status": record.status,
                   "reason": record.reason, "resumed": row.status == "skipped", "trial_key": record.trial_key,

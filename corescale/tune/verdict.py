@@ -40,6 +40,7 @@ def figures(record: TrialRecord, cost_of=None) -> dict:
         return {**figs, "server_qps": served.get("max_valid_qps"), "throughput": served.get("max_valid_qps"),
                 "p50_ms": latency.get("p50") if met else None, "p99_ms": latency.get("p99") if met else None,
                 "memory_gb": rss / 1e9}
+    assert m is not None, "neither served nor measured returned above"
     rss = sum((inst.rss_bytes or inst.peak_rss_bytes) for inst in m.instances)
     return {**figs, "throughput": m.throughput_samples_per_s, "p50_ms": m.latency_s["p50"] * 1e3,
             "p99_ms": m.latency_s["p99"] * 1e3, "memory_gb": rss / 1e9}
