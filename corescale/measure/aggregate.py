@@ -119,7 +119,7 @@ def run_metrics(instances: list[InstanceSamples], start_ns: int, sequence_length
         throughput_samples_per_s=throughput,
         throughput_tokens_per_s=tokens,
         latency_s=pooled.summary(),
-        max_instance_p50_s=max(m.latency_s["p50"] for m in per_instance),
+        max_instance_p50_s=max(m.latency_s.p50 for m in per_instance),
         gflops_per_s=gflops,
         peak_gflops=peak,
         percent_of_peak=percent,

@@ -30,6 +30,7 @@ from corescale.measure.launcher import Launcher, LaunchOutcome
 from corescale.measure.server import Server, batches_csv, summarise
 from corescale.measure.timing import read_pairs
 from corescale.record.files import PendingRun, run_name
+from corescale.record.sections import HostEnvironment, InstanceReport, ServerSummary
 from corescale.record.trial import Failure, Partial, Roofline, RunMetrics, TrialRecord, spec_key, trial_key
 from corescale.workload.flops import forward_flops
 from corescale.workload.models import ModelSpec, resolve_model
@@ -172,7 +173,7 @@ class Measured:
 
 def new_record(trial: Trial, host: dict | None, started: float) -> TrialRecord:
     return TrialRecord(config=trial.cfg, key=trial.cfg.key(), trial_key=trial.key, model=trial.model.identity(),
-                       plan=trial.plan.to_dict(), environment=host or {},
+                       plan=trial.plan.to_dict(), environment=HostEnvironment.from_dict(host or {}, "environment"),
                        started_at=time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)))
 
 
@@ -194,7 +195,7 @@ def measure(trial: Trial, on_event=None, host: dict | None = None, forkservers=N
         specs = trial.instance_specs(Path(work))
         if trial.cfg.calibrate:  # the yardstick of "% of peak", measured once per CPUs, threads and precision
             specs = with_peaks(specs, trial.cfg, host["cpu"]["isa"], Path(work), PeakCache(trial.cfg.cache_dir))
-        record.specs = [spec.to_json() for spec in specs]
+        record.specs = list(specs)
         job, server = {}, None
         if trial.queries is not None:
             trial.queries.save(Path(work) / "queries.npz")
@@ -314,12 +315,13 @@ def _finish_server(record: TrialRecord, trial: Trial, server: Server, outcome: L
     assert trial.queries is not None, "a served trial has its query set (uses_query_set)"
     logs.update(server.outcome.logs)
     logs["server-batches.csv"] = batches_csv(server.outcome.batch_rows)
-    record.server = summarise(trial.cfg, server.outcome, trial.queries.summary())
-    record.server["parent"]["cpus"] = sorted(parent_cpus or os.sched_getaffinity(0))
+    summary = summarise(trial.cfg, server.outcome, trial.queries.summary())
+    summary["parent"]["cpus"] = sorted(parent_cpus or os.sched_getaffinity(0))
+    record.server = served = ServerSummary.from_dict(summary, "server")
     record.workload = {**trial.queries.summary(), "pad": trial.cfg.pad,
-                       "padding_waste": record.server["batching"]["padding_waste"]}
-    record.instances = [{k: v for k, v in outcome.results[spec["id"]].items() if k != "event"}
-                        for spec in record.specs if spec["id"] in outcome.results]
+                       "padding_waste": served.batching.padding_waste}
+    record.instances = [_report(outcome.results[spec.id], spec.id) for spec in record.specs
+                        if spec.id in outcome.results]
     if outcome.failure:
         record.partial = Partial(outcome.states, sorted(outcome.results))
         record.fail(outcome.failure)
@@ -329,12 +331,14 @@ def _finish_server(record: TrialRecord, trial: Trial, server: Server, outcome: L
 
 def _finish(record: TrialRecord, metrics: RunMetrics, reports: list[dict]) -> None:
     record.metrics = metrics
-    record.instances = [{k: v for k, v in r.items() if k != "event"} for r in reports]
-    drift = [r["drift"] for r in reports if r.get("drift")]
+    record.instances = [_report(r, i) for i, r in enumerate(reports)]
+    drift = [r.drift for r in record.instances if r.drift is not None]
     record.drift = drift[0] if drift else None
-    over = [d for d in drift if not d["within_tolerance"]]
+    over = [d for d in drift if not d.within_tolerance]
     if over:  # the figures are real (valid), the outputs are wrong (failed)
-        d = over[0]
-        record.fail(Failure("drift", f"outputs drift from {d['reference']}: max rel error {d['max_rel_error']:.2e} "
-                                     f"(tolerance {d['tolerance']:.0e}), cosine {d['cosine_similarity']:.6f}"),
-                    valid=True)
+        record.fail(Failure("drift", over[0].failure_message()), valid=True)
+
+
+def _report(result: dict, instance: int) -> InstanceReport:
+    """A worker's result event as the record's typed report (the event's name dropped)."""
+    return InstanceReport.from_dict({k: v for k, v in result.items() if k != "event"}, f"instance {instance}'s report")

@@ -62,6 +62,6 @@ def across_repeats(records: list[TrialRecord]) -> AcrossRepeats:
     return AcrossRepeats(
         repeats=len(ok), failed=len(records) - len(ok),
         throughput=Interval.of(m.throughput_samples_per_s for m in ok),
-        p50_ms=Interval.of(m.latency_s["p50"] * 1e3 for m in ok),
-        p99_ms=Interval.of(m.latency_s["p99"] * 1e3 for m in ok),
+        p50_ms=Interval.of(m.latency_s.p50 * 1e3 for m in ok),
+        p99_ms=Interval.of(m.latency_s.p99 * 1e3 for m in ok),
     )

@@ -23,6 +23,7 @@ from corescale.machine import environment
 from corescale.measure.forkserver import ForkServers
 from corescale.measure.runner import Measured, Trial, TrialOutcome, commit, failed_measured, measure
 from corescale.record.index import ResultIndex
+from corescale.record.sections import HostEnvironment
 from corescale.record.trial import Failure, TrialRecord, machine_fingerprint
 
 # One machine-wide lock in a fixed place (not TMPDIR, which differs per user and process); CORESCALE_LOCK moves it.
@@ -229,7 +230,7 @@ def run_trials(planned: list[Planned], listener: Listener | None = None, resume:
     machine and software only, unless accept_foreign. forkservers: a caller's, kept across its loops."""
     listener = listener or Listener()
     host = environment.capture()  # once per loop: the machine does not change between trials
-    machine = None if accept_foreign else machine_fingerprint(host)
+    machine = None if accept_foreign else machine_fingerprint(HostEnvironment.from_dict(host, "environment"))
     indexes: dict[Path, ResultIndex] = {}
     order = schedule(planned)
     state = LoopState(len(order))

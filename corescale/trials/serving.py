@@ -24,7 +24,7 @@ def server_config(cfg: BenchmarkConfig, slo_p99_ms: float, **server) -> Benchmar
 def qps_of(outcome: TrialOutcome) -> float | None:
     """The max valid QPS a finished server trial found (None when it failed or nothing met the SLO)."""
     record = outcome.record
-    return (record.server or {}).get("max_valid_qps") if record.ok else None
+    return record.server.max_valid_qps if record.ok and record.server else None
 
 
 def max_valid_qps(cfg: BenchmarkConfig, slo_p99_ms: float, host: dict | None = None, on_event=None,

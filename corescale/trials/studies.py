@@ -126,7 +126,7 @@ def trial_row(kind: str, trial: StudyTrial, record: TrialRecord, path) -> dict:
     cfg = record.config
     placed = record.placed
     m = record.metrics
-    latency = m.latency_s if m else {}
+    latency = m.latency_s if m else None
     return {
         "study": kind,
         "group": trial.group,
@@ -137,16 +137,16 @@ def trial_row(kind: str, trial: StudyTrial, record: TrialRecord, path) -> dict:
         "batch_size": cfg.instance_batch_size,
         "total_batch_size": cfg.total_batch_size or cfg.batch_size * cfg.instances,
         "instances": cfg.instances,
-        "cores_per_instance": len(placed[0]["cpus"]) if placed else np.nan,
-        "total_cores": sum(len(i["cpus"]) for i in placed),
+        "cores_per_instance": len(placed[0].cpus) if placed else np.nan,
+        "total_cores": sum(len(i.cpus) for i in placed),
         "status": record.status,
         "valid": record.valid,
         "contaminated": bool(m and m.contaminated),
         "foreign_load": m.foreign_load if m else np.nan,
-        "latency_p50_ms": _ms(latency.get("p50")),
-        "latency_mean_ms": _ms(latency.get("mean")),
-        "latency_p90_ms": _ms(latency.get("p90")),
-        "latency_p99_ms": _ms(latency.get("p99")),
+        "latency_p50_ms": _ms(latency.p50 if latency else None),
+        "latency_mean_ms": _ms(latency.mean if latency else None),
+        "latency_p90_ms": _ms(latency.p90 if latency else None),
+        "latency_p99_ms": _ms(latency.p99 if latency else None),
         "max_instance_p50_ms": _ms(m.max_instance_p50_s) if m else np.nan,
         "throughput_samples_per_s": m.throughput_samples_per_s if m else np.nan,
         "throughput_tokens_per_s": m.throughput_tokens_per_s if m else np.nan,

@@ -562,7 +562,7 @@ def _constrain(trial, figs: dict, settings: TuneSettings) -> None:
 def _cores_used(records: list[TrialRecord]) -> int:
     for record in records:
         if record.placed:
-            return sum(len(inst.get("cpus", [])) for inst in record.placed)
+            return sum(len(inst.cpus) for inst in record.placed)
     return 0
 
 

@@ -125,7 +125,7 @@ def write_outputs(tune: Tune, study, verdict: Verdict, finalists: list[Finalist]
     if winner is not None:
         record = next(r for r in winner.records if r.valid_ok)
         summary = "\n".join([f"corescale tune recipe: {winner.label}", *headline(tune, verdict),
-                             f"measured on {(record.environment.get('cpu') or {}).get('model', '?')}, "
+                             f"measured on {record.environment.cpu.model or '?'}, "
                              f"{tune.physical_cores} physical cores"
                              + (f" (Ray node type {tune.node_type})" if tune.node_type else "")])
         paths = recipes.write(tune.tune_dir / "recipe", record, winner.overrides, summary)

@@ -36,12 +36,12 @@ def instance_lines(record: TrialRecord) -> list[str]:
     count = len(record.specs)
     unset = " -u OMP_PROC_BIND -u OMP_PLACES" if record.config.openmp == "intel" else ""
     for spec, report in zip(record.specs, record.instances):
-        env = dict((report.get("launch") or {}).get("env") or {})
-        env.update({INDEX_ENV: str(spec["id"]), COUNT_ENV: str(count)})
+        env = dict(report.launch.get("env") or {})
+        env.update({INDEX_ENV: str(spec.id), COUNT_ENV: str(count)})
         assigned = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
-        cpus, nodes = format_cpulist(spec["cpus"]), format_cpulist(spec.get("numa_nodes") or [])
-        lines.append(f"# instance {spec['id']}: CPUs {cpus}, memory on NUMA node(s) {nodes or '-'}, "
-                     f"{spec['threads']} thread(s), batch {spec['batch_size']}")
+        cpus, nodes = format_cpulist(spec.cpus), format_cpulist(spec.numa_nodes)
+        lines.append(f"# instance {spec.id}: CPUs {cpus}, memory on NUMA node(s) {nodes or '-'}, "
+                     f"{spec.threads} thread(s), batch {spec.batch_size}")
         lines.append(f"env{unset} {assigned} $(bind {shlex.quote(cpus)} {shlex.quote(nodes)}) \"$@\" &")
         lines.append("pids+=($!)")
     return lines
@@ -82,7 +82,7 @@ exit "$status"
 def snippet(record: TrialRecord) -> str:
     """Python that builds the chosen framework session / model with the chosen options (one instance)."""
     cfg = record.config
-    threads = record.specs[0]["threads"] if record.specs else 1
+    threads = record.specs[0].threads if record.specs else 1
     name = cfg.backend.name
     model = f"# the model: corescale measured {cfg.model!r} (sequence {cfg.sequence_length}, batch " \
             f"{cfg.instance_batch_size} per instance)\n"
