@@ -60,10 +60,12 @@ class InstanceReport(Section):
     load_seconds: float = 0.0
     stage_seconds: dict[str, float] = field(default_factory=dict)
     warmup_iterations: int = 0
+    warmup_stable_iterations: int | None = None  # kept warm until the common start: at least 1
     warmup_converged: bool = True
     cpu_seconds: float | None = None
     wall_seconds: float | None = None
     peak_rss_bytes: int | None = None
+    peak_rss_scope: str | None = None  # what the peak covers (warm-up and window, or the whole process)
     rss_bytes: int | None = None
     framework: dict[str, Any] = field(default_factory=dict)  # backend.info(): each backend's own facts
     drift: Drift | None = None
