@@ -1,6 +1,6 @@
 # Two commands set up a fresh clone completely:
 #   make run    virtualenv + dependencies, then the tune of the default model here (~5.5 min), ending in the report
-#   make test   virtualenv + every backend + system packages, the lint gate (ruff), then the whole test suite
+#   make test   virtualenv + every backend + system packages, the lint gate (ruff, mypy), then the whole test suite
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -26,6 +26,7 @@ run: venv
 
 lint: venv
 	$(BIN)/ruff check corescale tests benchmarks
+	$(BIN)/mypy
 
 test: system venv lint
 	$(BIN)/python -m pytest -q -ra --durations=15 tests

@@ -37,8 +37,7 @@ def summarise(records: list[dict]) -> dict:
     summary = across_repeats(typed)
     within = typed[0].metrics.latency_s  # the first repeat's own interval over its calls
     return {"p50": summary.p50_ms, "throughput": summary.throughput,
-            "within_p50": (within["p50_ci95_low"] * 1e3, within["p50_ci95_high"] * 1e3), "first_p50":
-            within["p50"] * 1e3}
+            "within_p50": (within.p50_ci95_low * 1e3, within.p50_ci95_high * 1e3), "first_p50": within.p50 * 1e3}
 
 
 def coverage(runs: list[dict], figure: str) -> list[bool]:

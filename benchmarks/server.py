@@ -63,12 +63,13 @@ def main() -> int:
     for slo, max_batch in runs:
         print(f"server {chosen} p99 <= {slo:g} ms, max_batch {max_batch} ...", file=sys.stderr, flush=True)
         qps, outcome = max_valid_qps(cfg, slo, max_batch=max_batch, max_queue_ms=5.0)
-        server = outcome.record.server or {}
-        rows.append({"slo_ms": slo, "max_batch": max_batch, "max_valid_qps": qps, "knee_qps": server.get("knee_qps"),
-                     "steps": len(server.get("steps") or []), "p99_ms": (server.get("latency_ms") or {}).get("p99"),
-                     "mean_rows": (server.get("batching") or {}).get("mean_rows"),
-                     "parent_cores": (server.get("parent") or {}).get("cores_used"), "path": str(outcome.path),
-                     "reason": outcome.record.reason, "unreachable": server.get("unreachable")})
+        server = outcome.record.server
+        rows.append({"slo_ms": slo, "max_batch": max_batch, "max_valid_qps": qps,
+                     "knee_qps": server.knee_qps if server else None, "steps": len(server.steps) if server else 0,
+                     "p99_ms": server.latency_ms.get("p99") if server else None,
+                     "mean_rows": server.batching.mean_rows if server else None,
+                     "parent_cores": server.parent.cores_used if server else None, "path": str(outcome.path),
+                     "reason": outcome.record.reason, "unreachable": server.unreachable if server else None})
     print(f"model {args.model}, seq {args.sequence_length} {' '.join(args.overrides)}; results under {out}\n")
     print("| layout | offline samples/s (batch 8) |\n|---|---|")
     for name, rate in offline.items():

@@ -70,7 +70,7 @@ class RayExecutorConfig(ExecutorConfig):
     max_retries: int = 2  # re-runs of a trial whose Ray worker or node died
 
 
-EXECUTORS = {"local": ExecutorConfig, "ray": RayExecutorConfig}
+EXECUTORS: dict[str, type[ExecutorConfig]] = {"local": ExecutorConfig, "ray": RayExecutorConfig}
 
 
 @dataclass
@@ -416,7 +416,7 @@ def register_hydra_schema() -> None:
 
     store = ConfigStore.instance()
     store.store(name=SCHEMA_NAME, node=_HydraSchema)
-    for name, node in EXECUTORS.items():
-        store.store(group="executor", name=name, node=node)
-    for name, node in OPTIONS.items():
-        store.store(group="backend", name=name, node=node)
+    for name, executor in EXECUTORS.items():
+        store.store(group="executor", name=name, node=executor)
+    for name, options in OPTIONS.items():
+        store.store(group="backend", name=name, node=options)

@@ -20,7 +20,7 @@ from corescale.config import (
 from corescale.errors import UserError
 
 # config groups: `backend=onnxruntime` selects a node, `backend.fusion=true` sets one of its options
-GROUPS = {"backend": OPTIONS, "executor": EXECUTORS}
+GROUPS: dict[str, dict[str, type]] = {"backend": OPTIONS, "executor": EXECUTORS}
 DEFAULT_SELECTION = {"backend": "pytorch", "executor": "local"}
 
 
@@ -149,7 +149,8 @@ def compose(overrides: list[str]) -> BenchmarkConfig:
     with _HYDRA:  # Hydra's state is global: one compose at a time (node types tune in threads)
         composed = _hydra_compose(overrides)
     data = OmegaConf.to_container(composed, resolve=True)
-    return validate(BenchmarkConfig.from_dict(data))
+    assert isinstance(data, dict), "a composed structured config is a mapping"
+    return validate(BenchmarkConfig.from_dict({str(k): v for k, v in data.items()}))
 
 
 def _hydra_compose(overrides: list[str]):

@@ -49,14 +49,14 @@ def test_forked_workers_are_pinned_configured_children(tmp_path):
     servers = {}
     for row in state.rows:
         for inst in row.record.instances:
-            assert inst["launch"]["forked_from"] is not None
-            servers.setdefault(inst["instance"], set()).add(inst["launch"]["forked_from"])
+            assert inst.launch["forked_from"] is not None
+            servers.setdefault(inst.instance, set()).add(inst.launch["forked_from"])
     assert all(len(pids) == 1 for pids in servers.values())  # the second trial reused each instance's server
     assert len({pid for pids in servers.values() for pid in pids}) == 2  # one server per instance launch
-    specs = {spec["id"]: spec for spec in state.rows[0].record.specs}
+    specs = {spec.id: spec for spec in state.rows[0].record.specs}
     for (_, instance), (ppid, cpus, threads, own_session) in seen.items():
         assert int(ppid) == os.getpid() and own_session  # adopted by the loop's process, in its own session
-        assert cpus == ",".join(map(str, specs[instance]["cpus"])) and threads == "1"
+        assert cpus == ",".join(map(str, specs[instance].cpus)) and threads == "1"
     for pid in {p for pids in servers.values() for p in pids}:
         assert not Path(f"/proc/{pid}").exists() or status_field(pid, "State").startswith("Z")
 

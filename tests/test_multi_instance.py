@@ -173,5 +173,5 @@ def test_warm_up_starts_only_when_every_instance_is_loaded(tmp_path):
     metrics = outcome.record.metrics
     assert metrics.warmup_converged in (True, False) and metrics.max_start_skew_ms < 50
     report = outcome.record.instances[0]
-    assert report["warmup_iterations"] >= report["warmup_stable_iterations"] >= 1  # kept warm until the start
-    assert report["peak_rss_scope"] and report["rss_bytes"] > 0
+    assert report.warmup_iterations >= (report.warmup_stable_iterations or 0) >= 1  # kept warm until the start
+    assert report.peak_rss_scope and report.rss_bytes and report.rss_bytes > 0

@@ -112,3 +112,103 @@ def test_resume_finds_schema1_results_by_their_migrated_key(root):
     assert key == record.trial_key
     index = ResultIndex(root)
     assert index.find(key) is not None and index.find(record.legacy_keys[0]) is not None
+
+
+# --- schema 2 (corescale 0.2 before the typed sections) and schema 3 ------------------------------------------------
+
+SCHEMA2 = Path(__file__).parent / "data" / "schema2"
+V2_RUNS = sorted(iter_run_dirs(SCHEMA2))  # offline 2 instances, an int8 drift check, a server max-QPS search
+
+
+def v2(name_part: str) -> Path:
+    (found,) = [p for p in V2_RUNS if name_part in p.name]
+    return found
+
+
+def test_every_schema2_result_reads_into_typed_sections_and_round_trips():
+    from corescale.machine.placement import InstanceSpec
+    from corescale.record.sections import HostEnvironment, InstanceReport, LatencySummary
+
+    assert len(V2_RUNS) == 3
+    for run in V2_RUNS:
+        raw = json.loads((run / "result.json").read_text())
+        assert raw["schema_version"] == 2
+        record = read_result(run)
+        assert record.schema_migrated_from is None and record.trial_key == raw["trial_key"]  # resume keys unchanged
+        assert isinstance(record.environment, HostEnvironment) and record.environment.cpu.model
+        assert record.environment.cpu.model == raw["environment"]["cpu"]["model"]
+        assert all(isinstance(s, InstanceSpec) for s in record.specs) and len(record.specs) == len(raw["specs"])
+        assert [list(s.cpus) for s in record.specs] == [s["cpus"] for s in raw["specs"]]
+        assert all(isinstance(r, InstanceReport) for r in record.instances)
+        if record.metrics is not None:
+            assert isinstance(record.metrics.latency_s, LatencySummary)
+            assert record.metrics.latency_s.p99 == raw["metrics"]["latency_s"]["p99"]
+        written = record.to_json()
+        assert written["schema_version"] == SCHEMA_VERSION == 3
+        for section in ("environment", "specs", "instances", "drift", "server"):  # same JSON shape as schema 2
+            _same_shape(raw[section], written[section], section)
+        assert TrialRecord.from_json(json.loads(json.dumps(written))) == record
+
+
+def _same_shape(old, new, where: str) -> None:
+    """Every value schema 2 wrote is written back (schema 3 may add fields with their defaults)."""
+    if isinstance(old, dict):
+        assert isinstance(new, dict), where
+        for key, value in old.items():
+            assert key in new, f"{where}.{key}"
+            _same_shape(value, new[key], f"{where}.{key}")
+    elif isinstance(old, list):
+        assert isinstance(new, list) and len(new) == len(old), where
+        for i, (a, b) in enumerate(zip(old, new)):
+            _same_shape(a, b, f"{where}[{i}]")
+    else:
+        assert old == new, where
+
+
+def test_schema2_server_and_drift_sections_are_typed():
+    from corescale.record.sections import Drift, ServerSummary
+
+    served = read_result(v2("pytorch-fp32-b1-s32-i1"))
+    assert isinstance(served.server, ServerSummary) and served.server.searched
+    assert served.server.max_valid_qps and served.server.max_valid_qps > 0
+    assert served.server.steps[-1].queries > 0 and len(served.server.load_curve) >= 2
+    assert served.server.batching.max_batch >= 1 and served.server.parent.cpus
+    checked = read_result(v2("int8-b1-s32-i1"))
+    assert isinstance(checked.drift, Drift) and checked.drift.reference == "pytorch"
+    assert checked.drift.within_tolerance and checked.instances[0].drift == checked.drift
+
+
+def test_schema2_results_are_found_by_their_keys_and_tabled(tmp_path):
+    shutil.copytree(SCHEMA2, tmp_path / "v2")
+    index = ResultIndex(tmp_path / "v2")
+    for run in V2_RUNS:
+        assert index.find(read_result(run).trial_key) is not None
+    table = store.load(tmp_path / "v2")
+    assert len(table.frame) == 3 and not table.problems
+    served = table.frame[table.frame["scenario"] == "server"].iloc[0]
+    assert served["server_max_valid_qps"] > 0 and served["cpus_per_instance"] == 1
+
+
+@pytest.mark.parametrize("section, path, value, where", [
+    ("server", ("steps", 0, "queries"), "many", "server.steps[0].queries: expected an integer, got 'many'"),
+    ("drift", ("within_tolerance",), "yes", "drift.within_tolerance: expected true or false, got 'yes'"),
+    ("metrics", ("latency_s", "p99"), None, "metrics.latency_s.p99: expected a number, got None"),
+    ("specs", (0, "cpus"), "0-1", "specs[0].cpus: expected a list, got '0-1'"),
+    ("environment", ("cpu",), [], "environment.cpu: expected an object, got []"),
+])
+def test_a_malformed_section_is_one_clear_line(tmp_path, section, path, value, where):
+    from corescale.errors import UserError
+
+    run = v2("pytorch-fp32-b1-s32-i1") if section == "server" else v2("int8-b1-s32-i1")
+    data = json.loads((run / "result.json").read_text())
+    target = data[section]
+    for step in path[:-1]:
+        target = target[step]
+    target[path[-1]] = value
+    (tmp_path / "result.json").write_text(json.dumps(data))
+    with pytest.raises(UserError) as error:
+        read_result(tmp_path)
+    message = str(error.value)
+    assert where in message and str(tmp_path) in message and "\n" not in message
+    proc = corescale("show", str(tmp_path))
+    assert proc.returncode == 2 and where in proc.stderr and "Traceback" not in proc.stderr

@@ -241,12 +241,13 @@ def test_target_qps_auto_converges(tmp_path):
     outcome = execute(prepare_trial(cfg))
     assert outcome.ok, outcome.record.reason
     server = outcome.record.server
-    steps = server["steps"]
-    best = server["max_valid_qps"]
-    assert best is not None and best == max(s["target_qps"] for s in steps if s["meets_slo"])
-    missed = [s["target_qps"] for s in steps if s["meets_slo"] is False and s["target_qps"] > best]
+    assert server is not None
+    steps = server.steps
+    best = server.max_valid_qps
+    assert best is not None and best == max(s.target_qps or 0 for s in steps if s.meets_slo)
+    missed = [s.target_qps for s in steps if s.meets_slo is False and s.target_qps and s.target_qps > best]
     assert len(steps) == 6 or (missed and (min(missed) - best) / best <= 0.25), steps
-    assert [p["target_qps"] for p in server["load_curve"]] == sorted(s["target_qps"] for s in steps)
+    assert [p.target_qps for p in server.load_curve] == sorted(s.target_qps or 0 for s in steps)
     assert len(list(outcome.path.glob("loadgen-*-summary.txt"))) >= len(steps)
     from corescale.report.html import build
 

@@ -15,9 +15,9 @@ def test_known_samples():
     assert m.percentile(99) == pytest.approx(99.01)
     assert m.cv == pytest.approx(m.std / 50.5)
     s = m.summary()
-    assert s["p99_9"] == pytest.approx(99.901)
-    assert set(s) >= {"count", "mean", "std", "min", "max", "p50", "p90", "p95", "p99", "p99_9", "cv",
-                      "mean_ci95_low", "mean_ci95_high", "p50_ci95_low", "p50_ci95_high", "outliers"}
+    assert s.p99_9 == pytest.approx(99.901) and s.p50 == m.median and s.count == 100
+    assert set(s.to_dict()) >= {"count", "mean", "std", "min", "max", "p50", "p90", "p95", "p99", "p99_9", "cv",
+                                "mean_ci95_low", "mean_ci95_high", "p50_ci95_low", "p50_ci95_high", "outliers"}
 
 
 def test_confidence_intervals_contain_truth_and_shrink():

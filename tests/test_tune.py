@@ -283,7 +283,10 @@ def test_node_type_without_ray_is_refused_before_anything_runs(tmp_path):
 
 
 def test_server_qps_searches_the_server_scenario_and_its_batching():
+    import dataclasses
+
     from corescale.overrides import compose
+    from corescale.record.sections import InstanceReport
     from corescale.record.trial import TrialRecord
     from corescale.tune.verdict import figures, samples_per_s
 
@@ -297,14 +300,15 @@ def test_server_qps_searches_the_server_scenario_and_its_batching():
         assert any(w.startswith("server.max_batch=") for w in words) and not any(w.startswith("batch_size=")
                                                                                      for w in words)
         compose(words)
-    any_record = next((ROOT / "tests" / "data" / "schema1").rglob("result.json"))
-    record = TrialRecord.from_json(json.loads(any_record.read_text()))  # a real record, made a server one
-    fake = {"scenario": "server", "max_valid_qps": 61.5, "latency_ms": {"p50": 40.0, "p99": 117.8}}
-    record.server, record.metrics, record.instances, record.drift = fake, None, [{"rss_bytes": 2e8}], None
+    served = next(p for p in (ROOT / "tests" / "data" / "schema2").rglob("result.json") if "pytorch" in str(p))
+    record = TrialRecord.from_json(json.loads(served.read_text()))  # a real server search, its figures set here
+    assert record.server is not None
+    record.server = dataclasses.replace(record.server, max_valid_qps=61.5, latency_ms={"p50": 40.0, "p99": 117.8})
+    record.instances = [InstanceReport(0, rss_bytes=200_000_000)]
     figs = figures(record)
     assert figs["server_qps"] == 61.5 and figs["p99_ms"] == 117.8 and figs["memory_gb"] == 0.2
     assert samples_per_s(record) == 61.5
-    fake["max_valid_qps"] = None  # no rate met the SLO: no value, no latency to judge
+    record.server = dataclasses.replace(record.server, max_valid_qps=None)  # no rate met the SLO: nothing to judge
     assert figures(record)["server_qps"] is None and figures(record)["p99_ms"] is None
 
 

@@ -185,9 +185,9 @@ def compare_frames(before: pd.DataFrame, after: pd.DataFrame, threshold: float =
     matched = [m for m in dict.fromkeys(before["_match"]) if m in set(after["_match"])]
     rows = [_compared(before[before["_match"] == m], after[after["_match"] == m], ignore or [], threshold)
             for m in matched]
-    matched = set(matched)
+    found = set(matched)
 
     def unmatched(frame: pd.DataFrame) -> list[str]:
-        return list(frame.loc[~frame["_match"].isin(matched), "_label"])
+        return list(frame.loc[~frame["_match"].isin(found), "_label"])
 
     return Comparison(pd.DataFrame(rows), unmatched(before), unmatched(after), threshold)

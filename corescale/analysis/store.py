@@ -19,6 +19,7 @@ import pandas as pd
 from corescale.config import flatten as flatten_dict
 from corescale.errors import UserError
 from corescale.record.files import RESULT_FILE, TMP_PREFIX, iter_run_dirs, read_result, read_samples
+from corescale.record.sections import HostEnvironment
 from corescale.record.stats import ms
 from corescale.record.trial import TrialRecord
 
@@ -137,28 +138,28 @@ def _run_columns(record: TrialRecord, path: Path) -> dict:
 
 def _metric_columns(record: TrialRecord) -> dict:
     m = record.metrics
-    latency = m.latency_s if m else {}
+    latency = m.latency_s if m else None
     placed = record.placed
-    env = record.environment or {}
+    env = record.environment
     batch = record.config.instance_batch_size
-    server = record.server or {}
+    server = record.server
     return {
-        "server_validity": server.get("validity"),  # scenario=server|single_stream (LoadGen)
-        "server_max_valid_qps": server.get("max_valid_qps"),
-        "server_p50_ms": (server.get("latency_ms") or {}).get("p50"),
-        "server_p99_ms": (server.get("latency_ms") or {}).get("p99"),
-        "cpus_total": sum(len(inst.get("cpus", [])) for inst in placed) or None,
-        "cpus_per_instance": len(placed[0].get("cpus", [])) if placed else None,
-        "threads_per_instance": placed[0].get("threads") if placed else None,
+        "server_validity": server.validity if server else None,  # scenario=server|single_stream (LoadGen)
+        "server_max_valid_qps": server.max_valid_qps if server else None,
+        "server_p50_ms": server.latency_ms.get("p50") if server else None,
+        "server_p99_ms": server.latency_ms.get("p99") if server else None,
+        "cpus_total": sum(len(inst.cpus) for inst in placed) or None,
+        "cpus_per_instance": len(placed[0].cpus) if placed else None,
+        "threads_per_instance": placed[0].threads if placed else None,
         "instance_batch_size": batch,
         "batch_total": batch * len(placed) if placed else None,
         "throughput_samples_per_s": m.throughput_samples_per_s if m else None,
         "throughput_tokens_per_s": m.throughput_tokens_per_s if m else None,
-        "latency_mean_ms": ms(latency.get("mean")),
-        "latency_p50_ms": ms(latency.get("p50")),
-        "latency_p90_ms": ms(latency.get("p90")),
-        "latency_p99_ms": ms(latency.get("p99")),
-        "latency_cv": latency.get("cv"),
+        "latency_mean_ms": ms(latency.mean) if latency else None,
+        "latency_p50_ms": ms(latency.p50) if latency else None,
+        "latency_p90_ms": ms(latency.p90) if latency else None,
+        "latency_p99_ms": ms(latency.p99) if latency else None,
+        "latency_cv": latency.cv if latency else None,
         "max_instance_p50_ms": ms(m.max_instance_p50_s) if m else None,
         "gflops_per_s": m.gflops_per_s if m else None,
         "percent_of_peak": m.percent_of_peak if m else None,
@@ -170,11 +171,11 @@ def _metric_columns(record: TrialRecord) -> dict:
         "window_s": m.window_s if m else None,
         "samples_in_window": m.samples_in_window if m else None,
         "load_s": m.load_seconds if m else None,
-        "host": env.get("hostname"),
+        "host": env.hostname,
         "node_type": (record.node or {}).get("node_type"),  # Ray sweeps: the machine kind
-        "cpu_model": (env.get("cpu") or {}).get("model"),
-        "host_physical_cores": (env.get("topology") or {}).get("physical_cores"),
-        "host_logical_cpus": (env.get("topology") or {}).get("logical_cpus"),
+        "cpu_model": env.cpu.model,
+        "host_physical_cores": env.topology.physical_cores,
+        "host_logical_cpus": env.topology.logical_cpus,
         "schema_migrated_from": record.schema_migrated_from,
     }
 
@@ -194,8 +195,8 @@ def _not_config() -> set[str]:
     """The column names flatten() adds around the config (from a minimal record; only the names are used)."""
     from corescale.config import BenchmarkConfig
 
-    minimal = TrialRecord(BenchmarkConfig(), "", "", {}, {"instances": [{"cpus": [0], "threads": 1}]}, {}, "",
-                          finished_at=0)
+    minimal = TrialRecord(BenchmarkConfig(), "", "", {}, {"instances": [{"id": 0, "cpus": [0], "threads": 1}]},
+                          HostEnvironment(), "", finished_at=0)
     return {*_run_columns(minimal, Path("run")), *_metric_columns(minimal), "measured", "path"}
 
 

@@ -75,10 +75,12 @@ def check_csv_dest(dest: str | None) -> None:
 
 def write_csv(frame, dest: str) -> None:
     """CSV to stdout ('-') or to a file, written whole (temp file + rename)."""
+    from pathlib import Path
+
     from corescale.record.files import write_atomic
 
     text = frame.to_csv(index=False)
     if dest == "-":
         print(text, end="")
         return
-    write_atomic(dest, text, "--csv")
+    write_atomic(Path(dest), text, "--csv")

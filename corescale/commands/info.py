@@ -45,7 +45,7 @@ def measure_peaks(args, host: dict) -> list[dict]:
             for spec in specs:  # one at a time: the whole-machine row must not share its cores
                 (done,) = with_peaks([spec], cfg, host["cpu"]["isa"], Path(work), PeakCache(cfg.cache_dir),
                                      force=True, libraries=libraries, precision=precision)
-                rows.append({"cpus": list(spec.cpus), "threads": spec.threads, **done.peak})
+                rows.append({"cpus": list(spec.cpus), "threads": spec.threads, **(done.peak or {})})
     return rows
 
 

@@ -44,8 +44,14 @@ def _mkl_path(f: dict) -> bool:
             and f["gemm_efficiency"] < 0.75 and rates is not None and rates[1] > LIBRARY_GAIN * rates[0])
 
 
+def _matched_rates(f: dict) -> tuple[float, float, str]:
+    rates = remedy_rates(f)
+    assert rates is not None, "a rule's message is written only where its test matched"
+    return rates
+
+
 def _mkl_says(f: dict) -> str:
-    default, onednn, where = remedy_rates(f)
+    default, onednn, where = _matched_rates(f)
     return (f"fp32 GEMMs run at {f['gemm_efficiency']:.0%} of this CPU's GEMM peak: PyTorch's MKL path; torch's own "
             f"oneDNN linear runs {onednn:.0f} GFLOP/s against {default:.0f} through torch's default linear ({where}, "
             f"measured on these cores): backend.linear=onednn gains about {onednn / default:.1f}x in the GEMMs and "
@@ -66,8 +72,8 @@ RULES = (
           "torch_mm_gflops", "torch_onednn_gflops")),
     Rule("same-gemm-library",
          _no_remedy,
-         lambda f: (f"torch's default linear and its oneDNN linear run this model's GEMMs alike on these cores "
-                    f"({remedy_rates(f)[0]:.0f} and {remedy_rates(f)[1]:.0f} GFLOP/s, {remedy_rates(f)[2]}): "
+         lambda f: ("torch's default linear and its oneDNN linear run this model's GEMMs alike on these cores "
+                    "({:.0f} and {:.0f} GFLOP/s, {}): ".format(*_matched_rates(f)) +
                     "backend.linear=onednn would change little here"),
          ("linear_default_gflops", "linear_onednn_gflops", "torch_mm_gflops", "torch_onednn_gflops")),
     Rule("gemm-far-from-peak",

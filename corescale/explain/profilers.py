@@ -33,7 +33,8 @@ def check_profiler(backend: str) -> str:
 
 class TorchProfiler:
     def __init__(self, backend, prepared, work_dir: Path):
-        self.backend, self.prepared, self.calls = backend, prepared, []
+        self.backend, self.prepared = backend, prepared
+        self.calls: list[dict] = []
 
     def call(self) -> None:
         from torch.profiler import ProfilerActivity, profile
@@ -66,7 +67,8 @@ class OnnxRuntimeProfiler:
         options.profile_file_prefix = str(work_dir / "ort-profile")
         unbind_calling_thread()
         self.session = ort.InferenceSession(str(backend.model_path), options, providers=["CPUExecutionProvider"])
-        self.prepared, self.walls = prepared, []
+        self.prepared = prepared
+        self.walls: list[float] = []
         for _ in range(self.WARM):
             self.session.run(None, prepared)
 
@@ -107,7 +109,8 @@ class OpenVinoProfiler:
         unbind_calling_thread()
         config = {**backend.compile_config, "PERF_COUNT": True}
         self.request = ov.Core().compile_model(backend.network, "CPU", config).create_infer_request()
-        self.prepared, self.walls = prepared, []
+        self.prepared = prepared
+        self.walls: list[float] = []
         for _ in range(self.WARM):
             self.request.infer(prepared, share_inputs=True, share_outputs=True)
         self.warm = self.layers()

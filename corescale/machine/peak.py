@@ -154,19 +154,19 @@ def measure(threads: int, precision: str, libraries: tuple[str, ...] | None = No
             rates[name] = _best_rate(MEASURES[name](n, threads, precision), 2.0 * n**3, min_seconds)
         except Exception as exc:  # noqa: BLE001 - a library that cannot run here is reported, not fatal
             errors[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]
-    best = max(rates, key=rates.get) if rates else None
+    best = max(rates, key=lambda name: rates[name]) if rates else None
     detail = {}
     if "numpy" in rates:
         detail["numpy"] = blas_info()
-    return {"precision": precision, "threads": threads, "size": n, "gflops": rates.get(best), "library": best,
-            "libraries": rates, "errors": errors, "detail": detail, "method_version": METHOD_VERSION}
+    return {"precision": precision, "threads": threads, "size": n, "gflops": rates[best] if best else None,
+            "library": best, "libraries": rates, "errors": errors, "detail": detail, "method_version": METHOD_VERSION}
 
 
 # --- the cache (light: no framework import) ---------------------------------------------------------------------
 
 def fingerprint(cpu: dict, topology: dict) -> str:
     """Machine + software: CPU model and ISA, topology, and the versions of the libraries measured."""
-    versions = {}
+    versions: dict[str, str | None] = {}
     for name in SOFTWARE:
         try:
             versions[name] = importlib.metadata.version(name)

@@ -17,16 +17,17 @@ def attainable(intensity: float, peak_gflops: float, bandwidth_gbps: float) -> t
 def position(achieved_gflops: float, flops_per_call: float, bytes_per_call: float,
              peaks: list[dict | None]) -> dict | None:
     """The run's roofline position, or None when a roof of any instance was not measured."""
-    bandwidths = [((p or {}).get("bandwidth") or {}).get("gbps") for p in peaks]
-    rates = [(p or {}).get("gflops") for p in peaks]
-    if not peaks or not all(rates) or not all(bandwidths) or bytes_per_call <= 0:
+    known = [p for p in peaks if p is not None]
+    bandwidths = [(p.get("bandwidth") or {}).get("gbps") for p in known]
+    rates = [p.get("gflops") for p in known]
+    if not peaks or len(known) < len(peaks) or not all(rates) or not all(bandwidths) or bytes_per_call <= 0:
         return None
     intensity = flops_per_call / bytes_per_call
-    peak, bandwidth = float(sum(rates)), float(sum(bandwidths))
+    peak, bandwidth = float(sum(float(r) for r in rates if r)), float(sum(float(b) for b in bandwidths if b))
     roof, bound = attainable(intensity, peak, bandwidth)
-    libraries = sorted({p.get("library") for p in peaks if p.get("library")})
+    libraries = sorted({str(p["library"]) for p in known if p.get("library")})
     return {"intensity_flops_per_byte": intensity, "bytes_per_call": float(bytes_per_call),
             "peak_gflops": peak, "peak_library": "+".join(libraries) or None,
-            "bandwidth_gbps": bandwidth, "bandwidth_library": peaks[0]["bandwidth"].get("library"),
+            "bandwidth_gbps": bandwidth, "bandwidth_library": known[0]["bandwidth"].get("library"),
             "ridge_flops_per_byte": peak / bandwidth, "attainable_gflops": roof, "bound": bound,
             "achieved_gflops": achieved_gflops, "fraction_of_attainable": achieved_gflops / roof}

@@ -150,7 +150,7 @@ class Topology:
         missing = [n for n in ("cpu", "core", "socket", "node") if n not in header]
         if missing:
             raise UserError(f"lscpu output lacks column(s) {', '.join(missing).upper()}: {LSCPU_HINT}")
-        col = {n: header.index(n) for n in ("cpu", "core", "socket", "node", "online") if n in header}
+        col: dict[str, int] = {n: header.index(n) for n in ("cpu", "core", "socket", "node", "online") if n in header}
 
         def field(lineno: int, fields: list[str], name: str, default: int | None = None) -> int:
             value = fields[col[name]]

@@ -62,7 +62,7 @@ def samples_frame(instances: list[InstanceSamples], window: tuple[int, int]) -> 
     return pd.concat(frames, ignore_index=True)
 
 
-def instance_metrics(inst: InstanceSamples, window: tuple[int, int], sequence_length: int) -> InstanceMetrics:
+def instance_metrics(inst: InstanceSamples, window: tuple[int, int], sequence_length: float) -> InstanceMetrics:
     """One instance's figures; `start_skew_ms` is how late its first timed call began after the common start.
     Latency is taken from the calls inside the common window (when siblings ran too); throughput credits the
     calls straddling its edges by the fraction inside."""
@@ -98,7 +98,7 @@ def instance_metrics(inst: InstanceSamples, window: tuple[int, int], sequence_le
     )
 
 
-def run_metrics(instances: list[InstanceSamples], start_ns: int, sequence_length: int,
+def run_metrics(instances: list[InstanceSamples], start_ns: int, sequence_length: float,
                 flops_per_sample: float) -> RunMetrics:
     window = common_window(instances, start_ns)
     per_instance = [instance_metrics(inst, window, sequence_length) for inst in instances]
@@ -119,7 +119,7 @@ def run_metrics(instances: list[InstanceSamples], start_ns: int, sequence_length
         throughput_samples_per_s=throughput,
         throughput_tokens_per_s=tokens,
         latency_s=pooled.summary(),
-        max_instance_p50_s=max(m.latency_s["p50"] for m in per_instance),
+        max_instance_p50_s=max(m.latency_s.p50 for m in per_instance),
         gflops_per_s=gflops,
         peak_gflops=peak,
         percent_of_peak=percent,
@@ -149,7 +149,7 @@ def percent_of_peak(gflops: float, peaks: list[dict | None]) -> tuple[float | No
     rates = [(p or {}).get("gflops") for p in peaks]
     if not rates or any(r is None for r in rates):
         return None, None, None
-    peak = float(sum(rates))
+    peak = float(sum(float(r) for r in rates if r is not None))
     percent = 100 * gflops / peak
     if percent > 100 * PEAK_SLACK:
         return peak, None, (f"{gflops:.1f} GFLOP/s exceeds the measured GEMM peak {peak:.1f} GFLOP/s: the peak "

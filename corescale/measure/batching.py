@@ -8,6 +8,7 @@ import collections
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -16,7 +17,7 @@ from corescale.workload.samples import padded_length
 
 @dataclass
 class Waiting:
-    sample: object  # LoadGen's QuerySample (id, index)
+    sample: Any  # LoadGen's QuerySample (id, index): LoadGen has no types
     arrived_ns: int
     length: int
 

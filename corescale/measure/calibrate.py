@@ -23,8 +23,9 @@ def with_peaks(specs: list[InstanceSpec], cfg, isa: dict, work_dir: Path, cache:
                libraries: tuple[str, ...] = (), precision: str | None = None) -> list[InstanceSpec]:
     """The specs with their peak entries; measures (and caches) those the cache does not hold (all: force)."""
     precision = precision or peak_precision(cfg.precision, isa)
-    known = {spec.id: None if force else cache.get(spec.cpus, spec.threads, precision) for spec in specs}
-    todo = [spec for spec in specs if known[spec.id] is None]
+    cached = {spec.id: None if force else cache.get(spec.cpus, spec.threads, precision) for spec in specs}
+    known = {i: entry for i, entry in cached.items() if entry is not None}
+    todo = [spec for spec in specs if spec.id not in known]
     for spec, entry in zip(todo, _measure(todo, cfg, precision, work_dir, libraries)):
         store(cache, spec, entry)
         known[spec.id] = {**entry, "cached": False}

@@ -56,7 +56,7 @@ def smt_siblings(cpus, exclude=(), root: str = "/sys/devices/system/cpu") -> lis
     from corescale.machine.cpulist import parse_cpulist
     from corescale.machine.topology import read_text
 
-    found = set()
+    found: set[int] = set()
     for cpu in cpus:
         found.update(parse_cpulist(read_text(f"{root}/cpu{cpu}/topology/thread_siblings_list") or str(cpu)))
     return sorted(found - set(cpus) - set(exclude))

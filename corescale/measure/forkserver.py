@@ -26,6 +26,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 from corescale.machine import instance_env
 
@@ -59,7 +60,7 @@ def become_subreaper(on: bool = True) -> bool:
 class AdoptedProcess:
     """A forked worker, re-parented to this process: the part of subprocess.Popen the launcher uses."""
 
-    def __init__(self, pid: int, stdin, stdout, server_pid: int):
+    def __init__(self, pid: int, stdin: IO[bytes], stdout: IO[bytes], server_pid: int):
         self.pid, self.stdin, self.stdout, self.server_pid = pid, stdin, stdout, server_pid
         self.returncode: int | None = None
 
@@ -75,12 +76,12 @@ class AdoptedProcess:
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self.poll() is None:
-            if deadline is not None and time.monotonic() >= deadline:
+        started = time.monotonic()
+        while (code := self.poll()) is None:
+            if timeout is not None and time.monotonic() - started >= timeout:
                 raise subprocess.TimeoutExpired(f"worker {self.pid}", timeout)
             time.sleep(0.005)
-        return self.returncode
+        return code
 
 
 @dataclass
@@ -172,8 +173,8 @@ class ForkServers:
               job_path: Path, stderr_path: Path, repeat: int = 0) -> AdoptedProcess | None:
         """A worker forked from the server for this launch (started now if needed); None: start it fresh."""
         key = self.prepare(prefix, env, cpus, backend, model_type, repeat)
-        server = self.servers.get(key) if key else None
-        if server is None:
+        server = None if key is None else self.servers.get(key)
+        if key is None or server is None:
             return None
         try:
             if server.wait_ready():
@@ -222,11 +223,12 @@ class RepeatServers:
     servers: ForkServers
     repeat: int
 
-    def prepare(self, *args) -> None:
-        self.servers.prepare(*args, repeat=self.repeat)
+    def prepare(self, prefix: list[str], env: dict[str, str], cpus, backend: str, model_type: str) -> None:
+        self.servers.prepare(prefix, env, cpus, backend, model_type, repeat=self.repeat)
 
-    def spawn(self, *args) -> AdoptedProcess | None:
-        return self.servers.spawn(*args, repeat=self.repeat)
+    def spawn(self, prefix: list[str], env: dict[str, str], cpus, backend: str, model_type: str,
+              job_path: Path, stderr_path: Path) -> AdoptedProcess | None:
+        return self.servers.spawn(prefix, env, cpus, backend, model_type, job_path, stderr_path, repeat=self.repeat)
 
 
 def _read_line(channel: socket.socket) -> str:

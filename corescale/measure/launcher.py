@@ -17,11 +17,11 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import IO, Callable
 
 from corescale.machine import instance_env
 from corescale.machine.placement import InstanceSpec
-from corescale.measure.forkserver import RepeatServers
+from corescale.measure.forkserver import AdoptedProcess, RepeatServers
 from corescale.record.trial import Failure
 
 START_DELAY_NS = 100_000_000  # the common start instant is this far (plus two calls) after the last is ready
@@ -34,7 +34,7 @@ EventHandler = Callable[[int, dict], None]
 @dataclass
 class InstanceProcess:
     id: int
-    process: subprocess.Popen
+    process: subprocess.Popen | AdoptedProcess
     stderr_path: Path
     launch: dict  # command prefix and the variables set for it (recorded with the result)
     buffer: bytes = b""
@@ -43,6 +43,16 @@ class InstanceProcess:
     done: int = 0  # timed calls completed, from progress events
     single_ns: int | None = None  # serving: one warm query at sequence_length, from its ready event
     result: dict | None = None
+
+    @property
+    def stdin(self) -> IO[bytes]:
+        assert self.process.stdin is not None, "workers start with their stdin piped"
+        return self.process.stdin
+
+    @property
+    def stdout(self) -> IO[bytes]:
+        assert self.process.stdout is not None, "workers start with their stdout piped"
+        return self.process.stdout
 
     def stderr_tail(self) -> str:
         try:
@@ -89,15 +99,19 @@ class Launcher:
                "trial_cpus": sorted(c for spec in specs for c in spec.cpus), **self.job}  # siblings: not foreign
         launches = [(spec, instance_env.command_prefix(spec), instance_env.environment(cfg, spec, preload))
                     for spec in specs]
-        for spec, prefix, env in launches if self.forkservers else ():  # their servers import side by side
-            self.forkservers.prepare(prefix, env, spec.cpus, cfg.backend.name, model.model_type)
+        servers = self.forkservers
+        if servers is not None:
+            for spec, prefix, env in launches:  # their servers import side by side
+                servers.prepare(prefix, env, spec.cpus, cfg.backend.name, model.model_type)
         for spec, prefix, env in launches:
             spec_path = self.work_dir / f"instance-{spec.id}.json"
             spec_path.write_text(json.dumps({**job, "instance": spec.to_json()}))
             stderr_path = self.work_dir / f"instance-{spec.id}.stderr.log"
             command = [*prefix, sys.executable, "-m", "corescale.measure.worker", str(spec_path)]
-            process = self.forkservers and self.forkservers.spawn(prefix, env, spec.cpus, cfg.backend.name,
-                                                                  model.model_type, spec_path, stderr_path)
+            process: subprocess.Popen | AdoptedProcess | None = None
+            if servers is not None:
+                process = servers.spawn(prefix, env, spec.cpus, cfg.backend.name, model.model_type, spec_path,
+                                        stderr_path)
             launch = {"command_prefix": prefix, "env": instance_env.instance_variables(cfg, spec, preload),
                       "forked_from": getattr(process, "server_pid", None)}
             if process is None:
@@ -133,8 +147,8 @@ class Launcher:
         self.extend_deadline()
         selector = selectors.DefaultSelector()
         for inst in self.instances.values():
-            os.set_blocking(inst.process.stdout.fileno(), False)
-            selector.register(inst.process.stdout, selectors.EVENT_READ, inst)
+            os.set_blocking(inst.stdout.fileno(), False)
+            selector.register(inst.stdout, selectors.EVENT_READ, inst)
         while any(inst.state != "done" for inst in self.instances.values()):
             remaining = self.deadline - time.monotonic()
             if remaining <= 0:
@@ -143,9 +157,9 @@ class Launcher:
                 raise InstanceFailed(self.server.failure)
             for key, _ in selector.select(timeout=min(remaining, 0.5)):
                 inst = key.data
-                chunk = inst.process.stdout.read()
+                chunk = inst.stdout.read()
                 if not chunk:  # EOF: the process is gone
-                    selector.unregister(inst.process.stdout)
+                    selector.unregister(inst.stdout)
                     self._check_exit(inst)
                     continue
                 inst.buffer += chunk
@@ -209,7 +223,7 @@ class Launcher:
     def tell(self, instance: int, line: str) -> bool:
         """One line to one instance (the server's dispatchers); False when it is gone."""
         try:
-            stdin = self.instances[instance].process.stdin
+            stdin = self.instances[instance].stdin
             stdin.write(f"{line}\n".encode())
             stdin.flush()
             return True
@@ -223,8 +237,8 @@ class Launcher:
     def _tell_all(self, line: str, state: str) -> None:
         for inst in self.instances.values():
             try:
-                inst.process.stdin.write(f"{line}\n".encode())
-                inst.process.stdin.flush()
+                inst.stdin.write(f"{line}\n".encode())
+                inst.stdin.flush()
             except BrokenPipeError:
                 pass  # it died meanwhile: its end of file is reported on the next select
             inst.state = state
@@ -252,7 +266,7 @@ class Launcher:
         for inst in self.instances.values():
             self._signal_group(inst, signal.SIGKILL)  # also whatever the worker spawned
             inst.process.wait()
-            for stream in (inst.process.stdin, inst.process.stdout):
+            for stream in (inst.stdin, inst.stdout):
                 try:
                     stream.close()
                 except OSError:

@@ -16,7 +16,8 @@ def search(step, first: float, precision: float, max_steps: int, steps: list, fl
     """Bracket (double until a step misses the SLO, halve until one meets it) then bisect until the bracket is
     within `precision` of its low end; every step is appended to `steps`. Returns the highest QPS that met it.
     Halving stops below `floor` (a LoadGen test there would outlast the timeout)."""
-    low = high = None
+    low: float | None = None
+    high: float | None = None
     qps = max(first, floor)
     while len(steps) < max_steps and qps >= floor:
         result = step(qps)
@@ -28,6 +29,7 @@ def search(step, first: float, precision: float, max_steps: int, steps: list, fl
             if low is None and slo_ms is not None and (result.latency_ms or {}).get("min", 0) > slo_ms:
                 break  # even the fastest query missed: lower rates cannot help
         if low is None:
+            assert high is not None, "each step sets one end of the bracket"
             qps = high / 2
         elif high is None:
             qps = low * 2

@@ -30,6 +30,7 @@ from corescale.measure.launcher import Launcher, LaunchOutcome
 from corescale.measure.server import Server, batches_csv, summarise
 from corescale.measure.timing import read_pairs
 from corescale.record.files import PendingRun, run_name
+from corescale.record.sections import HostEnvironment, InstanceReport, ServerSummary
 from corescale.record.trial import Failure, Partial, Roofline, RunMetrics, TrialRecord, spec_key, trial_key
 from corescale.workload.flops import forward_flops
 from corescale.workload.models import ModelSpec, resolve_model
@@ -81,7 +82,7 @@ def prepare_trial(cfg: BenchmarkConfig, topology: Topology | None = None, on_nod
     queries = build_query_set(cfg, model) if uses_query_set(cfg) else None  # files, fields, tokenizer
     check_places(cfg, results=not on_node)  # last: every other check has passed
     key = spec_key(cfg, model)
-    if cfg.workload.source:  # the text file's tokens, not only its name
+    if cfg.workload.source and queries is not None:  # the text file's tokens, not only its name
         import hashlib
 
         digest = hashlib.sha256(b"".join(q.tobytes() for q in queries.ids)).hexdigest()[:16]
@@ -172,7 +173,7 @@ class Measured:
 
 def new_record(trial: Trial, host: dict | None, started: float) -> TrialRecord:
     return TrialRecord(config=trial.cfg, key=trial.cfg.key(), trial_key=trial.key, model=trial.model.identity(),
-                       plan=trial.plan.to_dict(), environment=host or {},
+                       plan=trial.plan.to_dict(), environment=HostEnvironment.from_dict(host or {}, "environment"),
                        started_at=time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)))
 
 
@@ -194,12 +195,13 @@ def measure(trial: Trial, on_event=None, host: dict | None = None, forkservers=N
         specs = trial.instance_specs(Path(work))
         if trial.cfg.calibrate:  # the yardstick of "% of peak", measured once per CPUs, threads and precision
             specs = with_peaks(specs, trial.cfg, host["cpu"]["isa"], Path(work), PeakCache(trial.cfg.cache_dir))
-        record.specs = [spec.to_json() for spec in specs]
+        record.specs = list(specs)
         job, server = {}, None
         if trial.queries is not None:
             trial.queries.save(Path(work) / "queries.npz")
             job["queries"] = str(Path(work) / "queries.npz")
         if trial.cfg.scenario != "offline":
+            assert trial.queries is not None, "a served trial has its query set (uses_query_set)"
             server = Server(trial.cfg, trial.queries.lengths, Path(work))
         with housekeeping_cpus(specs) as parent_cpus:
             outcome = Launcher(Path(work), trial.cfg.timeout, on_event, server, job, forkservers).run(
@@ -212,8 +214,9 @@ def measure(trial: Trial, on_event=None, host: dict | None = None, forkservers=N
             _finish_server(record, trial, server, outcome, logs, parent_cpus)
             record.elapsed_s = time.time() - started
             return Measured(record, None, logs, outcome.interrupted)
-        instances = _load_instances(specs, outcome) if outcome.start_ns else []
-        metrics, samples = _metrics(trial, instances, outcome.start_ns) if instances else (None, None)
+        start_ns = outcome.start_ns
+        instances = _load_instances(specs, outcome) if start_ns else []
+        metrics, samples = _metrics(trial, instances, start_ns) if instances and start_ns else (None, None)
         if outcome.failure:  # keep what finished instances measured, and the calls the others streamed: invalid
             streamed = streamed_samples(specs, outcome) if outcome.start_ns else None
             if streamed is not None:
@@ -222,6 +225,7 @@ def measure(trial: Trial, on_event=None, host: dict | None = None, forkservers=N
                                      {} if streamed is None else streamed.groupby("instance").size().to_dict())
             record.fail(outcome.failure)
         else:
+            assert metrics is not None, "a launch without a failure measured every instance"
             _finish(record, metrics, [outcome.results[spec.id] for spec in specs])
         if trial.queries is not None and metrics is not None and metrics.padded_tokens_per_s:
             record.workload = {**trial.queries.summary(), "pad": trial.cfg.pad, "padding_waste":
@@ -283,9 +287,9 @@ def _load_instances(specs: list[InstanceSpec], outcome: LaunchOutcome) -> list[I
 
 
 def _metrics(trial: Trial, instances: list[InstanceSamples], start_ns: int) -> tuple[RunMetrics, pd.DataFrame]:
-    length = trial.cfg.sequence_length
-    padded = [inst.report.get("padded_tokens_per_sample") for inst in instances]
-    if all(padded):  # a query set: the work done is at the lengths the batches were padded to
+    length: float = trial.cfg.sequence_length
+    padded = [p for inst in instances if (p := inst.report.get("padded_tokens_per_sample"))]
+    if len(padded) == len(instances):  # a query set: the work done is at the lengths the batches were padded to
         length = sum(padded) / len(padded)
     tokens = max(int(round(length)), 1)
     metrics = run_metrics(instances, start_ns, length, forward_flops(trial.model, 1, tokens))
@@ -308,14 +312,16 @@ def roofline_of(trial: Trial, metrics: RunMetrics, instances: list[InstanceSampl
 def _finish_server(record: TrialRecord, trial: Trial, server: Server, outcome: LaunchOutcome,
                    logs: dict[str, bytes], parent_cpus) -> None:
     """The server scenario's record: LoadGen's steps and logs, the batches formed, each instance's report."""
+    assert trial.queries is not None, "a served trial has its query set (uses_query_set)"
     logs.update(server.outcome.logs)
     logs["server-batches.csv"] = batches_csv(server.outcome.batch_rows)
-    record.server = summarise(trial.cfg, server.outcome, trial.queries.summary())
-    record.server["parent"]["cpus"] = sorted(parent_cpus or os.sched_getaffinity(0))
+    summary = summarise(trial.cfg, server.outcome, trial.queries.summary())
+    summary["parent"]["cpus"] = sorted(parent_cpus or os.sched_getaffinity(0))
+    record.server = served = ServerSummary.from_dict(summary, "server")
     record.workload = {**trial.queries.summary(), "pad": trial.cfg.pad,
-                       "padding_waste": record.server["batching"]["padding_waste"]}
-    record.instances = [{k: v for k, v in outcome.results[spec["id"]].items() if k != "event"}
-                        for spec in record.specs if spec["id"] in outcome.results]
+                       "padding_waste": served.batching.padding_waste}
+    record.instances = [_report(outcome.results[spec.id], spec.id) for spec in record.specs
+                        if spec.id in outcome.results]
     if outcome.failure:
         record.partial = Partial(outcome.states, sorted(outcome.results))
         record.fail(outcome.failure)
@@ -325,12 +331,14 @@ def _finish_server(record: TrialRecord, trial: Trial, server: Server, outcome: L
 
 def _finish(record: TrialRecord, metrics: RunMetrics, reports: list[dict]) -> None:
     record.metrics = metrics
-    record.instances = [{k: v for k, v in r.items() if k != "event"} for r in reports]
-    drift = [r["drift"] for r in reports if r.get("drift")]
+    record.instances = [_report(r, i) for i, r in enumerate(reports)]
+    drift = [r.drift for r in record.instances if r.drift is not None]
     record.drift = drift[0] if drift else None
-    over = [d for d in drift if not d["within_tolerance"]]
+    over = [d for d in drift if not d.within_tolerance]
     if over:  # the figures are real (valid), the outputs are wrong (failed)
-        d = over[0]
-        record.fail(Failure("drift", f"outputs drift from {d['reference']}: max rel error {d['max_rel_error']:.2e} "
-                                     f"(tolerance {d['tolerance']:.0e}), cosine {d['cosine_similarity']:.6f}"),
-                    valid=True)
+        record.fail(Failure("drift", over[0].failure_message()), valid=True)
+
+
+def _report(result: dict, instance: int) -> InstanceReport:
+    """A worker's result event as the record's typed report (the event's name dropped)."""
+    return InstanceReport.from_dict({k: v for k, v in result.items() if k != "event"}, f"instance {instance}'s report")

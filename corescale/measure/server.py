@@ -138,6 +138,7 @@ class Server:
         return float(f"{max(capacity / 2, 0.1):.3g}")
 
     def _issue(self, samples) -> None:
+        assert self.batcher is not None, "LoadGen issues queries only during a test"
         self.batcher.put(samples)
 
     def _step(self, qps: float | None) -> StepResult:
@@ -172,15 +173,15 @@ class Server:
         log.log_output.copy_summary_to_stdout = False
         log.enable_trace = False
         self.launcher.extend_deadline()
-        self.batcher = Batcher(self.cfg, self.lengths)
+        self.batcher = batcher = Batcher(self.cfg, self.lengths)
         self.step_batches = []
-        threads = [threading.Thread(target=self._dispatch, args=(i,), daemon=True, name=f"corescale-dispatch-{i}")
-                   for i in self.launcher.instances]
+        threads = [threading.Thread(target=self._dispatch, args=(i, batcher), daemon=True,
+                                    name=f"corescale-dispatch-{i}") for i in self.launcher.instances]
         for thread in threads:
             thread.start()
         usage, began = _cpu_seconds(), time.perf_counter()
         lg.StartTestWithLogSettings(sut, qsl, settings, log)
-        self.batcher.close()
+        batcher.close()
         for thread in threads:
             thread.join()
         wall, cpu = time.perf_counter() - began, _cpu_seconds() - usage
@@ -195,12 +196,12 @@ class Server:
     def _expected_latency_ns(self) -> int:
         return max(inst.call_ns for inst in self.launcher.instances.values()) or 1_000_000
 
-    def _dispatch(self, instance: int) -> None:
+    def _dispatch(self, instance: int, batcher: Batcher) -> None:
         import mlperf_loadgen as lg
 
         replies = self.replies[instance]
         while True:
-            batch = self.batcher.take()
+            batch = batcher.take()
             if batch is None:
                 return
             taken_ns = time.perf_counter_ns()
@@ -266,6 +267,7 @@ def step_result(qps, detail: dict, wall: float, cpu: float, batches: list[int], 
     checks["early_stopping_met"] = bool(detail.get("early_stopping_met"))
     validity = str(detail.get("result_validity", "INVALID"))
     early = str(detail.get("early_stopping_result", ""))
+    verdict: bool | None
     if validity == "VALID":
         verdict = True
     elif not checks["perf_constraints_met"] or "Reduce target QPS" in early:

@@ -119,6 +119,8 @@ def read_result(path: Path) -> TrialRecord:
         raise UserError(f"'{file}' is not a corescale result (no schema_version)")
     try:
         return TrialRecord.from_json(data)
+    except UserError as exc:  # a typed section's value of the wrong type: where it is
+        raise UserError(f"malformed result '{file}': {exc}") from None
     except (AttributeError, KeyError, TypeError, ValueError) as exc:  # valid JSON, wrong shape
         raise UserError(f"malformed result '{file}': {type(exc).__name__}: {exc}") from None
 

@@ -37,7 +37,9 @@ class Interval:
     @property
     def cv(self) -> float | None:
         """Half-width of the interval over the mean (a relative precision)."""
-        return None if self.low is None or not self.mean else (self.high - self.low) / 2 / self.mean
+        if self.low is None or self.high is None or not self.mean:
+            return None
+        return (self.high - self.low) / 2 / self.mean
 
     def text(self, unit: str, digits: int = 2) -> str:
         if self.low is None:
@@ -56,10 +58,10 @@ class AcrossRepeats:
 
 
 def across_repeats(records: list[TrialRecord]) -> AcrossRepeats:
-    ok = [r for r in records if r.valid_ok and r.metrics is not None]
+    ok = [r.metrics for r in records if r.valid_ok and r.metrics is not None]
     return AcrossRepeats(
         repeats=len(ok), failed=len(records) - len(ok),
-        throughput=Interval.of(r.metrics.throughput_samples_per_s for r in ok),
-        p50_ms=Interval.of(r.metrics.latency_s["p50"] * 1e3 for r in ok),
-        p99_ms=Interval.of(r.metrics.latency_s["p99"] * 1e3 for r in ok),
+        throughput=Interval.of(m.throughput_samples_per_s for m in ok),
+        p50_ms=Interval.of(m.latency_s.p50 * 1e3 for m in ok),
+        p99_ms=Interval.of(m.latency_s.p99 * 1e3 for m in ok),
     )

@@ -8,7 +8,9 @@ from math import ceil, floor, sqrt
 
 import numpy as np
 
-PERCENTILES = (50, 90, 95, 99, 99.9)
+from corescale.record.sections import LatencySummary
+
+PERCENTILES = (50, 90, 95, 99, 99.9)  # LatencySummary's p50 ... p99_9
 MAD_OUTLIER_THRESHOLD = 5.0  # |x - median| / (1.4826 · MAD)
 BOOTSTRAP_RESAMPLES = 2000
 CHANGE_THRESHOLD = 0.10  # compare: a change smaller than this fraction is not flagged (its default)
@@ -89,14 +91,13 @@ class Measurement:
             return 0
         return int(np.count_nonzero(np.abs(self.samples - self.median) / scale > MAD_OUTLIER_THRESHOLD))
 
-    def summary(self) -> dict[str, float]:
-        out = {"count": self.count, "mean": self.mean, "std": self.std, "min": self.min, "max": self.max,
-               "cv": self.cv, "mad": self.mad, "outliers": self.outliers}
-        for q in PERCENTILES:
-            out[f"p{q:g}".replace(".", "_")] = self.percentile(q)
-        out["mean_ci95_low"], out["mean_ci95_high"] = self.mean_ci95
-        out["p50_ci95_low"], out["p50_ci95_high"] = self.median_ci95
-        return out
+    def summary(self) -> LatencySummary:
+        p50, p90, p95, p99, p99_9 = (self.percentile(q) for q in PERCENTILES)
+        (mean_low, mean_high), (p50_low, p50_high) = self.mean_ci95, self.median_ci95
+        return LatencySummary(count=self.count, mean=self.mean, std=self.std, min=self.min, max=self.max,
+                              cv=self.cv, mad=self.mad, outliers=self.outliers, p50=p50, p90=p90, p95=p95, p99=p99,
+                              p99_9=p99_9, mean_ci95_low=float(mean_low), mean_ci95_high=float(mean_high),
+                              p50_ci95_low=p50_low, p50_ci95_high=p50_high)
 
     def __repr__(self) -> str:
         lo, hi = self.median_ci95

@@ -2,9 +2,11 @@
 and the migrations that read every older schema.
 
 JSON is the record's dataclass fields as they are, plus `schema_version` and a derived `reason` line for people
-reading the file. Records written by corescale 0.1 (schema 1) are migrated on load: backend options move into
-the `backend` group, failures become a `Failure`, keys are recomputed under today's definition and the old ones
-kept in `legacy_keys`, so resume and latest-per-key still find them.
+reading the file. Schema 3 types every section (record/sections.py; the JSON shape is schema 2's, every value
+checked on reading: a malformed one is a UserError naming where). Records written by corescale 0.1 (schema 1)
+are migrated on load: backend options move into the `backend` group, failures become a `Failure`, keys are
+recomputed under today's definition and the old ones kept in `legacy_keys`, so resume and latest-per-key still
+find them.
 """
 
 from __future__ import annotations
@@ -19,8 +21,12 @@ from typing import Any
 
 from corescale.config import BenchmarkConfig, migrate_config_v1
 from corescale.errors import UserError
+from corescale.machine.placement import InstancePlacement, InstanceSpec
+from corescale.record.sections import Drift, HostEnvironment, InstanceReport, LatencySummary, ServerSummary
+from corescale.record.typed import Section, plain
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
+READS = (1, 2, 3)  # schema 2 -> 3: the same JSON, now typed
 FAILURE_KINDS = ("user", "crash", "timeout", "signal", "error", "drift", "interrupted")
 
 
@@ -66,7 +72,7 @@ class InstanceMetrics:
     threads: int
     batch_size: int
     start_skew_ms: float  # how late the instance's first timed call began after the common start
-    latency_s: dict[str, float]  # stats.Measurement.summary()
+    latency_s: LatencySummary
     samples_in_window: float
     throughput_samples_per_s: float
     throughput_tokens_per_s: float
@@ -110,7 +116,7 @@ class RunMetrics:
     samples_in_window: float
     throughput_samples_per_s: float
     throughput_tokens_per_s: float
-    latency_s: dict[str, float]  # pooled over instances
+    latency_s: LatencySummary  # pooled over instances
     max_instance_p50_s: float
     gflops_per_s: float
     peak_gflops: float | None  # sum over instances of the best measured GEMM on their CPUs (the yardstick)
@@ -137,8 +143,9 @@ class RunMetrics:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RunMetrics:
         data = _known(cls, _renamed_v1(data, "sgemm_peak_gflops"))
-        data["instances"] = [InstanceMetrics(**_known(InstanceMetrics, _renamed_v1(inst, "sgemm_gflops")))
-                             for inst in data.get("instances", [])]
+        data["latency_s"] = LatencySummary.from_dict(data.get("latency_s"), "metrics.latency_s")
+        data["instances"] = [_instance_metrics(_renamed_v1(inst, "sgemm_gflops"), f"metrics.instances[{i}]")
+                             for i, inst in enumerate(data.get("instances", []))]
         if data.get("roofline"):
             data["roofline"] = Roofline(**_known(Roofline, data["roofline"]))
         return cls(**data)
@@ -161,16 +168,16 @@ class TrialRecord:
     trial_key: str  # config key + model identity (+ a local model's files): what resume looks up
     model: dict[str, Any]  # ModelSpec.identity()
     plan: dict[str, Any]  # Plan.to_dict()
-    environment: dict[str, Any]
+    environment: HostEnvironment
     started_at: str
     status: str = "ok"  # ok | failed
     valid: bool = True  # False: the figures (if any) must not be trusted or compared
     failure: Failure | None = None
     metrics: RunMetrics | None = None
     partial: Partial | None = None
-    drift: dict[str, Any] | None = None
-    instances: list[dict[str, Any]] = field(default_factory=list)  # each worker's own report
-    specs: list[dict[str, Any]] = field(default_factory=list)  # InstanceSpec.to_json() of each instance
+    drift: Drift | None = None
+    instances: list[InstanceReport] = field(default_factory=list)  # each worker's own report
+    specs: list[InstanceSpec] = field(default_factory=list)  # each instance as it ran
     elapsed_s: float | None = None
     finished_at: float | None = None  # epoch seconds, stamped by the trial loop
     lock_wait_s: float | None = None
@@ -180,7 +187,7 @@ class TrialRecord:
     repeat: int = 0  # which of the config's `repeats` (fresh processes each) this record is
     repeats: int = 1
     schema_migrated_from: int | None = None
-    server: dict[str, Any] | None = None  # scenario=server|single_stream: LoadGen's verdicts, steps, load curve
+    server: ServerSummary | None = None  # scenario=server|single_stream: LoadGen's verdicts, steps, load curve
     workload: dict[str, Any] | None = None  # a query set's lengths, padding policy and padding waste
 
     @property
@@ -200,14 +207,16 @@ class TrialRecord:
         return self
 
     @property
-    def placed(self) -> list[dict[str, Any]]:
-        """Per instance: its CPUs and the threads it really ran (the override applied)."""
+    def placed(self) -> list[InstanceSpec]:
+        """Per instance: its CPUs and the threads it really ran (the override applied); a record without specs
+        (a failed or schema-1 one) gives its plan's instances."""
         if self.specs:
             return self.specs
-        return list(self.plan.get("instances") or [])
+        return [_planned_spec(inst, self.config.instance_batch_size, f"plan.instances[{i}]")
+                for i, inst in enumerate(self.plan.get("instances") or [])]
 
     def to_json(self) -> dict[str, Any]:
-        data = {"schema_version": SCHEMA_VERSION}
+        data: dict[str, Any] = {"schema_version": SCHEMA_VERSION}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             data[f.name] = value.to_dict() if isinstance(value, BenchmarkConfig) else _plain(value)
@@ -220,10 +229,18 @@ class TrialRecord:
         version = data.get("schema_version")
         if version == 1:
             data = migrate_v1(data)
-        elif version != SCHEMA_VERSION:
-            raise ValueError(f"schema_version {version!r} (this corescale reads 1 and {SCHEMA_VERSION})")
+        elif version not in READS:
+            raise ValueError(f"schema_version {version!r} (this corescale reads {', '.join(map(str, READS))})")
         data = _known(cls, data)
         data["config"] = BenchmarkConfig.from_dict(data["config"])
+        data["environment"] = HostEnvironment.from_dict(data.get("environment") or {}, "environment")
+        if data.get("drift") is not None:
+            data["drift"] = Drift.from_dict(data["drift"], "drift")
+        if data.get("server") is not None:
+            data["server"] = ServerSummary.from_dict(data["server"], "server")
+        data["instances"] = [InstanceReport.from_dict(r, f"instances[{i}]")
+                             for i, r in enumerate(_list(data.get("instances"), "instances"))]
+        data["specs"] = [_spec(s, f"specs[{i}]") for i, s in enumerate(_list(data.get("specs"), "specs"))]
         if data.get("failure"):
             data["failure"] = Failure.from_json(data["failure"])
         if data.get("metrics"):
@@ -254,14 +271,13 @@ def trial_key(config_key: str, model_identity: dict, files: list | None = None) 
 MEASURING_LIBRARIES = ("torch", "transformers", "numpy", "onnxruntime", "onnx", "openvino", "tensorflow")
 
 
-def machine_fingerprint(environment: dict[str, Any]) -> str:
+def machine_fingerprint(environment: HostEnvironment) -> str:
     """Which machine and software a result was measured on: CPU model and ISA, core counts, the frameworks'
     versions. Resume counts only results with this machine's fingerprint (unless asked to accept any)."""
-    cpu, topology = environment.get("cpu") or {}, environment.get("topology") or {}
-    libraries = environment.get("libraries") or {}
-    blob = json.dumps({"cpu": cpu.get("model"), "isa": cpu.get("isa"),
-                       "cores": [topology.get("physical_cores"), topology.get("logical_cpus")],
-                       "libraries": {name: libraries.get(name) for name in MEASURING_LIBRARIES}},
+    cpu, topology = environment.cpu, environment.topology
+    blob = json.dumps({"cpu": cpu.model, "isa": cpu.isa or None,
+                       "cores": [topology.physical_cores, topology.logical_cpus],
+                       "libraries": {name: environment.libraries.get(name) for name in MEASURING_LIBRARIES}},
                       sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -336,6 +352,58 @@ def _known(cls, data: dict[str, Any]) -> dict[str, Any]:
 
 
 def _plain(value: Any) -> Any:
-    if dataclasses.is_dataclass(value):
-        return dataclasses.asdict(value)
+    if isinstance(value, Section):
+        return value.to_dict()
+    if isinstance(value, InstanceSpec):
+        return value.to_json()
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return plain(dataclasses.asdict(value))
     return value
+
+
+def _list(value: Any, where: str) -> list:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise UserError(f"{where}: expected a list, got {type(value).__name__}")
+    return value
+
+
+def _instance_metrics(data: Any, where: str) -> InstanceMetrics:
+    if not isinstance(data, dict):
+        raise UserError(f"{where}: expected an object, got {type(data).__name__}")
+    known = _known(InstanceMetrics, data)
+    known["latency_s"] = LatencySummary.from_dict(data.get("latency_s"), f"{where}.latency_s")
+    return InstanceMetrics(**known)
+
+
+def _spec(data: Any, where: str) -> InstanceSpec:
+    """An InstanceSpec from its JSON (InstanceSpec.to_json), checked."""
+    ran = _SpecJson.from_dict(data, where)
+    return dataclasses.replace(_planned_spec(data, ran.batch_size, where), samples_path=ran.samples_path,
+                               peak=ran.peak)
+
+
+def _planned_spec(data: Any, batch_size: int, where: str) -> InstanceSpec:
+    """A plan's instance (Placement.to_dict: id, cpus, numa_nodes, threads) as the spec it ran as."""
+    placed = _PlacedJson.from_dict(data, where)
+    cpus = tuple(placed.cpus)
+    return InstanceSpec(InstancePlacement(placed.id, cpus, tuple(placed.numa_nodes), len(cpus)), placed.threads,
+                        batch_size)
+
+
+@dataclass(frozen=True)
+class _PlacedJson(Section):
+    id: int
+    cpus: list[int]
+    threads: int
+    numa_nodes: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class _SpecJson(Section):
+    batch_size: int
+    samples_path: str = ""
+    peak: dict[str, Any] | None = None

@@ -7,6 +7,7 @@ cores of one instance), whatever sweeps produced them. Figures are built on the 
 from __future__ import annotations
 
 import io
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +16,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from corescale.analysis.store import config_columns, normalise_value, ok_rows
+from corescale.record.sections import ServerSummary
 
 # How a trial was measured, not what: never splits a series.
 PROCEDURE = {"output_dir", "cache_dir", "duration", "min_iterations", "timeout", "calibrate", "seed",
@@ -30,7 +32,7 @@ def _norm(value) -> str:
     return "-" if text == "None" else text
 
 
-def series(frame: pd.DataFrame, axes: list[str], free: list[str] = (), keys: list[str] = (),
+def series(frame: pd.DataFrame, axes: list[str], free: Sequence[str] = (), keys: Sequence[str] = (),
            min_points: int = 2) -> pd.DataFrame:
     """Valid rows grouped so that within a group only `axes` (and `free`) change; a `group` column labels each.
 
@@ -180,7 +182,7 @@ def cost_figure(tables: dict[str, pd.DataFrame]) -> Figure:
     return fig
 
 
-def load_curves(frame: pd.DataFrame) -> dict[str, dict]:
+def load_curves(frame: pd.DataFrame) -> dict[str, ServerSummary]:
     """label -> the `server` section of each target_qps=auto result (its load curve, SLO and max valid QPS)."""
     from corescale.record.files import read_result
 
@@ -188,34 +190,34 @@ def load_curves(frame: pd.DataFrame) -> dict[str, dict]:
         return {}
     found = {}
     for _, row in frame[(frame["scenario"] == "server") & (frame["status"] == "ok")].iterrows():
-        server = read_result(Path(row["path"])).server or {}
-        if len(server.get("load_curve") or []) >= 2:
+        server = read_result(Path(row["path"])).server
+        if server is not None and len(server.load_curve) >= 2:
             label = (f"{row['model']} · {row['backend']} · {row['instances']:.0f} inst · "
-                     f"max_batch {server['batching']['max_batch']} · {row['run']}")
+                     f"max_batch {server.batching.max_batch} · {row['run']}")
             found[label] = server
     return found
 
 
-def load_curve_figure(curves: dict[str, dict]) -> Figure:
+def load_curve_figure(curves: dict[str, ServerSummary]) -> Figure:
     """Latency (p50, p90, p99 from LoadGen's scheduled issue) vs offered QPS; the SLO, the max valid QPS and the
     knee marked; one panel per search."""
     fig = new_figure(6.4 * min(len(curves), 2), 4.6 * ((len(curves) + 1) // 2))
     axes = fig.subplots((len(curves) + 1) // 2, min(len(curves), 2), squeeze=False).ravel()
     for ax, (label, server) in zip(axes, curves.items()):
-        points = server["load_curve"]
-        qps = [p["target_qps"] for p in points]
-        for name, style in (("p50", ":"), ("p90", "--"), ("p99", "-")):
-            ax.plot(qps, [p[name] for p in points], style, marker="o", markersize=3, label=name)
+        points = server.load_curve
+        qps = [p.target_qps for p in points]
+        ax.plot(qps, [p.p50 for p in points], ":", marker="o", markersize=3, label="p50")
+        ax.plot(qps, [p.p90 for p in points], "--", marker="o", markersize=3, label="p90")
+        ax.plot(qps, [p.p99 for p in points], "-", marker="o", markersize=3, label="p99")
         for p in points:
-            if not p["meets_slo"]:
-                ax.plot(p["target_qps"], p["p99"], "x", color="red", markersize=8)
-        if server.get("slo_p99_ms"):
-            ax.axhline(server["slo_p99_ms"], color="grey", lw=1, label=f"SLO p99 {server['slo_p99_ms']:g} ms")
-        if server.get("max_valid_qps"):
-            ax.axvline(server["max_valid_qps"], color="green", lw=1,
-                       label=f"max valid {server['max_valid_qps']:.4g} QPS")
-        if server.get("knee_qps"):
-            ax.axvline(server["knee_qps"], color="orange", lw=1, ls="--", label=f"knee {server['knee_qps']:.4g} QPS")
+            if not p.meets_slo:
+                ax.plot(p.target_qps, p.p99, "x", color="red", markersize=8)
+        if server.slo_p99_ms:
+            ax.axhline(server.slo_p99_ms, color="grey", lw=1, label=f"SLO p99 {server.slo_p99_ms:g} ms")
+        if server.max_valid_qps:
+            ax.axvline(server.max_valid_qps, color="green", lw=1, label=f"max valid {server.max_valid_qps:.4g} QPS")
+        if server.knee_qps:
+            ax.axvline(server.knee_qps, color="orange", lw=1, ls="--", label=f"knee {server.knee_qps:.4g} QPS")
         ax.set_yscale("log")
         ax.set_xlabel("offered load (queries/s, Poisson)")
         ax.set_ylabel("latency (ms, log)")

@@ -6,7 +6,7 @@ import time
 
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 from corescale.record.trial import TrialRecord
@@ -49,11 +49,10 @@ def result_table(record: TrialRecord) -> Table:
             table.add_row("partial data", "kept, invalid", f"instance(s) {record.partial.finished_instances} finished")
         return table
     lat = metrics.latency_s
-    table.add_row("latency mean (ms)", ms(lat["mean"]), f"{ms(lat['mean_ci95_low'])} – {ms(lat['mean_ci95_high'])}")
-    table.add_row("latency p50 (ms)", ms(lat["p50"]), f"{ms(lat['p50_ci95_low'])} – {ms(lat['p50_ci95_high'])}")
-    table.add_row("latency p90 / p99 (ms)", f"{ms(lat['p90'])} / {ms(lat['p99'])}",
-                  f"min {ms(lat['min'])} · max {ms(lat['max'])}")
-    table.add_row("latency CV", f"{lat['cv']:.1%}", f"{lat['count']} calls · {lat['outliers']} outliers (MAD)")
+    table.add_row("latency mean (ms)", ms(lat.mean), f"{ms(lat.mean_ci95_low)} – {ms(lat.mean_ci95_high)}")
+    table.add_row("latency p50 (ms)", ms(lat.p50), f"{ms(lat.p50_ci95_low)} – {ms(lat.p50_ci95_high)}")
+    table.add_row("latency p90 / p99 (ms)", f"{ms(lat.p90)} / {ms(lat.p99)}", f"min {ms(lat.min)} · max {ms(lat.max)}")
+    table.add_row("latency CV", f"{lat.cv:.1%}", f"{lat.count} calls · {lat.outliers} outliers (MAD)")
     if len(metrics.instances) > 1:
         table.add_row("max instance p50 (ms)", ms(metrics.max_instance_p50_s), "the study's 'latency = max'")
     table.add_row("throughput (samples/s)", f"{metrics.throughput_samples_per_s:.2f}",
@@ -80,8 +79,8 @@ def result_table(record: TrialRecord) -> Table:
                       "straddling its edges: throughput credits their share, latency leaves them out")
     if record.drift:
         d = record.drift
-        table.add_row(f"drift vs {d['reference']}", f"{d['max_abs_error']:.2e}",
-                      f"cos {d['cosine_similarity']:.6f} · {'ok' if d['within_tolerance'] else 'OVER tolerance'}")
+        table.add_row(f"drift vs {d.reference}", f"{d.max_abs_error:.2e}",
+                      f"cos {d.cosine_similarity:.6f} · {'ok' if d.within_tolerance else 'OVER tolerance'}")
     if not record.ok:
         table.add_row("status", "[red]failed[/red]", escape(record.reason or ""))
     return table
@@ -90,30 +89,30 @@ def result_table(record: TrialRecord) -> Table:
 def server_table(table: Table, record: TrialRecord) -> Table:
     """scenario=server|single_stream: LoadGen's verdict, latency from scheduled issue, batching, the parent."""
     s = record.server
-    lat = s["latency_ms"]
-    if s["scenario"] == "server" and s["target_qps"] == "auto":
-        found = f"{s['max_valid_qps']:.4g}" if s["max_valid_qps"] else "none"
-        table.add_row("max valid QPS", found, f"p99 <= {s['slo_p99_ms']:g} ms, {len(s['steps'])} LoadGen tests")
-        if s.get("unreachable"):
-            table.add_row("not searched", "", escape(s["unreachable"]))
-        if s.get("knee_qps"):
-            table.add_row("load curve knee (QPS)", f"{s['knee_qps']:.4g}", "where p99 turns up")
-    elif s["scenario"] == "server":
-        step = s["steps"][-1]
-        slo = f"p99 <= {s['slo_p99_ms']:g} ms" if s["slo_p99_ms"] else "no SLO"
-        table.add_row("LoadGen result", s["validity"], f"target {s['target_qps']:g} QPS, {slo}")
-        table.add_row("completed QPS", f"{step['completed_qps']:.2f}", f"{step['queries']} queries")
+    assert s is not None, "the server table is drawn only for a served trial"
+    lat = s.latency_ms
+    if s.searched:
+        found = f"{s.max_valid_qps:.4g}" if s.max_valid_qps else "none"
+        table.add_row("max valid QPS", found, f"p99 <= {s.slo_p99_ms:g} ms, {len(s.steps)} LoadGen tests")
+        if s.unreachable:
+            table.add_row("not searched", "", escape(s.unreachable))
+        if s.knee_qps:
+            table.add_row("load curve knee (QPS)", f"{s.knee_qps:.4g}", "where p99 turns up")
+    elif s.scenario == "server":
+        step = s.steps[-1]
+        slo = f"p99 <= {s.slo_p99_ms:g} ms" if s.slo_p99_ms else "no SLO"
+        table.add_row("LoadGen result", s.validity, f"target {s.target_qps:g} QPS, {slo}")
+        table.add_row("completed QPS", f"{step.completed_qps:.2f}", f"{step.queries} queries")
     else:
-        table.add_row("LoadGen result", s["validity"], f"single stream, {s['steps'][-1]['queries']} queries")
+        table.add_row("LoadGen result", s.validity, f"single stream, {s.steps[-1].queries} queries")
     for name in ("p50", "p90", "p99"):
         if lat.get(name) is not None:
             table.add_row(f"latency {name} (ms)", f"{lat[name]:.2f}", "from LoadGen's scheduled issue time")
-    b = s["batching"]
-    table.add_row("batches", f"{b['mean_rows']:.2f} rows mean", f"max {b['max_rows']} of max_batch "
-                  f"{b['max_batch']}, {b['batches']} calls, padding waste {b['padding_waste']:.0%}")
-    parent = s["parent"]
-    if parent.get("cores_used") is not None:
-        table.add_row("parent CPU", f"{parent['cores_used']:.2f} cores", "LoadGen + queue + dispatch threads")
+    b = s.batching
+    table.add_row("batches", f"{b.mean_rows:.2f} rows mean", f"max {b.max_rows} of max_batch "
+                  f"{b.max_batch}, {b.batches} calls, padding waste {b.padding_waste:.0%}")
+    if s.parent.cores_used is not None:
+        table.add_row("parent CPU", f"{s.parent.cores_used:.2f} cores", "LoadGen + queue + dispatch threads")
     return table
 
 
@@ -137,8 +136,8 @@ def instances_table(record: TrialRecord) -> Table | None:
         table.add_column(column, justify="right")
     for inst in metrics.instances:
         lat = inst.latency_s
-        table.add_row(str(inst.id), ",".join(map(str, inst.cpus)), str(inst.threads), ms(lat["p50"]),
-                      ms(lat["p99"]), f"{inst.throughput_samples_per_s:.2f}", f"{inst.cpu_utilisation:.0%}",
+        table.add_row(str(inst.id), ",".join(map(str, inst.cpus)), str(inst.threads), ms(lat.p50),
+                      ms(lat.p99), f"{inst.throughput_samples_per_s:.2f}", f"{inst.cpu_utilisation:.0%}",
                       f"{inst.foreign_load:.0%}")
     return table
 
@@ -176,9 +175,9 @@ class TrialProgress:
                                  TimeRemainingColumn(), auto_refresh=False, transient=True, console=errors,
                                  disable=not enabled)
         self.drawn = 0.0
-        self.warmup = None
-        self.timed = None
-        self.started_at = None
+        self.warmup: TaskID | None = None  # added on entering
+        self.timed: TaskID | None = None
+        self.started_at = 0.0
         self.done: dict[int, int] = {}
 
     def __enter__(self):
@@ -191,6 +190,8 @@ class TrialProgress:
 
     def __call__(self, instance: int, event: dict) -> None:
         kind = event["event"]
+        if self.warmup is None:
+            return  # not entered: nothing is drawn
         if kind == "warmup":
             self.progress.update(self.warmup, completed=event["done"], info=f"{event['done']} calls")
         elif kind == "ready":
@@ -232,13 +233,13 @@ def brief(record: TrialRecord) -> str:
     m = record.metrics
     if record.ok and record.server is not None:
         s = record.server
-        if s["target_qps"] == "auto":
-            return f"max valid QPS {s['max_valid_qps'] or 0:.4g} at p99 <= {s['slo_p99_ms']:g} ms"
-        return f"LoadGen {s['validity']}, p99 {s['latency_ms'].get('p99', float('nan')):.2f} ms"
+        if s.target_qps == "auto":
+            return f"max valid QPS {s.max_valid_qps or 0:.4g} at p99 <= {s.slo_p99_ms:g} ms"
+        return f"LoadGen {s.validity}, p99 {s.latency_ms.get('p99', float('nan')):.2f} ms"
     if not record.ok or m is None:
         return f"failed: {record.reason}"
     flag = " (contaminated)" if m.contaminated else ""
-    return (f"p50 {m.latency_s['p50'] * 1e3:.2f} ms, p99 {m.latency_s['p99'] * 1e3:.2f} ms, "
+    return (f"p50 {m.latency_s.p50 * 1e3:.2f} ms, p99 {m.latency_s.p99 * 1e3:.2f} ms, "
             f"{m.throughput_samples_per_s:.2f} samples/s{flag}")
 
 
@@ -265,8 +266,7 @@ class ConsoleListener:
             self.bars.__exit__(*(exc or (None, None, None)))
             self.bars = None
 
-    @staticmethod
-    def _where(item, state) -> tuple[int, str]:
+    def _where(self, item, state) -> tuple[int, str]:
         """(the loop position, the trial's label with its repeat when it has several)."""
         repeats = item.trial.cfg.repeats
         label = item.label + (f" [repeat {state.repeat + 1}/{repeats}]" if repeats > 1 else "")

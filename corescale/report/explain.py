@@ -46,10 +46,10 @@ def ops_table(result: dict, classes: tuple[str, ...] = ()) -> Table:
     shown = ops if classes else ops[:OPS_SHOWN]
     title = f"{result['label']}: ops" + (f" of class {', '.join(classes)}" if classes else f" (top {len(shown)})")
     table = Table(title=escape(title), header_style="bold")
-    columns = (("op", "left"), ("layer or input shapes", "left"), ("class", "left"), ("ms", "right"),
-               ("share", "right"))
-    for column, justify in columns:
-        table.add_column(column, justify=justify)
+    for column in ("op", "layer or input shapes", "class"):
+        table.add_column(column, justify="left")
+    for column in ("ms", "share"):
+        table.add_column(column, justify="right")
     wall = result["profiled_wall_ms"]
     for op in shown:
         where = op.get("name") if op.get("name") not in (None, "", op["op"]) else _shapes(op.get("shapes"))

@@ -14,11 +14,13 @@ from pathlib import Path
 from typing import Callable
 
 import pandas as pd
+from matplotlib.figure import Figure
 
 from corescale.analysis import cost
 from corescale.analysis.store import Table, describe_value, load, ok_rows
 from corescale.errors import UserError
 from corescale.record.files import read_result, write_atomic
+from corescale.record.sections import HostEnvironment
 from corescale.report import charts as report_plots
 from corescale.report import plots
 
@@ -30,7 +32,7 @@ class Chart:
     id: str
     title: str
     caption: str
-    build: Callable[[pd.DataFrame, dict], object]  # (table, context) -> Figure | None
+    build: Callable[[pd.DataFrame, dict], Figure | None]  # (table, context) -> the figure, None: no data
     missing: str  # what to run when the data is not there
 
 
@@ -199,24 +201,23 @@ def environment_html(frame: pd.DataFrame) -> str:
     """The machine of the latest result, and a warning when results come from several machines."""
     latest = frame.sort_values("finished_at").iloc[-1]
     try:
-        env = read_result(latest["path"]).environment or {}
+        env = read_result(latest["path"]).environment
     except UserError:
-        env = {}
-    cpu, topo = env.get("cpu") or {}, env.get("topology") or {}
-    memory = env.get("memory_bytes")
+        env = HostEnvironment()
+    cpu, topo = env.cpu, env.topology
+    memory = env.memory_bytes
     facts = [
-        ("host", env.get("hostname")), ("CPU", f"{cpu.get('model', '?')} ({cpu.get('vendor', '?')})"),
-        ("ISA", " ".join(k for k, v in (cpu.get("isa") or {}).items() if v) or "-"),
-        ("topology", topo.get("summary")), ("allowed CPUs", topo.get("allowed_cpus")),
-        ("cgroup CPU quota", env.get("cgroup_cpu_quota") or "none"),
-        ("memory", f"{memory / 2**30:.1f} GiB" if memory else "-"), ("kernel", env.get("kernel")),
-        ("governor / THP", f"{env.get('governor') or 'unreadable'} / {env.get('transparent_hugepages') or '?'}"),
-        ("python", env.get("python")),
-        ("libraries", ", ".join(f"{k} {v}" for k, v in (env.get("libraries") or {}).items())),
-        ("environment variables", " ".join(f"{k}={v}" for k, v in (env.get("env") or {}).items()) or "-"),
-        ("corescale", f"{(env.get('corescale') or {}).get('version')} "
-                      f"({(env.get('corescale') or {}).get('commit') or 'no git'})"),
-        ("captured", env.get("captured_at")),
+        ("host", env.hostname), ("CPU", f"{cpu.model or '?'} ({cpu.vendor or '?'})"),
+        ("ISA", " ".join(k for k, v in cpu.isa.items() if v) or "-"),
+        ("topology", topo.summary), ("allowed CPUs", topo.allowed_cpus),
+        ("cgroup CPU quota", env.cgroup_cpu_quota or "none"),
+        ("memory", f"{memory / 2**30:.1f} GiB" if memory else "-"), ("kernel", env.kernel),
+        ("governor / THP", f"{env.governor or 'unreadable'} / {env.transparent_hugepages or '?'}"),
+        ("python", env.python),
+        ("libraries", ", ".join(f"{k} {v}" for k, v in env.libraries.items())),
+        ("environment variables", " ".join(f"{k}={v}" for k, v in env.env.items()) or "-"),
+        ("corescale", f"{env.corescale.get('version')} ({env.corescale.get('commit') or 'no git'})"),
+        ("captured", env.captured_at),
     ]
     rows = "".join(f'<tr><th class="text">{e(k)}</th><td class="text">{e(str(v))}</td></tr>' for k, v in facts)
     hosts = frame[["host", "cpu_model"]].drop_duplicates()
@@ -298,7 +299,8 @@ def build(root, out: Path | None = None, machine: str | None = None, price: floa
     curves = report_plots.load_curves(frame)
     if curves:  # only where server searches were run (no "missing" note otherwise)
         chart = Chart("load_curve", "Load curve (server scenario)", "Latency from LoadGen's scheduled issue time "
-                      "vs offered Poisson load; red x: the step missed the p99 SLO.", None, "")
+                      "vs offered Poisson load; red x: the step missed the p99 SLO.",
+                      lambda _frame, _context: report_plots.load_curve_figure(curves), "")
         png = report_plots.png_bytes(report_plots.load_curve_figure(curves))
         png_path = out.with_name(f"{out.stem}-load_curve.png")
         write_atomic(png_path, png, "figure")

@@ -23,6 +23,7 @@ from corescale.machine import environment
 from corescale.measure.forkserver import ForkServers
 from corescale.measure.runner import Measured, Trial, TrialOutcome, commit, failed_measured, measure
 from corescale.record.index import ResultIndex
+from corescale.record.sections import HostEnvironment
 from corescale.record.trial import Failure, TrialRecord, machine_fingerprint
 
 # One machine-wide lock in a fixed place (not TMPDIR, which differs per user and process); CORESCALE_LOCK moves it.
@@ -61,6 +62,15 @@ class Row:
     path: Path | None
     repeat: int = 0
 
+    def result(self) -> TrialRecord:
+        """The record: measured in this loop, or read from the file a skipped row found."""
+        if self.record is not None:
+            return self.record
+        assert self.path is not None, "a row without a record is a skipped one, which names its file"
+        from corescale.record.files import read_result
+
+        return read_result(self.path)
+
 
 def schedule(planned: list[Planned]) -> list[tuple[Planned, int]]:
     """(trial, repeat) in the order they run: round by round over every trial (A B C A B C ...), so drift over
@@ -69,7 +79,7 @@ def schedule(planned: list[Planned]) -> list[tuple[Planned, int]]:
     import random
 
     rounds = max((item.trial.cfg.repeats for item in planned), default=0)
-    order = []
+    order: list[tuple[Planned, int]] = []
     for r in range(rounds):
         round_items = [item for item in planned if r < item.trial.cfg.repeats]
         if round_items and round_items[0].trial.cfg.repeat_order == "shuffled":
@@ -103,10 +113,8 @@ class LoopState:
 
     def records_of(self, item: Planned) -> list[TrialRecord]:
         """Every repeat of one trial measured or found in this loop (skipped ones read from their files)."""
-        from corescale.record.files import read_result
-
-        return [row.record if row.record is not None else read_result(row.path)
-                for row in self.rows if row.item is item and (row.record is not None or row.path is not None)]
+        return [row.result() for row in self.rows
+                if row.item is item and (row.record is not None or row.path is not None)]
 
 
 class Listener:
@@ -222,7 +230,7 @@ def run_trials(planned: list[Planned], listener: Listener | None = None, resume:
     machine and software only, unless accept_foreign. forkservers: a caller's, kept across its loops."""
     listener = listener or Listener()
     host = environment.capture()  # once per loop: the machine does not change between trials
-    machine = None if accept_foreign else machine_fingerprint(host)
+    machine = None if accept_foreign else machine_fingerprint(HostEnvironment.from_dict(host, "environment"))
     indexes: dict[Path, ResultIndex] = {}
     order = schedule(planned)
     state = LoopState(len(order))

@@ -351,22 +351,24 @@ class RayExecutor:
         """The trial's Measured, stamped for the store; None when it was queued again after a node fault."""
         from ray.exceptions import RayError, RayTaskError
 
-        node = attempt.node.identity(attempt.node_type)
+        where = attempt.node
+        assert where is not None, "a collected attempt was submitted to a node"
+        node = where.identity(attempt.node_type)
         started = attempt.submitted
         try:
             measured = ray.get(ref)
         except RayTaskError as exc:  # raised inside the task: retrying would fail the same way
             cause = _first_line(exc.cause or exc)
-            failure = Failure("error", f"trial raised on node {attempt.node.describe()}: {cause}")
+            failure = Failure("error", f"trial raised on node {where.describe()}: {cause}")
             measured = failed_measured(attempt.trial, failure, {"node": node}, started)
         except RayError as exc:  # the worker or the node died
             attempt.failures.append({**node, "error": _first_line(exc)})
             if len(attempt.failures) <= attempt.max_retries:
-                log.warning("trial %s: %s on %s; retrying", attempt.key, _first_line(exc), attempt.node.describe())
+                log.warning("trial %s: %s on %s; retrying", attempt.key, _first_line(exc), where.describe())
                 queue.insert(0, attempt)
                 return None
             failure = Failure("crash", f"Ray worker or node died {len(attempt.failures)} time(s), last on "
-                                       f"{attempt.node.describe()}: {_first_line(exc)}")
+                                       f"{where.describe()}: {_first_line(exc)}")
             measured = failed_measured(attempt.trial, failure, {"node": node}, started)
         executor = {**(measured.record.executor or {}), "name": "ray", "submitted": attempt.submitted,
                     "attempt": len(attempt.failures) + 1,

@@ -24,11 +24,12 @@ def server_config(cfg: BenchmarkConfig, slo_p99_ms: float, **server) -> Benchmar
 def qps_of(outcome: TrialOutcome) -> float | None:
     """The max valid QPS a finished server trial found (None when it failed or nothing met the SLO)."""
     record = outcome.record
-    return (record.server or {}).get("max_valid_qps") if record.ok else None
+    return record.server.max_valid_qps if record.ok and record.server else None
 
 
 def max_valid_qps(cfg: BenchmarkConfig, slo_p99_ms: float, host: dict | None = None, on_event=None,
                   **server) -> tuple[float | None, TrialOutcome]:
     """Measures cfg's deployment under Poisson load and searches its max valid QPS at p99 <= slo_p99_ms."""
     outcome = run_trial(prepare_trial(server_config(cfg, slo_p99_ms, **server)), host, on_event)
+    assert isinstance(outcome, TrialOutcome), "without done_meanwhile the trial is measured, never found"
     return qps_of(outcome), outcome

@@ -126,7 +126,7 @@ def trial_row(kind: str, trial: StudyTrial, record: TrialRecord, path) -> dict:
     cfg = record.config
     placed = record.placed
     m = record.metrics
-    latency = m.latency_s if m else {}
+    latency = m.latency_s if m else None
     return {
         "study": kind,
         "group": trial.group,
@@ -137,16 +137,16 @@ def trial_row(kind: str, trial: StudyTrial, record: TrialRecord, path) -> dict:
         "batch_size": cfg.instance_batch_size,
         "total_batch_size": cfg.total_batch_size or cfg.batch_size * cfg.instances,
         "instances": cfg.instances,
-        "cores_per_instance": len(placed[0]["cpus"]) if placed else np.nan,
-        "total_cores": sum(len(i["cpus"]) for i in placed),
+        "cores_per_instance": len(placed[0].cpus) if placed else np.nan,
+        "total_cores": sum(len(i.cpus) for i in placed),
         "status": record.status,
         "valid": record.valid,
         "contaminated": bool(m and m.contaminated),
         "foreign_load": m.foreign_load if m else np.nan,
-        "latency_p50_ms": _ms(latency.get("p50")),
-        "latency_mean_ms": _ms(latency.get("mean")),
-        "latency_p90_ms": _ms(latency.get("p90")),
-        "latency_p99_ms": _ms(latency.get("p99")),
+        "latency_p50_ms": _ms(latency.p50 if latency else None),
+        "latency_mean_ms": _ms(latency.mean if latency else None),
+        "latency_p90_ms": _ms(latency.p90 if latency else None),
+        "latency_p99_ms": _ms(latency.p99 if latency else None),
         "max_instance_p50_ms": _ms(m.max_instance_p50_s) if m else np.nan,
         "throughput_samples_per_s": m.throughput_samples_per_s if m else np.nan,
         "throughput_tokens_per_s": m.throughput_tokens_per_s if m else np.nan,
@@ -259,7 +259,6 @@ def run_study(kind: str, overrides: list[str], values: list[int] | None = None, 
               accept_foreign: bool = False) -> StudyResult:
     """Runs the study's trials through the local loop; returns the table, its document and the loop state."""
     from corescale.machine import environment
-    from corescale.record.files import read_result
     from corescale.trials.local import run_trials
 
     study_dir, trials, planned, topology = plan_study(kind, overrides, values, topology)
@@ -270,8 +269,8 @@ def run_study(kind: str, overrides: list[str], values: list[int] | None = None, 
         done = [row for row in state.rows if row.item is item]
         if not done:  # not run: --fail-fast stopped the study first
             continue
-        records = [row.record if row.record is not None else read_result(row.path) for row in done]
-        reused += [row.path for row in done if row.status == "skipped"]
+        records = [row.result() for row in done]
+        reused += [row.path for row in done if row.status == "skipped" and row.path is not None]
         rows.append(with_repeats(trial_row(kind, trial, records[-1], done[-1].path), records))
         runs += [{"overrides": list(trial.overrides), "path": str(row.path), "status": record.status,
                   "reason": record.reason, "resumed": row.status == "skipped", "trial_key": record.trial_key,

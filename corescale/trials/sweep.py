@@ -8,6 +8,7 @@ committed atomically as soon as its trial ends, so killing a sweep loses nothing
 
 from __future__ import annotations
 
+from corescale.config import RayExecutorConfig
 from corescale.errors import UserError
 from corescale.measure.runner import prepare_trial
 from corescale.overrides import compose
@@ -41,7 +42,7 @@ def run_sweep(planned: list[Planned], listener: Listener | None = None, fail_fas
     """Runs planned trials where their executor says: here, one at a time, or on a Ray cluster
     (forkservers: a caller's, kept across its local loops; Ray nodes start their own workers)."""
     executor = planned[0].trial.cfg.executor if planned else None
-    if executor is not None and executor.name == "ray":
+    if isinstance(executor, RayExecutorConfig):
         from corescale.trials.ray import RayExecutor
 
         return RayExecutor(executor).run(planned, listener)  # trials in flight finish: no --fail-fast there

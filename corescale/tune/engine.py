@@ -23,6 +23,7 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from corescale.config import OPENMP_BACKENDS, BenchmarkConfig
 from corescale.errors import UserError, check_writable
@@ -34,6 +35,12 @@ from corescale.trials.sweep import plan_sweep, run_sweep
 from corescale.tune import space as spaces
 from corescale.tune import verdict as verdicts
 from corescale.tune.settings import LOAD_MARGIN_S, TuneSettings, scenario_overrides
+
+if TYPE_CHECKING:
+    import optuna
+
+    from corescale.analysis.cost import Machine
+    from corescale.machine.topology import Topology
 
 STUDY_FILE = "study.db"
 TUNE_FILE = "tune.json"
@@ -85,10 +92,10 @@ class Tune:
     tune_dir: Path
     physical_cores: int
     screen_s: float
-    machine: object | None = None  # cost.Machine when there is a price
+    machine: Machine | None = None  # when there is a price
     baseline: list[str] = field(default_factory=list)
     base: list[str] = field(default_factory=list)  # the user's overrides, output_dir pointing into the tune
-    topology: object | None = None  # the machine the trials run on (a Ray node type's, probed)
+    topology: Topology | None = None  # the machine the trials run on (a Ray node type's, probed)
     node_type: str | None = None  # executor=ray: the node type tuned
     nodes: int = 1  # trials in flight at once (one per node of the type)
     cpu_model: str = ""
@@ -268,7 +275,7 @@ class Tuner:
     def __init__(self, tune: Tune, listener_factory=None):
         self.tune = tune
         self.listener_factory = listener_factory or (lambda progress, reserve: Listener())
-        self.study = None
+        self.study: optuna.Study | None = None  # both set while _run runs
         self.progress: Progress | None = None
         self.forkservers: ForkServers | None = None  # one set for the whole tune: workers start in milliseconds
 
@@ -351,18 +358,18 @@ class Tuner:
         """Trials measured (a configuration asked again costs nothing and does not count: CONVERGED bounds it)."""
         from optuna.trial import TrialState
 
-        return sum(1 for t in self.study.get_trials(deepcopy=False) if "repeat_of" not in t.user_attrs
+        return sum(1 for t in self._running()[0].get_trials(deepcopy=False) if "repeat_of" not in t.user_attrs
                    and t.user_attrs.get("outcome") != "invalid" and (
             t.state in (TrialState.COMPLETE, TrialState.PRUNED) or (t.state == TrialState.FAIL and "reason" in
                                                                    t.user_attrs)))
 
     def _seen(self) -> dict[str, dict]:
         """Configurations already tried in this study, by their overrides (a sampler may ask one again)."""
-        return {json.dumps(t.user_attrs["overrides"]): t.user_attrs for t in self.study.get_trials(deepcopy=False)
-                if "outcome" in t.user_attrs}
+        trials = self._running()[0].get_trials(deepcopy=False)
+        return {json.dumps(t.user_attrs["overrides"]): t.user_attrs for t in trials if "outcome" in t.user_attrs}
 
     def _done(self, seen: dict) -> bool:
-        p = self.progress
+        p = self._running()[1]
         if len(seen) >= self.tune.space.size():
             return True  # every configuration of the space was tried
         if p.trials is not None and self._count() >= p.trials:
@@ -374,9 +381,9 @@ class Tuner:
 
     def _width(self) -> int:
         """Trials to ask at once: one per node, no more than the trial budget has left."""
-        width = self.tune.nodes
-        if self.progress.trials is not None:
-            width = min(width, self.progress.trials - self._count())
+        width, trials = self.tune.nodes, self._running()[1].trials
+        if trials is not None:
+            width = min(width, trials - self._count())
         return max(1, width)
 
     def _search(self, study, batch: list[tuple], seen: dict) -> None:
@@ -385,7 +392,8 @@ class Tuner:
         from optuna.trial import TrialState
 
         tune = self.tune
-        screens, later = [], []
+        screens: list[tuple] = []  # (trial, suggested) to screen
+        later: list[tuple] = []  # (trial, key) asked again within the batch
         for trial, suggested in batch:
             key = json.dumps(suggested)
             trial.set_user_attr("overrides", suggested)
@@ -505,7 +513,7 @@ class Tuner:
         from optuna.trial import TrialState
 
         settings = self.tune.settings
-        done = [t for t in self.study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE
+        done = [t for t in self._running()[0].get_trials(deepcopy=False) if t.state == TrialState.COMPLETE
                 and "repeat_of" not in t.user_attrs and all(c <= 0 for c in t.user_attrs.get("constraints", [1]))]
         sign = -1 if settings.objective.direction == "maximize" else 1
         return sorted(done, key=lambda t: sign * t.value)
@@ -515,7 +523,7 @@ class Tuner:
         tune = self.tune
         top = self._ranked_complete()[:tune.settings.top_k]
         if not top:  # nothing feasible: the candidates closest to the constraints are measured for the verdict
-            tried = [t for t in self.study.get_trials(deepcopy=False) if "screen" in t.user_attrs
+            tried = [t for t in self._running()[0].get_trials(deepcopy=False) if "screen" in t.user_attrs
                      and "repeat_of" not in t.user_attrs and t.user_attrs["screen"].get("valid")]
             top = sorted(tried, key=lambda t: sum(max(0.0, c) for c in t.user_attrs.get("constraints", [])
                                                   if math.isfinite(c)))[:tune.settings.top_k]
@@ -534,8 +542,13 @@ class Tuner:
                 complexity=complexity(suggested), cores=_cores_used(records)))
         return finalists
 
+    def _running(self) -> tuple[optuna.Study, Progress]:
+        assert self.study is not None and self.progress is not None, "the search runs inside _run"
+        return self.study, self.progress
+
     def _save_elapsed(self) -> None:
-        self.study.set_user_attr("elapsed_s", self.progress.elapsed())
+        study, progress = self._running()
+        study.set_user_attr("elapsed_s", progress.elapsed())
 
 
 def _constrain(trial, figs: dict, settings: TuneSettings) -> None:
@@ -549,7 +562,7 @@ def _constrain(trial, figs: dict, settings: TuneSettings) -> None:
 def _cores_used(records: list[TrialRecord]) -> int:
     for record in records:
         if record.placed:
-            return sum(len(inst.get("cpus", [])) for inst in record.placed)
+            return sum(len(inst.cpus) for inst in record.placed)
     return 0
 
 

@@ -14,6 +14,7 @@ import math
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from corescale.config import RayExecutorConfig
 from corescale.errors import UserError
 from corescale.record.files import write_json_atomic
 from corescale.tune.settings import TuneSettings
@@ -62,7 +63,7 @@ def connected(settings: TuneSettings):
     from corescale.overrides import compose
 
     cfg = compose(settings.overrides)
-    if cfg.executor.name != "ray":
+    if not isinstance(cfg.executor, RayExecutorConfig):
         if settings.node_types != [None]:
             raise UserError("executor.node_type needs executor=ray (node types are Ray nodes' labels)")
         yield None

@@ -90,7 +90,7 @@ def headline(tune: Tune, verdict: Verdict) -> list[str]:
                      f"{' and '.join(verdict.tie)}: " + (
                          "the cheaper/simpler first" if verdict.tie_simpler_first else
                          f"the faster first (means more than {PRACTICAL:.0%} apart are not the same in practice)"))
-    if verdict.speedup is not None:
+    if verdict.speedup is not None and verdict.baseline is not None:
         ratio, low, high = verdict.speedup
         lines.append(f"{ratio:.2f}× the out-of-box throughput (95 % CI {low:.2f} – {high:.2f}×; out-of-box "
                      f"PyTorch {verdict.baseline.interval('throughput').mean:.2f} samples/s)")
@@ -120,16 +120,16 @@ def document(tune: Tune, study, verdict: Verdict, finalists: list[Finalist], rec
 
 
 def write_outputs(tune: Tune, study, verdict: Verdict, finalists: list[Finalist]) -> dict:
-    recipe = None
+    recipe: dict | None = None
     winner = verdict.winner
     if winner is not None:
         record = next(r for r in winner.records if r.valid_ok)
         summary = "\n".join([f"corescale tune recipe: {winner.label}", *headline(tune, verdict),
-                             f"measured on {(record.environment.get('cpu') or {}).get('model', '?')}, "
+                             f"measured on {record.environment.cpu.model or '?'}, "
                              f"{tune.physical_cores} physical cores"
                              + (f" (Ray node type {tune.node_type})" if tune.node_type else "")])
         paths = recipes.write(tune.tune_dir / "recipe", record, winner.overrides, summary)
-        recipe = {name: str(path) for name, path in paths.items()}
+        recipe = {name: str(path) for name, path in paths.items()}  # and the run line (a list of words)
         recipe["run_line"] = recipes.run_line(winner.overrides)
         recipe["key"] = record.trial_key
     doc = document(tune, study, verdict, finalists, recipe)

@@ -12,6 +12,9 @@ from pathlib import Path
 
 import yaml
 
+from corescale.backends.onnxruntime.options import OnnxRuntimeOptions
+from corescale.backends.openvino.options import OpenVinoOptions
+from corescale.backends.pytorch.options import TorchCompileOptions
 from corescale.machine.cpulist import format_cpulist
 from corescale.overrides import override_key
 from corescale.record.files import write_atomic
@@ -33,12 +36,12 @@ def instance_lines(record: TrialRecord) -> list[str]:
     count = len(record.specs)
     unset = " -u OMP_PROC_BIND -u OMP_PLACES" if record.config.openmp == "intel" else ""
     for spec, report in zip(record.specs, record.instances):
-        env = dict((report.get("launch") or {}).get("env") or {})
-        env.update({INDEX_ENV: str(spec["id"]), COUNT_ENV: str(count)})
+        env = dict(report.launch.get("env") or {})
+        env.update({INDEX_ENV: str(spec.id), COUNT_ENV: str(count)})
         assigned = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
-        cpus, nodes = format_cpulist(spec["cpus"]), format_cpulist(spec.get("numa_nodes") or [])
-        lines.append(f"# instance {spec['id']}: CPUs {cpus}, memory on NUMA node(s) {nodes or '-'}, "
-                     f"{spec['threads']} thread(s), batch {spec['batch_size']}")
+        cpus, nodes = format_cpulist(spec.cpus), format_cpulist(spec.numa_nodes)
+        lines.append(f"# instance {spec.id}: CPUs {cpus}, memory on NUMA node(s) {nodes or '-'}, "
+                     f"{spec.threads} thread(s), batch {spec.batch_size}")
         lines.append(f"env{unset} {assigned} $(bind {shlex.quote(cpus)} {shlex.quote(nodes)}) \"$@\" &")
         lines.append("pids+=($!)")
     return lines
@@ -79,12 +82,12 @@ exit "$status"
 def snippet(record: TrialRecord) -> str:
     """Python that builds the chosen framework session / model with the chosen options (one instance)."""
     cfg = record.config
-    threads = record.specs[0]["threads"] if record.specs else 1
+    threads = record.specs[0].threads if record.specs else 1
     name = cfg.backend.name
     model = f"# the model: corescale measured {cfg.model!r} (sequence {cfg.sequence_length}, batch " \
             f"{cfg.instance_batch_size} per instance)\n"
-    if name == "onnxruntime":
-        o = cfg.backend
+    o = cfg.backend
+    if isinstance(o, OnnxRuntimeOptions):
         steps = ["import onnxruntime as ort", "", model + 'MODEL = "model.onnx"  # torch.onnx.export of the model'
                  " (corescale caches its export under cache_dir)"]
         if o.fusion:
@@ -103,11 +106,11 @@ def snippet(record: TrialRecord) -> str:
                   f"options.intra_op_num_threads = {threads}", f"options.inter_op_num_threads = {cfg.interop_threads}",
                   'session = ort.InferenceSession(MODEL, options, providers=["CPUExecutionProvider"])']
         return "\n".join(steps) + "\n"
-    if name == "openvino":
+    if isinstance(o, OpenVinoOptions):
         precision = {"fp32": "f32", "bf16": "bf16"}.get(cfg.precision, "f32")
         return (f"import openvino as ov\n\n{model}core = ov.Core()\ncompiled = core.compile_model(core.read_model("
                 f'"model.onnx"), "CPU", {{\n    "INFERENCE_NUM_THREADS": {threads}, "NUM_STREAMS": 1,\n'
-                f'    "PERFORMANCE_HINT": "{cfg.backend.performance_hint}", "INFERENCE_PRECISION_HINT": '
+                f'    "PERFORMANCE_HINT": "{o.performance_hint}", "INFERENCE_PRECISION_HINT": '
                 f'"{precision}",\n}})\nrequest = compiled.create_infer_request()\n')
     if name.startswith("tensorflow"):
         return (f"import tensorflow as tf\n\n{model}tf.config.threading.set_intra_op_parallelism_threads({threads})\n"
@@ -123,8 +126,8 @@ def snippet(record: TrialRecord) -> str:
         lines.append(f"# backend.{option}={value}: see corescale/backends/pytorch/")
     if name == "torchscript":
         lines.append("model = torch.jit.freeze(torch.jit.trace(model, example_kwarg_inputs=INPUTS, strict=False))")
-    if name == "torch_compile":
-        lines.append(f'model = torch.compile(model, mode="{cfg.backend.mode}")')
+    if isinstance(o, TorchCompileOptions):
+        lines.append(f'model = torch.compile(model, mode="{o.mode}")')
     call = "with torch.inference_mode()" + (", torch.autocast(\"cpu\", dtype=torch.bfloat16)"
                                              if cfg.precision == "bf16" else "")
     lines.append(f"{call}:\n    outputs = model(**INPUTS)  # INPUTS: input_ids, attention_mask, token_type_ids")

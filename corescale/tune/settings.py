@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable, Literal
 
 from corescale.errors import UserError
 from corescale.overrides import override_key
@@ -18,7 +18,7 @@ class Objective:
 
     name: str
     metric: str  # a key of Figures (verdict.figures)
-    direction: str  # maximize | minimize
+    direction: Literal["maximize", "minimize"]
     unit: str
     needs_price: bool = False
     scenario: str = "offline"  # server: every trial (the baseline too) is a LoadGen max-QPS search under the SLO
@@ -88,6 +88,8 @@ class TuneSettings:
         """The settings of one node type's tune: its own price or catalog machine."""
         import dataclasses
 
+        if node_type is None:
+            return dataclasses.replace(self, node_types=[None], prices={}, machines={})
         return dataclasses.replace(self, node_types=[node_type], prices={}, machines={},
                                    price_per_hour=self.prices.get(node_type, self.price_per_hour),
                                    machine=self.machines.get(node_type, self.machine))
@@ -149,7 +151,7 @@ def parse(words: list[str]) -> TuneSettings:
     """Splits the command's words: the tune's own settings, and the overrides Hydra composes."""
     found: dict[str, str] = {}
     space: dict[str, list[str]] = {}
-    knobs: dict[str, object] = {}
+    knobs: dict[str, Any] = {}  # tune.NAME=V, each checked by _knob
     node_types: list[str | None] = [None]
     overrides = []
     for word in words:
@@ -161,7 +163,7 @@ def parse(words: list[str]) -> TuneSettings:
             space[key.removeprefix("space.")] = parse_list(key, value)
         elif key.startswith("tune."):
             knobs[key.removeprefix("tune.")] = _knob(key, value)
-        elif key in WORDS and "=" in word and not word.startswith(("+", "~")):
+        elif key in WORDS and value is not None and not word.startswith(("+", "~")):
             found[key] = value
         elif key == "executor.node_type" and value is not None and not word.startswith(("+", "~")):
             node_types = list(dict.fromkeys(parse_list(key, value)))
@@ -232,7 +234,7 @@ def _knob(key: str, value: str | None):
         raise UserError(f"unknown setting '{key}'; tune settings: {', '.join(f'tune.{k}' for k in KNOBS)}")
     default, check, allowed = KNOBS[name]
     try:
-        parsed = float(value) if name == "screen" else int(value or "")
+        parsed = float(value or "") if name == "screen" else int(value or "")
     except ValueError:
         parsed = None
     if parsed is None or not check(parsed) or (isinstance(parsed, float) and not math.isfinite(parsed)):

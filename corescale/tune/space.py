@@ -152,9 +152,9 @@ def _fix(space: Space, cfg: BenchmarkConfig, given: set[str]) -> None:
         if not space.layouts and per is not None:
             space.layouts = [f"{cfg.instances}x{per}"]
             space.threads.setdefault(per, [""])
-    if "threads" in given:
-        space.threads = {c: [str(cfg.threads) if cfg.threads != c else ""] if cfg.threads <= c else []
-                         for c in space.threads}
+    threads = cfg.threads
+    if "threads" in given and threads is not None:
+        space.threads = {c: [str(threads) if threads != c else ""] if threads <= c else [] for c in space.threads}
     if "allocator" in given:
         space.allocators = [cfg.allocator]
     if "openmp" in given:

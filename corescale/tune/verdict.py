@@ -22,33 +22,33 @@ def figures(record: TrialRecord, cost_of=None) -> dict:
     """The figures of one measurement that objectives and constraints read (None where not measured).
     cost_of(record) -> US$ per 1M inferences (or None without a price)."""
     m = record.metrics
-    served = record.server if record.server and record.server.get("scenario") == "server" else None
+    served = record.server if record.server and record.server.scenario == "server" else None
     if m is None and served is None:
         return {"valid": False}
-    drift = record.drift or {}
+    drift = record.drift
     figs = {
         "valid": record.valid,
         "ok": record.ok,  # a drift failure is valid (real figures) but not ok (wrong outputs)
-        "drift": drift.get("max_rel_error"),
-        "drift_ok": drift.get("within_tolerance", True),
+        "drift": drift.max_rel_error if drift else None,
+        "drift_ok": drift.within_tolerance if drift else True,
         "cost_per_1m": cost_of(record) if cost_of else None,
     }
     if served is not None:  # LoadGen's figures at the highest rate that met the SLO (none met it: no value)
-        latency = served.get("latency_ms") or {}
-        met = served.get("max_valid_qps") is not None
-        rss = sum(inst.get("rss_bytes") or inst.get("peak_rss_bytes") or 0 for inst in record.instances or [])
-        return {**figs, "server_qps": served.get("max_valid_qps"), "throughput": served.get("max_valid_qps"),
-                "p50_ms": latency.get("p50") if met else None, "p99_ms": latency.get("p99") if met else None,
-                "memory_gb": rss / 1e9}
+        met = served.max_valid_qps is not None
+        rss = sum(inst.resident_bytes for inst in record.instances)
+        return {**figs, "server_qps": served.max_valid_qps, "throughput": served.max_valid_qps,
+                "p50_ms": served.latency_ms.get("p50") if met else None,
+                "p99_ms": served.latency_ms.get("p99") if met else None, "memory_gb": rss / 1e9}
+    assert m is not None, "neither served nor measured returned above"
     rss = sum((inst.rss_bytes or inst.peak_rss_bytes) for inst in m.instances)
-    return {**figs, "throughput": m.throughput_samples_per_s, "p50_ms": m.latency_s["p50"] * 1e3,
-            "p99_ms": m.latency_s["p99"] * 1e3, "memory_gb": rss / 1e9}
+    return {**figs, "throughput": m.throughput_samples_per_s, "p50_ms": m.latency_s.p50 * 1e3,
+            "p99_ms": m.latency_s.p99 * 1e3, "memory_gb": rss / 1e9}
 
 
 def samples_per_s(record: TrialRecord) -> float | None:
     """The rate a deployment sustains: closed-loop throughput, or the server scenario's max valid QPS."""
-    if record.server and record.server.get("scenario") == "server":
-        return record.server.get("max_valid_qps")
+    if record.server and record.server.scenario == "server":
+        return record.server.max_valid_qps
     return record.metrics.throughput_samples_per_s if record.metrics else None
 
 

@@ -180,8 +180,9 @@ def build_torch_model(spec: ModelSpec, seed: int, trust_remote_code: bool = Fals
         torch.manual_seed(seed)
         model = AutoModel.from_config(hf_config)
     else:
+        path = spec.path or spec.name  # a local or hub spec names where its weights are
         if spec.source == "local":
-            kind = weights_file_kind(Path(spec.path))
+            kind = weights_file_kind(Path(path))
             if kind is None:
                 raise UserError(f"model directory '{spec.name}' has no model.safetensors (or pytorch_model.bin)")
             if kind == "pickle" and not allow_pickle:
@@ -190,7 +191,7 @@ def build_torch_model(spec: ModelSpec, seed: int, trust_remote_code: bool = Fals
                     "convert them to safetensors or set allow_pickle=true"
                 )
         model = AutoModel.from_pretrained(
-            spec.path, trust_remote_code=trust_remote_code, use_safetensors=None if allow_pickle else True,
+            path, trust_remote_code=trust_remote_code, use_safetensors=None if allow_pickle else True,
             attn_implementation="eager",
         )
     return model.eval()

@@ -138,9 +138,9 @@ def read_texts(source: str) -> list[str]:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise UserError(f"cannot read workload file '{path}': {exc}") from None
-    if kind == ".jsonl":
+    if kind == ".jsonl" and name:
         texts = _jsonl_field(path, text, name)
-    elif kind == ".csv":
+    elif kind == ".csv" and name:
         texts = _csv_column(path, text, name)
     else:
         texts = [line for line in text.splitlines() if line.strip()]

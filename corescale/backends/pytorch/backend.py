@@ -120,6 +120,8 @@ class CompileBackend(EagerBackend):
         super().load(spec, cfg, threads, inputs)
 
     def optimize(self, inputs) -> None:
-        self.module = torch.compile(self.module, mode=None if self.mode == "default" else self.mode)
+        # torch.compile of a Module returns an OptimizedModule (a Module); its stubs say a bare callable
+        self.module = torch.compile(  # type: ignore[assignment]
+            self.module, mode=None if self.mode == "default" else self.mode)
         with self.stage("compile"):  # inductor compiles on the first call at these shapes
             self.forward(self.prepare(inputs))

@@ -11,6 +11,9 @@ from corescale.machine import onednn
 class OnednnLinear(torch.nn.Module):
     """nn.Linear's forward on a weight prepacked in oneDNN's layout (inference only: the weight is opaque)."""
 
+    packed: torch.Tensor  # buffers (register_buffer)
+    bias: torch.Tensor | None
+
     def __init__(self, linear: torch.nn.Linear, batch_hint: int | None = None):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features

@@ -1,0 +1,201 @@
+"""The typed sections of a trial record: latency summaries, the drift check, each worker's report, the host, and
+the server scenario's summary. Each is a frozen dataclass read with `from_dict` (every value checked, record/
+typed.py) and written with `to_dict` in the same JSON shape schema 2 used."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from corescale.record.typed import Section
+
+
+@dataclass(frozen=True)
+class LatencySummary(Section):
+    """stats.Measurement.summary(): latencies in seconds."""
+
+    count: int
+    mean: float
+    std: float
+    min: float
+    max: float
+    cv: float
+    mad: float
+    outliers: int
+    p50: float
+    p90: float
+    p95: float
+    p99: float
+    p99_9: float
+    mean_ci95_low: float
+    mean_ci95_high: float
+    p50_ci95_low: float
+    p50_ci95_high: float
+
+
+@dataclass(frozen=True)
+class Drift(Section):
+    """The measured backend's output against a reference backend's on the same inputs (measure/drift.py)."""
+
+    max_abs_error: float
+    mean_abs_error: float
+    max_rel_error: float
+    cosine_similarity: float
+    tolerance: float
+    within_tolerance: bool
+    min_cosine: float | None = None
+    reference: str | None = None
+
+    def failure_message(self) -> str:
+        return (f"outputs drift from {self.reference}: max rel error {self.max_rel_error:.2e} "
+                f"(tolerance {self.tolerance:.0e}), cosine {self.cosine_similarity:.6f}")
+
+
+@dataclass(frozen=True)
+class InstanceReport(Section):
+    """What one worker reported at the end of its trial (measure/worker.py's result event); the keys this type
+    does not name (a backend's or a newer worker's) are kept in `extra`."""
+
+    instance: int
+    load_seconds: float = 0.0
+    stage_seconds: dict[str, float] = field(default_factory=dict)
+    warmup_iterations: int = 0
+    warmup_stable_iterations: int | None = None  # kept warm until the common start: at least 1
+    warmup_converged: bool = True
+    cpu_seconds: float | None = None
+    wall_seconds: float | None = None
+    peak_rss_bytes: int | None = None
+    peak_rss_scope: str | None = None  # what the peak covers (warm-up and window, or the whole process)
+    rss_bytes: int | None = None
+    framework: dict[str, Any] = field(default_factory=dict)  # backend.info(): each backend's own facts
+    drift: Drift | None = None
+    launch: dict[str, Any] = field(default_factory=dict)  # the command prefix and variables it was started with
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def resident_bytes(self) -> int:
+        """Resident memory at the end of the window, else the peak (0 when neither was reported)."""
+        return self.rss_bytes or self.peak_rss_bytes or 0
+
+
+@dataclass(frozen=True)
+class CpuInfo(Section):
+    model: str | None = None
+    vendor: str | None = None
+    mhz: float | None = None
+    isa: dict[str, bool] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class HostTopology(Section):
+    sockets: int | None = None
+    numa_nodes: int | None = None
+    physical_cores: int | None = None
+    logical_cpus: int | None = None
+    allowed_cpus: str | None = None
+    summary: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class HostEnvironment(Section):
+    """machine/environment.capture(): the host a trial ran on (an empty one for records that lack it)."""
+
+    hostname: str | None = None
+    cpu: CpuInfo = field(default_factory=CpuInfo)
+    topology: HostTopology = field(default_factory=HostTopology)
+    cgroup_cpu_quota: float | None = None
+    os_cpu_count: int | None = None
+    memory_bytes: int | None = None
+    kernel: str | None = None
+    governor: str | None = None
+    transparent_hugepages: str | None = None
+    python: str | None = None
+    libraries: dict[str, str | None] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    load_average: list[float] = field(default_factory=list)
+    corescale: dict[str, str | None] = field(default_factory=dict)  # version, commit
+    captured_at: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ServerStep(Section):
+    """One LoadGen test (measure/server.py's StepResult)."""
+
+    target_qps: float | None
+    validity: str
+    meets_slo: bool | None  # None: LoadGen could not decide (too few queries)
+    latency_ms: dict[str, float]
+    scheduled_qps: float | None = None
+    completed_qps: float | None = None
+    queries: int = 0
+    overlatency_queries: int | None = None
+    early_stopping: str = ""
+    checks: dict[str, bool] = field(default_factory=dict)
+    duration_s: float = 0.0
+    parent_cpu_s: float = 0.0
+    batches: dict[str, float] = field(default_factory=dict)
+    log_prefix: str = ""
+
+
+@dataclass(frozen=True)
+class CurvePoint(Section):
+    """One point of the load curve: latency (ms, from LoadGen's scheduled issue) at an offered load."""
+
+    target_qps: float
+    scheduled_qps: float | None = None
+    completed_qps: float | None = None
+    p50: float | None = None
+    p90: float | None = None
+    p99: float | None = None
+    validity: str | None = None
+    meets_slo: bool | None = None
+
+
+@dataclass(frozen=True)
+class Batching(Section):
+    max_batch: int
+    max_queue_ms: float
+    max_batch_tokens: int | None
+    pad: str
+    batches: int
+    mean_rows: float
+    max_rows: int
+    padding_waste: float
+
+
+@dataclass(frozen=True)
+class ParentLoad(Section):
+    """The parent's own CPU (LoadGen, the queue and the dispatchers are its threads)."""
+
+    cpu_seconds: float
+    wall_seconds: float
+    cores_used: float | None
+    cpus: list[int] = field(default_factory=list)  # the CPUs it ran on
+
+
+@dataclass(frozen=True)
+class ServerSummary(Section):
+    """scenario=server|single_stream: LoadGen's verdict, the search's steps and load curve, the batches formed."""
+
+    scenario: str  # server | single_stream
+    target_qps: float | str | None  # a rate, or "auto" (search the max valid QPS)
+    slo_p99_ms: float | None
+    validity: str | None
+    max_valid_qps: float | None
+    latency_ms: dict[str, float]
+    steps: list[ServerStep]
+    load_curve: list[CurvePoint]
+    knee_qps: float | None
+    search_floor_qps: float | None
+    unreachable: str | None
+    batching: Batching
+    parent: ParentLoad
+    queries: dict[str, Any] = field(default_factory=dict)  # the query set's summary
+
+    @property
+    def searched(self) -> bool:
+        """A max-QPS search (target_qps=auto) in the server scenario."""
+        return self.scenario == "server" and self.target_qps == "auto"
