@@ -76,3 +76,21 @@ def test_data_flows_one_way():
 def _allowed(module: str, target: str) -> bool:
     registry = target in ("corescale.backends",) or target.endswith(".options")
     return registry and stage(module) >= ORDER.index("config")
+
+
+def _imported_names(path: Path) -> set[str]:
+    """Every module a file imports (module level and inside functions), corescale's or not."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+        elif isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+    return names
+
+
+def test_commands_draw_no_tables():
+    """A command parses, stages and renders: its tables are built in report/, never with rich.table here."""
+    drawing = {path.name: sorted(n for n in _imported_names(path) if n == "rich.table")
+               for path in (PACKAGE / "commands").glob("*.py")}
+    assert {name: found for name, found in drawing.items() if found} == {}

@@ -139,9 +139,8 @@ def search(tune, args, progress: bool | None = None, prefix: str = "") -> dict:
 
 def conclude(tune, outcome: dict, args) -> dict:
     """Verdict, outputs, recommendation table, report and recipe of one searched tune."""
-    from rich.markup import escape
-
-    from corescale.report.console import console, print_path
+    from corescale.report.console import console, print_path, print_wide
+    from corescale.report.tune_console import recommendation_table
     from corescale.tune.outputs import write_outputs
     from corescale.tune.verdict import decide
 
@@ -150,7 +149,7 @@ def conclude(tune, outcome: dict, args) -> dict:
     baseline = next((f for f in finalists if f.baseline), None)
     verdict = decide([f for f in finalists if not f.baseline], baseline, settings.objective, settings)
     doc = write_outputs(tune, outcome["study"], verdict, finalists)
-    print_recommendation(doc)
+    print_wide(recommendation_table(doc))
     if not getattr(args, "no_report", False):
         from corescale.report import html as report
 
@@ -159,34 +158,18 @@ def conclude(tune, outcome: dict, args) -> dict:
     if doc["recipe"]:
         print_path("recipe", doc["recipe"]["recipe.sh"])
     for line in doc["headline"]:
-        console.print(escape(line), soft_wrap=True)
+        console.print(line, markup=False, soft_wrap=True)
     return doc
 
 
 def print_ranking(ranking: dict, path) -> None:
-    from rich.markup import escape
-    from rich.table import Table
+    from corescale.report.console import console, print_path, print_wide
+    from corescale.report.tune_console import ranking_table
 
-    from corescale.commands._common import print_wide
-    from corescale.report.console import console, print_path
-
-    table = Table(title="tune: node types by cost per 1M inferences (each at its recommended deployment)",
-                  header_style="bold")
-    for column in ("rank", "node type", "nodes", "cores", "US$/h", "recommended", "samples/s", "p99 ms",
-                   "US$/1M", "× cheapest"):
-        table.add_column(column, justify="left" if column in ("node type", "recommended") else "right")
-
-    def num(value, digits=2):
-        return "-" if value is None else f"{value:.{digits}f}"
-
-    for e in ranking["node_types"]:
-        table.add_row(str(e["rank"]), escape(str(e["node_type"])), str(e["nodes"]), str(e["physical_cores"]),
-                      num(e["price_per_hour"], 3), escape(e["winner"] or "none feasible"), num(e["throughput"]),
-                      num(e["p99_ms"]), num(e["cost_per_1m"], 4), num(e["vs_cheapest"]))
-    print_wide(table)
+    print_wide(ranking_table(ranking))
     print_path("node types", path)
     for line in ranking["headline"]:
-        console.print(escape(line), soft_wrap=True)
+        console.print(line, markup=False, soft_wrap=True)
 
 
 def used_results(tune, doc: dict):
@@ -202,29 +185,3 @@ def used_results(tune, doc: dict):
     table = store.load(tune.cfg.results_root, latest=False)
     keep = table.frame["path"].map(lambda p: str(Path(p).resolve()) in used)
     return store.Table(table.frame[keep].reset_index(drop=True), table.problems, table.unfinished)
-
-
-def print_recommendation(doc: dict) -> None:
-    from rich.markup import escape
-    from rich.table import Table
-
-    from corescale.commands._common import print_wide
-
-    table = Table(title="tune: recommendation (means over repeats, 95 % CI)", header_style="bold")
-    for column in ("", "configuration", "samples/s", "95 % CI", "p50 ms", "p99 ms", "US$/1M", "drift",
-                   "memory GB", "meets"):
-        table.add_column(column, justify="left" if column in ("", "configuration") else "right")
-
-    def num(block, digits=2):
-        value = block.get("mean") if block else None
-        return "-" if value is None else f"{value:.{digits}f}"
-
-    def ci(block):
-        return "-" if not block or block.get("low") is None else f"{block['low']:.2f} – {block['high']:.2f}"
-
-    rows = [*doc["finalists"], *([doc["baseline"]] if doc["baseline"] else [])]
-    for f in rows:
-        table.add_row(f["role"], escape(f["label"]), num(f["throughput"]), ci(f["throughput"]), num(f["p50_ms"]),
-                      num(f["p99_ms"]), num(f["cost_per_1m"], 4), num(f["drift"], 3), num(f["memory_gb"]),
-                      "yes" if f["feasible"] else "no")
-    print_wide(table)
