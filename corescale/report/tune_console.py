@@ -1,10 +1,55 @@
-"""The tune's terminal output: its recommendation table and, for several node types, their ranking (the HTML
-section is report/tune.py)."""
+"""The tune's terminal output: its heading, a line per measurement with bars that carry the tune's stage, its
+recommendation table and, for several node types, their ranking (the HTML section is report/tune.py)."""
 
 from __future__ import annotations
 
 from rich.markup import escape
 from rich.table import Table
+
+from corescale.report.console import ConsoleListener, SweepProgress, console, errors, print_path
+
+
+class TuneListener(ConsoleListener):
+    """One line per measurement; the bars carry the tune's stage, best so far and ETA. The Tuner makes one per
+    batch: TuneListener(progress, reserve) (functools.partial gives it bars and prefix)."""
+
+    def __init__(self, progress, reserve: float, bars: bool = True, prefix: str = ""):
+        super().__init__("trial", progress=bars, tables=False)
+        self.tune_progress, self.reserve = progress, reserve
+        self.prefix = prefix  # before every line (the node type, when several tune side by side)
+
+    def _where(self, item, state) -> tuple[int, str]:
+        number, label = super()._where(item, state)
+        return number, self.prefix + label
+
+    def starting(self, item, state) -> None:
+        self._close()  # on Ray, trials start side by side: the bars follow the latest
+        status = self.tune_progress.text(self.reserve) if self.tune_progress else ""
+        console.print(f"[bold]{escape(self.prefix + item.label)}[/bold]", soft_wrap=True)
+        total = self.tune_progress.trials or 0 if self.tune_progress else 0
+        done = self.tune_progress.done if self.tune_progress else 0
+        self.bars = SweepProgress(item.trial.cfg, self.progress, min(done, total or done), total or done + 1,
+                                  status).__enter__()
+
+
+def print_heading(tune, prefix: str = "") -> None:
+    """What is tuned where, the tune's folder and the space's notes, before its first measurement."""
+    settings = tune.settings
+    where = f" on node type {tune.node_type} ({tune.nodes} node(s), {tune.physical_cores} cores each)" \
+        if tune.on_ray else ""
+    console.print(f"[bold]corescale tune[/bold]{escape(where)}: objective {settings.objective.name}, "
+                  f"{tune.space.size()} configurations in the space, screening {tune.screen_s:g} s / full "
+                  f"{tune.cfg.duration:g} s windows", soft_wrap=True)
+    print_path("tune", tune.tune_dir)
+    for note in tune.space.notes:
+        errors.print(f"{escape(prefix)}note: {escape(note)}", soft_wrap=True)
+
+
+def print_shared(pairs: list[tuple[str, str]]) -> None:
+    """Node types that share a host's CPUs (fleet.sharing), tuned one after the other."""
+    for a, b in pairs:
+        errors.print(escape(f"note: node types {a} and {b} have nodes on the same CPUs of one host: tuned one "
+                            "after the other"), soft_wrap=True)
 
 
 def _number(value, digits: int = 2) -> str:
