@@ -57,7 +57,7 @@ def search(tune, args, beside: bool) -> dict:
     from functools import partial
 
     from corescale.report.tune_console import TuneListener, print_heading
-    from corescale.tune.engine import Tuner
+    from corescale.tune.search import Tuner
 
     prefix = f"[{tune.node_type}] " if beside else ""
     print_heading(tune, prefix)

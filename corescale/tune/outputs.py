@@ -10,7 +10,7 @@ from pathlib import Path
 from corescale.record.files import write_json_atomic
 from corescale.record.repeats import Interval
 from corescale.tune import recipe as recipes
-from corescale.tune.engine import TUNE_FILE, Tune
+from corescale.tune.plan import TUNE_FILE, Tune
 from corescale.tune.verdict import PRACTICAL, Finalist, Verdict, closest, decide
 
 METRICS = ("throughput", "p50_ms", "p99_ms", "cost_per_1m", "memory_gb", "drift")
