@@ -4,9 +4,9 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "corescale"
-TOP_LEVEL = {"__init__.py", "__main__.py", "cli.py", "errors.py", "config.py", "overrides.py"}
+TOP_LEVEL = {"__init__.py", "__main__.py", "cli.py", "errors.py", "userfiles.py", "config.py", "overrides.py"}
 # each stage may import the ones before it, never one after it (commands and cli sit on top)
-ORDER = ["errors", "backends.options", "config", "overrides", "workload", "machine", "record", "measure",
+ORDER = ["errors", "userfiles", "machine", "backends.options", "config", "overrides", "workload", "record", "measure",
          "backends", "trials", "analysis", "explain", "tune", "report", "commands", "cli", "__main__"]
 
 
@@ -110,3 +110,12 @@ def test_no_module_is_a_whole_feature():
     long = {str(p.relative_to(PACKAGE)): n for p in PACKAGE.rglob("*.py")
             if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert long == {}
+
+
+def test_errors_holds_only_errors():
+    """errors.py is the first stage because it holds only exception types (file helpers: userfiles.py)."""
+    tree = ast.parse((PACKAGE / "errors.py").read_text())
+    others = [getattr(node, "name", type(node).__name__) for node in tree.body
+              if not isinstance(node, (ast.ClassDef, ast.ImportFrom, ast.Import))
+              and not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant))]
+    assert others == []

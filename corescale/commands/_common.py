@@ -58,7 +58,7 @@ def fraction_number(text: str) -> float:
 
 def check_csv_dest(dest: str | None) -> None:
     """--csv PATH refused before any work when it cannot be written ('-' is stdout)."""
-    from corescale.errors import check_writable
+    from corescale.userfiles import check_writable
 
     if dest and dest != "-":
         check_writable(dest, "--csv", parents=False)

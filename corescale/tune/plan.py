@@ -10,13 +10,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from corescale.config import OPENMP_BACKENDS, BenchmarkConfig
-from corescale.errors import UserError, check_writable
+from corescale.errors import UserError
 from corescale.overrides import assignment, compose, override_key
 from corescale.record.trial import TrialRecord
 from corescale.trials.sweep import plan_sweep
 from corescale.tune import space as spaces
 from corescale.tune import verdict as verdicts
 from corescale.tune.settings import LOAD_MARGIN_S, TuneSettings, scenario_overrides
+from corescale.userfiles import check_writable
 
 STUDY_FILE = "study.db"
 TUNE_FILE = "tune.json"
