@@ -12,6 +12,7 @@ from typing import Any, List, Optional
 
 from corescale.backends import OPTIONS, BackendOptions
 from corescale.errors import UserError
+from corescale.machine.placement import LAYOUTS as NAMED_LAYOUTS
 
 SCHEMA_NAME = "corescale"
 PRECISIONS = ("fp32", "bf16", "int8")
@@ -19,7 +20,7 @@ ALLOCATORS = ("default", "jemalloc", "tcmalloc")
 OPENMP_RUNTIMES = ("default", "gnu", "intel")
 OPENMP_BACKENDS = ("pytorch", "torchscript", "torch_compile")  # the backends whose kernels run on OpenMP threads
 REPEAT_ORDERS = ("interleaved", "shuffled")
-LAYOUTS = ("none", "latency", "throughput", "max")
+LAYOUTS = ("none", *NAMED_LAYOUTS)  # none: instances and cores_per_instance as given
 SCENARIOS = ("offline", "single_stream", "server")  # offline: closed loop; the others: MLPerf LoadGen drives load
 PAD_POLICIES = ("max", "bucket", "sorted")
 STUDY_KINDS = ("cores", "instances", "batch")  # corescale study KIND

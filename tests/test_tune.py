@@ -238,8 +238,8 @@ def test_settings_parse_words_apart_from_overrides():
 def test_node_types_sharing_a_hosts_cpus_are_tuned_one_after_the_other():
     from types import SimpleNamespace
 
-    from corescale.commands.tune import together
     from corescale.tune import fleet
+    from corescale.tune.fanout import together
 
     def kind(node_type, *cpus):
         return SimpleNamespace(node_type=node_type, cpus=frozenset(cpus))

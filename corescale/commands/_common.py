@@ -18,23 +18,14 @@ def add_selection(parser) -> None:
     parser.add_argument("--all", action="store_true", help="every attempt, not only the latest per trial key")
 
 
-def print_wide(renderable) -> None:
-    """Tables printed to a pipe or file are not wrapped at 80 columns (report/console.py draws them)."""
-    from corescale.report.console import print_wide as draw
-
-    draw(renderable)
-
-
 def load_table(root, args):
     """The table, with unreadable files reported on stderr (one line each) and skipped."""
-    from rich.markup import escape
-
     from corescale.analysis import store
-    from corescale.report.console import errors
+    from corescale.report.console import errors, print_note
 
     table = store.load(root, latest=not args.all, where=args.where)
     for _path, reason in table.problems:
-        errors.print(f"[yellow]skipped:[/yellow] {escape(reason)}", soft_wrap=True)
+        print_note(reason, lead="skipped:")
     if table.unfinished:
         errors.print(f"note: {table.unfinished} unfinished run dir(s) (.tmp-*: killed or still running) ignored")
     return table
@@ -67,7 +58,7 @@ def fraction_number(text: str) -> float:
 
 def check_csv_dest(dest: str | None) -> None:
     """--csv PATH refused before any work when it cannot be written ('-' is stdout)."""
-    from corescale.errors import check_writable
+    from corescale.userfiles import check_writable
 
     if dest and dest != "-":
         check_writable(dest, "--csv", parents=False)

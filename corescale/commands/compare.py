@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from corescale.commands import add_common
-from corescale.commands._common import add_selection, check_csv_dest, fraction_number, load_table, print_wide, write_csv
+from corescale.commands._common import add_selection, check_csv_dest, fraction_number, load_table, write_csv
 
 ORDER = 70
 
@@ -27,11 +27,9 @@ def register(sub) -> None:
 
 
 def handle(args) -> int:
-    from rich.markup import escape
-    from rich.table import Table
-
     from corescale.analysis.compare import compare_frames
-    from corescale.report.console import console, errors
+    from corescale.report.console import console, errors, print_wide
+    from corescale.report.tables import comparison_table
 
     check_csv_dest(args.csv)
     result = compare_frames(load_table(args.before, args).frame, load_table(args.after, args).frame,
@@ -40,25 +38,15 @@ def handle(args) -> int:
     if args.csv:
         write_csv(rows, args.csv)
     elif not rows.empty:
-        table = Table(title=escape(f"{args.before} → {args.after} (latency p50; threshold {args.threshold:.0%})"),
-                      header_style="bold")
-        for column in ("trial", "before ms", "after ms", "change", "95 % CI", "p", "verdict", "throughput"):
-            table.add_column(column, justify="left" if column in ("trial", "verdict") else "right")
-        colours = {"slower": "red", "faster": "green"}
-        for _, row in rows.iterrows():
-            colour = colours.get(row["verdict"], "dim")
-            table.add_row(escape(row["trial"]), f"{row['p50_before_ms']:.3f}", f"{row['p50_after_ms']:.3f}",
-                          row["change"],
-                          f"{row['ci_low']:.3f}–{row['ci_high']:.3f}", f"{row['p_value']:.2g}",
-                          f"[{colour}]{row['verdict']}[/{colour}]", f"{row['throughput_ratio']:.2f}x")
-        print_wide(table)
+        print_wide(comparison_table(rows, f"{args.before} → {args.after} (latency p50; threshold "
+                                          f"{args.threshold:.0%})"))
     notes = errors if args.csv == "-" else console  # stdout holds exactly the CSV
     for side, names in (("before", result.only_before), ("after", result.only_after)):
         for name in names:
-            notes.print(f"only in {side}: {escape(name)}", soft_wrap=True)
+            notes.print(f"only in {side}: {name}", markup=False, soft_wrap=True)
     notes.print(f"{len(rows)} matched trial(s): {result.regressions} slower, {result.improvements} faster "
-                  f"beyond {args.threshold:.0%}; {len(rows) - result.regressions - result.improvements} unchanged "
-                  "or not significant", soft_wrap=True)
+                f"beyond {args.threshold:.0%}; {len(rows) - result.regressions - result.improvements} unchanged "
+                "or not significant", soft_wrap=True)
     if rows.empty:
         notes.print("no trials match by config (use --ignore KEY for keys that differ on purpose)")
     return 1 if args.fail_on_regression and result.regressions else 0

@@ -8,7 +8,6 @@ from corescale.commands._common import (
     check_csv_dest,
     load_table,
     positive_number,
-    print_wide,
     write_csv,
 )
 
@@ -31,26 +30,19 @@ def register(sub) -> None:
 
 
 def list_machines(catalog_path) -> int:
-    from rich.table import Table
-
     from corescale.analysis.cost import load_catalog
+    from corescale.report.console import print_wide
+    from corescale.report.tables import catalog_table
 
-    table = Table(title="price catalog", header_style="bold")
-    for column in ("machine", "$/h", "vCPUs", "cores", "CPU", "note"):
-        table.add_column(column)
-    for m in load_catalog(catalog_path).values():
-        table.add_row(m.name, f"{m.price_per_hour:g}", str(m.vcpus), str(m.physical_cores), m.cpu_model, m.note)
-    print_wide(table)
+    print_wide(catalog_table(load_catalog(catalog_path).values()))
     return 0
 
 
 def handle(args) -> int:
-    from rich.markup import escape
-    from rich.table import Table
-
     from corescale.analysis import cost
     from corescale.errors import UserError
-    from corescale.report.console import console, errors
+    from corescale.report.console import console, errors, print_note, print_wide
+    from corescale.report.tables import costs_table
 
     if args.list_machines:
         return list_machines(args.catalog)
@@ -63,20 +55,9 @@ def handle(args) -> int:
     if args.csv:
         write_csv(table, args.csv)
     else:
-        shown = Table(title=f"cost per 1M inferences on {machine.name} at ${machine.price_per_hour:g}/h",
-                      header_style="bold")
-        for column in ("layout", "basis", "copies", "samples/s", "p99 ms", "$ / 1M", "meets SLO"):
-            shown.add_column(column, justify="left" if column == "layout" else "right")
-        for _, row in table.iterrows():
-            slo = "-" if row["meets_slo"] is None else ("yes" if row["meets_slo"] else "[red]no[/red]")
-            fits = row["copies"] > 0
-            shown.add_row(escape(row["layout"]), row["basis"], str(row["copies"]),
-                          f"{row['machine_samples_per_s']:.1f}" if fits else "does not fit",
-                          f"{row['latency_p99_ms']:.1f}", f"{row['cost_per_1m_usd']:.4g}" if fits else "-", slo)
-        print_wide(shown)
+        print_wide(costs_table(table, machine))
         if (table["basis"] == cost.PROJECTION).any():
-            console.print(f"[yellow]{escape(cost.assumption(machine, table['cpu_model'].iloc[0]))}[/yellow]",
-                          soft_wrap=True)
-    (errors if args.csv == "-" else console).print(escape(cost.answer(table, machine, args.slo_p99_ms)),
+            print_note(cost.assumption(machine, table["cpu_model"].iloc[0]), stream=console)
+    (errors if args.csv == "-" else console).print(cost.answer(table, machine, args.slo_p99_ms), markup=False,
                                                    soft_wrap=True)
     return 0 if cost.cheapest(table, args.slo_p99_ms) is not None else 1

@@ -49,27 +49,12 @@ def measure_peaks(args, host: dict) -> list[dict]:
     return rows
 
 
-def peak_table(rows: list[dict]):
-    from rich.table import Table
-
-    names = list(dict.fromkeys(name for row in rows for name in [*row.get("libraries", {}), *row.get("errors", {})]))
-    table = Table(title="GEMM peak (GFLOP/s, best of several calls at the size shown)", header_style="bold")
-    for column in ("precision", "threads", "size", *names, "peak", "triad GB/s"):
-        table.add_column(column, justify="right")
-    for row in rows:
-        cells = [f"{row['libraries'][n]:.1f}" if n in row.get("libraries", {}) else "n/a" for n in names]
-        best = f"{row['gflops']:.1f} ({row['library']})" if row.get("gflops") else "none measured"
-        triad = (row.get("bandwidth") or {}).get("gbps")  # the roofline's memory roof (machine/bandwidth.py)
-        table.add_row(row["precision"], str(row["threads"]), str(row.get("size", "")), *cells, best,
-                      f"{triad:.1f}" if triad else "n/a")
-    return table
-
-
 def handle(args) -> int:
     from corescale.machine import environment
     from corescale.machine.peak import analytic_gflops
     from corescale.machine.topology import Topology
     from corescale.report.console import console, errors, print_wide
+    from corescale.report.tables import host_table, peak_table
 
     host = environment.capture()
     if args.libraries and not args.peak:
@@ -82,33 +67,7 @@ def handle(args) -> int:
     if args.json:
         print(json.dumps(host, indent=2, default=str))
         return 0
-    from rich.table import Table
-
-    table = Table(title="corescale info", show_header=False)
-    table.add_column(style="bold")
-    table.add_column()
-    cpu = host["cpu"]
-    analytic = host["analytic_peak"]
-    rows = [
-        ("CPU", f"{cpu['model']} ({cpu['vendor']})"),
-        ("ISA", " ".join(flag for flag, present in cpu["isa"].items() if present) or "-"),
-        ("topology", host["topology"]["summary"]),
-        ("allowed CPUs", host["topology"]["allowed_cpus"]),
-        ("cgroup CPU quota", str(host["cgroup_cpu_quota"] or "none")),
-        ("memory", f"{(host['memory_bytes'] or 0) / 2**30:.1f} GiB"),
-        ("kernel", host["kernel"]),
-        ("governor / THP", f"{host['governor'] or 'unreadable'} / {host['transparent_hugepages'] or 'unreadable'}"),
-        ("load average", " ".join(f"{x:.2f}" for x in host["load_average"])),
-        ("python", host["python"]),
-        ("libraries", ", ".join(f"{k} {v}" for k, v in host["libraries"].items())),
-        ("env", " ".join(f"{k}={v}" for k, v in host["env"].items()) or "-"),
-        ("corescale", f"{host['corescale']['version']} ({host['corescale']['commit'] or 'no git'})"),
-        ("analytic fp32 peak", f"{analytic['gflops']:.0f} GFLOP/s ({analytic['lanes']} lanes at {analytic['mhz']:.0f} "
-                               f"MHz; assumes {analytic['assumes']})" if analytic else "clock unreadable"),
-    ]
-    for row in rows:
-        table.add_row(*row)
-    console.print(table)
+    console.print(host_table(host))
     if args.peak:
         print_wide(peak_table(host["peak"]))
         for row in host["peak"]:

@@ -68,16 +68,10 @@ def handle(args) -> int:
     if args.json:
         print(json.dumps(document, indent=2))
         return 0
-    from rich.table import Table
+    from corescale.report.console import console, print_note
+    from corescale.report.tables import placement_table
 
-    from corescale.report.console import console, errors
-
-    table = Table(title="placement", caption=document["topology"], header_style="bold")
-    for column in ("instance", "CPUs", "NUMA nodes", "threads"):
-        table.add_column(column, justify="right")
-    for inst in document["instances"]:
-        table.add_row(str(inst["id"]), inst["cpulist"], ",".join(map(str, inst["numa_nodes"])), str(inst["threads"]))
-    console.print(table)
+    console.print(placement_table(document))
     for warning in document["warnings"]:
-        errors.print(f"[yellow]warning:[/yellow] {warning}")
+        print_note(warning, lead="warning:")
     return 0

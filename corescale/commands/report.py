@@ -24,9 +24,9 @@ def register(sub) -> None:
 def handle(args) -> int:
     from pathlib import Path
 
-    from corescale.errors import check_writable
     from corescale.report import html as report
     from corescale.report.console import console, print_path
+    from corescale.userfiles import check_writable
 
     table = load_table(args.root, args)
     check_writable(args.output or Path(args.root) / "report.html", "report", parents=True)  # before any work

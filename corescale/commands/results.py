@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 from corescale.commands import add_common
-from corescale.commands._common import add_selection, check_csv_dest, load_table, print_wide, write_csv
+from corescale.commands._common import add_selection, check_csv_dest, load_table, write_csv
 
 ORDER = 40
-HEADERS = {"batch_size": "batch", "sequence_length": "seq", "instances": "inst", "cpus_per_instance": "cpus/inst",
-           "threads_per_instance": "threads/inst", "latency_p50_ms": "p50 ms", "latency_p99_ms": "p99 ms",
-           "throughput_samples_per_s": "samples/s", "contaminated": "contam.", "precision": "prec."}
 
 
 def register(sub) -> None:
@@ -24,12 +21,10 @@ def register(sub) -> None:
 
 
 def handle(args) -> int:
-    from rich.markup import escape
-    from rich.table import Table
-
     from corescale.analysis import store
     from corescale.errors import UserError
-    from corescale.report.console import console
+    from corescale.report.console import console, print_wide
+    from corescale.report.tables import results_table
 
     check_csv_dest(args.csv)
     frame = load_table(args.root, args).frame
@@ -41,17 +36,12 @@ def handle(args) -> int:
         write_csv(frame, args.csv)
         if args.csv == "-":
             return 0
-        console.print(escape(f"{len(frame)} rows written to {args.csv}"), soft_wrap=True)
+        console.print(f"{len(frame)} rows written to {args.csv}", markup=False, soft_wrap=True)
         return 0
     columns = store.SUMMARY_COLUMNS if not args.columns else (
         list(frame.columns) if args.columns == "all" else [c.strip() for c in args.columns.split(",")])
     unknown = [c for c in columns if c not in frame.columns]
     if unknown:
         raise UserError(f"unknown column(s) {', '.join(unknown)}; columns: {', '.join(frame.columns)}")
-    table = Table(title=escape(f"{len(frame)} result(s) under {args.root}"), header_style="bold")
-    for column in columns:
-        table.add_column(HEADERS.get(column, column), overflow="fold", justify="left" if column == "run" else "right")
-    for _, row in frame[columns].iterrows():
-        table.add_row(*(escape(store.describe_value(row[c])) for c in columns))
-    print_wide(table)
+    print_wide(results_table(frame, columns, f"{len(frame)} result(s) under {args.root}"))
     return 0

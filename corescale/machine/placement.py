@@ -10,12 +10,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from corescale.config import LAYOUTS as CONFIG_LAYOUTS
 from corescale.errors import UserError
 from corescale.machine.cpulist import format_cpulist
 from corescale.machine.topology import Topology, plural
 
-LAYOUTS = tuple(name for name in CONFIG_LAYOUTS if name != "none")
+LAYOUTS = ("latency", "throughput", "max")  # the named layouts (config.LAYOUTS adds none: the sizes as given)
 LATENCY_CORES = 4  # cores per instance in latency layout, as Intel's launcher
 
 

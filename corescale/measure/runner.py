@@ -142,7 +142,7 @@ def check_memory(cfg: BenchmarkConfig, model: ModelSpec) -> None:
 def check_places(cfg: BenchmarkConfig, results: bool = True) -> None:
     """The results root (and the cache, where this trial writes one) can be written: refused before any
     measurement is made and lost."""
-    from corescale.errors import check_writable
+    from corescale.userfiles import check_writable
 
     if results:
         check_writable(cfg.results_root, "output_dir", directory=True)

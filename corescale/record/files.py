@@ -16,8 +16,9 @@ from typing import Any, Callable
 import pandas as pd
 import yaml
 
-from corescale.errors import UserError, read_json
+from corescale.errors import UserError
 from corescale.record.trial import TrialRecord
+from corescale.userfiles import read_json
 
 RESULT_FILE = "result.json"
 SAMPLES_FILE = "samples.parquet"

@@ -162,6 +162,13 @@ def print_path(label: str, path) -> None:
     print(f"{label}: {path}", flush=True)
 
 
+def print_note(text: str, lead: str = "", style: str = "yellow", stream: Console | None = None) -> None:
+    """One line (stderr unless `stream`), never wrapped, its text never read as markup (a reason or a path may
+    hold brackets): all of it in `style`, or only its `lead` ('skipped:', 'warning:')."""
+    coloured = f"[{style}]{escape(lead or text)}[/{style}]"
+    (stream or errors).print(f"{coloured} {escape(text)}" if lead else coloured, soft_wrap=True)
+
+
 class TrialProgress:
     """Live bars (on stderr) for loading/warm-up and the timed window. No refresh thread: the display is redrawn
     only when an instance reports, at most twice a second, so the parent takes next to no CPU from the instances

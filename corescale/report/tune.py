@@ -12,7 +12,7 @@ from pathlib import Path
 from corescale.analysis import store
 
 e = html.escape
-TUNE_FILE = "tune.json"  # tune/engine.TUNE_FILE (the report reads the document, not the engine)
+TUNE_FILE = "tune.json"  # tune/plan.TUNE_FILE (the report reads the document, not the search)
 PLOT_CONFIG = {"displaylogo": False, "responsive": True}
 
 

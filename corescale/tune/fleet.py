@@ -109,7 +109,7 @@ def sharing(tunes: list) -> list[tuple[str, str]]:
 
 def plan(settings: TuneSettings, ray) -> list:
     """One Tune per node type (or the local one), every check made before any trial runs."""
-    from corescale.tune.engine import plan_tune, tune_name
+    from corescale.tune.plan import plan_tune, tune_name
 
     if ray is None:
         return [plan_tune(settings)]

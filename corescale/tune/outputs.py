@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import math
 import time
+from pathlib import Path
 
 from corescale.record.files import write_json_atomic
 from corescale.record.repeats import Interval
 from corescale.tune import recipe as recipes
-from corescale.tune.engine import TUNE_FILE, Tune
-from corescale.tune.verdict import PRACTICAL, Finalist, Verdict, closest
+from corescale.tune.plan import TUNE_FILE, Tune
+from corescale.tune.verdict import PRACTICAL, Finalist, Verdict, closest, decide
 
 METRICS = ("throughput", "p50_ms", "p99_ms", "cost_per_1m", "memory_gb", "drift")
 
@@ -135,3 +136,25 @@ def write_outputs(tune: Tune, study, verdict: Verdict, finalists: list[Finalist]
     doc = document(tune, study, verdict, finalists, recipe)
     write_json_atomic(tune.tune_dir / TUNE_FILE, doc)
     return doc
+
+
+def write_verdict(tune: Tune, outcome: dict) -> dict:
+    """The verdict over a searched tune's finalists (Tuner.run's outcome), written with its outputs: the
+    document."""
+    finalists = outcome["finalists"]
+    baseline = next((f for f in finalists if f.baseline), None)
+    verdict = decide([f for f in finalists if not f.baseline], baseline, tune.settings.objective, tune.settings)
+    return write_outputs(tune, outcome["study"], verdict, finalists)
+
+
+def used_results(tune: Tune, doc: dict):
+    """The results this tune used, wherever they were measured (earlier tunes and runs under the same
+    output_dir are resumed by key): the report's table (a store.Table)."""
+    from corescale.analysis import store
+
+    used = {str(Path(p).resolve()) for f in [*doc["finalists"], doc["baseline"] or {"paths": []}] for p in f["paths"]}
+    used |= {str(Path(t[stage]["path"]).resolve()) for t in doc["trials"] for stage in ("screen", "full")
+             if t.get(stage) and t[stage].get("path")}
+    table = store.load(tune.cfg.results_root, latest=False)
+    keep = table.frame["path"].map(lambda p: str(Path(p).resolve()) in used)
+    return store.Table(table.frame[keep].reset_index(drop=True), table.problems, table.unfinished)

@@ -1,0 +1,166 @@
+"""The tune's plan: every check that needs no worker (the overrides, the space, the budget, the places written),
+the Tune that the search runs, and the labels and overrides of its configurations."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from corescale.config import OPENMP_BACKENDS, BenchmarkConfig
+from corescale.errors import UserError
+from corescale.overrides import assignment, compose, override_key
+from corescale.record.trial import TrialRecord
+from corescale.trials.sweep import plan_sweep
+from corescale.tune import space as spaces
+from corescale.tune import verdict as verdicts
+from corescale.tune.settings import LOAD_MARGIN_S, TuneSettings, scenario_overrides
+from corescale.userfiles import check_writable
+
+STUDY_FILE = "study.db"
+TUNE_FILE = "tune.json"
+REDUCED = ("bf16", "int8")  # precisions that must pass a drift check against PyTorch fp32 to count
+
+
+def merge(*groups: list[str]) -> list[str]:
+    """Overrides, a later one replacing an earlier one of the same key (Hydra refuses duplicates)."""
+    merged: dict[str, str] = {}
+    for group in groups:
+        for override in group:
+            merged[override_key(override)] = override
+    return list(merged.values())
+
+
+def describe(overrides: list[str]) -> str:
+    """A short label of a configuration: what tells it apart from the defaults."""
+    values = {override_key(o): o.split("=", 1)[1] for o in overrides}
+    parts = [values.get("backend", "pytorch"), values.get("precision", "fp32")]
+    if "instances" in values:
+        parts.append(f"{values['instances']}×{values.get('cores_per_instance', '?')}c")
+    else:
+        parts.append("1×all")
+    from corescale.backends import OPTIONS
+
+    defaults = OPTIONS.get(parts[0], OPTIONS["pytorch"])()
+    options = {k.split(".", 1)[1]: v for k, v in values.items() if k.startswith("backend.")}
+    parts += [f"{k}={v}" for k, v in options.items() if v != spaces.text(getattr(defaults, k, None))]
+    for key, default in (("threads", None), ("batch_size", None), ("allocator", "default"), ("openmp", "default")):
+        if key in values and values[key] != default:
+            parts.append(f"{'bs' if key == 'batch_size' else key}={values[key]}")
+    return " ".join(parts)
+
+
+def complexity(overrides: list[str]) -> int:
+    """How many settings differ from the out-of-box defaults (ties go to the simpler)."""
+    defaults = {"backend": "pytorch", "precision": "fp32", "allocator": "default", "openmp": "default",
+                "instances": "1", "backend.fusion": "false"}
+    values = {override_key(o): o.split("=", 1)[1] for o in overrides}
+    return sum(1 for k, v in values.items() if k in defaults and v != defaults[k]) + ("threads" in values)
+
+
+@dataclass
+class Tune:
+    settings: TuneSettings
+    cfg: BenchmarkConfig  # the user's overrides composed
+    space: spaces.Space
+    tune_dir: Path
+    physical_cores: int
+    screen_s: float
+    machine: object | None = None  # cost.Machine when there is a price
+    baseline: list[str] = field(default_factory=list)
+    base: list[str] = field(default_factory=list)  # the user's overrides, output_dir pointing into the tune
+    topology: object | None = None  # the machine the trials run on (a Ray node type's, probed)
+    node_type: str | None = None  # executor=ray: the node type tuned
+    nodes: int = 1  # trials in flight at once (one per node of the type)
+    cpu_model: str = ""
+    cpus: frozenset = frozenset()  # executor=ray: the (host, CPU) pairs the type's nodes measure on
+
+    @property
+    def on_ray(self) -> bool:
+        return self.cfg.executor.name == "ray"
+
+    @property
+    def study_path(self) -> Path:
+        return self.tune_dir / STUDY_FILE
+
+    def trial_overrides(self, suggested: list[str], duration: float) -> list[str]:
+        extra = [f"duration={duration:g}"]
+        values = {override_key(o): o.split("=", 1)[1] for o in suggested}
+        if values.get("precision") in REDUCED:  # drift checked against PyTorch fp32 on the same inputs
+            extra.append("reference=pytorch")
+            if self.settings.max_drift is not None:
+                extra.append(f"drift_tolerance={self.settings.max_drift:g}")
+        if values.get("backend") not in OPENMP_BACKENDS:
+            extra.append("openmp=default")
+        return merge(self.base, suggested, extra)
+
+    def cost_of(self, record: TrialRecord) -> float | None:
+        rate = verdicts.samples_per_s(record)
+        if self.machine is None or rate is None:
+            return None
+        from corescale.analysis import cost
+        from corescale.analysis.store import flatten
+
+        _, copies = cost.basis(self.machine, flatten(record, Path(".")))
+        return cost.cost_per_million(self.machine.price_per_hour, rate * copies)
+
+
+def tune_name(settings: TuneSettings) -> str:
+    blob = json.dumps(settings.identity(), sort_keys=True, default=str)
+    return "tune-" + hashlib.sha256(blob.encode()).hexdigest()[:10]
+
+
+def plan_tune(settings: TuneSettings, topology=None, kind=None, name: str | None = None) -> Tune:
+    """Every check that needs no worker: the overrides, the space, the budget, the places written.
+    kind: a probed Ray node type (fleet.NodeKind) the trials run on; name: the tune's folder (default: from
+    the settings; a fleet's types share their fleet's)."""
+    from corescale.machine import environment
+    from corescale.machine.topology import Topology
+
+    cfg = compose(settings.overrides)
+    if cfg.executor.name != "local" and kind is None:
+        raise UserError("executor=ray: the tune probes the cluster's nodes first (corescale tune does)")
+    topology = kind.topology if kind is not None else topology or Topology.from_sysfs()
+    cores = len(topology.physical_cores)
+    isa = kind.isa if kind is not None else (environment.capture().get("cpu") or {}).get("isa") or {}
+    space = spaces.derive(cfg, settings.overrides, settings.space, cores, isa,
+                          latency=settings.objective.name == "latency",
+                          batch_key="server.max_batch" if settings.objective.scenario == "server" else "batch_size")
+    screen = settings.screen or max(cfg.duration / 4, min(cfg.duration, 1.0))
+    if screen > cfg.duration:
+        raise UserError(f"tune.screen={screen:g} s is longer than the full window duration={cfg.duration:g} s")
+    least = cfg.duration + LOAD_MARGIN_S
+    if settings.budget_s is not None and settings.budget_s < least:
+        raise UserError(f"budget={settings.budget_s:g}s is too small for one trial: each needs at least its "
+                        f"window (duration={cfg.duration:g} s) plus {LOAD_MARGIN_S:g} s to start; allowed: "
+                        f"budget >= {math.ceil(least)}s (a useful tune needs minutes: budget=5m)")
+    machine = tune_machine(settings, kind)
+    node_type = kind.node_type if kind is not None else None
+    tune_dir = cfg.results_root / (name or tune_name(settings))
+    if kind is not None:
+        tune_dir = tune_dir / (node_type or "any-node")
+    check_writable(tune_dir, "output_dir", directory=True)
+    placed = [assignment("executor.node_type", node_type)] if node_type else []
+    base = merge([o for o in settings.overrides if override_key(o) != "output_dir"], scenario_overrides(settings),
+                 placed, [assignment("output_dir", tune_dir)])
+    tune = Tune(settings, cfg, space, tune_dir, cores, screen, machine, spaces.baseline_overrides(base), base,
+                topology, node_type, kind.nodes if kind is not None else 1,
+                kind.cpu_model if kind is not None else "", kind.cpus if kind is not None else frozenset())
+    plan_sweep([merge(tune.baseline, [f"duration={cfg.duration:g}"])], topology)  # the baseline can run here
+    return tune
+
+
+def tune_machine(settings: TuneSettings, kind):
+    """The priced machine of cost figures: a catalog machine, or the measured one (a node type) at a price."""
+    if settings.price_per_hour is None and not settings.machine:
+        return None
+    from dataclasses import replace
+
+    from corescale.analysis.cost import choose_machine
+
+    machine = choose_machine(settings.machine, settings.price_per_hour)
+    if kind is not None and machine.measured_here and kind.node_type:
+        machine = replace(machine, name=f"node type {kind.node_type}")
+    return machine

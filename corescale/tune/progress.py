@@ -1,0 +1,52 @@
+"""What the tune shows beside each trial: its stage, how far it is, the best so far and the ETA (the final
+stage's seconds held in reserve)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from corescale.tune.plan import Tune
+from corescale.tune.settings import LOAD_MARGIN_S
+
+
+@dataclass
+class Progress:
+    """What the tune shows beside each trial: how far it is, the best so far, the ETA."""
+
+    started: float
+    elapsed_before: float
+    budget_s: float | None
+    trials: int | None
+    done: int = 0
+    best: str = "best: none yet"
+    screen_s: list[float] = field(default_factory=list)
+    full_s: list[float] = field(default_factory=list)
+    stage: str = "baseline"
+
+    def elapsed(self) -> float:
+        return self.elapsed_before + time.monotonic() - self.started
+
+    def eta(self, reserve: float) -> float | None:
+        if self.budget_s is not None:
+            return max(0.0, self.budget_s - self.elapsed())
+        if not self.screen_s:
+            return None
+        left = max(0, (self.trials or 0) - self.done)
+        return left * (sum(self.screen_s) / len(self.screen_s)) + reserve
+
+    def text(self, reserve: float) -> str:
+        eta = self.eta(reserve)
+        when = "ETA after the first trial" if eta is None else f"ETA {time.strftime('%H:%M:%S', time.gmtime(eta))}"
+        total = f"/{self.trials}" if self.trials else ""
+        return f"{self.stage} · trial {self.done}{total} · {self.best} · {when}"
+
+    def reserve(self, tune: Tune) -> float:
+        """Seconds the final stage will take: (top k + baseline) × the repeats still to measure."""
+        if self.full_s:
+            full = sum(self.full_s) / len(self.full_s)
+        elif self.screen_s:
+            full = sum(self.screen_s) / len(self.screen_s) + tune.cfg.duration - tune.screen_s
+        else:
+            full = tune.cfg.duration + LOAD_MARGIN_S
+        return (tune.settings.top_k + 1) * (tune.settings.repeats - 1) * full

@@ -1,0 +1,225 @@
+"""The tune: an Optuna study (SQLite beside the results, WAL mode) whose every measurement is an ordinary trial
+of the one local loop, so results, report and compare see them and a rerun resumes them by key.
+
+1. baseline: out-of-box PyTorch (one instance on all cores, defaults), full window;
+2. search: each Optuna trial is screened on a short window; successive halving (Optuna's
+   SuccessiveHalvingPruner, rung = the screened figure) promotes the promising to a full window, the rest are
+   pruned; a screen that breaks a constraint is pruned at once; the first trials take one backend each, at
+   its fastest precision and the objective's known-good layout (space.starting_points);
+3. final: the top k full-window configurations and the baseline are measured `tune.repeats` times, interleaved,
+   each in fresh processes (the full-window run counts as the first repeat); verdict.py ranks them.
+
+Killed at any point (SIGKILL included), the same command resumes: finished Optuna trials are in the database,
+a trial that was running is asked again with the same parameters and its measurements, when committed, are
+found in the store by key instead of being measured again.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+
+from corescale.errors import UserError
+from corescale.measure.forkserver import ForkServers
+from corescale.record.trial import TrialRecord
+from corescale.trials.local import Listener, fork_workers
+from corescale.trials.sweep import plan_sweep, run_sweep
+from corescale.tune import space as spaces
+from corescale.tune import study as studies
+from corescale.tune import verdict as verdicts
+from corescale.tune.plan import Tune, complexity, describe, merge
+from corescale.tune.progress import Progress
+from corescale.tune.settings import LOAD_MARGIN_S
+
+CONVERGED = 25  # the sampler proposed only measured configurations this many times in a row: stop searching
+
+
+class Tuner:
+    def __init__(self, tune: Tune, listener_factory=None):
+        self.tune = tune
+        self.listener_factory = listener_factory or (lambda progress, reserve: Listener())
+        self.study = None
+        self.progress: Progress | None = None
+        self.forkservers: ForkServers | None = None  # one set for the whole tune: workers start in milliseconds
+
+    # one measurement (or a batch of them) through the one trial loop
+    def measure(self, configs: list[list[str]], labels: list[str], repeats: int = 1,
+                kind: str = "full") -> list[list[tuple]]:
+        """Each config through the one trial loop ((record, path) per repeat); kind: screen | full, for the
+        ETA's seconds per measurement."""
+        if repeats > 1:
+            configs = [merge(c, [f"repeats={repeats}"]) for c in configs]
+        planned = plan_sweep(configs, self.tune.topology)
+        for item, label in zip(planned, labels):
+            item.label = label
+            item.resume_root = self.tune.cfg.results_root  # earlier tunes and runs under the same root count
+        started = time.monotonic()
+        state = run_sweep(planned, self.listener_factory(self.progress, self.reserve()), forkservers=self.forkservers)
+        measured = [row for row in state.rows if row.status != "skipped"]
+        if measured and self.progress is not None:
+            (self.progress.screen_s if kind == "screen" else self.progress.full_s).append(
+                (time.monotonic() - started) / len(measured))
+        return [[(r.record if r.record is not None else _read(r.path), r.path)
+                 for r in sorted((r for r in state.rows if r.item is item), key=lambda r: r.repeat)]
+                for item in planned]
+
+    def reserve(self) -> float:
+        """Seconds the final stage will take (Progress.reserve; none before the tune has started)."""
+        return 0.0 if self.progress is None else self.progress.reserve(self.tune)
+
+    def run(self) -> dict:
+        if self.tune.on_ray or not fork_workers():  # Ray nodes start their workers themselves
+            return self._run()
+        with ForkServers.temporary() as servers:
+            self.forkservers = servers
+            try:
+                return self._run()
+            finally:
+                self.forkservers = None
+
+    def _run(self) -> dict:
+        import optuna
+
+        tune = self.tune
+        self.study = study = studies.open_study(tune)
+        self.progress = Progress(time.monotonic(), float(study.user_attrs.get("elapsed_s", 0.0)),
+                                 tune.settings.budget_s, tune.settings.trials)
+        self._save_elapsed()
+        full = tune.cfg.duration
+        self.measure([merge(tune.baseline, [f"duration={full:g}"])], ["baseline: out-of-box pytorch"])
+        self.progress.stage = "search"
+        seen = studies.tried(study)
+        again = 0  # suggestions in a row that were measured already
+        while not self._done(seen) and again < CONVERGED:
+            batch = []  # one trial per node in flight (one here, on this machine)
+            for _ in range(self._width()):
+                trial = study.ask()
+                batch.append((trial, spaces.suggest(trial, tune.space)))
+            self.progress.done = self._count()
+            keys = [json.dumps(suggested) for _, suggested in batch]
+            fresh = [key not in seen and key not in keys[:i] for i, key in enumerate(keys)]
+            again = again + len(batch) if not any(fresh) else 0
+            self._search(study, batch, seen)
+            again += sum(seen[key].get("outcome") == "invalid" for key in keys)  # cost nothing, bounded too
+            self._save_elapsed()
+            self.progress.best = studies.best_text(study, tune.settings)
+        self.progress.stage = "final"
+        finalists = self._final()
+        self._save_elapsed()
+        return {"study": study, "finalists": finalists, "optuna": optuna}
+
+    def _done(self, seen: dict) -> bool:
+        p = self.progress
+        if len(seen) >= self.tune.space.size():
+            return True  # every configuration of the space was tried
+        if p.trials is not None and self._count() >= p.trials:
+            return True
+        if p.budget_s is not None and self._count() >= 1:  # a budget that allows the baseline allows one trial
+            per = (sum(p.screen_s) / len(p.screen_s)) if p.screen_s else self.tune.screen_s + LOAD_MARGIN_S
+            return p.elapsed() + per + self.reserve() > p.budget_s
+        return False
+
+    def _count(self) -> int:
+        return studies.measured_count(self.study)
+
+    def _width(self) -> int:
+        """Trials to ask at once: one per node, no more than the trial budget has left."""
+        width = self.tune.nodes
+        if self.progress.trials is not None:
+            width = min(width, self.progress.trials - self._count())
+        return max(1, width)
+
+    def _search(self, study, batch: list[tuple], seen: dict) -> None:
+        """Screens the batch side by side, promotes the promising to full windows side by side; a configuration
+        asked again (here or earlier in the batch) is told its known outcome."""
+        from optuna.trial import TrialState
+
+        tune = self.tune
+        screens, later = [], []
+        for trial, suggested in batch:
+            key = json.dumps(suggested)
+            trial.set_user_attr("overrides", suggested)
+            trial.set_user_attr("label", describe(suggested))
+            if key in seen:
+                studies.tell_known(study, trial, seen[key], tune.settings)
+            elif any(json.dumps(s) == key for _, s in screens):
+                later.append((trial, key))
+            elif self._valid(study, trial, suggested, seen):
+                trial.set_user_attr("number", trial.number)
+                screens.append((trial, suggested))
+        measured = self.measure([tune.trial_overrides(s, tune.screen_s) for _, s in screens],
+                                [f"screen {describe(s)}" for _, s in screens], kind="screen") if screens else []
+        screened = [(trial, suggested, studies.tell_screen(study, trial, rows[0], seen, tune))
+                    for (trial, suggested), rows in zip(screens, measured)]
+        promoted = [(trial, suggested) for trial, suggested, figs in screened if figs is not None]
+        for trial, suggested, figs in screened:  # reported together: the pruner compares each with the others
+            if figs is not None and trial.should_prune():
+                studies.constrain(trial, figs, tune.settings)
+                trial.set_user_attr("outcome", "pruned")
+                trial.set_user_attr("value", figs[tune.settings.objective.metric])
+                study.tell(trial, state=TrialState.PRUNED)
+                seen[json.dumps(suggested)] = study.trials[trial.number].user_attrs
+        promoted = [(t, s) for t, s in promoted if json.dumps(s) not in seen]
+        fulls = self.measure([tune.trial_overrides(s, tune.cfg.duration) for _, s in promoted],
+                             [f"full {describe(s)}" for _, s in promoted]) if promoted else []
+        for (trial, suggested), rows in zip(promoted, fulls):
+            studies.tell_full(study, trial, rows[0], tune)
+            seen[json.dumps(suggested)] = study.trials[trial.number].user_attrs
+        for trial, key in later:
+            studies.tell_known(study, trial, seen[key], tune.settings)
+
+    def _valid(self, study, trial, suggested: list[str], seen: dict) -> bool:
+        """Options that do not combine (backend.linear=onednn with int8) are an uncounted failed trial."""
+        from optuna.trial import TrialState
+
+        try:
+            plan_sweep([self.tune.trial_overrides(suggested, self.tune.screen_s)], self.tune.topology)
+        except UserError as invalid:
+            trial.set_user_attr("reason", f"not a valid combination: {invalid}")
+            trial.set_user_attr("outcome", "invalid")
+            study.tell(trial, state=TrialState.FAIL)
+            seen[json.dumps(suggested)] = study.trials[trial.number].user_attrs
+            return False
+        return True
+
+    def _final(self) -> list[verdicts.Finalist]:
+        """The top k and the baseline, `tune.repeats` each, interleaved, fresh processes each."""
+        tune = self.tune
+        top = studies.ranked_complete(self.study, tune.settings)[:tune.settings.top_k]
+        if not top:  # nothing feasible: the candidates closest to the constraints are measured for the verdict
+            tried = [t for t in self.study.get_trials(deepcopy=False) if "screen" in t.user_attrs
+                     and "repeat_of" not in t.user_attrs and t.user_attrs["screen"].get("valid")]
+            top = sorted(tried, key=lambda t: sum(max(0.0, c) for c in t.user_attrs.get("constraints", [])
+                                                  if math.isfinite(c)))[:tune.settings.top_k]
+        configs = [tune.trial_overrides(t.user_attrs["overrides"], tune.cfg.duration) for t in top]
+        labels = [t.user_attrs["label"] for t in top]
+        configs.append(merge(tune.baseline, [f"duration={tune.cfg.duration:g}"]))
+        labels.append("baseline: out-of-box pytorch")
+        results = self.measure(configs, [f"final {label}" for label in labels], repeats=tune.settings.repeats)
+        finalists = []
+        for overrides, label, rows, suggested in zip(configs, labels, results,
+                                                     [t.user_attrs["overrides"] for t in top] + [[]]):
+            records = [record for record, _ in rows]
+            finalists.append(verdicts.Finalist(
+                label, overrides, records, [str(path) for _, path in rows],
+                [verdicts.figures(r, tune.cost_of) for r in records], baseline=not suggested,
+                complexity=complexity(suggested), cores=_cores_used(records)))
+        return finalists
+
+    def _save_elapsed(self) -> None:
+        self.study.set_user_attr("elapsed_s", self.progress.elapsed())
+
+
+def _cores_used(records: list[TrialRecord]) -> int:
+    for record in records:
+        if record.placed:
+            return sum(len(inst.get("cpus", [])) for inst in record.placed)
+    return 0
+
+
+def _read(path):
+    from corescale.record.files import read_result
+
+    return read_result(path)
+

@@ -1,0 +1,170 @@
+"""The tune's Optuna study (SQLite beside the results, WAL mode): opened or resumed, and its bookkeeping: each
+Optuna trial's outcome, figures and constraint values kept in its user attributes and told to the sampler."""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+
+from corescale.tune import space as spaces
+from corescale.tune import verdict as verdicts
+from corescale.tune.plan import Tune
+from corescale.tune.settings import TuneSettings
+
+
+def open_study(tune: Tune):
+    """The Optuna study in SQLite (WAL: a reader never blocks the writer), created or resumed."""
+    import optuna
+    from sqlalchemy import event
+
+    tune.tune_dir.mkdir(parents=True, exist_ok=True)
+    storage = optuna.storages.RDBStorage(f"sqlite:///{tune.study_path}", engine_kwargs={"connect_args":
+                                                                                        {"timeout": 60}})
+    engine = storage.engine
+
+    @event.listens_for(engine, "connect")
+    def wal(connection, _):  # every new connection: WAL journal, fsync at each commit
+        connection.execute("PRAGMA journal_mode=WAL")
+        connection.execute("PRAGMA synchronous=FULL")
+
+    engine.dispose()  # connections made before the listener are gone
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)  # group=True: documented
+    sampler = optuna.samplers.TPESampler(seed=tune.cfg.seed, multivariate=True, group=True,  # constraints: per trial
+                                         n_startup_trials=min(10, max(3, (tune.settings.trials or 12) // 3)),
+                                         constant_liar=tune.nodes > 1)  # trials in flight side by side
+    pruner = optuna.pruners.SuccessiveHalvingPruner(min_resource=1, reduction_factor=tune.settings.eta)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(storage=storage, study_name=tune.tune_dir.name, sampler=sampler, pruner=pruner,
+                                direction=tune.settings.objective.direction, load_if_exists=True)
+    _recover(study, tune)
+    return study
+
+
+def _recover(study, tune: Tune) -> None:
+    """A trial left RUNNING by a killed tune: asked again with the same parameters (its committed measurements
+    are found in the store), the stale one marked failed. New study: one trial per backend first."""
+    from optuna.trial import TrialState
+
+    trials = study.get_trials(deepcopy=False)
+    for trial in trials:
+        if trial.state == TrialState.RUNNING:
+            study.enqueue_trial(trial.params, user_attrs={"resumed_from": trial.number})
+            study._storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+    if not trials:
+        study.set_user_attr("settings", tune.settings.describe())
+        study.set_user_attr("space", tune.space.describe())
+        for point in spaces.starting_points(tune.space, latency=tune.settings.objective.name == "latency"):
+            study.enqueue_trial(point, skip_if_exists=True)
+
+
+
+def measured_count(study) -> int:
+    """Trials measured (a configuration asked again costs nothing and does not count: CONVERGED bounds it)."""
+    from optuna.trial import TrialState
+
+    return sum(1 for t in study.get_trials(deepcopy=False) if "repeat_of" not in t.user_attrs
+               and t.user_attrs.get("outcome") != "invalid" and (
+        t.state in (TrialState.COMPLETE, TrialState.PRUNED) or (t.state == TrialState.FAIL and "reason" in
+                                                               t.user_attrs)))
+
+
+def tried(study) -> dict[str, dict]:
+    """Configurations already tried in this study, by their overrides (a sampler may ask one again)."""
+    return {json.dumps(t.user_attrs["overrides"]): t.user_attrs for t in study.get_trials(deepcopy=False)
+            if "outcome" in t.user_attrs}
+
+
+def tell_known(study, trial, earlier: dict, settings: TuneSettings) -> None:
+    """Asked again: its outcome is known, nothing is measured."""
+    from optuna.trial import TrialState
+
+    for name in ("outcome", "value", "constraints", "screen", "full", "reason"):
+        if name in earlier:
+            trial.set_user_attr(name, earlier[name])
+    trial.set_user_attr("repeat_of", earlier.get("repeat_of", earlier.get("number")))
+    for name, value in zip(verdicts.violations({}, settings), earlier.get("constraints") or []):
+        trial.set_constraint(name, value)
+    value = earlier.get("value")
+    if earlier["outcome"] == "complete" and value is not None:
+        study.tell(trial, value)
+    else:
+        study.tell(trial, state=TrialState.PRUNED if earlier["outcome"] == "pruned" else TrialState.FAIL)
+
+
+def tell_screen(study, trial, row: tuple, seen: dict, tune: Tune) -> dict | None:
+    """Records the screen; its figures when it may be promoted (valid, feasible: reported at rung 1)."""
+    from optuna.trial import TrialState
+
+    record, path = row
+    figs = verdicts.figures(record, tune.cost_of)
+    trial.set_user_attr("screen", {**plain(figs), "path": str(path), "duration": tune.screen_s})
+    trial.set_user_attr("constraints", list(verdicts.violations(figs, tune.settings).values()))
+    metric = tune.settings.objective.metric
+    key = json.dumps(trial.user_attrs["overrides"])
+    if not figs.get("valid") or figs.get(metric) is None:
+        constrain(trial, figs, tune.settings)
+        trial.set_user_attr("reason", record.reason or "no figures")
+        trial.set_user_attr("outcome", "failed")
+        study.tell(trial, state=TrialState.FAIL)
+    elif not verdicts.feasible(figs, tune.settings):
+        constrain(trial, figs, tune.settings)
+        trial.set_user_attr("outcome", "pruned")
+        trial.set_user_attr("value", figs[metric])
+        study.tell(trial, state=TrialState.PRUNED)
+    else:
+        trial.report(figs[metric], 1)
+        return figs
+    seen[key] = study.trials[trial.number].user_attrs
+    return None
+
+
+def tell_full(study, trial, row: tuple, tune: Tune) -> None:
+    """Records the full window: the trial's value (complete), or failed without figures."""
+    from optuna.trial import TrialState
+
+    record, path = row
+    metric = tune.settings.objective.metric
+    full = verdicts.figures(record, tune.cost_of)
+    trial.set_user_attr("full", {**plain(full), "path": str(path), "duration": tune.cfg.duration})
+    constrain(trial, full, tune.settings)
+    if full.get("valid") and full.get(metric) is not None:
+        trial.set_user_attr("constraints", list(verdicts.violations(full, tune.settings).values()))
+        trial.set_user_attr("outcome", "complete")
+        trial.set_user_attr("value", full[metric])
+        study.tell(trial, full[metric])
+    else:
+        trial.set_user_attr("reason", record.reason or "no figures")
+        trial.set_user_attr("outcome", "failed")
+        study.tell(trial, state=TrialState.FAIL)
+
+
+def ranked_complete(study, settings: TuneSettings) -> list:
+    """The complete, feasible trials (not repeats), best first."""
+    from optuna.trial import TrialState
+
+    done = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE
+            and "repeat_of" not in t.user_attrs and all(c <= 0 for c in t.user_attrs.get("constraints", [1]))]
+    sign = -1 if settings.objective.direction == "maximize" else 1
+    return sorted(done, key=lambda t: sign * t.value)
+
+
+def best_text(study, settings: TuneSettings) -> str:
+    best = ranked_complete(study, settings)
+    if not best:
+        return "best: none feasible yet"
+    t = best[0]
+    return f"best {t.user_attrs['value']:.4g} {settings.objective.unit} ({t.user_attrs['label']})"
+
+
+def constrain(trial, figs: dict, settings: TuneSettings) -> None:
+    """The decisive measurement's constraint values, for the sampler (c-TPE: feasible when all are <= 0; set
+    once per trial). A measurement without figures violates every constraint."""
+    values = verdicts.violations(figs, settings)
+    for key, value in values.items():
+        trial.set_constraint(key, value if figs.get("valid") else 1.0)
+
+
+
+def plain(figs: dict) -> dict:
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in figs.items()}
