@@ -4,6 +4,7 @@ when two types share a host's CPUs (fleet.sharing)."""
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable
 
@@ -20,7 +21,7 @@ def search_all(tunes: list, search: Callable[[object, bool], dict]) -> list[dict
     type; no live bars, one display at a time)."""
     if not together(tunes):
         return [search(tune, False) for tune in tunes]
-    return side_by_side([lambda tune=tune: search(tune, True) for tune in tunes],
+    return side_by_side([functools.partial(search, tune, True) for tune in tunes],
                         [f"tune-{tune.node_type}" for tune in tunes])
 
 

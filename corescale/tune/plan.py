@@ -8,6 +8,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from corescale.config import OPENMP_BACKENDS, BenchmarkConfig
 from corescale.errors import UserError
@@ -18,6 +19,10 @@ from corescale.tune import space as spaces
 from corescale.tune import verdict as verdicts
 from corescale.tune.settings import LOAD_MARGIN_S, TuneSettings, scenario_overrides
 from corescale.userfiles import check_writable
+
+if TYPE_CHECKING:
+    from corescale.analysis.cost import Machine
+    from corescale.machine.topology import Topology
 
 STUDY_FILE = "study.db"
 TUNE_FILE = "tune.json"
@@ -68,10 +73,10 @@ class Tune:
     tune_dir: Path
     physical_cores: int
     screen_s: float
-    machine: object | None = None  # cost.Machine when there is a price
+    machine: Machine | None = None  # when there is a price
     baseline: list[str] = field(default_factory=list)
     base: list[str] = field(default_factory=list)  # the user's overrides, output_dir pointing into the tune
-    topology: object | None = None  # the machine the trials run on (a Ray node type's, probed)
+    topology: Topology | None = None  # the machine the trials run on (a Ray node type's, probed)
     node_type: str | None = None  # executor=ray: the node type tuned
     nodes: int = 1  # trials in flight at once (one per node of the type)
     cpu_model: str = ""

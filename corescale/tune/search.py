@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from typing import TYPE_CHECKING
 
 from corescale.errors import UserError
 from corescale.measure.forkserver import ForkServers
@@ -32,6 +33,9 @@ from corescale.tune.plan import Tune, complexity, describe, merge
 from corescale.tune.progress import Progress
 from corescale.tune.settings import LOAD_MARGIN_S
 
+if TYPE_CHECKING:
+    import optuna
+
 CONVERGED = 25  # the sampler proposed only measured configurations this many times in a row: stop searching
 
 
@@ -39,7 +43,7 @@ class Tuner:
     def __init__(self, tune: Tune, listener_factory=None):
         self.tune = tune
         self.listener_factory = listener_factory or (lambda progress, reserve: Listener())
-        self.study = None
+        self.study: optuna.Study | None = None  # both set while _run runs
         self.progress: Progress | None = None
         self.forkservers: ForkServers | None = None  # one set for the whole tune: workers start in milliseconds
 
@@ -110,7 +114,7 @@ class Tuner:
         return {"study": study, "finalists": finalists, "optuna": optuna}
 
     def _done(self, seen: dict) -> bool:
-        p = self.progress
+        p = self._running()[1]
         if len(seen) >= self.tune.space.size():
             return True  # every configuration of the space was tried
         if p.trials is not None and self._count() >= p.trials:
@@ -121,13 +125,13 @@ class Tuner:
         return False
 
     def _count(self) -> int:
-        return studies.measured_count(self.study)
+        return studies.measured_count(self._running()[0])
 
     def _width(self) -> int:
         """Trials to ask at once: one per node, no more than the trial budget has left."""
-        width = self.tune.nodes
-        if self.progress.trials is not None:
-            width = min(width, self.progress.trials - self._count())
+        width, trials = self.tune.nodes, self._running()[1].trials
+        if trials is not None:
+            width = min(width, trials - self._count())
         return max(1, width)
 
     def _search(self, study, batch: list[tuple], seen: dict) -> None:
@@ -136,7 +140,8 @@ class Tuner:
         from optuna.trial import TrialState
 
         tune = self.tune
-        screens, later = [], []
+        screens: list[tuple] = []  # (trial, suggested) to screen
+        later: list[tuple] = []  # (trial, key) asked again within the batch
         for trial, suggested in batch:
             key = json.dumps(suggested)
             trial.set_user_attr("overrides", suggested)
@@ -186,9 +191,10 @@ class Tuner:
     def _final(self) -> list[verdicts.Finalist]:
         """The top k and the baseline, `tune.repeats` each, interleaved, fresh processes each."""
         tune = self.tune
-        top = studies.ranked_complete(self.study, tune.settings)[:tune.settings.top_k]
+        study = self._running()[0]
+        top = studies.ranked_complete(study, tune.settings)[:tune.settings.top_k]
         if not top:  # nothing feasible: the candidates closest to the constraints are measured for the verdict
-            tried = [t for t in self.study.get_trials(deepcopy=False) if "screen" in t.user_attrs
+            tried = [t for t in study.get_trials(deepcopy=False) if "screen" in t.user_attrs
                      and "repeat_of" not in t.user_attrs and t.user_attrs["screen"].get("valid")]
             top = sorted(tried, key=lambda t: sum(max(0.0, c) for c in t.user_attrs.get("constraints", [])
                                                   if math.isfinite(c)))[:tune.settings.top_k]
@@ -207,14 +213,19 @@ class Tuner:
                 complexity=complexity(suggested), cores=_cores_used(records)))
         return finalists
 
+    def _running(self) -> tuple[optuna.Study, Progress]:
+        assert self.study is not None and self.progress is not None, "the search runs inside _run"
+        return self.study, self.progress
+
     def _save_elapsed(self) -> None:
-        self.study.set_user_attr("elapsed_s", self.progress.elapsed())
+        study, progress = self._running()
+        study.set_user_attr("elapsed_s", progress.elapsed())
 
 
 def _cores_used(records: list[TrialRecord]) -> int:
     for record in records:
         if record.placed:
-            return sum(len(inst.get("cpus", [])) for inst in record.placed)
+            return sum(len(inst.cpus) for inst in record.placed)
     return 0
 
 
