@@ -102,7 +102,7 @@ def side_by_side(tunes, args) -> list[dict]:
     def work(i: int, tune) -> None:
         try:
             outcomes[i] = search(tune, args, progress=False, prefix=f"[{tune.node_type}] ")
-        except BaseException as exc:  # noqa: BLE001 - handed to the main thread
+        except BaseException as exc:  # handed to the main thread
             failures.append(exc)
 
     threads = [threading.Thread(target=work, args=(i, tune), name=f"tune-{tune.node_type}", daemon=True)
