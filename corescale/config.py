@@ -203,16 +203,6 @@ def scenario_measured(cfg: BenchmarkConfig) -> dict[str, Any]:
     return flat
 
 
-SCENARIO_FIELDS = ("scenario", "target_qps", "slo_p99_ms", "server", "workload", "pad")
-
-
-def is_measured(column: str) -> bool:
-    """Whether a flattened config column is part of what measured() (and so key()) covers; `backend` is the
-    results table's name for backend.name."""
-    top = column.split(".", 1)[0]
-    return top in MEASURED_FIELDS or top in SCENARIO_FIELDS or top == "backend" or column == "executor.node_type"
-
-
 def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     """Nested dicts -> one level with dotted names (`warmup.window`)."""
     out: dict[str, Any] = {}

@@ -163,13 +163,13 @@ def _hydra_compose(overrides: list[str]):
     with initialize(version_base=None, config_path=None):
         try:
             return hydra_compose(SCHEMA_NAME, overrides)
-        except Exception:  # noqa: BLE001 - hydra raises several kinds; find the override at fault
+        except Exception:  # hydra raises several kinds; find the override at fault
             groups = [o for o in overrides if override_key(o) in GROUPS]  # a group's keys need its selection
             selected = {override_key(o): o.split("=", 1)[-1] for o in groups}
             for override in groups + [o for o in overrides if o not in groups]:
                 try:
                     hydra_compose(SCHEMA_NAME, [*(g for g in groups if g != override), override])
-                except Exception as exc:  # noqa: BLE001
+                except Exception as exc:
                     raise UserError(_explain(override, exc, selected)) from None
             raise UserError(f"invalid overrides: {' '.join(overrides)}") from None
 

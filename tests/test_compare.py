@@ -59,14 +59,15 @@ def test_unmatched_trials_are_listed(roots):
     assert "no trials match by config" in proc.stdout
 
 
-def test_significance_on_samples():
+def test_significance_across_repeats():
     rng = np.random.default_rng(1)
-    before = rng.lognormal(np.log(10.0), 0.1, 400)
-    same = rng.lognormal(np.log(10.0), 0.1, 400)
-    slower = rng.lognormal(np.log(12.0), 0.1, 400)
-    assert not compare.latency_test(before, same).significant
-    shifted = compare.latency_test(before, slower)
+    before = rng.lognormal(np.log(10.0), 0.03, 8)  # one p50 per repeat
+    same = rng.lognormal(np.log(10.0), 0.03, 8)
+    slower = rng.lognormal(np.log(12.0), 0.03, 8)
+    assert not compare.repeat_test(before, same).significant
+    shifted = compare.repeat_test(before, slower)
     assert shifted.significant and shifted.ratio == pytest.approx(1.2, rel=0.05)
+    assert compare.repeat_test(before[:2], slower) is None  # below MIN_REPEATS: no p-value
     assert compare.verdict(shifted, 0.10) == "slower" and compare.verdict(shifted, 0.5) == "slower (below threshold)"
     assert compare.describe_ratio(1.5) == "1.50x slower (+50%)" and compare.describe_ratio(0.8) == "1.25x faster (-20%)"
 

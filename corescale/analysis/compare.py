@@ -5,8 +5,7 @@ differ by 10-20 % here while the calls of one run agree to a fraction of a perce
 would call every rerun significant. Each side's repeats give one p50 each; Welch's t-test on their logarithms
 (latency changes are ratios) and a bootstrap 95 % interval of the ratio of their means (after / before) decide.
 A change is flagged when it is significant (p < ALPHA and the interval excludes 1) and larger than the threshold;
-with fewer than MIN_REPEATS repeats on a side the verdict says so instead of printing a p-value. `latency_test`
-(block medians of one run's calls) is kept for looking inside one pair of runs.
+with fewer than MIN_REPEATS repeats on a side the verdict says so instead of printing a p-value.
 """
 
 from __future__ import annotations
@@ -23,7 +22,6 @@ from corescale.record.repeats import MIN_REPEATS
 from corescale.record.stats import CHANGE_THRESHOLD, bootstrap_ratio_ci
 
 ALPHA = 0.05
-BLOCKS = 50
 DEFAULT_THRESHOLD = CHANGE_THRESHOLD
 def measured_keys(frames: list[pd.DataFrame]) -> list[str]:
     """Every measured config key of the trials (config.measured(): exactly what trial keys hash), as the
@@ -43,12 +41,6 @@ def _identity(text: str, ignore: set[str]) -> str:
     return json.dumps({k: normalise_value(v) for k, v in fields.items()}, sort_keys=True)
 
 
-def block_medians(samples: np.ndarray, blocks: int = BLOCKS) -> np.ndarray:
-    if samples.size <= blocks:
-        return samples
-    return np.array([np.median(part) for part in np.array_split(samples, blocks)])
-
-
 @dataclass
 class LatencyTest:
     ratio: float  # median(after) / median(before), raw samples
@@ -59,17 +51,6 @@ class LatencyTest:
     @property
     def significant(self) -> bool:
         return self.p_value < ALPHA and not (self.ci_low <= 1.0 <= self.ci_high)
-
-
-def latency_test(before: np.ndarray, after: np.ndarray, seed: int = 0) -> LatencyTest:
-    from scipy import stats as sps  # scipy takes a second to import: only when used
-
-    if before.size < 2 or after.size < 2:
-        raise UserError("need at least 2 timed samples on each side to compare")
-    a, b = block_medians(before), block_medians(after)
-    _, low, high = bootstrap_ratio_ci(a, b, seed=seed)
-    p_value = float(sps.mannwhitneyu(a, b, alternative="two-sided").pvalue)
-    return LatencyTest(float(np.median(after) / np.median(before)), low, high, p_value)
 
 
 def describe_ratio(ratio: float) -> str:

@@ -13,12 +13,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from corescale.config import flatten as flatten_dict
 from corescale.errors import UserError
-from corescale.record.files import RESULT_FILE, TMP_PREFIX, iter_run_dirs, read_result, read_samples
+from corescale.record.files import RESULT_FILE, TMP_PREFIX, iter_run_dirs, read_result
 from corescale.record.sections import HostEnvironment
 from corescale.record.stats import ms
 from corescale.record.trial import TrialRecord
@@ -259,15 +258,6 @@ def ok_rows(frame: pd.DataFrame) -> pd.DataFrame:
     if frame.empty:
         return frame
     return frame[(frame["status"] == "ok") & frame["valid"]].reset_index(drop=True)
-
-
-def timed_latencies_ms(run_dir) -> np.ndarray:
-    """Raw latencies (ms) of the timed calls of one run, for significance tests."""
-    try:
-        samples = read_samples(Path(run_dir))
-    except (OSError, ValueError) as exc:
-        raise UserError(f"cannot read the samples of '{run_dir}': {exc}") from None
-    return samples.loc[samples["phase"] == "timed", "latency_ms"].to_numpy(dtype=float)
 
 
 def describe_value(value) -> str:

@@ -125,24 +125,3 @@ def mapped_libraries() -> dict[str, str]:
 
 def os_thread_count() -> int:
     return len(os.listdir("/proc/self/task"))
-
-
-def sgemm_gflops(threads: int, size: int = 1024, min_seconds: float = 0.4) -> float:
-    """Best-of FP32 GEMM rate on this process's cores with `threads` threads (torch: MKL/oneDNN)."""
-    import torch
-
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    a = torch.rand(size, size)
-    b = torch.rand(size, size)
-    torch.mm(a, b)
-    best = float("inf")
-    deadline = time.perf_counter() + min_seconds
-    reps = 0
-    while reps < 3 or time.perf_counter() < deadline:
-        start = time.perf_counter()
-        torch.mm(a, b)
-        best = min(best, time.perf_counter() - start)
-        reps += 1
-    torch.set_num_threads(previous)
-    return 2 * size**3 / best / 1e9

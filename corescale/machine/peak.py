@@ -152,7 +152,7 @@ def measure(threads: int, precision: str, libraries: tuple[str, ...] | None = No
         unbind_calling_thread()  # torch's GNU OpenMP binds this thread to one CPU; the next pool must not inherit it
         try:
             rates[name] = _best_rate(MEASURES[name](n, threads, precision), 2.0 * n**3, min_seconds)
-        except Exception as exc:  # noqa: BLE001 - a library that cannot run here is reported, not fatal
+        except Exception as exc:  # a library that cannot run here is reported, not fatal
             errors[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]
     best = max(rates, key=lambda name: rates[name]) if rates else None
     detail = {}

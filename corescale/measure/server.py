@@ -112,7 +112,7 @@ class Server:
                        self.outcome.steps, floor_qps(self.cfg), self.cfg.slo_p99_ms)
             else:
                 self.outcome.steps.append(self._step(self.cfg.target_qps if self.cfg.scenario == "server" else None))
-        except BaseException as exc:  # noqa: BLE001 - reported through the launcher's loop
+        except BaseException as exc:  # reported through the launcher's loop
             self.failure = Failure.from_exception(exc)
         finally:
             self.launcher.tell_all_quietly("stop")

@@ -211,7 +211,7 @@ def run_trial(trial: Trial, host: dict | None = None, on_event=None, keep_going:
             measured = measure(trial, on_event, host, forkservers)
         except (KeyboardInterrupt, SystemExit):
             raise
-        except Exception as exc:  # noqa: BLE001 - one broken trial must not end the loop
+        except Exception as exc:  # one broken trial must not end the loop
             if not keep_going:
                 raise
             measured = failed_measured(trial, Failure.from_exception(exc), host, started)

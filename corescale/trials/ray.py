@@ -124,7 +124,7 @@ def run_on_node(trial: Trial, node: dict) -> Measured:
     try:
         here = prepare_trial(trial.cfg, on_node=True)
         measured = measure(dataclasses.replace(here, key=trial.key), None, host)  # the driver's key: resume
-    except Exception as exc:  # noqa: BLE001 - everything raised here is the benchmark's, not the node's, fault
+    except Exception as exc:  # everything raised here is the benchmark's, not the node's, fault
         measured = failed_measured(trial, Failure.from_exception(exc), host, started)
     measured.record.node = node
     measured.record.executor = {"started": started, "finished": time.time()}
@@ -259,7 +259,7 @@ class RayExecutor:
             for ref in in_flight:
                 try:
                     ray.cancel(ref, force=True)
-                except Exception:  # noqa: BLE001 - the task may already be gone
+                except Exception:  # the task may already be gone
                     pass
             if started_here:
                 ray.shutdown()

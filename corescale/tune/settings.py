@@ -23,12 +23,6 @@ class Objective:
     needs_price: bool = False
     scenario: str = "offline"  # server: every trial (the baseline too) is a LoadGen max-QPS search under the SLO
 
-    def better(self, a: float, b: float) -> bool:
-        return a > b if self.direction == "maximize" else a < b
-
-    def worst(self) -> float:
-        return -math.inf if self.direction == "maximize" else math.inf
-
 
 # objective=NAME -> what it optimises (its figure comes from verdict.figures).
 OBJECTIVES: dict[str, Objective] = {

@@ -25,8 +25,6 @@ BACKEND_PRECISIONS = {"pytorch": ("fp32", "bf16", "int8"), "torchscript": ("fp32
 BF16_ISA = ("avx512_bf16", "amx_bf16")
 THROUGHPUT_BATCHES = ("1", "2", "4", "8", "16")
 DIMENSIONS = ("backend", "precision", "layout", "threads", "batch_size", "allocator", "openmp")
-FIXED_BY = {"backend": "backend", "precision": "precision", "instances": "layout", "cores_per_instance": "layout",
-            "threads": "threads", "batch_size": "batch_size", "allocator": "allocator", "openmp": "openmp"}
 
 
 @dataclass

@@ -150,7 +150,7 @@ def _hub_spec(name: str, trust_remote_code: bool) -> ModelSpec:
         try:
             config = AutoConfig.from_pretrained(name, trust_remote_code=trust_remote_code, local_files_only=local_only)
             return ModelSpec(name=name, source="hub", config=config.to_dict(), path=name)
-        except Exception as exc:  # noqa: BLE001 - not cached, unknown id, no network: all the same to the user
+        except Exception as exc:  # not cached, unknown id, no network: all the same to the user
             error = exc
     why = "HF_HUB_OFFLINE is set" if offline else ("the hub is unreachable" if len(attempts) == 1 else "")
     hint = f" ({why} and it is not in the local cache)" if why else ""

@@ -190,7 +190,7 @@ def load_tokenizer(cfg, model):
     try:
         return AutoTokenizer.from_pretrained(str(local) if local.is_dir() else name,
                                              local_files_only=offline or local.is_dir())
-    except Exception as exc:  # noqa: BLE001 - transformers raises many kinds for a directory it cannot read
+    except Exception as exc:  # transformers raises many kinds for a directory it cannot read
         where = "offline (HF_HUB_OFFLINE is set)" if offline else "as a local directory or on the hub"
         raise UserError(f"tokenizer '{name}' cannot be found {where}: {str(exc).splitlines()[0][:160]}; give a "
                         "directory holding tokenizer.json or tokenizer_config.json") from None
