@@ -1,7 +1,7 @@
 """One instance: pinned process that loads a backend, warms up with its siblings, starts with them, measures.
 
 Run as `python -m corescale.measure.worker JOB.json` by the launcher. Protocol with the parent:
-- control lines (JSON) go to the original stdout; library noise is sent to stderr;
+- its messages (measure/protocol.py, one JSON line each) go to the original stdout; library noise to stderr;
 - `loaded` -> the parent writes `warmup` once EVERY instance is loaded, so warm-up runs under the load the window
   will see -> `ready` (stable, or not: `converged`) -> the instance keeps calling the model (still warm-up) until
   the parent writes `start <perf_counter_ns>` once every instance is ready -> the timed window from that instant.
@@ -20,7 +20,8 @@ import resource
 import select
 import sys
 import time
-import traceback
+
+from corescale.measure import protocol
 
 # No framework imports at module level: affinity and threads are set before any framework loads.
 
@@ -30,8 +31,8 @@ class Control:
         self.out = os.fdopen(os.dup(1), "w", buffering=1)
         os.dup2(2, 1)  # frameworks that print to stdout must not corrupt the control channel
 
-    def send(self, event: str, **fields) -> None:
-        self.out.write(json.dumps({"event": event, **fields}, default=str) + "\n")
+    def send(self, message: protocol.Message) -> None:
+        self.out.write(protocol.encode(message))
 
     def wait_for(self, word: str) -> list[str] | None:
         """Blocks for the parent's next line; its words when it is `word`, None on abort or end of input."""
@@ -148,15 +149,14 @@ class Instance:
         from corescale.measure.timing import warm_up
 
         control, cfg = self.control, self.cfg
-        control.send("loaded", load_seconds=self.load_seconds)
+        control.send(protocol.Loaded(self.load_seconds))
         if control.wait_for("warmup") is None:  # every sibling is loaded: warm up under the window's load
             return None
-        self.warmed = warm_up(self.call, cfg.warmup, progress=lambda n: control.send("warmup", done=n))
+        self.warmed = warm_up(self.call, cfg.warmup, progress=lambda n: control.send(protocol.Warming(n)))
         self.durations = list(self.warmed.durations_ns)
         single_ns = warm_shapes(self.backend, self.model, cfg, self.batch) if self.serving else None
         stable = sorted(self.durations[-cfg.warmup.window:])
-        control.send("ready", warmup_iterations=len(self.durations), converged=self.warmed.converged,
-                     call_ns=stable[len(stable) // 2], single_ns=single_ns)
+        control.send(protocol.Ready(len(self.durations), self.warmed.converged, stable[len(stable) // 2], single_ns))
         return keep_warm(self.call, control, self.durations)
 
     def closed_loop(self, start_ns: int) -> None:
@@ -174,7 +174,7 @@ class Instance:
         cpu_before = process_cpu_seconds()
         with open(f"{spec.samples_path}.stream", "wb") as stream:  # the parent reads it if this process dies
             samples = timed_loop(self.call, start_ns, cfg.duration, max(cfg.min_iterations, len(tokens.batches)),
-                                 progress=lambda n: self.control.send("progress", done=n), stream=stream)
+                                 progress=lambda n: self.control.send(protocol.Progress(n)), stream=stream)
         own_cpu = process_cpu_seconds() - cpu_before
         wall = (samples.ends_ns[-1] - start_ns) / 1e9
         foreign = watch.stop(own_cpu, wall)
@@ -184,7 +184,8 @@ class Instance:
         threads_cpus = instance_env.thread_affinities()
         real_tokens = self.real_tokens_per_sample()  # before the output check's call (padded: after, as in 0.2)
         output = self.backend.to_numpy(self.call())
-        self.control.send("result", **self.report(own_cpu, wall, threads_cpus, {
+        drift = self.drift(output)  # the reference loads here: before the libraries and threads are listed
+        self.control.send(self.result(own_cpu, wall, threads_cpus, {
             **foreign,
             "peak_rss_bytes": memory.get("VmHWM") if self.hwm_reset else
             resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
@@ -192,8 +193,8 @@ class Instance:
             "rss_bytes": memory.get("VmRSS"),
             "real_tokens_per_sample": real_tokens,
             "padded_tokens_per_sample": tokens.per_sample(spec.batch_size, padded=True) if tokens.batches else None,
-        }), output_shape=list(output.shape), output_checksum=float(np.abs(output).astype(np.float64).sum()),
-            drift=self.drift(output))
+        }, output_shape=list(output.shape), output_checksum=float(np.abs(output).astype(np.float64).sum()),
+            drift=drift))
 
     def real_tokens_per_sample(self) -> float:
         if self.tokens.batches:
@@ -231,20 +232,19 @@ class Instance:
             end_ns = time.perf_counter_ns()
             busy_ns += end_ns - start_ns
             served, rows = served + 1, rows + len(chosen)
-            control.send("served", batch=int(words[1]), start_ns=start_ns, end_ns=end_ns, length=length,
-                         real_tokens=sum(len(q) for q in chosen))
+            control.send(protocol.Served(int(words[1]), start_ns, end_ns, length, sum(len(q) for q in chosen)))
         wall = (time.perf_counter_ns() - began) / 1e9
         memory = memory_now()
         threads_cpus = instance_env.thread_affinities()
-        control.send("result", **self.report(process_cpu_seconds() - cpu_before, wall, threads_cpus, {
+        control.send(self.result(process_cpu_seconds() - cpu_before, wall, threads_cpus, {
             "busy_seconds": busy_ns / 1e9, "batches_served": served, "queries_served": rows,
             "peak_rss_bytes": memory.get("VmHWM"), "rss_bytes": memory.get("VmRSS")}))
 
-    def report(self, cpu_seconds: float, wall: float, threads_cpus: dict, measured: dict) -> dict:
-        """The result's fields every scenario has, around what `measured` holds."""
+    def result(self, cpu_seconds: float, wall: float, threads_cpus: dict, measured: dict, **after) -> protocol.Result:
+        """The report: the fields every scenario has, around what `measured` holds, then `after`."""
         from corescale.machine import environment
 
-        return {
+        return protocol.Result({
             "instance": self.spec.id, "load_seconds": self.load_seconds, "stage_seconds": dict(self.backend.timings),
             "warmup_iterations": len(self.durations), "warmup_stable_iterations": len(self.warmed.durations_ns),
             "warmup_converged": self.warmed.converged, "cpu_seconds": cpu_seconds, "wall_seconds": wall,
@@ -252,8 +252,8 @@ class Instance:
             "affinity": sorted(set().union(*threads_cpus.values())),  # every CPU any of its threads may use
             "thread_affinity": {str(tid): cpus for tid, cpus in threads_cpus.items()},
             "framework": self.backend.info(), "mapped_libraries": environment.mapped_libraries(),
-            "thread_count": environment.os_thread_count(),
-        }
+            "thread_count": environment.os_thread_count(), **after,
+        })
 
 
 class TokenCount:
@@ -320,10 +320,7 @@ def main(argv: list[str]) -> int:
     try:
         Instance(job, control).run()
     except BaseException as exc:  # report everything to the parent, which decides what to show
-        from corescale.errors import UserError
-
-        control.send("error", user_error=isinstance(exc, UserError), message=str(exc) or type(exc).__name__,
-                     traceback=traceback.format_exc())
+        control.send(protocol.WorkerFailure.of(exc))
         return 3
     return 0
 
