@@ -33,11 +33,20 @@ class Loaded:
 
 
 @dataclass(frozen=True)
-class Warming:
-    """Warm-up calls done so far."""
+class Calls:
+    """Calls done so far: of the warm-up (Warming), of the timed window (Progress)."""
 
-    EVENT: ClassVar[str] = "warmup"
     done: int
+
+
+@dataclass(frozen=True)
+class Warming(Calls):
+    EVENT: ClassVar[str] = "warmup"
+
+
+@dataclass(frozen=True)
+class Progress(Calls):
+    EVENT: ClassVar[str] = "progress"
 
 
 @dataclass(frozen=True)
@@ -49,14 +58,6 @@ class Ready:
     converged: bool
     call_ns: int  # a warm call's median duration: the start instant leaves room for two
     single_ns: int | None = None  # serving: the fastest warm query at sequence_length
-
-
-@dataclass(frozen=True)
-class Progress:
-    """Timed calls done so far."""
-
-    EVENT: ClassVar[str] = "progress"
-    done: int
 
 
 @dataclass(frozen=True)
