@@ -13,6 +13,7 @@ from pathlib import Path
 from corescale.errors import UserError
 from corescale.machine import instance_env
 from corescale.machine.peak import PeakCache
+from corescale.measure import protocol
 from corescale.measure.calibrate import with_peaks
 
 
@@ -37,8 +38,20 @@ def profile(trial, isa: dict) -> dict:
         except (OSError, ValueError):
             tail = process.stderr.decode(errors="replace").strip().splitlines()[-1:] or [f"exit {process.returncode}"]
             raise RuntimeError(f"explain worker failed: {tail[0][:300]}") from None
-    if result["kind"] == "error":
-        if result.get("user_error"):
-            raise UserError(result["message"])
-        raise RuntimeError(f"explain worker failed: {result['message']}\n{result.get('traceback', '')}")
-    return {**result, "instance": spec.to_json()}
+    message = answer(result)
+    return {**message.profile, "instance": spec.to_json()}
+
+
+def answer(result) -> protocol.Profiled:
+    """The explain worker's profile, or its failure raised (UserError: bad input)."""
+    try:
+        message = protocol.from_fields(result)
+    except protocol.ProtocolError as bad:
+        raise RuntimeError(f"explain worker sent a malformed answer: {bad}") from None
+    if isinstance(message, protocol.WorkerFailure):
+        if message.kind == "user":
+            raise UserError(message.message)
+        raise RuntimeError(f"explain worker failed: {message.message}\n{message.traceback or ''}")
+    if not isinstance(message, protocol.Profiled):
+        raise RuntimeError(f"explain worker answered '{message.EVENT}', not its profile")
+    return message

@@ -53,7 +53,7 @@ def run(job: dict, out: Path) -> dict:
             profiler.call()
     calls = profiler.finish()
     rates = linear_remedy(cfg, model, spec.batch_size)
-    return {"kind": "profile", "latencies_us": latencies, "calls": calls, "linear_rates": rates,
+    return {"latencies_us": latencies, "calls": calls, "linear_rates": rates,
             "profiler": profilers.PROFILERS[cfg.backend.name], "framework": backend.info(),
             "stage_seconds": dict(backend.timings), "warmup_iterations": len(warm.durations_ns),
             "warmup_converged": warm.converged}
@@ -76,20 +76,16 @@ def linear_remedy(cfg, model, batch_size: int) -> dict | None:
 
 
 def main(argv: list[str]) -> int:
+    from corescale.measure import protocol
     from corescale.record.files import write_json_atomic
 
     out = Path(argv[1])
     try:
-        result = run(json.loads(Path(argv[0]).read_text()), out)
+        message = protocol.Profiled(run(json.loads(Path(argv[0]).read_text()), out))
     except BaseException as exc:  # the parent reports it
-        import traceback
-
-        from corescale.errors import UserError
-
-        result = {"kind": "error", "user_error": isinstance(exc, UserError), "message": str(exc) or type(exc).__name__,
-                  "traceback": traceback.format_exc()}
-    write_json_atomic(out, json.loads(json.dumps(result, default=str)))
-    return 0 if result["kind"] == "profile" else 3
+        message = protocol.WorkerFailure.of(exc)
+    write_json_atomic(out, json.loads(protocol.encode(message)))
+    return 0 if isinstance(message, protocol.Profiled) else 3
 
 
 if __name__ == "__main__":

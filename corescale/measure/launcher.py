@@ -21,6 +21,7 @@ from typing import IO, Callable
 
 from corescale.machine import instance_env
 from corescale.machine.placement import InstanceSpec
+from corescale.measure import protocol
 from corescale.measure.forkserver import AdoptedProcess, RepeatServers
 from corescale.record.trial import Failure
 
@@ -165,11 +166,8 @@ class Launcher:
                 inst.buffer += chunk
                 *lines, inst.buffer = inst.buffer.split(b"\n")
                 for line in lines:
-                    try:
-                        event = json.loads(line)
-                    except ValueError:
-                        continue  # not a control line (nothing else should reach it; never fatal)
-                    self._handle(inst, event, outcome)
+                    if line.strip():
+                        self._handle(inst, self._decode(inst, line), outcome)
 
     def _timed_out(self) -> None:
         waiting = [i for i in self.instances.values() if i.state != "done"]
@@ -182,30 +180,37 @@ class Launcher:
         """The timeout runs from now: from the start, and again from each LoadGen test (target_qps=auto)."""
         self.deadline = time.monotonic() + self.timeout_s
 
-    def _handle(self, inst: InstanceProcess, event: dict, outcome: LaunchOutcome) -> None:
-        kind = event["event"]
-        if kind == "served":  # one per batch: for the server's dispatcher only
-            self.server.served(inst.id, event)
+    @staticmethod
+    def _decode(inst: InstanceProcess, line: bytes) -> protocol.Message:
+        try:
+            return protocol.decode(line)
+        except protocol.ProtocolError as bad:
+            raise InstanceFailed(Failure("error", f"sent a malformed message while {inst.state}: {bad}", inst.id,
+                                         stderr_tail=inst.stderr_tail())) from None
+
+    def _handle(self, inst: InstanceProcess, message: protocol.Message, outcome: LaunchOutcome) -> None:
+        if isinstance(message, protocol.Served):  # one per batch: for the server's dispatcher only
+            self.server.served(inst.id, message)
             return
-        self.on_event(inst.id, {**event, "pid": inst.process.pid})
-        if kind == "error":
-            message = event["message"]
-            if event.get("user_error") and inst.loader_errors():
-                message += f" [{inst.loader_errors()[-1]}]"
-            kind = "user" if event.get("user_error") else "error"
-            raise InstanceFailed(Failure(kind, message, inst.id, stderr_tail=inst.stderr_tail(),
-                                         traceback=event.get("traceback")))
-        if kind == "ready":
-            inst.state, inst.call_ns = "ready", int(event.get("call_ns") or 0)
-            inst.single_ns = event.get("single_ns")
+        self.on_event(inst.id, {**protocol.fields(message), "pid": inst.process.pid})
+        if isinstance(message, protocol.WorkerFailure):
+            text = message.message
+            if message.kind == "user" and inst.loader_errors():
+                text += f" [{inst.loader_errors()[-1]}]"
+            raise InstanceFailed(Failure(message.kind, text, inst.id, stderr_tail=inst.stderr_tail(),
+                                         traceback=message.traceback))
+        if isinstance(message, protocol.Ready):
+            inst.state, inst.call_ns, inst.single_ns = "ready", message.call_ns, message.single_ns
             if all(i.state == "ready" for i in self.instances.values()):
                 self._start_all(outcome)
-        elif kind == "progress":
-            inst.done = event["done"]
-        elif kind == "result":
-            inst.result = event
+        elif isinstance(message, protocol.Progress):
+            inst.done = message.done
+        elif isinstance(message, protocol.Result):
+            inst.result = message.report
             inst.state = "done"
-        elif kind == "loaded":
+        elif isinstance(message, protocol.Profiled):
+            raise InstanceFailed(Failure("error", f"sent an explain worker's '{message.EVENT}'", inst.id))
+        elif isinstance(message, protocol.Loaded):
             inst.state = "loaded"
             if all(i.state == "loaded" for i in self.instances.values()):
                 self._tell_all("warmup", "warming")  # warm-up starts when every instance is loaded

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from corescale.measure.batching import Batcher
+from corescale.measure.protocol import Served
 from corescale.measure.qps_search import floor_qps, knee, load_curve, search
 from corescale.record.trial import Failure
 
@@ -88,8 +89,8 @@ class Server:
                                        daemon=True)
         self.thread.start()
 
-    def served(self, instance: int, event: dict) -> None:
-        self.replies[instance].put(event)
+    def served(self, instance: int, reply: Served) -> None:
+        self.replies[instance].put(reply)
 
     def abort(self) -> None:
         """The trial failed or was interrupted: dispatchers answer LoadGen at once so its test ends."""
@@ -219,8 +220,8 @@ class Server:
             done_ns = time.perf_counter_ns()
             self.step_batches.append(len(batch))
             self.outcome.batch_rows.append((
-                len(self.outcome.steps) + 1, instance, number, len(batch), reply["length"], reply["real_tokens"],
-                batch[0].arrived_ns, taken_ns, reply["start_ns"], reply["end_ns"], done_ns))
+                len(self.outcome.steps) + 1, instance, number, len(batch), reply.length, reply.real_tokens,
+                batch[0].arrived_ns, taken_ns, reply.start_ns, reply.end_ns, done_ns))
 
 
 def test_settings(cfg, qps: float | None, min_queries: int, expected_latency_ns: int):

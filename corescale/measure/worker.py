@@ -1,7 +1,7 @@
 """One instance: pinned process that loads a backend, warms up with its siblings, starts with them, measures.
 
 Run as `python -m corescale.measure.worker JOB.json` by the launcher. Protocol with the parent:
-- control lines (JSON) go to the original stdout; library noise is sent to stderr;
+- its messages (measure/protocol.py, one JSON line each) go to the original stdout; library noise to stderr;
 - `loaded` -> the parent writes `warmup` once EVERY instance is loaded, so warm-up runs under the load the window
   will see -> `ready` (stable, or not: `converged`) -> the instance keeps calling the model (still warm-up) until
   the parent writes `start <perf_counter_ns>` once every instance is ready -> the timed window from that instant.
@@ -20,7 +20,8 @@ import resource
 import select
 import sys
 import time
-import traceback
+
+from corescale.measure import protocol
 
 # No framework imports at module level: affinity and threads are set before any framework loads.
 
@@ -30,8 +31,8 @@ class Control:
         self.out = os.fdopen(os.dup(1), "w", buffering=1)
         os.dup2(2, 1)  # frameworks that print to stdout must not corrupt the control channel
 
-    def send(self, event: str, **fields) -> None:
-        self.out.write(json.dumps({"event": event, **fields}, default=str) + "\n")
+    def send(self, message: protocol.Message) -> None:
+        self.out.write(protocol.encode(message))
 
     def wait_for(self, word: str) -> list[str] | None:
         """Blocks for the parent's next line; its words when it is `word`, None on abort or end of input."""
@@ -89,109 +90,170 @@ def process_cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def run_instance(job: dict, control: Control) -> None:
-    from corescale.config import BenchmarkConfig
-    from corescale.machine import environment, instance_env
-    from corescale.machine.placement import InstanceSpec
-    from corescale.measure import contamination
-    from corescale.workload.models import ModelSpec
+class Instance:
+    """One instance's life, as pyperf's WorkerTask: load, warm up, then the closed loop or serving."""
 
-    cfg = BenchmarkConfig.from_dict(job["config"])
-    spec = InstanceSpec.from_json(job["instance"])
-    cpus = list(spec.cpus)
-    os.sched_setaffinity(0, cpus)  # before any framework creates its thread pool
-    threads = spec.threads
-    model = ModelSpec(**job["model"])
+    def __init__(self, job: dict, control: Control) -> None:
+        from corescale.config import BenchmarkConfig
+        from corescale.machine.placement import InstanceSpec
+        from corescale.workload.models import ModelSpec
 
-    from corescale.backends import create_backend
-    from corescale.measure.timing import timed_loop, warm_up
-    from corescale.workload.inputs import make_inputs
-    from corescale.workload.samples import QuerySet
+        self.job, self.control = job, control
+        self.cfg = BenchmarkConfig.from_dict(job["config"])
+        self.spec = InstanceSpec.from_json(job["instance"])
+        os.sched_setaffinity(0, list(self.spec.cpus))  # before any framework creates its thread pool
+        self.model = ModelSpec(**job["model"])
+        self.serving = self.cfg.scenario != "offline"
+        self.tokens = TokenCount()
 
-    serving = cfg.scenario != "offline"
-    queries = QuerySet.load(job["queries"]) if job.get("queries") else None
-    batch = cfg.server.max_batch if cfg.scenario == "server" else 1 if serving else spec.batch_size
-    inputs = make_inputs(model, batch, cfg.sequence_length, cfg.seed, cfg.padding_fraction)
-    backend = create_backend(cfg.backend.name)
-    load_start = time.perf_counter()
-    backend.load(model, cfg, threads, inputs)
-    load_seconds = time.perf_counter() - load_start
-    instance_env.verify_mapped(cfg, environment.mapped_libraries(), spec.id)  # asked for = really in
-    prepared = backend.prepare(inputs)
-    tokens = TokenCount()
+    def run(self) -> None:
+        self.load()
+        start_ns = self.warm()
+        if start_ns is None:
+            return
+        if self.serving:
+            self.serve()
+        else:
+            self.closed_loop(start_ns)
 
-    def call():
-        return backend.forward(prepared)
+    def load(self) -> None:
+        """The backend built on this instance's inputs; the imports every later stage needs are done here."""
+        from corescale.backends import create_backend
+        from corescale.machine import environment, instance_env
+        from corescale.measure import contamination, timing  # noqa: F401 - imported before the window starts
+        from corescale.workload.inputs import make_inputs
+        from corescale.workload.samples import QuerySet
 
-    if queries is not None and not serving:  # the closed loop cycles over the query set's padded batches
-        call = tokens.cycle(backend, model, queries, spec.batch_size, cfg)
+        cfg, spec = self.cfg, self.spec
+        self.queries = QuerySet.load(self.job["queries"]) if self.job.get("queries") else None
+        self.batch = cfg.server.max_batch if cfg.scenario == "server" else 1 if self.serving else spec.batch_size
+        self.inputs = make_inputs(self.model, self.batch, cfg.sequence_length, cfg.seed, cfg.padding_fraction)
+        backend = self.backend = create_backend(cfg.backend.name)
+        load_start = time.perf_counter()
+        backend.load(self.model, cfg, spec.threads, self.inputs)
+        self.load_seconds = time.perf_counter() - load_start
+        instance_env.verify_mapped(cfg, environment.mapped_libraries(), spec.id)  # asked for = really in
+        prepared = backend.prepare(self.inputs)
 
-    gc.collect()  # what loading left behind (an exporter's PyTorch model) is not the backend's memory
-    hwm_reset = reset_peak_rss()
-    control.send("loaded", load_seconds=load_seconds)
-    if control.wait_for("warmup") is None:  # every sibling is loaded: warm up under the window's load
-        return
-    warm = warm_up(call, cfg.warmup, progress=lambda n: control.send("warmup", done=n))
-    durations = list(warm.durations_ns)
-    single_ns = warm_shapes(backend, model, cfg, batch) if serving else None
-    stable = sorted(durations[-cfg.warmup.window:])
-    control.send("ready", warmup_iterations=len(durations), converged=warm.converged,
-                 call_ns=stable[len(stable) // 2], single_ns=single_ns)
-    start_ns = keep_warm(call, control, durations)
-    if start_ns is None:
-        return
-    if serving:
-        return serve(backend, model, queries, control, job, spec, load_seconds, warm, durations)
-    tokens.begin()
-    watch = contamination.Watch(cpus, contamination.smt_siblings(cpus, exclude=job.get("trial_cpus", ())))
-    watch.start()
-    cpu_before = process_cpu_seconds()
-    with open(f"{spec.samples_path}.stream", "wb") as stream:  # the parent reads it if this process dies
-        samples = timed_loop(call, start_ns, cfg.duration, max(cfg.min_iterations, len(tokens.batches)),
-                             progress=lambda n: control.send("progress", done=n), stream=stream)
-    own_cpu = process_cpu_seconds() - cpu_before
-    wall = (samples.ends_ns[-1] - start_ns) / 1e9
-    foreign = watch.stop(own_cpu, wall)
-    memory = memory_now()  # the measured backend's, before any reference backend loads
-    import numpy as np
+        def call():
+            return backend.forward(prepared)
 
-    np.savez(spec.samples_path, starts_ns=samples.starts_ns, ends_ns=samples.ends_ns,
-             warmup_ns=np.asarray(durations, dtype=np.int64))
-    threads_cpus = instance_env.thread_affinities()
-    mask = inputs.get("attention_mask")
-    real_per_sample = tokens.per_sample(spec.batch_size) if tokens.batches else (
-        float(mask.sum()) / spec.batch_size if mask is not None else cfg.sequence_length)
-    output = backend.to_numpy(call())
-    drift = None
-    if cfg.reference:
+        self.call = call
+        if self.queries is not None and not self.serving:  # the closed loop cycles over the query set's batches
+            self.call = self.tokens.cycle(backend, self.model, self.queries, spec.batch_size, cfg)
+        gc.collect()  # what loading left behind (an exporter's PyTorch model) is not the backend's memory
+        self.hwm_reset = reset_peak_rss()
+
+    def warm(self) -> int | None:
+        """Warm-up under the siblings' load, then warm calls until the start instant (None: aborted)."""
+        from corescale.measure.timing import warm_up
+
+        control, cfg = self.control, self.cfg
+        control.send(protocol.Loaded(self.load_seconds))
+        if control.wait_for("warmup") is None:  # every sibling is loaded: warm up under the window's load
+            return None
+        self.warmed = warm_up(self.call, cfg.warmup, progress=lambda n: control.send(protocol.Warming(n)))
+        self.durations = list(self.warmed.durations_ns)
+        single_ns = warm_shapes(self.backend, self.model, cfg, self.batch) if self.serving else None
+        stable = sorted(self.durations[-cfg.warmup.window:])
+        control.send(protocol.Ready(len(self.durations), self.warmed.converged, stable[len(stable) // 2], single_ns))
+        return keep_warm(self.call, control, self.durations)
+
+    def closed_loop(self, start_ns: int) -> None:
+        """The timed window from `start_ns`, then the instance's result (its calls saved beside it)."""
+        import numpy as np
+
+        from corescale.machine import instance_env
+        from corescale.measure import contamination
+        from corescale.measure.timing import timed_loop
+
+        cfg, spec, tokens, cpus = self.cfg, self.spec, self.tokens, list(self.spec.cpus)
+        tokens.begin()
+        watch = contamination.Watch(cpus, contamination.smt_siblings(cpus, exclude=self.job.get("trial_cpus", ())))
+        watch.start()
+        cpu_before = process_cpu_seconds()
+        with open(f"{spec.samples_path}.stream", "wb") as stream:  # the parent reads it if this process dies
+            samples = timed_loop(self.call, start_ns, cfg.duration, max(cfg.min_iterations, len(tokens.batches)),
+                                 progress=lambda n: self.control.send(protocol.Progress(n)), stream=stream)
+        own_cpu = process_cpu_seconds() - cpu_before
+        wall = (samples.ends_ns[-1] - start_ns) / 1e9
+        foreign = watch.stop(own_cpu, wall)
+        memory = memory_now()  # the measured backend's, before any reference backend loads
+        np.savez(spec.samples_path, starts_ns=samples.starts_ns, ends_ns=samples.ends_ns,
+                 warmup_ns=np.asarray(self.durations, dtype=np.int64))
+        threads_cpus = instance_env.thread_affinities()
+        real_tokens = self.real_tokens_per_sample()  # before the output check's call (padded: after, as in 0.2)
+        output = self.backend.to_numpy(self.call())
+        drift = self.drift(output)  # the reference loads here: before the libraries and threads are listed
+        self.control.send(self.result(own_cpu, wall, threads_cpus, {
+            **foreign,
+            "peak_rss_bytes": memory.get("VmHWM") if self.hwm_reset else
+            resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "peak_rss_scope": "warm-up and window" if self.hwm_reset else "whole process (load included)",
+            "rss_bytes": memory.get("VmRSS"),
+            "real_tokens_per_sample": real_tokens,
+            "padded_tokens_per_sample": tokens.per_sample(spec.batch_size, padded=True) if tokens.batches else None,
+        }, output_shape=list(output.shape), output_checksum=float(np.abs(output).astype(np.float64).sum()),
+            drift=drift))
+
+    def real_tokens_per_sample(self) -> float:
+        if self.tokens.batches:
+            return self.tokens.per_sample(self.spec.batch_size)
+        mask = self.inputs.get("attention_mask")
+        return float(mask.sum()) / self.spec.batch_size if mask is not None else self.cfg.sequence_length
+
+    def drift(self, output) -> dict | None:
+        """The outputs against the reference backend's, loaded in this process after the window."""
+        if not self.cfg.reference:
+            return None
         from corescale.measure.drift import compare_with_reference
 
-        drift = compare_with_reference(cfg, model, threads, inputs, output)
-    control.send(
-        "result",
-        instance=spec.id,
-        load_seconds=load_seconds,
-        stage_seconds=dict(backend.timings),
-        warmup_iterations=len(durations),
-        warmup_stable_iterations=len(warm.durations_ns),
-        warmup_converged=warm.converged,
-        cpu_seconds=own_cpu,
-        wall_seconds=wall,
-        **foreign,
-        peak_rss_bytes=memory.get("VmHWM") if hwm_reset else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-        peak_rss_scope="warm-up and window" if hwm_reset else "whole process (load included)",
-        rss_bytes=memory.get("VmRSS"),
-        real_tokens_per_sample=real_per_sample,
-        padded_tokens_per_sample=tokens.per_sample(spec.batch_size, padded=True) if tokens.batches else None,
-        affinity=sorted(set().union(*threads_cpus.values())),  # every CPU any of its threads may use
-        thread_affinity={str(tid): cpus for tid, cpus in threads_cpus.items()},
-        framework=backend.info(),
-        mapped_libraries=environment.mapped_libraries(),
-        thread_count=environment.os_thread_count(),
-        output_shape=list(output.shape),
-        output_checksum=float(np.abs(output).astype(np.float64).sum()),
-        drift=drift,
-    )
+        return compare_with_reference(self.cfg, self.model, self.spec.threads, self.inputs, output)
+
+    def serve(self) -> None:
+        """Answers the parent's batches until `stop`; then its result (no timed window of its own)."""
+        from corescale.machine import instance_env
+        from corescale.workload.samples import batch_inputs, pad_id, padded_length
+
+        backend, model, queries, control = self.backend, self.model, self.queries, self.control
+        cfg_pad, limit = self.cfg.pad, self.cfg.sequence_length
+        cpu_before, began = process_cpu_seconds(), time.perf_counter_ns()
+        served = rows = 0
+        busy_ns = 0
+        while True:
+            words = control.next_words()
+            if not words or words[0] != "batch":
+                break
+            chosen = [queries.ids[int(i)] for i in words[2].split(",")]
+            start_ns = time.perf_counter_ns()
+            length = padded_length([len(q) for q in chosen], cfg_pad, limit)
+            prepared = backend.prepare(batch_inputs(chosen, length, pad_id(model), model.takes_token_type_ids))
+            backend.to_numpy(backend.forward(prepared))
+            end_ns = time.perf_counter_ns()
+            busy_ns += end_ns - start_ns
+            served, rows = served + 1, rows + len(chosen)
+            control.send(protocol.Served(int(words[1]), start_ns, end_ns, length, sum(len(q) for q in chosen)))
+        wall = (time.perf_counter_ns() - began) / 1e9
+        memory = memory_now()
+        threads_cpus = instance_env.thread_affinities()
+        control.send(self.result(process_cpu_seconds() - cpu_before, wall, threads_cpus, {
+            "busy_seconds": busy_ns / 1e9, "batches_served": served, "queries_served": rows,
+            "peak_rss_bytes": memory.get("VmHWM"), "rss_bytes": memory.get("VmRSS")}))
+
+    def result(self, cpu_seconds: float, wall: float, threads_cpus: dict, measured: dict, **after) -> protocol.Result:
+        """The report: the fields every scenario has, around what `measured` holds, then `after`."""
+        from corescale.machine import environment
+
+        return protocol.Result({
+            "instance": self.spec.id, "load_seconds": self.load_seconds, "stage_seconds": dict(self.backend.timings),
+            "warmup_iterations": len(self.durations), "warmup_stable_iterations": len(self.warmed.durations_ns),
+            "warmup_converged": self.warmed.converged, "cpu_seconds": cpu_seconds, "wall_seconds": wall,
+            **measured,
+            "affinity": sorted(set().union(*threads_cpus.values())),  # every CPU any of its threads may use
+            "thread_affinity": {str(tid): cpus for tid, cpus in threads_cpus.items()},
+            "framework": self.backend.info(), "mapped_libraries": environment.mapped_libraries(),
+            "thread_count": environment.os_thread_count(), **after,
+        })
 
 
 class TokenCount:
@@ -251,56 +313,14 @@ def warm_shapes(backend, model, cfg, max_batch: int) -> int | None:
     return single_ns
 
 
-def serve(backend, model, queries, control: Control, job: dict, spec, load_seconds: float, warm,
-          durations: list[int]) -> None:
-    """Answers the parent's batches until `stop`; then its result (no timed window of its own)."""
-    from corescale.machine import environment, instance_env
-    from corescale.workload.samples import batch_inputs, pad_id, padded_length
-
-    cfg_pad, limit = job["config"]["pad"], job["config"]["sequence_length"]
-    cpu_before, began = process_cpu_seconds(), time.perf_counter_ns()
-    served = rows = 0
-    busy_ns = 0
-    while True:
-        words = control.next_words()
-        if not words or words[0] != "batch":
-            break
-        chosen = [queries.ids[int(i)] for i in words[2].split(",")]
-        start_ns = time.perf_counter_ns()
-        length = padded_length([len(q) for q in chosen], cfg_pad, limit)
-        prepared = backend.prepare(batch_inputs(chosen, length, pad_id(model), model.takes_token_type_ids))
-        backend.to_numpy(backend.forward(prepared))
-        end_ns = time.perf_counter_ns()
-        busy_ns += end_ns - start_ns
-        served, rows = served + 1, rows + len(chosen)
-        control.send("served", batch=int(words[1]), start_ns=start_ns, end_ns=end_ns, length=length,
-                     real_tokens=sum(len(q) for q in chosen))
-    wall = (time.perf_counter_ns() - began) / 1e9
-    memory = memory_now()
-    threads_cpus = instance_env.thread_affinities()
-    control.send(
-        "result", instance=spec.id, load_seconds=load_seconds, stage_seconds=dict(backend.timings),
-        warmup_iterations=len(durations), warmup_stable_iterations=len(warm.durations_ns),
-        warmup_converged=warm.converged, cpu_seconds=process_cpu_seconds() - cpu_before, wall_seconds=wall,
-        busy_seconds=busy_ns / 1e9, batches_served=served, queries_served=rows,
-        peak_rss_bytes=memory.get("VmHWM"), rss_bytes=memory.get("VmRSS"),
-        affinity=sorted(set().union(*threads_cpus.values())),
-        thread_affinity={str(tid): cpus for tid, cpus in threads_cpus.items()},
-        framework=backend.info(), mapped_libraries=environment.mapped_libraries(),
-        thread_count=environment.os_thread_count())
-
-
 def main(argv: list[str]) -> int:
     control = Control()
     with open(argv[0]) as handle:
         job = json.load(handle)
     try:
-        run_instance(job, control)
+        Instance(job, control).run()
     except BaseException as exc:  # report everything to the parent, which decides what to show
-        from corescale.errors import UserError
-
-        control.send("error", user_error=isinstance(exc, UserError), message=str(exc) or type(exc).__name__,
-                     traceback=traceback.format_exc())
+        control.send(protocol.WorkerFailure.of(exc))
         return 3
     return 0
 
