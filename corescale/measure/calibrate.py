@@ -61,11 +61,9 @@ def _measure(specs: list[InstanceSpec], cfg, precision: str, work_dir: Path, lib
     running = []
     for spec in specs:
         out = work_dir / f"peak-{precision}-{spec.id}.json"
-        command = [*instance_env.command_prefix(spec), sys.executable, "-m", "corescale.measure.calibrate",
-                   str(spec.threads), precision, str(out), ",".join(libraries)]
-        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                   env=instance_env.environment(cfg, spec, preload), start_new_session=True,
-                                   preexec_fn=instance_env.pin_before_exec(spec.cpus))
+        process = instance_env.spawn(instance_env.Launch.of(cfg, spec, preload), "corescale.measure.calibrate",
+                                     str(spec.threads), precision, str(out), ",".join(libraries),
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         running.append((process, out))
     entries = []
     for process, out in running:
