@@ -11,14 +11,16 @@ from pathlib import Path
 
 from corescale.errors import UserError
 from corescale.machine import instance_env
+from corescale.machine.lock import machine_lock
 from corescale.machine.peak import PeakCache
 from corescale.measure.calibrate import with_peaks
 
 
-def profile(trial, isa: dict) -> dict:
-    """The worker's JSON (measured latencies, profiled calls) plus the instance it ran as (with its roofs)."""
+def profile(trial, isa: dict, on_lock_wait=None) -> dict:
+    """The worker's JSON (measured latencies, profiled calls) plus the instance it ran as (with its roofs), under
+    the machine lock (on_lock_wait: as machine_lock's on_wait)."""
     cfg = trial.cfg
-    with tempfile.TemporaryDirectory(prefix="corescale-explain-") as work:
+    with machine_lock(on_wait=on_lock_wait), tempfile.TemporaryDirectory(prefix="corescale-explain-") as work:
         (spec,) = trial.instance_specs(Path(work))
         if cfg.calibrate:
             (spec,) = with_peaks([spec], cfg, isa, Path(work), PeakCache(cfg.cache_dir))

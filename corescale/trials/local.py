@@ -9,7 +9,6 @@ listener (the command's) does. The Ray executor (ray.py) is the only other loop 
 
 from __future__ import annotations
 
-import fcntl
 import os
 import signal
 import threading
@@ -20,14 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from corescale.machine import environment
+from corescale.machine.lock import machine_lock
 from corescale.measure.forkserver import ForkServers
 from corescale.measure.runner import Measured, Trial, TrialOutcome, commit, failed_measured, measure
 from corescale.record.index import ResultIndex
 from corescale.record.trial import Failure, TrialRecord, machine_fingerprint
 
-# One machine-wide lock in a fixed place (not TMPDIR, which differs per user and process); CORESCALE_LOCK moves it.
 FORKSERVER_ENV = "CORESCALE_FORKSERVER"
-LOCK_PATH = Path(os.environ.get("CORESCALE_LOCK", "/tmp/corescale-trials.lock"))
 
 
 @dataclass
@@ -119,39 +117,6 @@ class Listener:
     def worker_event(self, item: Planned, instance: int, event: dict[str, Any]) -> None: ...
 
     def finished(self, item: Planned, outcome: TrialOutcome, state: LoopState) -> None: ...
-
-
-@contextmanager
-def machine_lock(path: Path = LOCK_PATH, on_wait=None):
-    """One trial at a time on this machine, across processes (released by the kernel if we die).
-
-    Yields the seconds spent waiting for another process's trial; on_wait(path) is called before waiting."""
-    fd = _open_lock(path)
-    started = time.monotonic()
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            if on_wait:
-                on_wait(path)
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        yield time.monotonic() - started
-    finally:
-        os.close(fd)  # closing releases the lock
-
-
-def _open_lock(path: Path) -> int:
-    """The lock file, shared by every user: made 0666 by whoever creates it; flock needs no write access, so
-    another user's read-only file works as well."""
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-    except PermissionError:
-        return os.open(path, os.O_RDONLY)
-    try:
-        os.fchmod(fd, 0o666)  # the umask took write access from the others
-    except PermissionError:
-        pass  # someone else's file: it is theirs to change
-    return fd
 
 
 def stamp(measured: Measured, **fields) -> Measured:
