@@ -16,7 +16,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from corescale.machine import environment
 from corescale.machine.lock import machine_lock
@@ -99,6 +99,18 @@ class LoopState:
     def failed(self) -> int:
         return self.count("failed")
 
+    def skip(self, item: Planned, existing: Path, repeat: int, listener: Listener) -> None:
+        """A (trial, repeat) with a valid result already: not measured."""
+        self.rows.append(Row(item, "skipped", None, existing, repeat))
+        listener.skipped(item, existing, self)
+
+    def finish(self, item: Planned, outcome: TrialOutcome, repeat: int, listener: Listener, fail_fast: bool) -> bool:
+        """A measured (trial, repeat), committed; True when it failed and --fail-fast ends the loop here."""
+        self.rows.append(Row(item, outcome.record.status, outcome.record, outcome.path, repeat))
+        listener.finished(item, outcome, self)
+        self.stopped = self.stopped or (fail_fast and not outcome.ok)
+        return self.stopped
+
     def records_of(self, item: Planned) -> list[TrialRecord]:
         """Every repeat of one trial measured or found in this loop (skipped ones read from their files)."""
         from corescale.record.files import read_result
@@ -117,6 +129,32 @@ class Listener:
     def worker_event(self, item: Planned, instance: int, event: dict[str, Any]) -> None: ...
 
     def finished(self, item: Planned, outcome: TrialOutcome, state: LoopState) -> None: ...
+
+
+class Resume:
+    """What both loops' resume reads (this one and ray.py's): a valid result of a (trial, repeat) under the trial's
+    resume root, measured on a machine and software that machines(item) names (fingerprints; None: any machine's,
+    with --accept-foreign). Nothing counts when it is off (--rerun)."""
+
+    def __init__(self, enabled: bool, machines: Callable[[Planned], frozenset[str] | None]):
+        self.enabled, self.machines = enabled, machines
+        self.indexes: dict[tuple, ResultIndex] = {}
+
+    @classmethod
+    def here(cls, enabled: bool, accept_foreign: bool, host: dict) -> Resume:
+        """Results of this machine and software count (any machine's: accept_foreign)."""
+        machines = None if accept_foreign else frozenset([machine_fingerprint(host)])
+        return cls(enabled, lambda item: machines)
+
+    def index(self, item: Planned) -> ResultIndex:
+        machines = self.machines(item)
+        key = (item.index_root, machines)
+        if key not in self.indexes:
+            self.indexes[key] = ResultIndex(item.index_root, machines)
+        return self.indexes[key]
+
+    def find(self, item: Planned, repeat: int) -> Path | None:
+        return self.index(item).find(item.key, repeat) if self.enabled else None
 
 
 def stamp(measured: Measured, **fields) -> Measured:
@@ -187,35 +225,27 @@ def run_trials(planned: list[Planned], listener: Listener | None = None, resume:
     machine and software only, unless accept_foreign. forkservers: a caller's, kept across its loops."""
     listener = listener or Listener()
     host = environment.capture()  # once per loop: the machine does not change between trials
-    machine = None if accept_foreign else machine_fingerprint(host)
-    indexes: dict[Path, ResultIndex] = {}
+    done = Resume.here(resume, accept_foreign, host)
     order = schedule(planned)
     state = LoopState(len(order))
     with forkservers_for(len(planned), forkservers) as servers:
         for number, (item, repeat) in enumerate(order, 1):
             state.position, state.repeat = number, repeat
-            index = indexes.setdefault(item.index_root, ResultIndex(item.index_root, machine))
-            existing = index.find(item.key, repeat) if resume else None
+            existing = done.find(item, repeat)
             if existing is not None:
-                state.rows.append(Row(item, "skipped", None, existing, repeat))
-                listener.skipped(item, existing, state)
+                state.skip(item, existing, repeat, listener)
                 continue
             listener.starting(item, state)
             started = time.monotonic()
             outcome = run_trial(item.trial, host, lambda i, e, item=item: listener.worker_event(item, i, e),
                                 keep_going, on_lock_wait, repeat,
-                                (lambda i=item, r=repeat, x=index: x.find(i.key, r)) if resume else None,
+                                (lambda i=item, r=repeat: done.find(i, r)) if resume else None,
                                 servers and servers.for_repeat(repeat))
             if isinstance(outcome, Path):  # a concurrent sweep measured it while this one waited for the lock
-                state.rows.append(Row(item, "skipped", None, outcome, repeat))
-                listener.skipped(item, outcome, state)
+                state.skip(item, outcome, repeat, listener)
                 continue
             state.measured_seconds.append(time.monotonic() - started)
-            index.refresh()
-            state.rows.append(Row(item, outcome.record.status, outcome.record, outcome.path, repeat))
-            listener.finished(item, outcome, state)
-            if not outcome.ok and fail_fast:
-                state.stopped = True
+            if state.finish(item, outcome, repeat, listener, fail_fast):
                 break
     return state
 
