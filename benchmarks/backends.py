@@ -7,10 +7,10 @@
 `corescale explain` suggests); its goal, checked against plain eager in the same run: at the largest batch size
 >= 80 % of the peak and >= 1.8x plain eager's throughput.
 One pinned instance per trial on `threads` cores (cores_per_instance=threads), trials one at a time through the
-ordinary trial loop (fresh worker processes). The peak is the best of every GEMM library measured on the same
-cores and thread count (machine/peak.py, cached per machine + software), so no cell can exceed 100 %. Backends
-whose extra is not installed are listed and skipped. Prints a markdown table, the peak per library, and the P2
-goal: the best backend at the largest batch size reaches >= 80 % of that peak.
+ordinary trial loop (benchmarks/_loop.py: fresh worker processes). The peak is the best of every GEMM library
+measured on the same cores and thread count (machine/peak.py, cached per machine + software), so no cell can
+exceed 100 %. Backends whose extra is not installed are listed and skipped. Prints a markdown table, the peak per
+library, and the P2 goal: the best backend at the largest batch size reaches >= 80 % of that peak.
 `--table-from DIR` prints the table of an earlier run again.
 """
 
@@ -58,19 +58,12 @@ def grid(args) -> tuple[list[tuple[str, int, int, list[str]]], list[str]]:
 
 
 def run(trials, base: list[str]) -> list[dict]:
-    from corescale.machine import environment
-    from corescale.measure.runner import prepare_trial
-    from corescale.overrides import compose
-    from corescale.trials.local import run_trial
+    from _loop import measure
 
-    host = environment.capture()
-    rows = []
-    for number, (name, batch, threads, overrides) in enumerate(trials, 1):
-        print(f"[{number}/{len(trials)}] {name} bs{batch} {threads} thread(s) ...", file=sys.stderr, flush=True)
-        trial = prepare_trial(compose([*base, *overrides]))
-        outcome = run_trial(trial, host)  # under the machine lock
-        rows.append({"backend": name, "batch": batch, "threads": threads, "record": outcome.record.to_json()})
-    return rows
+    records = measure({f"{name} bs{batch} {threads} thread(s)": [*base, *overrides]
+                       for name, batch, threads, overrides in trials}, stop_at_failure=False)
+    return [{"backend": name, "batch": batch, "threads": threads, "record": record.to_json()}
+            for (name, batch, threads, _), (record,) in zip(trials, records.values())]
 
 
 def peaks(rows: list[dict]) -> dict[int, dict]:

@@ -3,9 +3,9 @@
     python benchmarks/instances.py [--model bert-base] [--duration 10] [--repeats 1] [--output DIR]
 
 P1 scaling efficiency = throughput(2 x 1 core) ÷ (2 x throughput(1 x 1 core)); goal ≥ 0.95. Trials run one at a
-time through the ordinary runner (fresh pinned worker processes each); with --repeats the setups alternate
-(A B C A B C ...) and the median throughput of each setup's clean runs (no foreign load flagged on its pinned
-CPUs; all runs if none is clean) is reported. Prints a markdown table.
+time through the ordinary trial loop (benchmarks/_loop.py: fresh pinned worker processes each); with --repeats
+the setups alternate (A B C A B C ...) and the median throughput of each setup's clean runs (no foreign load
+flagged on its pinned CPUs; all runs if none is clean) is reported. Prints a markdown table.
 """
 
 from __future__ import annotations
@@ -25,22 +25,10 @@ SETUPS = {  # name -> overrides
 
 
 def run_setups(base: list[str], repeats: int) -> dict[str, list[dict]]:
-    from corescale.machine import environment
-    from corescale.measure.runner import prepare_trial
-    from corescale.overrides import compose
-    from corescale.trials.local import run_trial
+    from _loop import measure
 
-    trials = {name: prepare_trial(compose([*base, *extra])) for name, extra in SETUPS.items()}
-    host = environment.capture()
-    records: dict[str, list[dict]] = {name: [] for name in SETUPS}
-    for repeat in range(repeats):
-        for name, trial in trials.items():
-            print(f"[{repeat + 1}/{repeats}] {name} ...", file=sys.stderr, flush=True)
-            outcome = run_trial(trial, host)  # under the machine lock: no other corescale trial overlaps
-            if not outcome.ok:
-                raise SystemExit(f"{name} failed: {outcome.record.reason}")
-            records[name].append(outcome.record.to_json())
-    return records
+    records = measure({name: [*base, *extra] for name, extra in SETUPS.items()}, repeats)
+    return {name: [record.to_json() for record in runs] for name, runs in records.items()}
 
 
 def summarise(records: dict[str, list[dict]]) -> list[dict]:

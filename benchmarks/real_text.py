@@ -60,9 +60,7 @@ def main() -> int:
     parser.add_argument("--output", default=None)
     args = parser.parse_args()
 
-    from corescale.measure.runner import prepare_trial
-    from corescale.overrides import compose
-    from corescale.trials.local import run_trial
+    from _loop import measure
 
     out = Path(args.output or tempfile.mkdtemp(prefix="corescale-text-bench-"))
     out.mkdir(parents=True, exist_ok=True)
@@ -72,16 +70,9 @@ def main() -> int:
     base = [f"model={args.model}", f"sequence_length={args.sequence_length}", f"batch_size={args.batch}",
             f"duration={args.duration}", f"output_dir={out / 'results'}", "calibrate=false",
             f"workload={out / 'corpus.txt'}", f"workload.tokenizer={tokenizer}", f"workload.samples={args.samples}"]
-    trials = {pad: prepare_trial(compose([*base, f"pad={pad}"])) for pad in POLICIES}
-    lengths = trials["max"].queries.summary()
-    runs: dict[str, list] = {pad: [] for pad in POLICIES}
-    for repeat in range(args.repeats):
-        for pad, trial in trials.items():
-            print(f"[{repeat + 1}/{args.repeats}] pad={pad} ...", file=sys.stderr, flush=True)
-            outcome = run_trial(trial)
-            if not outcome.ok:
-                raise SystemExit(f"pad={pad} failed: {outcome.record.reason}")
-            runs[pad].append(outcome.record)
+    measured = measure({f"pad={pad}": [*base, f"pad={pad}"] for pad in POLICIES}, args.repeats)
+    runs = {pad: measured[f"pad={pad}"] for pad in POLICIES}
+    lengths = runs["max"][0].workload  # the query set's summary, as the trial recorded it
     print(f"{len(texts)} paragraphs, {lengths['queries']} queries used; tokens per query: mean "
           f"{lengths['mean_length']:.1f}, p50 {lengths['p50_length']:.0f}, p90 {lengths['p90_length']:.0f}, max "
           f"{lengths['max_length']} (truncated at {args.sequence_length}); model {args.model}, batch {args.batch}\n")

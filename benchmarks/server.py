@@ -37,9 +37,9 @@ def main() -> int:
     parser.add_argument("overrides", nargs="*", help="the deployment: backend=, precision=, backend.* ...")
     args = parser.parse_args()
 
-    from corescale.measure.runner import prepare_trial
+    from _loop import measure
+
     from corescale.overrides import compose
-    from corescale.trials.local import run_trial
     from corescale.trials.serving import max_valid_qps
 
     out = args.output or tempfile.mkdtemp(prefix="corescale-server-bench-")
@@ -47,13 +47,8 @@ def main() -> int:
             f"output_dir={out}", "calibrate=false", f"server.min_query_count={args.min_queries}",
             f"server.search_precision={args.precision}", f"server.max_steps={args.max_steps}", "timeout=900",
             *args.overrides]
-    offline = {}
-    for name, layout in LAYOUTS.items():
-        print(f"offline {name} ...", file=sys.stderr, flush=True)
-        outcome = run_trial(prepare_trial(compose([*base, *layout, "batch_size=8"])))
-        if not outcome.ok:
-            raise SystemExit(f"offline {name} failed: {outcome.record.reason}")
-        offline[name] = outcome.record.metrics.throughput_samples_per_s
+    measured = measure({f"offline {name}": [*base, *layout, "batch_size=8"] for name, layout in LAYOUTS.items()})
+    offline = {name: measured[f"offline {name}"][0].metrics.throughput_samples_per_s for name in LAYOUTS}
     best = max(offline, key=offline.get)
     chosen = args.server_layout
     cfg = compose([*base, *LAYOUTS[chosen]])

@@ -101,6 +101,29 @@ def test_pinned_before_the_interpreter_starts():
     assert out.stdout.strip() == f"[{cpu}]"
 
 
+def test_spawn_pins_sets_the_environment_and_starts_a_session(tmp_path):
+    """The one way a pinned child starts: its CPUs and variables hold from its first instruction, in its own
+    session; the module runs with the arguments given."""
+    cpu = max(os.sched_getaffinity(0))
+    script = tmp_path / "probe.py"
+    script.write_text("import os, sys; print(sorted(os.sched_getaffinity(0)), os.environ['PROBE'], "
+                      "os.getsid(0) == os.getpid(), sys.argv[1:])")
+    launch = instance_env.Launch([], {**os.environ, "PROBE": "set", "PYTHONPATH": str(tmp_path)}, (cpu,))
+    with instance_env.spawn(launch, "probe", "a", "b", stdout=subprocess.PIPE, text=True) as child:
+        out, _ = child.communicate(timeout=60)
+    assert out.strip() == f"[{cpu}] set True ['a', 'b']"
+
+
+def test_no_module_starts_a_pinned_child_by_hand():
+    """Every pinned child goes through instance_env.spawn (pin before exec, own session, die with the parent)."""
+    from pathlib import Path
+
+    root = Path(instance_env.__file__).parents[1]
+    by_hand = [str(p.relative_to(root)) for p in root.rglob("*.py")
+               if "preexec_fn=" in p.read_text() and p != Path(instance_env.__file__)]
+    assert by_hand == []
+
+
 GOMP = {"gnu-openmp": "/x/libgomp.so.1"}
 
 

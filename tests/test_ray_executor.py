@@ -325,6 +325,49 @@ def test_private_local_ray_binds_loopback_only_without_dashboard(tmp_path):
     assert not seen["still_connected"]  # the executor stops the Ray it started
 
 
+def sweep_on_cluster(planned, **options):
+    """[(planned, outcome)] and the loop state of a sweep dispatched as `corescale run -m` does (run_sweep)."""
+    from corescale.trials.sweep import run_sweep
+
+    outcomes = []
+
+    class Recorder(Listener):
+        def finished(self, item, outcome, state):
+            outcomes.append((item, outcome))
+
+    return run_sweep(planned, Recorder(), **options), outcomes
+
+
+def test_resume_rerun_and_foreign_results_as_in_the_local_loop(cluster, tmp_path):
+    """Resume counts a valid result only when measured on a machine and software of the trial's node type (or with
+    accept_foreign); resume=False (--rerun) measures again."""
+    out = tmp_path / "out"
+    trials = trials_for(cluster.address, out, ["batch_size=4", "executor.node_type=a"])
+    _, first = sweep_on_cluster(trials)
+    assert len(first) == 1 and first[0][1].ok
+    state, again = sweep_on_cluster(trials)
+    assert again == [] and state.count("skipped") == 1
+    _, rerun = sweep_on_cluster(trials, resume=False)
+    assert len(rerun) == 1 and len(stored(out)) == 2
+    for run in iter_run_dirs(out):  # as if both were measured on another machine
+        data = raw_record(run)
+        data["environment"]["cpu"]["model"] = "another CPU"
+        (run / "result.json").write_text(json.dumps(data))
+    _, foreign = sweep_on_cluster(trials)
+    assert len(foreign) == 1 and len(stored(out)) == 3
+    accepted, nothing = sweep_on_cluster(trials, accept_foreign=True, resume=True)
+    assert nothing == [] and accepted.count("skipped") == 1
+
+
+def test_fail_fast_submits_nothing_after_the_first_failure(cluster, tmp_path):
+    out = tmp_path / "out"
+    bad = trials_for(cluster.address, out, ["threads=2", "executor.node_type=b"])  # fits the driver, not b
+    good = trials_for(cluster.address, out, ["batch_size=1,2,3", "executor.node_type=a"])
+    state, outcomes = sweep_on_cluster(bad + good, fail_fast=True)
+    assert state.stopped and [o.ok for item, o in outcomes if item is bad[0]] == [False]
+    assert len(outcomes) < 4 and len(stored(out)) == len(outcomes)  # the rest never ran
+
+
 def test_unknown_node_type_is_one_clear_error(cluster, tmp_path):
     from corescale.errors import UserError
 

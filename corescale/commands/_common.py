@@ -11,6 +11,15 @@ def add_loop_options(parser, what: str = "trial") -> None:
                         help="measure every trial again, even those with a valid result under the results root")
 
 
+def on_lock_wait(path, holder: str) -> None:
+    """What every measuring command says before it waits for the machine lock (machine/lock.py)."""
+    from corescale.report.console import errors
+
+    held = f"; held by {holder}" if holder else ""
+    errors.print(f"waiting for another corescale trial or measurement on this machine to finish (lock {path}{held})",
+                 soft_wrap=True, markup=False)
+
+
 def add_selection(parser) -> None:
     """Options shared by every command that reads a results root."""
     parser.add_argument("--where", action="append", default=[], metavar="COL=VALUE",

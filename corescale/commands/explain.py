@@ -4,6 +4,7 @@ what to change. Profiles with the framework's own profiler in a pinned worker (n
 from __future__ import annotations
 
 from corescale.commands import add_common
+from corescale.commands._common import on_lock_wait
 
 ORDER = 15
 
@@ -58,7 +59,6 @@ def handle(args) -> int:
     from corescale.record.files import write_atomic
     from corescale.report import explain as draw
     from corescale.report.console import console, errors, print_path, print_wide
-    from corescale.trials.local import machine_lock
 
     classes = check_filter([c.strip() for c in args.op_class.split(",") if c.strip()]) if args.op_class else ()
     trials = [prepare(overrides) for overrides in configurations(args)]  # every check before any process starts
@@ -66,8 +66,7 @@ def handle(args) -> int:
     results = []
     for trial in trials:
         errors.print(f"profiling {analysis.label(trial.cfg)} ...", markup=False)
-        with machine_lock():
-            raw = profile(trial, host["cpu"]["isa"])
+        raw = profile(trial, host["cpu"]["isa"], on_lock_wait)
         results.append(analysis.explain(raw, trial.cfg, trial.model))
     path = analysis.save(results, trials[0].cfg.results_root)
     png = write_atomic(path.with_suffix(".png"), draw.figure_png(results), "figure")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from corescale.commands import add_common
+from corescale.commands._common import on_lock_wait
 
 ORDER = 20
 
@@ -22,11 +23,13 @@ def register(sub) -> None:
 
 
 def measure_peaks(args, host: dict) -> list[dict]:
-    """One row per (CPUs, threads, precision): every library's GFLOP/s and the winner, cached like a run's."""
+    """One row per (CPUs, threads, precision): every library's GFLOP/s and the winner, cached like a run's; under
+    the machine lock (another process's trial or measurement first)."""
     import tempfile
     from pathlib import Path
 
     from corescale.config import PRECISIONS, BenchmarkConfig
+    from corescale.machine.lock import machine_lock
     from corescale.machine.peak import PeakCache, check_libraries, peak_precision
     from corescale.machine.placement import InstancePlacement, InstanceSpec
     from corescale.machine.topology import Topology
@@ -40,7 +43,7 @@ def measure_peaks(args, host: dict) -> list[dict]:
     specs = [InstanceSpec(InstancePlacement(i, c, (), len(c)), n, 1) for i, (c, n) in enumerate(layouts.items())]
     precisions = [p for p in PRECISIONS if peak_precision(p, host["cpu"]["isa"]) == p]
     rows = []
-    with tempfile.TemporaryDirectory(prefix="corescale-peak-") as work:
+    with machine_lock(on_wait=on_lock_wait), tempfile.TemporaryDirectory(prefix="corescale-peak-") as work:
         for precision in precisions:
             for spec in specs:  # one at a time: the whole-machine row must not share its cores
                 (done,) = with_peaks([spec], cfg, host["cpu"]["isa"], Path(work), PeakCache(cfg.cache_dir),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from corescale.commands import add_common
-from corescale.commands._common import add_loop_options
+from corescale.commands._common import add_loop_options, on_lock_wait
 
 ORDER = 10
 
@@ -37,12 +37,6 @@ def handle(args) -> int:
     return single(planned, args)
 
 
-def _on_lock_wait(path) -> None:
-    from corescale.report.console import errors
-
-    errors.print(f"waiting for another corescale trial on this machine to finish (lock {path})", soft_wrap=True)
-
-
 def single(planned, args) -> int:
     """One configuration: measured again every time; bad input inside an instance is exit 2."""
     from corescale.report.console import ConsoleListener, print_repeats
@@ -50,7 +44,7 @@ def single(planned, args) -> int:
 
     repeats = planned[0].trial.cfg.repeats
     with ConsoleListener("run", progress=not args.no_progress, tables=repeats == 1) as listener:
-        state = run_sweep(planned, listener, resume=False, keep_going=False, on_lock_wait=_on_lock_wait)
+        state = run_sweep(planned, listener, resume=False, keep_going=False, on_lock_wait=on_lock_wait)
     if repeats > 1:
         print_repeats(state, planned)
     return EXIT_FAILED if state.failed else EXIT_OK
@@ -73,7 +67,7 @@ def sweep(planned, args, **listener_options) -> int:
     options = {"progress": not args.no_progress, "tables": not args.no_progress, **listener_options}
     with ConsoleListener("trial", **options) as listener:
         state = run_sweep(planned, listener, fail_fast=args.fail_fast, resume=not args.rerun,
-                          on_lock_wait=_on_lock_wait, accept_foreign=getattr(args, "accept_foreign", False))
+                          on_lock_wait=on_lock_wait, accept_foreign=getattr(args, "accept_foreign", False))
     if state.stopped:
         errors.print("stopped the sweep at its first failed trial (--fail-fast)")
     console.print(loop_table(state))

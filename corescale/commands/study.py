@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from corescale.commands import add_common
-from corescale.commands._common import add_loop_options
+from corescale.commands._common import add_loop_options, on_lock_wait
 
 ORDER = 12
 
@@ -46,7 +46,8 @@ def handle(args) -> int:
 
     with ConsoleListener(f"{args.kind} study", progress=not args.no_progress, tables=False) as listener:
         study = run_study(args.kind, args.overrides, parse_values(args.values), listener,
-                          fail_fast=args.fail_fast, resume=not args.rerun, accept_foreign=args.accept_foreign)
+                          fail_fast=args.fail_fast, resume=not args.rerun, accept_foreign=args.accept_foreign,
+                          on_lock_wait=on_lock_wait)
     files = write_study(study)
     console.print(study_table(args.kind, study.frame))
     if study.reused:

@@ -6,37 +6,40 @@ from __future__ import annotations
 import dataclasses
 import json
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 from corescale.errors import UserError
 from corescale.machine import instance_env
+from corescale.machine.lock import machine_lock
 from corescale.machine.peak import PeakCache
 from corescale.measure import protocol
 from corescale.measure.calibrate import with_peaks
 
 
-def profile(trial, isa: dict) -> dict:
-    """The worker's JSON (measured latencies, profiled calls) plus the instance it ran as (with its roofs)."""
+def profile(trial, isa: dict, on_lock_wait=None) -> dict:
+    """The worker's JSON (measured latencies, profiled calls) plus the instance it ran as (with its roofs), under
+    the machine lock (on_lock_wait: as machine_lock's on_wait)."""
     cfg = trial.cfg
-    with tempfile.TemporaryDirectory(prefix="corescale-explain-") as work:
+    with machine_lock(on_wait=on_lock_wait), tempfile.TemporaryDirectory(prefix="corescale-explain-") as work:
         (spec,) = trial.instance_specs(Path(work))
         if cfg.calibrate:
             (spec,) = with_peaks([spec], cfg, isa, Path(work), PeakCache(cfg.cache_dir))
         job, out = Path(work) / "job.json", Path(work) / "profile.json"
         job.write_text(json.dumps({"config": cfg.to_dict(), "model": dataclasses.asdict(trial.model), "instance":
                                    spec.to_json()}, default=str))
-        preload = instance_env.preload_paths(cfg)
-        command = [*instance_env.command_prefix(spec), sys.executable, "-m", "corescale.explain.worker",
-                   str(job), str(out)]
-        process = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=cfg.timeout,
-                                 env=instance_env.environment(cfg, spec, preload), start_new_session=True,
-                                 preexec_fn=instance_env.pin_before_exec(spec.cpus))
+        with instance_env.spawn(instance_env.Launch.of(cfg, spec), "corescale.explain.worker", str(job), str(out),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) as process:
+            try:
+                _, err = process.communicate(timeout=cfg.timeout)
+            except subprocess.TimeoutExpired:
+                process.kill()  # as subprocess.run(timeout=) does: killed, waited for, the timeout raised
+                process.wait()
+                raise
         try:
             result = json.loads(out.read_text())
         except (OSError, ValueError):
-            tail = process.stderr.decode(errors="replace").strip().splitlines()[-1:] or [f"exit {process.returncode}"]
+            tail = err.decode(errors="replace").strip().splitlines()[-1:] or [f"exit {process.returncode}"]
             raise RuntimeError(f"explain worker failed: {tail[0][:300]}") from None
     message = answer(result)
     return {**message.profile, "instance": spec.to_json()}

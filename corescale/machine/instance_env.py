@@ -140,6 +140,28 @@ def command_prefix(spec: InstanceSpec) -> list[str]:
     return [numactl, f"--physcpubind={format_cpulist(spec.cpus)}", f"--membind={nodes}"]
 
 
+@dataclass(frozen=True)
+class Launch:
+    """How one pinned child starts: the command prefix (numactl, or nothing), its whole environment, its CPUs."""
+
+    prefix: list[str]
+    env: dict[str, str]
+    cpus: tuple[int, ...]
+
+    @classmethod
+    def of(cls, cfg, spec: InstanceSpec, preload: list[Path] | None = None) -> Launch:
+        """The launch of one instance of `cfg` (preload: the resolved libraries, when the caller has them)."""
+        return cls(command_prefix(spec), environment(cfg, spec, preload), tuple(spec.cpus))
+
+
+def spawn(launch: Launch, module: str, *args: str, **popen) -> subprocess.Popen:
+    """`python -m MODULE ARGS` as a pinned child: pinned to launch.cpus before exec (so before the interpreter and
+    any framework), with launch.env from its first instruction, behind the numactl prefix, in its own session (a
+    process group to stop whole), killed when this process dies. `popen`: the streams and pass_fds."""
+    return subprocess.Popen([*launch.prefix, sys.executable, "-m", module, *args], env=launch.env,
+                            start_new_session=True, preexec_fn=pin_before_exec(launch.cpus), **popen)
+
+
 def pin_before_exec(cpus):
     """preexec_fn for Popen: the child is pinned before the interpreter (and any framework) starts."""
     cpus = list(cpus)

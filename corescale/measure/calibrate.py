@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from corescale.machine import instance_env
+from corescale.machine.lock import machine_lock
 from corescale.machine.peak import PeakCache, peak_precision
 from corescale.machine.placement import InstanceSpec
 from corescale.record.files import write_json_atomic
@@ -59,22 +60,17 @@ def _measure(specs: list[InstanceSpec], cfg, precision: str, work_dir: Path, lib
     if not specs:
         return []
     preload = instance_env.preload_paths(cfg)
-    running = []
-    for spec in specs:
-        out = work_dir / f"peak-{precision}-{spec.id}.json"
-        command = [*instance_env.command_prefix(spec), sys.executable, "-m", "corescale.measure.calibrate",
-                   str(spec.threads), precision, str(out), ",".join(libraries)]
-        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                   env=instance_env.environment(cfg, spec, preload), start_new_session=True,
-                                   preexec_fn=instance_env.pin_before_exec(spec.cpus))
-        running.append((process, out))
+    with machine_lock():  # no other process measures meanwhile (held already inside a trial)
+        running = []
+        for spec in specs:
+            out = work_dir / f"peak-{precision}-{spec.id}.json"
+            process = instance_env.spawn(instance_env.Launch.of(cfg, spec, preload), "corescale.measure.calibrate",
+                                         str(spec.threads), precision, str(out), ",".join(libraries),
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            running.append((process, out))
+        outputs = [(process, out, _finish(process)) for process, out in running]
     entries = []
-    for process, out in running:
-        try:
-            _, err = process.communicate(timeout=TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            _, err = process.communicate()
+    for process, out, err in outputs:
         try:
             entries.append(json.loads(out.read_text()))
         except (OSError, ValueError):
@@ -82,6 +78,15 @@ def _measure(specs: list[InstanceSpec], cfg, precision: str, work_dir: Path, lib
             entries.append({"precision": precision, "gflops": None, "library": None, "libraries": {},
                             "errors": {"calibration": tail[0][:300]}})
     return entries
+
+
+def _finish(process: subprocess.Popen) -> bytes:
+    """Its stderr once it has ended (killed after TIMEOUT_S)."""
+    try:
+        return process.communicate(timeout=TIMEOUT_S)[1]
+    except subprocess.TimeoutExpired:
+        process.kill()
+        return process.communicate()[1]
 
 
 def main(argv: list[str]) -> int:

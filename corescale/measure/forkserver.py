@@ -196,10 +196,10 @@ class ForkServers:
         log = self.work_dir / f"forkserver-{len(self.servers)}-{time.monotonic_ns()}.log"
         try:
             with open(log, "wb") as stderr:
-                process = subprocess.Popen(
-                    [*prefix, sys.executable, "-m", "corescale.measure.forkserver", str(theirs.fileno()), *modules],
-                    stdin=subprocess.DEVNULL, stdout=stderr, stderr=stderr, env=env, pass_fds=[theirs.fileno()],
-                    start_new_session=True, preexec_fn=instance_env.pin_before_exec(cpus))
+                process = instance_env.spawn(
+                    instance_env.Launch(prefix, env, tuple(cpus)), "corescale.measure.forkserver",
+                    str(theirs.fileno()), *modules, stdin=subprocess.DEVNULL, stdout=stderr, stderr=stderr,
+                    pass_fds=[theirs.fileno()])
         except OSError:
             ours.close()
             return None

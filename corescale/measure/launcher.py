@@ -13,7 +13,6 @@ import os
 import selectors
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -98,30 +97,24 @@ class Launcher:
         preload = instance_env.preload_paths(cfg)  # a missing library is a UserError before anything starts
         job = {"config": cfg.to_dict(), "model": dataclasses.asdict(model),
                "trial_cpus": sorted(c for spec in specs for c in spec.cpus), **self.job}  # siblings: not foreign
-        launches = [(spec, instance_env.command_prefix(spec), instance_env.environment(cfg, spec, preload))
-                    for spec in specs]
-        servers = self.forkservers
-        if servers is not None:
-            for spec, prefix, env in launches:  # their servers import side by side
-                servers.prepare(prefix, env, spec.cpus, cfg.backend.name, model.model_type)
-        for spec, prefix, env in launches:
+        launches = [(spec, instance_env.Launch.of(cfg, spec, preload)) for spec in specs]
+        for _, launch in launches if self.forkservers else ():  # their servers import side by side
+            self.forkservers.prepare(launch.prefix, launch.env, launch.cpus, cfg.backend.name, model.model_type)
+        for spec, launch in launches:
             spec_path = self.work_dir / f"instance-{spec.id}.json"
             spec_path.write_text(json.dumps({**job, "instance": spec.to_json()}))
             stderr_path = self.work_dir / f"instance-{spec.id}.stderr.log"
-            command = [*prefix, sys.executable, "-m", "corescale.measure.worker", str(spec_path)]
             process: subprocess.Popen | AdoptedProcess | None = None
-            if servers is not None:
-                process = servers.spawn(prefix, env, spec.cpus, cfg.backend.name, model.model_type, spec_path,
-                                        stderr_path)
-            launch = {"command_prefix": prefix, "env": instance_env.instance_variables(cfg, spec, preload),
-                      "forked_from": getattr(process, "server_pid", None)}
+            if self.forkservers is not None:
+                process = self.forkservers.spawn(launch.prefix, launch.env, launch.cpus, cfg.backend.name,
+                                                 model.model_type, spec_path, stderr_path)
+            recorded = {"command_prefix": launch.prefix, "env": instance_env.instance_variables(cfg, spec, preload),
+                        "forked_from": getattr(process, "server_pid", None)}
             if process is None:
                 with open(stderr_path, "wb") as stderr:
-                    process = subprocess.Popen(
-                        command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, env=env,
-                        start_new_session=True, preexec_fn=instance_env.pin_before_exec(spec.cpus),
-                    )
-            self.instances[spec.id] = InstanceProcess(spec.id, process, stderr_path, launch)
+                    process = instance_env.spawn(launch, "corescale.measure.worker", str(spec_path),
+                                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr)
+            self.instances[spec.id] = InstanceProcess(spec.id, process, stderr_path, recorded)
 
     def run(self, specs: list[InstanceSpec], cfg, model) -> LaunchOutcome:
         outcome = LaunchOutcome()

@@ -12,10 +12,11 @@ from corescale.record.trial import machine_fingerprint
 class ResultIndex:
     """Valid results by key under one root, refreshed incrementally (only new run dirs are read)."""
 
-    def __init__(self, root, machine: str | None = None):
-        """machine: a machine_fingerprint; when given, only results measured on that machine and software count."""
+    def __init__(self, root, machines: str | frozenset[str] | None = None):
+        """machines: machine_fingerprints (or one); when given, only results measured on one of those machines and
+        software count."""
         self.root = Path(root).expanduser()
-        self.machine = machine
+        self.machines = frozenset([machines]) if isinstance(machines, str) else machines
         self.foreign = 0  # valid results skipped because they come from another machine or software
         self.seen: set[Path] = set()
         self.ok: dict[tuple[str, int], Path] = {}
@@ -31,7 +32,8 @@ class ResultIndex:
                 record = read_result(run_dir)
             except (UserError, OSError):
                 continue
-            if record.valid_ok and self.machine and machine_fingerprint(record.environment) != self.machine:
+            if (record.valid_ok and self.machines is not None
+                    and machine_fingerprint(record.environment) not in self.machines):
                 self.foreign += 1
             elif record.valid_ok:
                 for key in (record.trial_key, *record.legacy_keys):  # old keys stay findable

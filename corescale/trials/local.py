@@ -9,7 +9,6 @@ listener (the command's) does. The Ray executor (ray.py) is the only other loop 
 
 from __future__ import annotations
 
-import fcntl
 import os
 import signal
 import threading
@@ -17,18 +16,17 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from corescale.machine import environment
+from corescale.machine.lock import machine_lock
 from corescale.measure.forkserver import ForkServers
 from corescale.measure.runner import Measured, Trial, TrialOutcome, commit, failed_measured, measure
 from corescale.record.index import ResultIndex
 from corescale.record.sections import HostEnvironment
 from corescale.record.trial import Failure, TrialRecord, machine_fingerprint
 
-# One machine-wide lock in a fixed place (not TMPDIR, which differs per user and process); CORESCALE_LOCK moves it.
 FORKSERVER_ENV = "CORESCALE_FORKSERVER"
-LOCK_PATH = Path(os.environ.get("CORESCALE_LOCK", "/tmp/corescale-trials.lock"))
 
 
 @dataclass
@@ -111,6 +109,18 @@ class LoopState:
     def failed(self) -> int:
         return self.count("failed")
 
+    def skip(self, item: Planned, existing: Path, repeat: int, listener: Listener) -> None:
+        """A (trial, repeat) with a valid result already: not measured."""
+        self.rows.append(Row(item, "skipped", None, existing, repeat))
+        listener.skipped(item, existing, self)
+
+    def finish(self, item: Planned, outcome: TrialOutcome, repeat: int, listener: Listener, fail_fast: bool) -> bool:
+        """A measured (trial, repeat), committed; True when it failed and --fail-fast ends the loop here."""
+        self.rows.append(Row(item, outcome.record.status, outcome.record, outcome.path, repeat))
+        listener.finished(item, outcome, self)
+        self.stopped = self.stopped or (fail_fast and not outcome.ok)
+        return self.stopped
+
     def records_of(self, item: Planned) -> list[TrialRecord]:
         """Every repeat of one trial measured or found in this loop (skipped ones read from their files)."""
         return [row.result() for row in self.rows
@@ -129,37 +139,31 @@ class Listener:
     def finished(self, item: Planned, outcome: TrialOutcome, state: LoopState) -> None: ...
 
 
-@contextmanager
-def machine_lock(path: Path = LOCK_PATH, on_wait=None):
-    """One trial at a time on this machine, across processes (released by the kernel if we die).
+class Resume:
+    """What both loops' resume reads (this one and ray.py's): a valid result of a (trial, repeat) under the trial's
+    resume root, measured on a machine and software that machines(item) names (fingerprints; None: any machine's,
+    with --accept-foreign). Nothing counts when it is off (--rerun)."""
 
-    Yields the seconds spent waiting for another process's trial; on_wait(path) is called before waiting."""
-    fd = _open_lock(path)
-    started = time.monotonic()
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            if on_wait:
-                on_wait(path)
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        yield time.monotonic() - started
-    finally:
-        os.close(fd)  # closing releases the lock
+    def __init__(self, enabled: bool, machines: Callable[[Planned], frozenset[str] | None]):
+        self.enabled, self.machines = enabled, machines
+        self.indexes: dict[tuple, ResultIndex] = {}
 
+    @classmethod
+    def here(cls, enabled: bool, accept_foreign: bool, host: dict) -> Resume:
+        """Results of this machine and software count (any machine's: accept_foreign)."""
+        machines = None if accept_foreign else frozenset([machine_fingerprint(HostEnvironment.from_dict(host,
+                                                                                                    "environment"))])
+        return cls(enabled, lambda item: machines)
 
-def _open_lock(path: Path) -> int:
-    """The lock file, shared by every user: made 0666 by whoever creates it; flock needs no write access, so
-    another user's read-only file works as well."""
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-    except PermissionError:
-        return os.open(path, os.O_RDONLY)
-    try:
-        os.fchmod(fd, 0o666)  # the umask took write access from the others
-    except PermissionError:
-        pass  # someone else's file: it is theirs to change
-    return fd
+    def index(self, item: Planned) -> ResultIndex:
+        machines = self.machines(item)
+        key = (item.index_root, machines)
+        if key not in self.indexes:
+            self.indexes[key] = ResultIndex(item.index_root, machines)
+        return self.indexes[key]
+
+    def find(self, item: Planned, repeat: int) -> Path | None:
+        return self.index(item).find(item.key, repeat) if self.enabled else None
 
 
 def stamp(measured: Measured, **fields) -> Measured:
@@ -230,35 +234,27 @@ def run_trials(planned: list[Planned], listener: Listener | None = None, resume:
     machine and software only, unless accept_foreign. forkservers: a caller's, kept across its loops."""
     listener = listener or Listener()
     host = environment.capture()  # once per loop: the machine does not change between trials
-    machine = None if accept_foreign else machine_fingerprint(HostEnvironment.from_dict(host, "environment"))
-    indexes: dict[Path, ResultIndex] = {}
+    done = Resume.here(resume, accept_foreign, host)
     order = schedule(planned)
     state = LoopState(len(order))
     with forkservers_for(len(planned), forkservers) as servers:
         for number, (item, repeat) in enumerate(order, 1):
             state.position, state.repeat = number, repeat
-            index = indexes.setdefault(item.index_root, ResultIndex(item.index_root, machine))
-            existing = index.find(item.key, repeat) if resume else None
+            existing = done.find(item, repeat)
             if existing is not None:
-                state.rows.append(Row(item, "skipped", None, existing, repeat))
-                listener.skipped(item, existing, state)
+                state.skip(item, existing, repeat, listener)
                 continue
             listener.starting(item, state)
             started = time.monotonic()
             outcome = run_trial(item.trial, host, lambda i, e, item=item: listener.worker_event(item, i, e),
                                 keep_going, on_lock_wait, repeat,
-                                (lambda i=item, r=repeat, x=index: x.find(i.key, r)) if resume else None,
+                                (lambda i=item, r=repeat: done.find(i, r)) if resume else None,
                                 servers and servers.for_repeat(repeat))
             if isinstance(outcome, Path):  # a concurrent sweep measured it while this one waited for the lock
-                state.rows.append(Row(item, "skipped", None, outcome, repeat))
-                listener.skipped(item, outcome, state)
+                state.skip(item, outcome, repeat, listener)
                 continue
             state.measured_seconds.append(time.monotonic() - started)
-            index.refresh()
-            state.rows.append(Row(item, outcome.record.status, outcome.record, outcome.path, repeat))
-            listener.finished(item, outcome, state)
-            if not outcome.ok and fail_fast:
-                state.stopped = True
+            if state.finish(item, outcome, repeat, listener, fail_fast):
                 break
     return state
 

@@ -23,10 +23,11 @@ from pathlib import Path
 
 from corescale.config import RayExecutorConfig
 from corescale.errors import UserError
+from corescale.machine import environment
 from corescale.measure.runner import Measured, Trial, commit, failed_measured
-from corescale.record.index import ResultIndex
-from corescale.record.trial import Failure
-from corescale.trials.local import Listener, LoopState, Planned, Row, schedule, stamp
+from corescale.record.sections import HostEnvironment
+from corescale.record.trial import Failure, machine_fingerprint
+from corescale.trials.local import Listener, LoopState, Planned, Resume, schedule, stamp
 
 NODE_RESOURCE = "corescale_node"
 TYPE_PREFIX = "corescale_type:"
@@ -129,6 +130,11 @@ def run_on_node(trial: Trial, node: dict) -> Measured:
     measured.record.node = node
     measured.record.executor = {"started": started, "finished": time.time()}
     return measured
+
+
+def node_fingerprint() -> str:
+    """The Ray task of resume: the machine and software fingerprint a trial measured on this node gets."""
+    return machine_fingerprint(HostEnvironment.from_dict(environment.capture(), "environment"))
 
 
 def reserved_cpus() -> float | None:
@@ -242,18 +248,28 @@ class RayExecutor:
     def __init__(self, settings: RayExecutorConfig):
         self.settings = settings
 
-    def run(self, planned: list[Planned], listener: Listener | None = None) -> LoopState:
+    def run(self, planned: list[Planned], listener: Listener | None = None, resume: bool = True,
+            fail_fast: bool = False, accept_foreign: bool = False) -> LoopState:
+        """Like the local loop (local.run_trials): resume counts valid results measured on a machine and software
+        of the trial's node type (any machine's: accept_foreign; none: resume=False, i.e. --rerun), and fail_fast
+        submits nothing after the first failed trial (those already running on other nodes finish)."""
         listener = listener or Listener()
-        state = LoopState(len(planned))
-        queue = self._unfinished(planned, state, listener)
-        if not queue:
-            return state
-        ray = import_ray(loopback=is_loopback(self.settings.address) and not _ray_initialized())
-        started_here = self._connect(ray)
-        in_flight: dict = {}
+        order = schedule(planned)
+        state = LoopState(len(order))
+        ray, started_here, in_flight = None, False, {}
         try:
+            if resume and not accept_foreign and self.settings.address is not None:
+                ray, started_here = self._start()  # the nodes say which machines' results count
+                done = Resume(resume, self._node_fingerprints(ray))
+            else:  # a private local Ray runs on this machine: its results are this machine's
+                done = Resume.here(resume, accept_foreign, environment.capture())
+            queue = self._unfinished(order, state, listener, done)
+            if not queue:
+                return state
+            if ray is None:
+                ray, started_here = self._start()
             self._check_types(ray, queue)
-            self._loop(ray, queue, in_flight, state, listener)
+            self._loop(ray, queue, in_flight, state, listener, fail_fast)
             return state
         finally:
             for ref in in_flight:
@@ -264,21 +280,43 @@ class RayExecutor:
             if started_here:
                 ray.shutdown()
 
+    def _start(self):
+        """(ray, whether this call connected it)."""
+        ray = import_ray(loopback=is_loopback(self.settings.address) and not _ray_initialized())
+        return ray, self._connect(ray)
+
     @staticmethod
-    def _unfinished(planned: list[Planned], state: LoopState, listener: Listener) -> list[Attempt]:
-        """(trial, repeat)s without a valid result under their results root (and no earlier twin in this list),
-        round by round as the local loop orders them."""
-        indexes: dict[Path, ResultIndex] = {}
+    def _node_fingerprints(ray):
+        """machines(item) for Resume: the fingerprints of the alive benchmark nodes of the trial's node type (each
+        node probed once, all at once)."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        nodes = benchmark_nodes(ray)
+        remote = ray.remote(num_cpus=0, max_retries=1)(node_fingerprint)
+        found = ray.get([remote.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n.id, soft=False)).remote()
+                         for n in nodes])
+        by_node = dict(zip(nodes, found))
+
+        def machines(item: Planned) -> frozenset[str]:
+            node_type = getattr(item.trial.cfg.executor, "node_type", None)
+            return frozenset(fingerprint for node, fingerprint in by_node.items() if node.matches(node_type))
+
+        return machines
+
+    @staticmethod
+    def _unfinished(order: list[tuple[Planned, int]], state: LoopState, listener: Listener,
+                    done: Resume) -> list[Attempt]:
+        """(trial, repeat)s without a valid result (and, resuming, no earlier twin in this list), round by round
+        as the local loop orders them."""
         queued: dict[tuple, Planned] = {}
         queue = []
-        for item, repeat in schedule(planned):
-            existing = indexes.setdefault(item.index_root, ResultIndex(item.index_root)).find(item.key, repeat)
+        for item, repeat in order:
+            existing = done.find(item, repeat)
             twin = (item.root, item.key, repeat)
-            if existing is None and twin in queued:
+            if existing is None and done.enabled and twin in queued:
                 existing = Path(f"(same key as trial {queued[twin].number} of this sweep)")
             if existing is not None:
-                state.rows.append(Row(item, "skipped", None, existing, repeat))
-                listener.skipped(item, existing, state)
+                state.skip(item, existing, repeat, listener)
             else:
                 queued[twin] = item
                 queue.append(Attempt(item, repeat))
@@ -310,7 +348,8 @@ class RayExecutor:
             if not any(n.matches(node_type) for n in nodes):
                 raise no_node_error(node_type, nodes)
 
-    def _loop(self, ray, queue: list[Attempt], in_flight: dict, state: LoopState, listener: Listener) -> None:
+    def _loop(self, ray, queue: list[Attempt], in_flight: dict, state: LoopState, listener: Listener,
+              fail_fast: bool = False) -> None:
         remote = ray.remote(num_cpus=0, resources={NODE_RESOURCE: 1}, max_calls=1, max_retries=0,
                             retry_exceptions=False)(run_on_node)
         while queue or in_flight:
@@ -330,11 +369,9 @@ class RayExecutor:
             for ref in ready:
                 attempt = in_flight.pop(ref)
                 measured = self._collect(ray, ref, attempt, queue)
-                if measured is not None:
-                    outcome = commit(measured)
-                    state.rows.append(Row(attempt.item, outcome.record.status, outcome.record, outcome.path,
-                                          attempt.repeat))
-                    listener.finished(attempt.item, outcome, state)
+                if measured is not None and state.finish(attempt.item, commit(measured), attempt.repeat, listener,
+                                                         fail_fast):
+                    queue.clear()  # --fail-fast: nothing more is submitted
 
     @staticmethod
     def _submit(ray, remote, attempt: Attempt, node: Node):

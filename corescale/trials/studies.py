@@ -4,9 +4,9 @@
 - instances: 1..N instances of a fixed size (total throughput vs instances, ideal-linear line, efficiency)
 - batch:     one total batch B split over N instances sharing all cores (max instance latency, throughput)
 
-The grid and the table maths are pure; `run_study` runs the trials through the one local loop (local.py):
-they resume by key (a valid result anywhere under the results root is reused) and a failed trial is recorded
-in the table, never the end of the study.
+The grid and the table maths are pure; `run_study` runs the trials as a sweep does (sweep.run_sweep: the one
+local loop, or a Ray cluster with `executor=ray`): they resume by key (a valid result anywhere under the results
+root is reused) and a failed trial is recorded in the table, never the end of the study.
 """
 
 from __future__ import annotations
@@ -256,14 +256,16 @@ def plan_study(kind: str, overrides: list[str], values: list[int] | None = None,
 
 def run_study(kind: str, overrides: list[str], values: list[int] | None = None, listener=None,
               fail_fast: bool = False, topology=None, resume: bool = True,
-              accept_foreign: bool = False) -> StudyResult:
-    """Runs the study's trials through the local loop; returns the table, its document and the loop state."""
+              accept_foreign: bool = False, on_lock_wait=None) -> StudyResult:
+    """Runs the study's trials where their executor says, as a sweep does (sweep.run_sweep: the local loop, or a
+    Ray cluster); returns the table, its document and the loop state."""
     from corescale.machine import environment
-    from corescale.trials.local import run_trials
+    from corescale.trials.sweep import run_sweep
 
     study_dir, trials, planned, topology = plan_study(kind, overrides, values, topology)
-    study_dir.mkdir(parents=True, exist_ok=True)
-    state = run_trials(planned, listener, resume=resume, fail_fast=fail_fast, accept_foreign=accept_foreign)
+    state = run_sweep(planned, listener, resume=resume, fail_fast=fail_fast, accept_foreign=accept_foreign,
+                      on_lock_wait=on_lock_wait)
+    study_dir.mkdir(parents=True, exist_ok=True)  # also when every trial was resumed (none was committed here)
     rows, runs, reused = [], [], []
     for item, trial in zip(planned, trials):
         done = [row for row in state.rows if row.item is item]

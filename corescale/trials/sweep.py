@@ -45,6 +45,7 @@ def run_sweep(planned: list[Planned], listener: Listener | None = None, fail_fas
     if isinstance(executor, RayExecutorConfig):
         from corescale.trials.ray import RayExecutor
 
-        return RayExecutor(executor).run(planned, listener)  # trials in flight finish: no --fail-fast there
+        return RayExecutor(executor).run(planned, listener, resume=resume, fail_fast=fail_fast,
+                                         accept_foreign=accept_foreign)
     return run_trials(planned, listener, resume=resume, fail_fast=fail_fast, keep_going=keep_going,
                       on_lock_wait=on_lock_wait, accept_foreign=accept_foreign, forkservers=forkservers)
