@@ -251,7 +251,12 @@ def trial_key(config_key: str, model_identity: dict, files: list | None = None) 
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-MEASURING_LIBRARIES = ("torch", "transformers", "numpy", "onnxruntime", "onnx", "openvino", "tensorflow")
+def measuring_libraries() -> tuple[str, ...]:
+    """The libraries whose versions enter the fingerprint: numpy (the inputs) and every registered backend's.
+    A backend that brings a new library changes every fingerprint once (resume then measures again)."""
+    from corescale.backends import BACKENDS
+
+    return tuple(dict.fromkeys(["numpy", *(n for e in BACKENDS.values() for n in e.libraries)]))
 
 
 def machine_fingerprint(environment: dict[str, Any]) -> str:
@@ -261,7 +266,7 @@ def machine_fingerprint(environment: dict[str, Any]) -> str:
     libraries = environment.get("libraries") or {}
     blob = json.dumps({"cpu": cpu.get("model"), "isa": cpu.get("isa"),
                        "cores": [topology.get("physical_cores"), topology.get("logical_cpus")],
-                       "libraries": {name: libraries.get(name) for name in MEASURING_LIBRARIES}},
+                       "libraries": {name: libraries.get(name) for name in measuring_libraries()}},
                       sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
