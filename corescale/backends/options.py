@@ -135,7 +135,7 @@ class BackendEntry:
             problems.append("options is not a BackendOptions dataclass")
         elif self.options().name != name:
             problems.append(f"options' name default is '{self.options().name}', not '{name}'")
-        for fact in ("backend", "snippet", *(("profiler.factory",) if self.profiler else ())):
+        for fact in ("backend", "snippet", *(("profiler.factory",) if isinstance(self.profiler, Profiler) else ())):
             value = self.profiler.factory if fact == "profiler.factory" else getattr(self, fact)
             if not isinstance(value, str) or value.count(":") != 1:
                 problems.append(f"{fact} is not 'module:attribute' (got {value!r})")
