@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from corescale.backends.base import TimedStages
+from corescale.errors import UserError
 
 ACTIVATION = {"tanh": np.tanh, "relu": lambda x: np.maximum(x, 0.0)}
 
@@ -13,6 +14,8 @@ class ToyBackend(TimedStages):
     name = "toy"
 
     def load(self, spec, cfg, threads: int, inputs) -> None:
+        if cfg.backend.refuse != "no":
+            raise UserError(f"the toy backend refuses to load: {cfg.backend.refuse}")
         with self.stage("build"):
             rng = np.random.default_rng(cfg.seed)
             hidden, vocab = spec.hidden, int(spec.config.get("vocab_size", 1024))

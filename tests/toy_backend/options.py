@@ -14,6 +14,7 @@ ACTIVATIONS = ("tanh", "relu")
 class ToyOptions(BackendOptions):
     name: str = "toy"
     activation: str = "tanh"
+    refuse: str = "no"  # a reason for load to refuse with, inside the worker (a trial that fails there, for tests)
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"activation": ACTIVATIONS}
 
 
