@@ -10,15 +10,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, List, Optional
 
-from corescale.backends import OPTIONS, BackendOptions
+from corescale.backends import BACKENDS, DEFAULT_BACKEND, OPTIONS, PRECISIONS, BackendOptions, named
 from corescale.errors import UserError
 from corescale.machine.placement import LAYOUTS as NAMED_LAYOUTS
 
 SCHEMA_NAME = "corescale"
-PRECISIONS = ("fp32", "bf16", "int8")
 ALLOCATORS = ("default", "jemalloc", "tcmalloc")
 OPENMP_RUNTIMES = ("default", "gnu", "intel")
-OPENMP_BACKENDS = ("pytorch", "torchscript", "torch_compile")  # the backends whose kernels run on OpenMP threads
 REPEAT_ORDERS = ("interleaved", "shuffled")
 LAYOUTS = ("none", *NAMED_LAYOUTS)  # none: instances and cores_per_instance as given
 SCENARIOS = ("offline", "single_stream", "server")  # offline: closed loop; the others: MLPerf LoadGen drives load
@@ -220,7 +218,7 @@ def migrate_config_v1(data: dict[str, Any]) -> dict[str, Any]:
     data = dict(data)
     backend = data.get("backend")
     if isinstance(backend, str) or backend is None:
-        name = backend or "pytorch"
+        name = backend or DEFAULT_BACKEND
         group = {"name": name}
         for old, (owner, option) in RENAMED_OPTIONS.items():
             if old in data and owner == name:
@@ -234,7 +232,7 @@ def migrate_config_v1(data: dict[str, Any]) -> dict[str, Any]:
 def backend_from_dict(data: dict[str, Any] | BackendOptions) -> BackendOptions:
     if isinstance(data, BackendOptions):
         return data
-    name = data.get("name", "pytorch")
+    name = data.get("name", DEFAULT_BACKEND)
     _one_of("backend", name, sorted(OPTIONS))
     cls = OPTIONS[name]
     known = {f.name for f in dataclasses.fields(cls)}
@@ -267,12 +265,13 @@ def validate(cfg: BenchmarkConfig) -> BenchmarkConfig:
     if cfg.reference is not None:
         _one_of("reference backend", cfg.reference, sorted(OPTIONS))
     _one_of("precision", cfg.precision, PRECISIONS)
+    _check_precision(cfg)
     cfg.backend.check(cfg)
     _one_of("allocator", cfg.allocator, ALLOCATORS)
     _one_of("openmp", cfg.openmp, OPENMP_RUNTIMES)
-    if cfg.openmp != "default" and cfg.backend.name not in OPENMP_BACKENDS:
+    if cfg.openmp != "default" and not BACKENDS[cfg.backend.name].openmp:
         raise UserError(f"openmp={cfg.openmp} applies to the backends that run on OpenMP threads "
-                        f"({', '.join(OPENMP_BACKENDS)}); backend={cfg.backend.name} uses its own thread pool: "
+                        f"({', '.join(named('openmp'))}); backend={cfg.backend.name} uses its own thread pool: "
                         "leave openmp at default")
     _one_of("repeat_order", cfg.repeat_order, REPEAT_ORDERS)
     _one_of("layout", cfg.layout, LAYOUTS)
@@ -303,6 +302,14 @@ def validate(cfg: BenchmarkConfig) -> BenchmarkConfig:
     _check_timeout(cfg)
     _validate_scenario(cfg)
     return cfg
+
+
+def _check_precision(cfg: BenchmarkConfig) -> None:
+    """The precisions the backend's registry entry declares it computes in (before any worker starts)."""
+    allowed = BACKENDS[cfg.backend.name].precisions
+    if cfg.precision not in allowed:
+        raise UserError(f"backend={cfg.backend.name} does not compute in precision={cfg.precision}; allowed "
+                        f"precisions: {', '.join(allowed)}")
 
 
 MAX_TARGET_QPS = 1e6
@@ -399,7 +406,8 @@ def _validate_executor(executor: ExecutorConfig) -> None:
 class _HydraSchema(BenchmarkConfig):
     """The composed schema: BenchmarkConfig plus the defaults list that selects the executor and backend groups."""
 
-    defaults: List[Any] = field(default_factory=lambda: ["_self_", {"executor": "local"}, {"backend": "pytorch"}])
+    defaults: List[Any] = field(default_factory=lambda: ["_self_", {"executor": "local"},
+                                                                   {"backend": DEFAULT_BACKEND}])
 
 
 def register_hydra_schema() -> None:

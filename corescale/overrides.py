@@ -8,7 +8,7 @@ import threading
 
 from omegaconf import OmegaConf
 
-from corescale.backends import OPTIONS
+from corescale.backends import DEFAULT_BACKEND, OPTIONS
 from corescale.config import (
     EXECUTORS,
     RENAMED_OPTIONS,
@@ -21,7 +21,7 @@ from corescale.errors import UserError
 
 # config groups: `backend=onnxruntime` selects a node, `backend.fusion=true` sets one of its options
 GROUPS: dict[str, dict[str, type]] = {"backend": OPTIONS, "executor": EXECUTORS}
-DEFAULT_SELECTION = {"backend": "pytorch", "executor": "local"}
+DEFAULT_SELECTION = {"backend": DEFAULT_BACKEND, "executor": "local"}
 
 
 def _allowed_keys() -> str:

@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 from conftest import FAST, corescale
 from matplotlib.figure import Figure
+from test_toy_backend import TOY_ENV
 
 from corescale.errors import UserError
 from corescale.report import plots
@@ -208,21 +209,21 @@ def test_batch_study(tmp_path):
 
 
 def test_study_records_a_failed_trial_and_resumes_by_key(tmp_path):
-    pytest.importorskip("onnxruntime")
-    # bf16 is refused inside the instance (a user error there): recorded as that trial's failure, not the end
-    args = ["study", "cores", *TINY, "backend=onnxruntime", "precision=fp32,bf16", f"output_dir={tmp_path}",
+    # the toy backend's second trial refuses to load inside the instance (a user error there): recorded as that
+    # trial's failure, not the end
+    args = ["study", "cores", *TINY, "backend=toy", "backend.refuse=no,broken", f"output_dir={tmp_path}",
             "--values", "1", "--no-progress"]
-    first = corescale(*args)
+    first = corescale(*args, env=TOY_ENV)
     assert first.returncode == 1, first.stderr
     assert "1 of 2 trial(s) failed" in first.stderr
     (study_dir,) = [p for p in tmp_path.iterdir() if p.name.startswith("study-cores-")]
     document = json.loads((study_dir / "study.json").read_text())
     assert [t["status"] for t in document["trials"]] == ["ok", "failed"] and document["failed_trials"] == 1
-    assert "supports precision fp32, int8" in document["trials"][1]["reason"]
+    assert "the toy backend refuses to load: broken" in document["trials"][1]["reason"]
     assert all(t["trial_key"] for t in document["trials"]) and not any(t["resumed"] for t in document["trials"])
     runs = {p.name for p in study_dir.iterdir() if (p / "result.json").is_file()}
     time.sleep(1.1)  # a new study directory name
-    again = corescale(*args)
+    again = corescale(*args, env=TOY_ENV)
     assert again.returncode == 1 and "1 trial(s) resumed from earlier results" in again.stdout
     (second,) = [p for p in tmp_path.iterdir() if p.name.startswith("study-cores-") and p != study_dir]
     redone = json.loads((second / "study.json").read_text())

@@ -1,61 +1,100 @@
-"""Backend registry: names, option dataclasses, extras. Light on purpose: nothing here imports a framework
-(or the config, which reads this registry)."""
+"""Backend registry: each backend's entry (every fact about it, declared in its folder's options.py) by name.
+Light on purpose: nothing here imports a framework (or the config, which reads this registry).
+
+Adding a backend: its folder plus one `register` line below (docs/adding-a-backend.md). Backends outside the
+package register themselves from modules named in CORESCALE_BACKENDS (comma-separated, importable in every
+process: the CLI's and each worker's, which inherit the variable), each calling `register(name, entry)`.
+"""
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
-from dataclasses import dataclass
+import os
 
-from corescale.backends.onnxruntime.options import OnnxRuntimeOptions
-from corescale.backends.openvino.options import OpenVinoOptions
-from corescale.backends.options import BackendOptions
-from corescale.backends.pytorch.options import PyTorchOptions, TorchCompileOptions, TorchScriptOptions
-from corescale.backends.tensorflow.options import TensorFlowGraphOptions, TensorFlowOptions, TensorFlowXlaOptions
+from corescale.backends.onnxruntime.options import ONNXRUNTIME
+from corescale.backends.openvino.options import OPENVINO
+from corescale.backends.options import (
+    DEFAULT_BACKEND,
+    PRECISIONS,
+    Artifact,
+    BackendEntry,
+    BackendOptions,
+    Profiler,
+    RegistrationError,
+)
+from corescale.backends.pytorch.options import PYTORCH, TORCH_COMPILE, TORCHSCRIPT
+from corescale.backends.tensorflow.options import TENSORFLOW, TENSORFLOW_GRAPH, TENSORFLOW_XLA
 from corescale.errors import UserError
 
-
-@dataclass(frozen=True)
-class BackendEntry:
-    module: str
-    cls: str
-    options: type[BackendOptions]  # the Hydra group node of `backend=NAME`
-    extra: str | None  # the optional dependency group that brings the framework
-    requires: tuple[str, ...]  # top-level modules that must be importable
+__all__ = ["DEFAULT_BACKEND", "PRECISIONS", "Artifact", "BackendEntry", "BackendOptions", "Profiler",
+           "RegistrationError", "BACKENDS", "OPTIONS", "register", "entry", "named", "attribute", "check_available",
+           "create_backend"]
+PLUGINS_ENV = "CORESCALE_BACKENDS"
+BACKENDS: dict[str, BackendEntry] = {}
+OPTIONS: dict[str, type[BackendOptions]] = {}  # name -> the Hydra group node of `backend=NAME`
 
 
-_TORCH, _ORT, _OV, _TF = ("torch",), ("onnxruntime", "onnx"), ("openvino", "onnx"), ("tensorflow",)
-BACKENDS: dict[str, BackendEntry] = {
-    "pytorch": BackendEntry("corescale.backends.pytorch.backend", "EagerBackend", PyTorchOptions, None, _TORCH),
-    "torchscript": BackendEntry("corescale.backends.pytorch.backend", "TorchScriptBackend", TorchScriptOptions,
-                                None, _TORCH),
-    "torch_compile": BackendEntry("corescale.backends.pytorch.backend", "CompileBackend", TorchCompileOptions,
-                                  None, _TORCH),
-    "onnxruntime": BackendEntry("corescale.backends.onnxruntime.backend", "OnnxRuntimeBackend", OnnxRuntimeOptions,
-                                "onnxruntime", _ORT),
-    "openvino": BackendEntry("corescale.backends.openvino.backend", "OpenVinoBackend", OpenVinoOptions, "openvino",
-                             _OV),
-    "tensorflow": BackendEntry("corescale.backends.tensorflow.backend", "EagerBackend", TensorFlowOptions,
-                               "tensorflow", _TF),
-    "tensorflow_graph": BackendEntry("corescale.backends.tensorflow.backend", "GraphBackend", TensorFlowGraphOptions,
-                                     "tensorflow", _TF),
-    "tensorflow_xla": BackendEntry("corescale.backends.tensorflow.backend", "XlaBackend", TensorFlowXlaOptions,
-                                   "tensorflow", _TF),
-}
-OPTIONS: dict[str, type[BackendOptions]] = {name: entry.options for name, entry in BACKENDS.items()}
+def register(name: str, entry: BackendEntry) -> BackendEntry:
+    """Adds a backend; an incomplete or malformed entry, or a name taken, raises RegistrationError."""
+    if not isinstance(entry, BackendEntry):
+        raise RegistrationError(f"backend '{name}': register() takes a BackendEntry (got {type(entry).__name__})")
+    if name in BACKENDS and BACKENDS[name] != entry:
+        raise RegistrationError(f"backend '{name}' is registered already ({BACKENDS[name].backend})")
+    entry.check(name)
+    BACKENDS[name] = entry
+    OPTIONS[name] = entry.options
+    return entry
+
+
+register("pytorch", PYTORCH)
+register("torchscript", TORCHSCRIPT)
+register("torch_compile", TORCH_COMPILE)
+register("onnxruntime", ONNXRUNTIME)
+register("openvino", OPENVINO)
+register("tensorflow", TENSORFLOW)
+register("tensorflow_graph", TENSORFLOW_GRAPH)
+register("tensorflow_xla", TENSORFLOW_XLA)
+
+
+def entry(name: str) -> BackendEntry:
+    """The registered backend of this name, or one line naming the registered ones."""
+    if name not in BACKENDS:
+        raise UserError(f"unknown backend '{name}'; allowed: {', '.join(sorted(BACKENDS))}")
+    return BACKENDS[name]
+
+
+def named(fact: str) -> list[str]:
+    """The backends whose boolean fact (openmp, forkable, onednn_linear) holds, in registry order."""
+    return [name for name, e in BACKENDS.items() if getattr(e, fact)]
+
+
+def attribute(path: str):
+    """The object a "module:attribute" fact names (imports the module: call it where the framework may load)."""
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def check_available(name: str) -> BackendEntry:
     """Fails with the extra to install when the backend's framework is missing (no framework import)."""
-    entry = BACKENDS[name]
-    missing = [m for m in entry.requires if importlib.util.find_spec(m) is None]
+    found = entry(name)
+    missing = [m for m in found.requires if importlib.util.find_spec(m) is None]
     if missing:
-        raise UserError(
-            f"backend '{name}' needs {', '.join(missing)}: install it with pip install 'corescale[{entry.extra}]'"
-        )
-    return entry
+        install = f"pip install 'corescale[{found.extra}]'" if found.extra else f"pip install {' '.join(missing)}"
+        raise UserError(f"backend '{name}' needs {', '.join(missing)}: install it with {install}")
+    return found
 
 
 def create_backend(name: str):
-    entry = check_available(name)
-    return getattr(importlib.import_module(entry.module), entry.cls)()
+    return attribute(check_available(name).backend)()
+
+
+def _load_plugins() -> None:
+    for module in filter(None, (m.strip() for m in os.environ.get(PLUGINS_ENV, "").split(","))):
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise RegistrationError(f"{PLUGINS_ENV} names '{module}', which cannot be imported: {exc}") from exc
+
+
+_load_plugins()

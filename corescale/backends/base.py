@@ -32,7 +32,12 @@ class Backend(Protocol):
         """Framework name, version and what it reports about its threads."""
 
 
-def require_precision(backend: str, precision: str, supported) -> None:
+def require_precision(backend: str, precision: str) -> None:
+    """The precisions the backend's registry entry declares (config validation checks them before any worker
+    starts; this guards a backend loaded without it, from the Python API)."""
+    from corescale.backends import entry
+
+    supported = entry(backend).precisions
     if precision not in supported:
         raise UserError(f"backend {backend} supports precision {', '.join(supported)} (got {precision})")
 

@@ -1,7 +1,9 @@
 """The base of every backend's options: a Hydra config-group node (`backend=NAME backend.OPTION=VALUE`).
 
-Each framework's options live beside its backend (`backends/<framework>/options.py`); this module and those
-import no framework, so the config can hold them.
+Each framework's options live beside its backend (`backends/<framework>/options.py`), with the BackendEntry
+that declares every other fact about it (precisions, OpenMP, forking, worker modules, artifacts, profiler,
+fingerprinted libraries, deployment snippet); this module and those import no framework, so the config can hold
+them.
 """
 
 from __future__ import annotations
@@ -13,12 +15,28 @@ from typing import Any, ClassVar
 
 from corescale.errors import UserError
 
+DEFAULT_BACKEND = "pytorch"  # `backend=` when none is given; also the tune's baseline and its drift reference
+PRECISIONS = ("fp32", "bf16", "int8")  # every precision a backend may compute in
+
 
 @dataclass
 class BackendOptions:
-    name: str = "pytorch"
+    name: str = DEFAULT_BACKEND
     # option -> allowed values, for the options that are a choice
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {}
+    # (option, value) -> the precisions it holds for (check() refuses the others; the tune draws it only there)
+    PRECISION_BOUND: ClassVar[dict[tuple[str, str], tuple[str, ...]]] = {}
+
+    @classmethod
+    def tune_values(cls) -> dict[str, list[str]]:
+        """The tuner's space of these options: every choice of a choice option, both values of a flag."""
+        values = {}
+        for f in dataclasses.fields(cls):
+            if f.name in cls.CHOICES:
+                values[f.name] = list(cls.CHOICES[f.name])
+            elif f.name != "name" and f.type in (bool, "bool"):
+                values[f.name] = ["false", "true"]
+        return values
 
     def options(self) -> dict[str, Any]:
         """The options without the name."""
@@ -54,3 +72,90 @@ def without_options(name: str, class_name: str, module: str) -> type[BackendOpti
                                      bases=(BackendOptions,))
     cls.__module__ = module
     return cls
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """A file a backend measures that is built before its worker measures and cached between trials."""
+
+    name: str  # what it is, for messages ("ONNX export")
+    cache: str  # its folder under cache_dir (the run checks cache_dir is writable before any worker starts)
+    builder: str  # the module that builds it (imported by the worker only)
+    modules: tuple[str, ...]  # what building it imports; a worker whose artifact is already built needs none of them
+
+
+@dataclass(frozen=True)
+class Profiler:
+    """The framework's own per-op profiler, as `corescale explain` uses it."""
+
+    name: str  # what explain records as the profiler
+    factory: str  # "module:Class", built lazily in the explain worker as Class(backend, prepared, work_dir);
+    # it has .call() (one profiled call) and .finish() -> the calls' op times (see backends/pytorch/profiler.py)
+
+
+# the ONNX Runtime and OpenVINO backends measure the same export (backends/onnx_export.py)
+ONNX_EXPORT = Artifact("ONNX export", cache="onnx", builder="corescale.backends.onnx_export",
+                       modules=("torch", "transformers"))
+
+_REQUIRED: Any = object()  # a fact not given: register() names every one missing
+
+
+@dataclass(frozen=True)
+class BackendEntry:
+    """Every fact about one backend, declared in its folder (framework-free) and registered by name in
+    corescale/backends/__init__.py. docs/adding-a-backend.md explains each."""
+
+    options: type[BackendOptions] = _REQUIRED  # the Hydra group node of `backend=NAME`; its `name` default is NAME
+    backend: str = _REQUIRED  # "module:Class" implementing backends/base.py's Backend (imported in the worker only)
+    extra: str | None = _REQUIRED  # the optional dependency group that brings the framework (None: a core one)
+    requires: tuple[str, ...] = _REQUIRED  # top-level modules that must be importable
+    precisions: tuple[str, ...] = _REQUIRED  # what it computes in (checked in config validation); the tune's choices
+    openmp: bool = _REQUIRED  # its kernels run on OpenMP threads, so `openmp=` applies to it
+    forkable: bool = _REQUIRED  # its workers may be forked from a fork server (False: the framework starts threads
+    # on import)
+    worker_modules: tuple[str, ...] = _REQUIRED  # what its worker imports to measure a built artifact (a fork
+    # server pre-imports them; `{model}` stands for the model type's module name, e.g. bert)
+    artifacts: tuple[Artifact, ...] = _REQUIRED  # files built before measuring (an export), each with its cache
+    profiler: Profiler | None = _REQUIRED  # None: explain refuses the backend with one line
+    libraries: tuple[str, ...] = _REQUIRED  # distributions whose versions enter the machine/software fingerprint
+    recorded: tuple[str, ...] = _REQUIRED  # distributions whose versions are only recorded with each result
+    snippet: str = _REQUIRED  # "module:function": (cfg, threads, model_line) -> the Python that loads the measured
+    # artifact with the chosen options, written beside the tune's recipe.sh
+    onednn_linear: bool = _REQUIRED  # its linears can run as torch's prepacked oneDNN linear: explain measures both
+    # on the model's shapes and the findings offer backend.linear=onednn
+
+    def check(self, name: str) -> None:
+        """Raises RegistrationError naming every missing or malformed fact."""
+        problems = [f"{f.name} missing" for f in dataclasses.fields(self) if getattr(self, f.name) is _REQUIRED]
+        if problems:
+            raise RegistrationError(f"backend '{name}' is incomplete: {', '.join(problems)} "
+                                    "(docs/adding-a-backend.md lists every fact)")
+        if not (isinstance(self.options, type) and issubclass(self.options, BackendOptions)
+                and dataclasses.is_dataclass(self.options)):
+            problems.append("options is not a BackendOptions dataclass")
+        elif self.options().name != name:
+            problems.append(f"options' name default is '{self.options().name}', not '{name}'")
+        for fact in ("backend", "snippet", *(("profiler.factory",) if isinstance(self.profiler, Profiler) else ())):
+            value = self.profiler.factory if fact == "profiler.factory" else getattr(self, fact)
+            if not isinstance(value, str) or value.count(":") != 1:
+                problems.append(f"{fact} is not 'module:attribute' (got {value!r})")
+        for fact in ("requires", "precisions", "worker_modules", "libraries", "recorded"):
+            value = getattr(self, fact)
+            if not isinstance(value, tuple) or not all(isinstance(v, str) for v in value):
+                problems.append(f"{fact} is not a tuple of names (got {value!r})")
+        unknown = [p for p in self.precisions if p not in PRECISIONS] if isinstance(self.precisions, tuple) else []
+        if not self.precisions or unknown:
+            problems.append(f"precisions must be some of {', '.join(PRECISIONS)} (got {self.precisions!r})")
+        for fact in ("openmp", "forkable", "onednn_linear"):
+            if not isinstance(getattr(self, fact), bool):
+                problems.append(f"{fact} is not True or False")
+        if not (isinstance(self.artifacts, tuple) and all(isinstance(a, Artifact) for a in self.artifacts)):
+            problems.append("artifacts is not a tuple of Artifact")
+        if not (self.profiler is None or isinstance(self.profiler, Profiler)):
+            problems.append("profiler is not a Profiler or None")
+        if problems:
+            raise RegistrationError(f"backend '{name}' is malformed: {'; '.join(problems)}")
+
+
+class RegistrationError(ValueError):
+    """A backend entry that lacks a fact or declares one wrongly: a programming error, raised at registration."""

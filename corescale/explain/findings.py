@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-TORCH_FAMILY = ("pytorch", "torchscript", "torch_compile")
+from corescale.backends import BACKENDS
+
 LIBRARY_GAIN = 1.15  # oneDNN must beat torch.mm by this much on these cores before it is offered as the remedy
 
 
@@ -27,6 +28,12 @@ def _has(facts: dict, *names: str) -> bool:
     return all(facts.get(name) is not None for name in names)
 
 
+def _onednn_linear(f: dict) -> bool:
+    """The explained backend's linears can run as torch's prepacked oneDNN linear (its registry entry says)."""
+    facts = BACKENDS.get(f.get("backend") or "")
+    return facts is not None and facts.onednn_linear
+
+
 def remedy_rates(f: dict) -> tuple[float, float, str] | None:
     """(torch's default linear, the oneDNN linear) GFLOP/s and where they were measured: on the model's own linear
     shapes in the explain worker when known, else the peak's square GEMM on the same cores."""
@@ -39,7 +46,7 @@ def remedy_rates(f: dict) -> tuple[float, float, str] | None:
 
 def _mkl_path(f: dict) -> bool:
     rates = remedy_rates(f)
-    return (f.get("backend") in TORCH_FAMILY and f.get("linear", "default") == "default"
+    return (_onednn_linear(f) and f.get("linear", "default") == "default"
             and f.get("precision") == "fp32" and _has(f, "gemm_efficiency", "peak_gflops")
             and f["gemm_efficiency"] < 0.75 and rates is not None and rates[1] > LIBRARY_GAIN * rates[0])
 
@@ -60,7 +67,7 @@ def _mkl_says(f: dict) -> str:
 
 def _no_remedy(f: dict) -> bool:
     rates = remedy_rates(f)
-    return (f.get("backend") in TORCH_FAMILY and f.get("precision") == "fp32" and rates is not None
+    return (_onednn_linear(f) and f.get("precision") == "fp32" and rates is not None
             and rates[1] <= LIBRARY_GAIN * rates[0])
 
 

@@ -54,17 +54,19 @@ def run(job: dict, out: Path) -> dict:
     calls = profiler.finish()
     rates = linear_remedy(cfg, model, spec.batch_size)
     return {"latencies_us": latencies, "calls": calls, "linear_rates": rates,
-            "profiler": profilers.PROFILERS[cfg.backend.name], "framework": backend.info(),
+            "profiler": profilers.check_profiler(cfg.backend.name).name, "framework": backend.info(),
             "stage_seconds": dict(backend.timings), "warmup_iterations": len(warm.durations_ns),
             "warmup_converged": warm.converged}
 
 
 def linear_remedy(cfg, model, batch_size: int) -> dict | None:
-    """PyTorch family at fp32: the model's linear shapes through torch's default linear and through the prepacked
-    oneDNN linear (backend.linear=onednn), measured here, after the profile: the evidence for or against it."""
+    """A backend whose linears can run as torch's prepacked oneDNN linear (its entry's onednn_linear), at fp32: the
+    model's linear shapes through torch's default linear and through that linear (backend.linear=onednn),
+    measured here, after the profile: the evidence for or against it."""
+    from corescale.backends import entry
     from corescale.backends.pytorch.options import ONEDNN_PRECISIONS
 
-    if cfg.backend.name not in ("pytorch", "torchscript", "torch_compile") or cfg.precision not in ONEDNN_PRECISIONS:
+    if not entry(cfg.backend.name).onednn_linear or cfg.precision not in ONEDNN_PRECISIONS:
         return None
     from corescale.machine import onednn
 

@@ -17,8 +17,7 @@ ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16",
 ENV_PREFIXES = ("OMP_", "KMP_", "MKL_", "GOMP_", "OPENBLAS_", "TF_NUM_", "TF_ENABLE_", "TF_XLA", "ORT_", "OV_",
                 "DNNL_", "ONEDNN_")
 ENV_NAMES = ("MALLOC_CONF", "LD_PRELOAD", "HF_HUB_OFFLINE", "CUDA_VISIBLE_DEVICES")
-LIBRARIES = ("torch", "transformers", "numpy", "hydra-core", "onnxruntime", "onnx", "openvino", "tensorflow",
-             "keras", "keras-hub", "ray", "pandas", "pyarrow")
+TOOL_LIBRARIES = ("numpy", "hydra-core", "ray", "pandas", "pyarrow")  # corescale's own; each backend names its own
 WATCHED_LIBS = {"jemalloc": "libjemalloc", "tcmalloc": "libtcmalloc", "intel-openmp": "libiomp5",
                 "gnu-openmp": "libgomp", "llvm-openmp": "libomp."}
 
@@ -63,9 +62,17 @@ def git_commit() -> str | None:
     return out.stdout.strip() or None
 
 
+def libraries() -> tuple[str, ...]:
+    """Whose versions are recorded: corescale's own libraries and every registered backend's."""
+    from corescale.backends import BACKENDS
+
+    names = [*TOOL_LIBRARIES, *(n for e in BACKENDS.values() for n in (*e.libraries, *e.recorded))]
+    return tuple(dict.fromkeys(names))
+
+
 def library_versions() -> dict[str, str]:
     versions = {}
-    for name in LIBRARIES:
+    for name in libraries():
         try:
             versions[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:

@@ -10,7 +10,8 @@ any child; it has its own session, and dies with this process.
 Only what cannot differ between the worker's own start and a fork is shared: the key is the whole launch
 (command prefix, environment, CPUs, backend) and the repeat. Repeats never share a server: their spread is the
 measurement's uncertainty, and a fresh start randomises what forks of one server share (library addresses, the
-interpreter's heap). TensorFlow starts threads on import and never forks from here.
+interpreter's heap). A backend whose registry entry says it may not be forked (TensorFlow starts threads on import)
+never forks from here.
 """
 
 from __future__ import annotations
@@ -28,23 +29,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from corescale.backends import entry
 from corescale.machine import instance_env
 
 LIMIT = 4  # fork servers kept at once (least recently used goes); each holds its frameworks in memory
 READY_TIMEOUT_S = 180.0
-NEVER_FORKED = ("tensorflow",)  # frameworks that start threads on import
-WORKER_MODULES = ("numpy", "torch", "corescale.measure.worker", "corescale.measure.timing",
-                  "corescale.measure.contamination", "corescale.workload.inputs", "corescale.backends")
+HARNESS_MODULES = ("numpy", "corescale.measure.worker", "corescale.measure.timing", "corescale.measure.contamination",
+                   "corescale.workload.inputs", "corescale.backends")
 PR_SET_CHILD_SUBREAPER = 36
 
 
 def modules_for(backend: str, model_type: str) -> list[str]:
-    """What a worker of this backend imports before it measures (the PyTorch family builds a Transformers model)."""
-    modules = [*WORKER_MODULES, f"corescale.backends.{backend}.backend"]
-    if backend in ("pytorch", "torchscript", "torch_compile"):
-        module = model_type.replace("-", "_")
-        modules += ["transformers", f"transformers.models.{module}.modeling_{module}"]
-    return modules
+    """What a worker of this backend imports before it measures: the harness, what building its artifacts
+    imports, and its registry entry's worker_modules (`{model}`: the model type's module, e.g. bert)."""
+    facts = entry(backend)
+    model = model_type.replace("-", "_")
+    declared = [*(m for a in facts.artifacts for m in a.modules), *facts.worker_modules]
+    return list(dict.fromkeys([*HARNESS_MODULES, *(m.format(model=model) for m in declared)]))
 
 
 def become_subreaper(on: bool = True) -> bool:
@@ -160,7 +161,7 @@ class ForkServers:
                 repeat: int = 0) -> tuple | None:
         """Starts the server for this launch unless there is one, without waiting for its imports (a trial's
         servers import side by side); returns its key, None when this launch never forks."""
-        if not self.enabled or backend in NEVER_FORKED:
+        if not self.enabled or not entry(backend).forkable:
             return None
         key = (repeat, tuple(prefix), tuple(sorted(env.items())), tuple(sorted(cpus)), backend)
         if key not in self.servers:

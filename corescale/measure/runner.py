@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from corescale.backends import check_available
+from corescale.backends import check_available, entry
 from corescale.config import BenchmarkConfig
 from corescale.errors import UserError
 from corescale.machine import environment, instance_env
@@ -146,8 +146,8 @@ def check_places(cfg: BenchmarkConfig, results: bool = True) -> None:
 
     if results:
         check_writable(cfg.results_root, "output_dir", directory=True)
-    onnx = {"onnxruntime", "openvino"} & {cfg.backend.name, cfg.reference}
-    if onnx or cfg.calibrate:
+    artifacts = [a for name in (cfg.backend.name, cfg.reference) if name for a in entry(name).artifacts]
+    if artifacts or cfg.calibrate:
         check_writable(cfg.cache_dir, "cache_dir", directory=True)
 
 

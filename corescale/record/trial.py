@@ -268,7 +268,12 @@ def trial_key(config_key: str, model_identity: dict, files: list | None = None) 
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-MEASURING_LIBRARIES = ("torch", "transformers", "numpy", "onnxruntime", "onnx", "openvino", "tensorflow")
+def measuring_libraries() -> tuple[str, ...]:
+    """The libraries whose versions enter the fingerprint: numpy (the inputs) and every registered backend's.
+    A backend that brings a new library changes every fingerprint once (resume then measures again)."""
+    from corescale.backends import BACKENDS
+
+    return tuple(dict.fromkeys(["numpy", *(n for e in BACKENDS.values() for n in e.libraries)]))
 
 
 def machine_fingerprint(environment: HostEnvironment) -> str:
@@ -277,7 +282,7 @@ def machine_fingerprint(environment: HostEnvironment) -> str:
     cpu, topology = environment.cpu, environment.topology
     blob = json.dumps({"cpu": cpu.model, "isa": cpu.isa or None,
                        "cores": [topology.physical_cores, topology.logical_cpus],
-                       "libraries": {name: environment.libraries.get(name) for name in MEASURING_LIBRARIES}},
+                       "libraries": {name: environment.libraries.get(name) for name in measuring_libraries()}},
                       sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

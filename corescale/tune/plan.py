@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from corescale.config import OPENMP_BACKENDS, BenchmarkConfig
+from corescale.backends import BACKENDS, DEFAULT_BACKEND, OPTIONS
+from corescale.config import BenchmarkConfig
 from corescale.errors import UserError
 from corescale.overrides import assignment, compose, override_key
 from corescale.record.trial import TrialRecord
@@ -41,14 +42,12 @@ def merge(*groups: list[str]) -> list[str]:
 def describe(overrides: list[str]) -> str:
     """A short label of a configuration: what tells it apart from the defaults."""
     values = {override_key(o): o.split("=", 1)[1] for o in overrides}
-    parts = [values.get("backend", "pytorch"), values.get("precision", "fp32")]
+    parts = [values.get("backend", DEFAULT_BACKEND), values.get("precision", "fp32")]
     if "instances" in values:
         parts.append(f"{values['instances']}×{values.get('cores_per_instance', '?')}c")
     else:
         parts.append("1×all")
-    from corescale.backends import OPTIONS
-
-    defaults = OPTIONS.get(parts[0], OPTIONS["pytorch"])()
+    defaults = OPTIONS[parts[0]]()
     options = {k.split(".", 1)[1]: v for k, v in values.items() if k.startswith("backend.")}
     parts += [f"{k}={v}" for k, v in options.items() if v != spaces.text(getattr(defaults, k, None))]
     for key, default in (("threads", None), ("batch_size", None), ("allocator", "default"), ("openmp", "default")):
@@ -59,7 +58,7 @@ def describe(overrides: list[str]) -> str:
 
 def complexity(overrides: list[str]) -> int:
     """How many settings differ from the out-of-box defaults (ties go to the simpler)."""
-    defaults = {"backend": "pytorch", "precision": "fp32", "allocator": "default", "openmp": "default",
+    defaults = {"backend": DEFAULT_BACKEND, "precision": "fp32", "allocator": "default", "openmp": "default",
                 "instances": "1", "backend.fusion": "false"}
     values = {override_key(o): o.split("=", 1)[1] for o in overrides}
     return sum(1 for k, v in values.items() if k in defaults and v != defaults[k]) + ("threads" in values)
@@ -94,10 +93,10 @@ class Tune:
         extra = [f"duration={duration:g}"]
         values = {override_key(o): o.split("=", 1)[1] for o in suggested}
         if values.get("precision") in REDUCED:  # drift checked against PyTorch fp32 on the same inputs
-            extra.append("reference=pytorch")
+            extra.append(f"reference={DEFAULT_BACKEND}")
             if self.settings.max_drift is not None:
                 extra.append(f"drift_tolerance={self.settings.max_drift:g}")
-        if values.get("backend") not in OPENMP_BACKENDS:
+        if not getattr(BACKENDS.get(values.get("backend", "")), "openmp", False):
             extra.append("openmp=default")
         return merge(self.base, suggested, extra)
 

@@ -1,6 +1,7 @@
 """What deploys the winner, written to the tune's directory: recipe.sh (N pinned copies of the user's command
 with each measured instance's CPUs, memory binding and environment, or by default the `corescale run` line
-that reproduces the measurement), a Python snippet building the framework session with the chosen options,
+that reproduces the measurement), a Python snippet building the framework session with the chosen options
+(each backend's own: backends/<framework>/recipe.py),
 and the chosen config as YAML. Pinning and environment are read from the winner's own record (what the
 launcher really used: machine/instance_env.py), never derived again."""
 
@@ -12,9 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from corescale.backends.onnxruntime.options import OnnxRuntimeOptions
-from corescale.backends.openvino.options import OpenVinoOptions
-from corescale.backends.pytorch.options import TorchCompileOptions
+from corescale.backends import attribute, entry
 from corescale.machine.cpulist import format_cpulist
 from corescale.overrides import override_key
 from corescale.record.files import write_atomic
@@ -80,58 +79,13 @@ exit "$status"
 
 
 def snippet(record: TrialRecord) -> str:
-    """Python that builds the chosen framework session / model with the chosen options (one instance)."""
+    """Python that loads the measured artifact with the chosen options (one instance): the backend's own snippet
+    (its registry entry names it)."""
     cfg = record.config
     threads = record.specs[0].threads if record.specs else 1
-    name = cfg.backend.name
     model = f"# the model: corescale measured {cfg.model!r} (sequence {cfg.sequence_length}, batch " \
             f"{cfg.instance_batch_size} per instance)\n"
-    o = cfg.backend
-    if isinstance(o, OnnxRuntimeOptions):
-        steps = ["import onnxruntime as ort", "", model + 'MODEL = "model.onnx"  # torch.onnx.export of the model'
-                 " (corescale caches its export under cache_dir)"]
-        if o.fusion:
-            steps += ["from onnxruntime.transformers.optimizer import optimize_model",
-                      'optimize_model(MODEL, model_type="bert", opt_level=0).save_model_to_file("fused.onnx")',
-                      'MODEL = "fused.onnx"']
-        if cfg.precision == "int8":
-            steps += ["from onnxruntime.quantization import QuantType, quantize_dynamic",
-                      'quantize_dynamic(MODEL, "int8.onnx", weight_type=QuantType.QInt8)', 'MODEL = "int8.onnx"']
-        level = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED",
-                 "all": "ORT_ENABLE_ALL"}[o.graph_optimization_level]
-        mode = {"sequential": "ORT_SEQUENTIAL", "parallel": "ORT_PARALLEL"}[o.execution_mode]
-        steps += ["options = ort.SessionOptions()",
-                  f"options.graph_optimization_level = ort.GraphOptimizationLevel.{level}",
-                  f"options.execution_mode = ort.ExecutionMode.{mode}",
-                  f"options.intra_op_num_threads = {threads}", f"options.inter_op_num_threads = {cfg.interop_threads}",
-                  'session = ort.InferenceSession(MODEL, options, providers=["CPUExecutionProvider"])']
-        return "\n".join(steps) + "\n"
-    if isinstance(o, OpenVinoOptions):
-        precision = {"fp32": "f32", "bf16": "bf16"}.get(cfg.precision, "f32")
-        return (f"import openvino as ov\n\n{model}core = ov.Core()\ncompiled = core.compile_model(core.read_model("
-                f'"model.onnx"), "CPU", {{\n    "INFERENCE_NUM_THREADS": {threads}, "NUM_STREAMS": 1,\n'
-                f'    "PERFORMANCE_HINT": "{o.performance_hint}", "INFERENCE_PRECISION_HINT": '
-                f'"{precision}",\n}})\nrequest = compiled.create_infer_request()\n')
-    if name.startswith("tensorflow"):
-        return (f"import tensorflow as tf\n\n{model}tf.config.threading.set_intra_op_parallelism_threads({threads})\n"
-                f"tf.config.threading.set_inter_op_parallelism_threads({cfg.interop_threads})\n"
-                "# build the Keras/TF model here; corescale's backend: corescale/backends/tensorflow/\n")
-    lines = ["import torch", "from transformers import AutoConfig, AutoModel", "", model.rstrip(),
-             f"torch.set_num_threads({threads})", f"torch.set_num_interop_threads({cfg.interop_threads})",
-             'model = AutoModel.from_config(AutoConfig.from_pretrained("bert-base-uncased")).eval()'
-             "  # or from_pretrained(YOUR_DIR)"]
-    if cfg.precision == "int8":
-        lines.append("model = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, torch.qint8)")
-    for option, value in cfg.backend.changed().items():
-        lines.append(f"# backend.{option}={value}: see corescale/backends/pytorch/")
-    if name == "torchscript":
-        lines.append("model = torch.jit.freeze(torch.jit.trace(model, example_kwarg_inputs=INPUTS, strict=False))")
-    if isinstance(o, TorchCompileOptions):
-        lines.append(f'model = torch.compile(model, mode="{o.mode}")')
-    call = "with torch.inference_mode()" + (", torch.autocast(\"cpu\", dtype=torch.bfloat16)"
-                                             if cfg.precision == "bf16" else "")
-    lines.append(f"{call}:\n    outputs = model(**INPUTS)  # INPUTS: input_ids, attention_mask, token_type_ids")
-    return "\n".join(lines) + "\n"
+    return attribute(entry(cfg.backend.name).snippet)(cfg, threads, model)
 
 
 def write(directory: Path, record: TrialRecord, overrides: list[str], summary: str) -> dict[str, Path]:

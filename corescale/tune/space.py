@@ -12,16 +12,11 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
-from corescale.backends import OPTIONS, check_available
-from corescale.backends.pytorch.options import ONEDNN_PRECISIONS
-from corescale.config import OPENMP_BACKENDS, BenchmarkConfig
+from corescale.backends import BACKENDS, DEFAULT_BACKEND, OPTIONS, check_available
+from corescale.config import BenchmarkConfig
 from corescale.errors import UserError
 from corescale.overrides import override_key
 
-# precisions each backend implements (backends/*/backend.py); bf16 also needs the CPU's bf16 instructions
-BACKEND_PRECISIONS = {"pytorch": ("fp32", "bf16", "int8"), "torchscript": ("fp32", "bf16", "int8"),
-                      "torch_compile": ("fp32", "bf16", "int8"), "onnxruntime": ("fp32", "int8"),
-                      "openvino": ("fp32", "bf16")}
 BF16_ISA = ("avx512_bf16", "amx_bf16")
 THROUGHPUT_BATCHES = ("1", "2", "4", "8", "16")
 DIMENSIONS = ("backend", "precision", "layout", "threads", "batch_size", "allocator", "openmp")
@@ -43,7 +38,7 @@ class Space:
     def size(self) -> int:
         per_layout = sum(len(self.threads[_cores(layout)]) for layout in self.layouts)
         per_backend = sum(len(self.precisions[b]) * math.prod(len(v) for v in self.options[b].values())
-                          * (len(self.openmp) if b in OPENMP_BACKENDS else 1) for b in self.backends)
+                          * (len(self.openmp) if BACKENDS[b].openmp else 1) for b in self.backends)
         return per_backend * per_layout * len(self.batch_sizes) * len(self.allocators)
 
     def describe(self) -> dict:
@@ -68,19 +63,6 @@ def candidate_layouts(physical_cores: int) -> list[str]:
     """N instances × C cores with C and N from 1, 2, 4, ... and the largest that fit (all cores used or not:
     fewer can win where memory bandwidth binds)."""
     return [f"{n}x{c}" for c in powers(physical_cores) for n in powers(physical_cores // c)]
-
-
-def _option_values(backend: str) -> dict[str, list[str]]:
-    cls = OPTIONS[backend]
-    values = {}
-    for f in dataclasses.fields(cls):
-        if f.name == "name":
-            continue
-        if f.name in cls.CHOICES:
-            values[f.name] = list(cls.CHOICES[f.name])
-        elif f.type in (bool, "bool"):
-            values[f.name] = ["false", "true"]
-    return values
 
 
 def _installed(backend: str) -> bool:
@@ -113,8 +95,9 @@ def derive(cfg: BenchmarkConfig, overrides: list[str], narrow: dict[str, list[st
     bf16 = any(isa.get(name) for name in BF16_ISA)
     if not bf16:
         notes.append("precision bf16: this CPU has no bf16 instructions (AVX512_BF16/AMX)")
-    precisions = {b: [p for p in BACKEND_PRECISIONS.get(b, ("fp32",)) if p != "bf16" or bf16] for b in backends}
-    options = {b: _option_values(b) for b in backends}
+    # the precisions each backend computes in (its registry entry); bf16 also needs the CPU's bf16 instructions
+    precisions = {b: [p for p in BACKENDS[b].precisions if p != "bf16" or bf16] for b in backends}
+    options = {b: OPTIONS[b].tune_values() for b in backends}
     layouts = candidate_layouts(physical_cores)
     threads = {c: [""] + [str(t) for t in powers(c) if t != c] for c in powers(physical_cores)}
     if batch_key != "batch_size":  # the server scenario batches dynamically, up to the searched bound
@@ -157,7 +140,7 @@ def _fix(space: Space, cfg: BenchmarkConfig, given: set[str]) -> None:
         space.allocators = [cfg.allocator]
     if "openmp" in given:
         space.openmp = [cfg.openmp]
-        space.backends = [b for b in space.backends if b in OPENMP_BACKENDS or cfg.openmp == "default"]
+        space.backends = [b for b in space.backends if BACKENDS[b].openmp or cfg.openmp == "default"]
 
 
 def text(value) -> str:
@@ -237,12 +220,10 @@ def _check_not_empty(space: Space) -> None:
                         "overrides and space.* lists (space.backend and precision must share a supported pair)")
 
 
-# backend option values that hold for some precisions only (the backend's own check refuses the others)
-PRECISION_BOUND = {("linear", "onednn"): ONEDNN_PRECISIONS}
-
-
-def option_values(option: str, values: list[str], precision: str) -> list[str]:
-    return [v for v in values if precision in PRECISION_BOUND.get((option, v), (precision,))]
+def option_values(backend: str, option: str, values: list[str], precision: str) -> list[str]:
+    """The values of a backend option that hold at this precision (its options' PRECISION_BOUND)."""
+    bound = OPTIONS[backend].PRECISION_BOUND
+    return [v for v in values if precision in bound.get((option, v), (precision,))]
 
 
 def suggest(trial, space: Space) -> list[str]:
@@ -254,7 +235,7 @@ def suggest(trial, space: Space) -> list[str]:
     precision = pick(f"precision[{backend}]", space.precisions[backend])
     overrides = [f"backend={backend}", f"precision={precision}"]
     for option, values in space.options[backend].items():
-        usable = option_values(option, values, precision)  # a narrower list is a parameter of its own
+        usable = option_values(backend, option, values, precision)  # a narrower list is a parameter of its own
         name = f"{backend}.{option}" if usable == values else f"{backend}.{option}[{precision}]"
         if usable:
             overrides.append(f"backend.{option}={pick(name, usable)}")
@@ -265,7 +246,7 @@ def suggest(trial, space: Space) -> list[str]:
         overrides.append(f"threads={threads}")
     overrides.append(f"{space.batch_key}={pick('batch_size', space.batch_sizes)}")
     overrides.append(f"allocator={pick('allocator', space.allocators)}")
-    if backend in OPENMP_BACKENDS:
+    if BACKENDS[backend].openmp:
         overrides.append(f"openmp={pick('openmp', space.openmp)}")
     return overrides
 
@@ -308,4 +289,4 @@ def baseline_overrides(overrides: list[str]) -> list[str]:
     """Out-of-box PyTorch: the user's workload settings, every deployment choice at its default (one instance
     on all cores, fp32, the default allocator and OpenMP)."""
     kept = [o for o in overrides if override_key(o).split(".")[0] not in BASELINE_DROPS]
-    return [*kept, "backend=pytorch"]
+    return [*kept, f"backend={DEFAULT_BACKEND}"]

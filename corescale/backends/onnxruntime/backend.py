@@ -18,7 +18,6 @@ GRAPH_OPTIMIZATION_LEVELS = dict(zip(LEVEL_NAMES, (
     ort.GraphOptimizationLevel.ORT_DISABLE_ALL, ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
     ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED, ort.GraphOptimizationLevel.ORT_ENABLE_ALL)))
 EXECUTION_MODES = dict(zip(MODE_NAMES, (ort.ExecutionMode.ORT_SEQUENTIAL, ort.ExecutionMode.ORT_PARALLEL)))
-PRECISIONS = ("fp32", "int8")
 # encoders that onnxruntime's transformer optimizer fuses with its model_type "bert"
 FUSION_MODEL_TYPES = ("bert", "roberta", "xlm-roberta", "camembert", "distilbert", "electra")
 
@@ -52,7 +51,7 @@ class OnnxRuntimeBackend(TimedStages):
     name = "onnxruntime"
 
     def load(self, spec, cfg, threads, inputs) -> None:
-        require_precision(self.name, cfg.precision, PRECISIONS)
+        require_precision(self.name, cfg.precision)
         options = ort.SessionOptions()
         options.graph_optimization_level = GRAPH_OPTIMIZATION_LEVELS[cfg.backend.graph_optimization_level]
         options.execution_mode = EXECUTION_MODES[cfg.backend.execution_mode]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from corescale.backends.options import BackendOptions
+from corescale.backends.options import ONNX_EXPORT, BackendEntry, BackendOptions, Profiler
 
 GRAPH_OPTIMIZATION_LEVELS = ("disable", "basic", "extended", "all")
 EXECUTION_MODES = ("sequential", "parallel")
@@ -19,3 +19,13 @@ class OnnxRuntimeOptions(BackendOptions):
     fusion: bool = False  # onnxruntime's transformer optimizer: Attention, SkipLayerNormalization, BiasGelu
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"graph_optimization_level": GRAPH_OPTIMIZATION_LEVELS,
                                                      "execution_mode": EXECUTION_MODES}
+
+
+ONNXRUNTIME = BackendEntry(
+    options=OnnxRuntimeOptions, backend="corescale.backends.onnxruntime.backend:OnnxRuntimeBackend",
+    extra="onnxruntime", requires=("onnxruntime", "onnx"), precisions=("fp32", "int8"), openmp=False,
+    forkable=True, worker_modules=("onnxruntime", "corescale.backends.onnxruntime.backend"), artifacts=(ONNX_EXPORT,),
+    profiler=Profiler("ONNX Runtime profiling (SessionOptions.enable_profiling)",
+                      "corescale.backends.onnxruntime.profiler:OnnxRuntimeProfiler"),
+    libraries=("onnxruntime", "onnx"), recorded=(), snippet="corescale.backends.onnxruntime.recipe:snippet",
+    onednn_linear=False)

@@ -28,7 +28,7 @@ class OpenVinoBackend(TimedStages):
     name = "openvino"
 
     def load(self, spec, cfg, threads, inputs) -> None:
-        require_precision(self.name, cfg.precision, INFERENCE_PRECISIONS)
+        require_precision(self.name, cfg.precision)
         unbind_calling_thread()  # OpenVINO reads this thread's CPUs when its CPU plugin loads
         core = ov.Core()
         self.capabilities = cpu_capabilities(core)

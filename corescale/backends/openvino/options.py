@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from corescale.backends.options import BackendOptions
+from corescale.backends.options import ONNX_EXPORT, BackendEntry, BackendOptions, Profiler
 
 PERFORMANCE_HINTS = ("LATENCY", "THROUGHPUT", "CUMULATIVE_THROUGHPUT")
 
@@ -27,3 +27,13 @@ class OpenVinoOptions(BackendOptions):
             return []
         return sorted(p for d in spec.submodule_search_locations for p in Path(d, "libs").glob("libhwloc.so*")
                       if p.is_file())[:1]
+
+
+OPENVINO = BackendEntry(
+    options=OpenVinoOptions, backend="corescale.backends.openvino.backend:OpenVinoBackend", extra="openvino",
+    requires=("openvino", "onnx"), precisions=("fp32", "bf16"), openmp=False, forkable=True,
+    worker_modules=("openvino", "corescale.backends.openvino.backend"), artifacts=(ONNX_EXPORT,),
+    profiler=Profiler("OpenVINO per-layer performance counters (PERF_COUNT)",
+                      "corescale.backends.openvino.profiler:OpenVinoProfiler"),
+    libraries=("openvino", "onnx"), recorded=(), snippet="corescale.backends.openvino.recipe:snippet",
+    onednn_linear=False)

@@ -9,10 +9,11 @@ oneDNN tensor, and does the same prepacking itself with `torch._inductor.config.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
-from corescale.backends.options import BackendOptions
+from corescale.backends.options import BackendEntry, BackendOptions, Profiler
 from corescale.errors import UserError
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
@@ -25,6 +26,7 @@ class PyTorchOptions(BackendOptions):
     name: str = "pytorch"
     linear: str = "default"  # default: torch's nn.Linear (MKL for fp32 on x86); onednn: prepacked oneDNN linear
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"linear": LINEARS}
+    PRECISION_BOUND: ClassVar[dict[tuple[str, str], tuple[str, ...]]] = {("linear", "onednn"): ONEDNN_PRECISIONS}
 
     def check(self, cfg) -> None:
         if self.linear != "onednn":
@@ -50,9 +52,22 @@ class TorchCompileOptions(BackendOptions):
     mode: str = "default"  # torch.compile mode
     linear: str = "default"  # only default: see the module's docstring
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"mode": COMPILE_MODES, "linear": LINEARS}
+    PRECISION_BOUND: ClassVar[dict[tuple[str, str], tuple[str, ...]]] = {("linear", "onednn"): ONEDNN_PRECISIONS}
 
     def check(self, cfg) -> None:
         if self.linear == "onednn":
             raise UserError("backend.linear=onednn does not compose with torch_compile (inductor cannot lower a "
                             "prepacked oneDNN weight; it prepacks its own with torch._inductor.config.freezing); "
                             "allowed with backend=pytorch or backend=torchscript")
+
+
+_BACKEND = "corescale.backends.pytorch.backend"
+PYTORCH = BackendEntry(
+    options=PyTorchOptions, backend=f"{_BACKEND}:EagerBackend", extra=None, requires=("torch",),
+    precisions=("fp32", "bf16", "int8"), openmp=True, forkable=True,
+    worker_modules=("torch", "transformers", "transformers.models.{model}.modeling_{model}", _BACKEND),
+    artifacts=(), profiler=Profiler("torch.profiler", "corescale.backends.pytorch.profiler:TorchProfiler"),
+    libraries=("torch", "transformers"), recorded=(), snippet="corescale.backends.pytorch.recipe:snippet",
+    onednn_linear=True)
+TORCHSCRIPT = dataclasses.replace(PYTORCH, options=TorchScriptOptions, backend=f"{_BACKEND}:TorchScriptBackend")
+TORCH_COMPILE = dataclasses.replace(PYTORCH, options=TorchCompileOptions, backend=f"{_BACKEND}:CompileBackend")

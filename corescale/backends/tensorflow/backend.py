@@ -34,7 +34,7 @@ class EagerBackend(TimedStages):
     first_call_stage = "first_call"  # what the first call does: nothing special, tracing, XLA compilation
 
     def load(self, spec, cfg, threads, inputs) -> None:
-        require_precision(self.name, cfg.precision, ("fp32",))
+        require_precision(self.name, cfg.precision)
         set_tf_threads(threads, cfg.interop_threads)  # before any TF op initialises the runtime
         from corescale.workload.models import build_torch_model
 

@@ -1,0 +1,9 @@
+"""The deployment snippet of the TensorFlow backends: TensorFlow's thread pools as corescale measured them."""
+
+from __future__ import annotations
+
+
+def snippet(cfg, threads: int, model: str) -> str:
+    return (f"import tensorflow as tf\n\n{model}tf.config.threading.set_intra_op_parallelism_threads({threads})\n"
+            f"tf.config.threading.set_inter_op_parallelism_threads({cfg.interop_threads})\n"
+            "# build the Keras/TF model here; corescale's backend: corescale/backends/tensorflow/\n")

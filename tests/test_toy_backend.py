@@ -1,0 +1,151 @@
+"""A backend from outside the package (tests/toy_backend: pure numpy, one matmul as the model) registered with one
+line: run, sweep and tune measure it, explain and a precision it does not compute in are refused in one line; an
+incomplete or malformed entry is refused at registration."""
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+
+import pytest
+from conftest import FAST, corescale
+
+from corescale.backends import BACKENDS, OPTIONS, BackendEntry, RegistrationError, register
+from corescale.errors import UserError
+
+TESTS = Path(__file__).resolve().parent
+# what every process started below inherits, the workers included: the toy's module and its registration
+TOY_ENV = {"PYTHONPATH": os.pathsep.join(p for p in (str(TESTS), os.environ.get("PYTHONPATH")) if p),
+           "CORESCALE_BACKENDS": "toy_backend"}
+TOY_RUN = [*FAST, "backend=toy", "--no-progress"]
+
+
+@pytest.fixture
+def toy():
+    """The toy registered in this process for one test, then removed (the other tests' spaces stay as they are)."""
+    from toy_backend.options import TOY
+
+    register("toy", TOY)
+    yield TOY
+    BACKENDS.pop("toy")
+    OPTIONS.pop("toy")
+
+
+def _results(out: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(out.rglob("result.json"))]
+
+
+# --- in this process ----------------------------------------------------------------------------------------------
+
+def test_every_stage_reads_the_toys_entry(toy):
+    from corescale.explain.profilers import check_profiler
+    from corescale.measure.forkserver import modules_for
+    from corescale.overrides import compose
+    from corescale.record.trial import measuring_libraries
+    from corescale.tune import space as spaces
+
+    cfg = compose(["backend=toy", "backend.activation=relu"])
+    assert cfg.backend.name == "toy" and cfg.backend.activation == "relu"
+    assert modules_for("toy", "bert")[-1] == "toy_backend.backend"
+    assert "numpy" in measuring_libraries() and "toy" not in measuring_libraries()
+    space = spaces.derive(compose([]), [], {"backend": ["toy"]}, 2, {"avx2": True}, latency=False)
+    assert space.backends == ["toy"] and space.precisions["toy"] == ["fp32"]
+    assert space.options["toy"] == {"activation": ["tanh", "relu"]}
+    with pytest.raises(UserError, match="explain cannot profile backend=toy"):
+        check_profiler("toy")
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["backend=toy", "precision=int8"], "backend=toy does not compute in precision=int8; allowed precisions: fp32"),
+    (["backend=toy", "openmp=intel"], "openmp=intel applies to the backends that run on OpenMP threads"),
+    (["backend=toy", "backend.activation=gelu"], "unknown backend.activation 'gelu' for backend=toy"),
+])
+def test_the_toys_facts_are_checked_before_any_worker(toy, overrides, message):
+    from corescale.overrides import compose
+
+    with pytest.raises(UserError) as info:
+        compose(overrides)
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_an_incomplete_entry_is_refused_at_registration(toy):
+    with pytest.raises(RegistrationError, match="backend 'half' is incomplete: extra missing, requires missing"):
+        register("half", BackendEntry(options=toy.options, backend="toy_backend.backend:ToyBackend"))
+    assert "half" not in BACKENDS and "half" not in OPTIONS
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"precisions": ("fp64",)}, "precisions must be some of fp32, bf16, int8"),
+    ({"precisions": ()}, "precisions must be some of"),
+    ({"snippet": "toy_backend.recipe.snippet"}, "snippet is not 'module:attribute'"),
+    ({"openmp": "yes"}, "openmp is not True or False"),
+    ({"worker_modules": "toy_backend.backend"}, "worker_modules is not a tuple of names"),
+    ({"profiler": "numpy"}, "profiler is not a Profiler or None"),
+])
+def test_a_malformed_entry_is_refused_at_registration(toy, change, message):
+    with pytest.raises(RegistrationError, match=message):
+        register("toy2", dataclasses.replace(toy, **change))
+    assert "toy2" not in BACKENDS
+
+
+def test_a_name_is_registered_once_and_must_be_the_options_name(toy):
+    with pytest.raises(RegistrationError, match="backend 'toy' is registered already"):
+        register("toy", BACKENDS["pytorch"])
+    with pytest.raises(RegistrationError, match="options' name default is 'toy', not 'other'"):
+        register("other", toy)
+    assert register("toy", toy) is toy  # the same entry again (a module imported twice) is no error
+
+
+def test_a_plugin_module_that_cannot_be_imported_stops_the_tool(tmp_path):
+    proc = corescale("run", *FAST, f"output_dir={tmp_path / 'out'}",
+                     env={**TOY_ENV, "CORESCALE_BACKENDS": "toy_backend,no_such_backend_module"})
+    assert proc.returncode != 0 and "CORESCALE_BACKENDS names 'no_such_backend_module'" in proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+# --- in real processes: the CLI and its workers register the toy from CORESCALE_BACKENDS ------------------------
+
+@pytest.mark.slow
+def test_run_and_sweep_measure_the_toy(tmp_path):
+    out = tmp_path / "out"
+    proc = corescale("run", *TOY_RUN, f"output_dir={out}", env=TOY_ENV)
+    assert proc.returncode == 0, proc.stderr
+    swept = corescale("run", "-m", *TOY_RUN, "batch_size=1,2", "backend.activation=relu", f"output_dir={out}",
+                      env=TOY_ENV)
+    assert swept.returncode == 0, swept.stderr
+    records = _results(out)
+    assert len(records) == 3 and all(r["status"] == "ok" for r in records)
+    assert {r["config"]["backend"]["name"] for r in records} == {"toy"}
+    assert sorted(r["config"]["batch_size"] for r in records) == [1, 1, 2]
+    framework = records[0]["instances"][0]["framework"]
+    assert framework["framework"] == "numpy" and records[0]["metrics"]["throughput_samples_per_s"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("argv, message", [
+    (["run", *TOY_RUN, "precision=bf16"], "backend=toy does not compute in precision=bf16; allowed precisions: fp32"),
+    (["run", "-m", *TOY_RUN, "precision=fp32,int8"], "allowed precisions: fp32"),
+    (["explain", *FAST, "backend=toy"], "explain cannot profile backend=toy"),
+    (["tune", *TOY_RUN, "precision=int8"], "backend=toy does not compute in precision=int8"),
+])
+def test_what_the_toy_cannot_do_is_refused_in_one_line(argv, message, tmp_path):
+    out = tmp_path / "out"
+    proc = corescale(*argv, f"output_dir={out}", env=TOY_ENV)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1 and message in proc.stderr and proc.stdout == ""
+    assert not out.exists()
+
+
+@pytest.mark.slow
+def test_tune_searches_the_toys_options_and_writes_its_snippet(tmp_path):
+    out = tmp_path / "out"
+    proc = corescale("tune", *TOY_RUN, "duration=0.6", "tune.screen=0.3", "trials=2", "tune.top_k=1",
+                     "tune.repeats=2", "space.backend=[toy]", "space.batch_size=[1]", f"output_dir={out}",
+                     env=TOY_ENV, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (tune_dir,) = out.glob("tune-*")
+    backends = {r["config"]["backend"]["name"] for r in _results(tune_dir)}
+    assert backends == {"toy", "pytorch"}  # the searched backend and the out-of-box baseline
+    doc = json.loads((tune_dir / "tune.json").read_text())
+    assert doc["space"]["backends"] == ["toy"] and doc["space"]["options"]["toy"] == {"activation": ["tanh", "relu"]}
+    assert "the toy model" in (tune_dir / "recipe" / "snippet.py").read_text()
