@@ -74,8 +74,11 @@ def test_data_flows_one_way():
 
 
 def _allowed(module: str, target: str) -> bool:
+    """The light registry (names, facts, option classes; no framework import) is data every stage from the machine
+    on may read: the machine's environment records every registered backend's libraries, the config holds the
+    options as its `backend` group."""
     registry = target in ("corescale.backends",) or target.endswith(".options")
-    return registry and stage(module) >= ORDER.index("config")
+    return registry and stage(module) >= ORDER.index("machine")
 
 
 def _imported_names(path: Path) -> set[str]:
