@@ -10,8 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 from conftest import FAST, corescale
-from test_toy_backend import TOY_ENV
 from matplotlib.figure import Figure
+from test_toy_backend import TOY_ENV
 
 from corescale.errors import UserError
 from corescale.report import plots
