@@ -22,14 +22,8 @@ LAYOUTS = ("none", *NAMED_LAYOUTS)  # none: instances and cores_per_instance as 
 SCENARIOS = ("offline", "single_stream", "server")  # offline: closed loop; the others: MLPerf LoadGen drives load
 PAD_POLICIES = ("max", "bucket", "sorted")
 STUDY_KINDS = ("cores", "instances", "batch")  # corescale study KIND
-# 0.1's flat backend options -> (backend, option in its group)
-RENAMED_OPTIONS = {
-    "compile_mode": ("torch_compile", "mode"),
-    "ort_graph_optimization_level": ("onnxruntime", "graph_optimization_level"),
-    "ort_execution_mode": ("onnxruntime", "execution_mode"),
-    "ort_fusion": ("onnxruntime", "fusion"),
-    "ov_performance_hint": ("openvino", "performance_hint"),
-}
+# 0.1's flat backend options -> (backend, option in its group), as each backend's options declare them
+RENAMED_OPTIONS = {old: (name, option) for name, cls in OPTIONS.items() for old, option in cls.RENAMED.items()}
 # What changes a measurement, besides the backend and its options: key() hashes these and compare matches on them.
 # Not paths, caches, timeouts or where a trial is dispatched.
 MEASURED_FIELDS = (

@@ -26,6 +26,7 @@ class BackendOptions:
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {}
     # (option, value) -> the precisions it holds for (check() refuses the others; the tune draws it only there)
     PRECISION_BOUND: ClassVar[dict[tuple[str, str], tuple[str, ...]]] = {}
+    RENAMED: ClassVar[dict[str, str]] = {}  # corescale 0.1's flat config key -> the option here (old configs read)
 
     @classmethod
     def tune_values(cls) -> dict[str, list[str]]:

@@ -19,6 +19,8 @@ class OnnxRuntimeOptions(BackendOptions):
     fusion: bool = False  # onnxruntime's transformer optimizer: Attention, SkipLayerNormalization, BiasGelu
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"graph_optimization_level": GRAPH_OPTIMIZATION_LEVELS,
                                                      "execution_mode": EXECUTION_MODES}
+    RENAMED: ClassVar[dict[str, str]] = {"ort_graph_optimization_level": "graph_optimization_level",
+                                         "ort_execution_mode": "execution_mode", "ort_fusion": "fusion"}
 
 
 ONNXRUNTIME = BackendEntry(

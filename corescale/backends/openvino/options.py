@@ -17,6 +17,7 @@ class OpenVinoOptions(BackendOptions):
     name: str = "openvino"
     performance_hint: str = "LATENCY"
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"performance_hint": PERFORMANCE_HINTS}
+    RENAMED: ClassVar[dict[str, str]] = {"ov_performance_hint": "performance_hint"}
 
     def allocator_companions(self) -> list[Path]:
         """The hwloc bundled with OpenVINO's TBB (loaded by tbbbind when the Core starts) frees with glibc's free()

@@ -52,6 +52,7 @@ class TorchCompileOptions(BackendOptions):
     mode: str = "default"  # torch.compile mode
     linear: str = "default"  # only default: see the module's docstring
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"mode": COMPILE_MODES, "linear": LINEARS}
+    RENAMED: ClassVar[dict[str, str]] = {"compile_mode": "mode"}
     PRECISION_BOUND: ClassVar[dict[tuple[str, str], tuple[str, ...]]] = {("linear", "onednn"): ONEDNN_PRECISIONS}
 
     def check(self, cfg) -> None:
