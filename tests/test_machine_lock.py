@@ -64,7 +64,7 @@ def test_another_process_waits_and_is_told_the_holder(tmp_path):
         proc.wait()
     assert waited >= 0.3
     ((where, who),) = told
-    assert where == path and who.startswith(f"pid {proc.pid}: ")
+    assert where == path and who.startswith(f"pid {proc.pid}: ") and "\n" not in who
 
 
 def test_info_peak_waits_for_the_lock_instead_of_measuring(tmp_path):

@@ -1,6 +1,7 @@
 """`corescale run -m executor=ray` end to end: a private loopback Ray, results with their node, resume."""
 
 import json
+from pathlib import Path
 
 import pytest
 from conftest import FAST, corescale
@@ -37,3 +38,16 @@ def test_single_run_goes_through_ray_and_reserves_the_node(tmp_path):
     node = record["node"]
     assert node["hostname"] and node["ray_node_id"] and node["pid"]  # measured in a Ray worker
     assert node["reserved_cpus"] == len(os.sched_getaffinity(0))
+
+
+def test_study_runs_on_ray(tmp_path):
+    """`corescale study ... executor=ray` measures its trials on the Ray node (not here) and draws its table."""
+    out = tmp_path / "out"
+    env = {"RAY_AUTH_MODE": "disabled", "RAY_TMPDIR": f"/tmp/rayt{tmp_path.name[-6:]}"}
+    proc = corescale("study", "cores", "executor=ray", *FAST, "--values", "1", f"output_dir={out}", "--no-progress",
+                     env=env)
+    assert proc.returncode == 0, proc.stderr
+    (study_dir,) = out.glob("study-cores-*")
+    (trial,) = json.loads((study_dir / "study.json").read_text())["trials"]
+    record = json.loads((Path(trial["path"]) / "result.json").read_text())
+    assert trial["status"] == "ok" and record["executor"]["name"] == "ray" and record["node"]["ray_node_id"]

@@ -70,7 +70,7 @@ def holder(fd: int) -> str:
                 command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
             except OSError:
                 command = ""
-            return f"pid {pid}: {command.strip()[:200]}".rstrip(": ")
+            return f"pid {pid}: {' '.join(command.split())[:200]}".rstrip(": ")  # one line, however it was called
     return ""
 
 

@@ -4,7 +4,8 @@ For each planned trial, strictly one at a time (timing must not share cores): re
 same key under the trial's results root is reused, not measured again) -> machine lock -> measure in fresh
 pinned worker processes -> stamp -> commit atomically -> tell the listener. A trial that raises becomes a
 failed record with its reason (or, with keep_going=False, the error ends the loop). Nothing here draws: the
-listener (the command's) does. The Ray executor (ray.py) is the only other loop and shares stamp and commit.
+listener (the command's) does. The Ray executor (ray.py) is the only other loop; it shares the schedule, the
+resume (Resume), the loop state, --fail-fast, stamp and commit.
 """
 
 from __future__ import annotations
