@@ -1,9 +1,12 @@
+import contextlib
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+pytest_plugins = ("pytester",)
 
 ROOT = Path(__file__).resolve().parent.parent
 FAST = ["model=bert-tiny", "duration=0.5", "min_iterations=5", "calibrate=false", "warmup.max_iterations=5",
@@ -15,6 +18,63 @@ def corescale(*args, env=None, timeout=300):
     full_env = dict(os.environ, **(env or {}))
     return subprocess.run([sys.executable, "-m", "corescale.cli", *args], capture_output=True, text=True,
                           env=full_env, timeout=timeout, cwd=ROOT)
+
+
+def is_probe(args) -> bool:
+    """What the code under test runs to describe the machine: platform.processor()'s `uname -p`, the version's
+    `git rev-parse`, the memory-binding check `numactl --membind=N true` (milliseconds each, no Python, no
+    model). A numactl that starts anything but `true` is a pinned launch, not a probe."""
+    if isinstance(args, (str, bytes, os.PathLike)):
+        return False
+    program = Path(os.fsdecode(args[0])).name
+    return program in ("uname", "git") or (program == "numactl" and list(args[-1:]) == ["true"])
+
+
+@contextlib.contextmanager
+def refusing_processes(item):
+    """While an unmarked test runs (its fixtures included), starting a process other than a probe fails it: the
+    `slow` marker is what keeps `make test-fast` (-m "not slow") free of processes, and this keeps it honest."""
+    started = []
+    popen_init = subprocess.Popen.__init__
+
+    def refused(what, command=""):
+        started.append(f"{what} {command}".strip())
+        pytest.fail(f"{item.nodeid} starts a process ({started[-1]}) but is not marked slow "
+                    "(pytestmark = pytest.mark.slow, or @pytest.mark.slow)", pytrace=False)
+
+    def popen(self, args, *rest, **kwargs):
+        if kwargs.get("shell") or not is_probe(args):
+            refused("subprocess.Popen", args)
+        popen_init(self, args, *rest, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(subprocess.Popen, "__init__", popen)
+        patch.setattr(os, "fork", lambda: refused("os.fork"))
+        patch.setattr(os, "posix_spawn", lambda *args, **kwargs: refused("os.posix_spawn", args[:2]))
+        yield started
+
+
+STARTED = pytest.StashKey[list]()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    if item.get_closest_marker("slow"):
+        yield
+        return
+    with refusing_processes(item) as started:
+        item.stash[STARTED] = started
+        yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Fails a test whose code caught the refusal and passed anyway."""
+    report = (yield).get_result()
+    started = item.stash.get(STARTED, None)
+    if report.when == "call" and report.passed and started:
+        report.outcome = "failed"
+        report.longrepr = f"{item.nodeid} starts a process ({started[0]}) but is not marked slow"
 
 
 @pytest.fixture

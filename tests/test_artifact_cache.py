@@ -7,6 +7,8 @@ from test_backends_common import run_record
 
 from corescale.backends.onnx_export import LOCK_DIR
 
+pytestmark = pytest.mark.slow  # every test here starts processes
+
 KINDS = {
     "onnxruntime": ["backend=onnxruntime"],
     "fusion": ["backend=onnxruntime", "backend.fusion=true"],

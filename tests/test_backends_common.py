@@ -7,6 +7,8 @@ import sys
 import pytest
 from conftest import FAST, ROOT, corescale
 
+pytestmark = pytest.mark.slow  # every test here starts processes
+
 
 def run_record(out_dir, *overrides) -> dict:
     """A real `corescale run` (fresh worker processes); returns its result record, which must be ok."""

@@ -29,6 +29,7 @@ def runs(tmp_path_factory, cache):
     }
 
 
+@pytest.mark.slow
 def test_two_instances_agree_with_pytorch(runs):
     record = runs["two_instances"]
     assert len(record["instances"]) == 2
@@ -40,6 +41,7 @@ def test_two_instances_agree_with_pytorch(runs):
         assert "session" in inst["stage_seconds"]  # load stages recorded apart from inference
 
 
+@pytest.mark.slow
 def test_concurrent_exports_leave_one_complete_cache_entry(runs, cache):
     entries = sorted(p.name for p in (cache / "onnx").iterdir())
     entries = [e for e in entries if e != LOCK_DIR]  # the lock files of the builds
@@ -48,6 +50,7 @@ def test_concurrent_exports_leave_one_complete_cache_entry(runs, cache):
     assert (cache / "onnx" / base[0] / "model.onnx").stat().st_size > 1e6
 
 
+@pytest.mark.slow
 def test_later_runs_reuse_the_cache(runs):
     fused = runs["fused_2t"]["instances"][0]
     assert fused["framework"]["cache_hits"] == {"export": True, "fuse": False}
@@ -57,6 +60,7 @@ def test_later_runs_reuse_the_cache(runs):
     assert "fuse" not in quantized["stage_seconds"] and "quantize" in quantized["stage_seconds"]
 
 
+@pytest.mark.slow
 def test_fusion_makes_transformer_operators_and_agrees(runs):
     record = runs["fused_2t"]
     ops = record["instances"][0]["framework"]["operators"]
@@ -66,12 +70,14 @@ def test_fusion_makes_transformer_operators_and_agrees(runs):
     assert_agrees_with_pytorch(record)
 
 
+@pytest.mark.slow
 def test_threads_honoured(runs):
     one, two = runs["two_instances"], runs["fused_2t"]
     assert two["instances"][0]["framework"]["intra_op_num_threads"] == 2
     assert_threads_honoured(one, two)
 
 
+@pytest.mark.slow
 def test_int8_dynamic_quantization_within_its_tolerance(runs):
     record = runs["fused_int8"]
     drift = record["drift"]
@@ -86,6 +92,7 @@ def test_int8_dynamic_quantization_within_its_tolerance(runs):
     ("backend.execution_mode=async", "allowed: sequential, parallel"),
     ("ort_fusion=true", "write backend=onnxruntime backend.fusion=true"),  # 0.1's spelling names the new one
 ])
+@pytest.mark.slow
 def test_bad_options_are_one_line_errors(tmp_path, override, expected):
     proc = corescale("run", "--no-progress", *FAST, "backend=onnxruntime", override, f"cache_dir={tmp_path}",
                      f"output_dir={tmp_path / 'out'}")

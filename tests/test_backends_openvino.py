@@ -39,6 +39,7 @@ def runs(tmp_path_factory):
     }
 
 
+@pytest.mark.slow
 def test_two_instances_agree_with_pytorch(runs):
     record = runs["two_instances"]
     assert len(record["instances"]) == 2
@@ -51,6 +52,7 @@ def test_two_instances_agree_with_pytorch(runs):
         assert {"convert", "compile"} <= set(inst["stage_seconds"])
 
 
+@pytest.mark.slow
 def test_threads_honoured_and_hint_configurable(runs):
     """What corescale guarantees, whatever OpenVINO does with its own threads (it pins one per CPU by default):
     the thread count asked for, and every thread of an instance inside that instance's CPUs."""
@@ -68,6 +70,7 @@ def test_threads_honoured_and_hint_configurable(runs):
 
 
 @pytest.mark.skipif(not HAS_JEMALLOC, reason="needs Debian's libjemalloc2")
+@pytest.mark.slow
 def test_a_preloaded_allocator_comes_with_openvinos_own_hwloc(runs):
     """Without it OpenVINO's hwloc frees the allocator's memory with glibc's free(): SIGABRT as the Core starts."""
     inst = runs["2t"]["instances"][0]
@@ -76,6 +79,7 @@ def test_a_preloaded_allocator_comes_with_openvinos_own_hwloc(runs):
     assert any(Path(p).name.startswith("libhwloc.so") and "openvino" in p for p in preload)
 
 
+@pytest.mark.slow
 def test_threads_of_each_instance_stay_on_its_cpus(runs):
     record = runs["two_instances"]
     for placed, inst in zip(record["plan"]["instances"], record["instances"]):
@@ -84,6 +88,7 @@ def test_threads_of_each_instance_stay_on_its_cpus(runs):
 
 
 @pytest.mark.skipif(not HAS_BF16, reason="this CPU has no bf16 instructions (AVX512_BF16 or AMX)")
+@pytest.mark.slow
 def test_bf16_runs_within_its_tolerance(tmp_path):
     record = run_record(tmp_path / "out", "backend=openvino", "precision=bf16", "reference=pytorch",
                         f"cache_dir={tmp_path / 'cache'}")
@@ -104,6 +109,7 @@ def test_unsupported_precision_is_a_clear_error(tmp_path):
         load("openvino", tmp_path, precision="int8")
 
 
+@pytest.mark.slow
 def test_bad_hint_is_a_one_line_error(tmp_path):
     proc = corescale("run", "--no-progress", *FAST, "backend=openvino", "backend.performance_hint=FAST",
                      f"output_dir={tmp_path}")

@@ -20,6 +20,7 @@ def two_instance_runs(tmp_path_factory):
 
 
 @pytest.mark.parametrize("backend", VARIANTS)
+@pytest.mark.slow
 def test_two_instances_agree_with_pytorch(two_instance_runs, backend):
     record = two_instance_runs[backend]
     assert len(record["instances"]) == 2
@@ -32,6 +33,7 @@ def test_two_instances_agree_with_pytorch(two_instance_runs, backend):
         assert {"build_model", "convert", stage} <= set(inst["stage_seconds"])
 
 
+@pytest.mark.slow
 def test_threads_honoured(two_instance_runs, tmp_path):
     two = run_record(tmp_path, "backend=tensorflow_xla", "threads=2", "batch_size=4", "padding_fraction=0.25")
     assert two["instances"][0]["framework"]["intra_op_parallelism_threads"] == 2

@@ -366,6 +366,7 @@ PROCESS_SAMPLE = ["duration-nan", "batch-1e20", "tilde-model", "output-proc", "c
 
 
 @pytest.mark.parametrize("case", PROCESS_SAMPLE)
+@pytest.mark.slow
 def test_bad_input_in_a_real_process(case, place, tmp_path):
     (argv, message), = [c[1:] for c in CASES if c[0] == case]
     out = tmp_path / "out"

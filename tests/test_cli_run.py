@@ -7,6 +7,8 @@ import pytest
 import yaml
 from conftest import FAST, corescale
 
+pytestmark = pytest.mark.slow  # every test here starts processes
+
 
 @pytest.fixture(scope="module")
 def result_dir(tmp_path_factory):

@@ -15,7 +15,7 @@ from corescale.measure.runner import prepare_trial
 from corescale.overrides import compose
 from corescale.record.files import read_result, read_samples
 
-pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 usable CPUs")
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 usable CPUs")]
 TWO = ["instances=2", "cores_per_instance=1", "timeout=120"]
 
 

@@ -12,6 +12,8 @@ import pandas as pd
 import pytest
 from conftest import FAST
 
+pytestmark = pytest.mark.slow  # every test here starts processes
+
 ENV = {"COLUMNS": "40", "LINES": "10"}
 
 

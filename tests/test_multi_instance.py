@@ -15,6 +15,8 @@ from corescale.measure.runner import prepare_trial
 from corescale.overrides import compose
 from corescale.record.files import read_samples
 
+pytestmark = pytest.mark.slow  # every test here starts processes
+
 TWO_CPUS = len(os.sched_getaffinity(0)) >= 2
 needs_two_cpus = pytest.mark.skipif(not TWO_CPUS, reason="needs 2 usable CPUs")
 

@@ -7,6 +7,8 @@ from conftest import FAST, corescale
 
 pytest.importorskip("ray")
 
+pytestmark = pytest.mark.slow  # every test here starts processes
+
 
 def test_cli_sweep_on_private_ray_resumes(tmp_path):
     out = tmp_path / "out"

@@ -98,6 +98,7 @@ def dispatched_together(x, y):
     return x["submitted"] < y["finished"] and y["submitted"] < x["finished"]
 
 
+@pytest.mark.slow
 def test_sweep_over_node_types_runs_one_trial_per_node(cluster, tmp_path):
     out = tmp_path / "out"
     trials = trials_for(cluster.address, out, ["executor.node_type=a,b"])  # >1 trial per node: the tune test
@@ -160,6 +161,7 @@ def kill_first_ray_worker(ray_tmp: Path, killed: list, deadline_s: float = 90):
         time.sleep(0.2)
 
 
+@pytest.mark.slow
 def test_killed_worker_is_retried_elsewhere_and_bad_config_is_recorded(cluster, tmp_path):
     import threading
 
@@ -188,6 +190,7 @@ def test_killed_worker_is_retried_elsewhere_and_bad_config_is_recorded(cluster, 
     assert [o.ok for _, o in outcomes].count(True) == 1
 
 
+@pytest.mark.slow
 def test_worker_that_keeps_dying_is_recorded_failed(cluster, tmp_path):
     import threading
 
@@ -220,6 +223,7 @@ RayExecutor(planned[0].trial.cfg.executor).run(planned, Printer())
 """
 
 
+@pytest.mark.slow
 def test_killed_driver_resumes_without_duplicates(cluster, tmp_path):
     out = tmp_path / "out"
     sweep = [*QUICK, f"output_dir={out}", "executor=ray", f"executor.address={cluster.address}",
@@ -303,6 +307,7 @@ def listening_sockets(entry: str):
     return found
 
 
+@pytest.mark.slow
 def test_private_local_ray_binds_loopback_only_without_dashboard(tmp_path):
     ray_tmp = Path(tempfile.mkdtemp(prefix="ray", dir="/tmp"))
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
@@ -325,6 +330,7 @@ def test_private_local_ray_binds_loopback_only_without_dashboard(tmp_path):
     assert not seen["still_connected"]  # the executor stops the Ray it started
 
 
+@pytest.mark.slow
 def test_unknown_node_type_is_one_clear_error(cluster, tmp_path):
     from corescale.errors import UserError
 
@@ -349,6 +355,7 @@ TUNE = [*QUICK, "duration=0.6", "tune.screen=0.3", "tune.top_k=1", "tune.repeats
         "space.precision=[fp32]", "space.batch_size=[1,2]", "--no-progress", "--no-report"]
 
 
+@pytest.mark.slow
 def test_tune_fans_out_over_each_node_type_and_ranks_them_by_cost(cluster, tmp_path):
     """Type b: the module's node on CPU 0. Type c: two nodes on CPU 1, so its trials fan out over them. The
     types' CPUs are apart, so they are tuned side by side."""
@@ -412,6 +419,7 @@ def iter_records(folder):
     return [raw_record(d) for d in iter_run_dirs(folder)]
 
 
+@pytest.mark.slow
 def test_tune_refuses_nodes_of_one_type_that_differ(cluster, tmp_path):
     proc = corescale("tune", *TUNE, "trials=1", f"output_dir={tmp_path / 'out'}", "executor=ray",
                      f"executor.address={cluster.address}", timeout=120)

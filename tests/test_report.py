@@ -12,6 +12,8 @@ from conftest import FAST, ROOT, corescale
 
 from corescale.report.html import CHARTS
 
+pytestmark = pytest.mark.slow  # every test here starts processes
+
 CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = ROOT / "test-artifacts"
 INJECTED = "<img src=x onerror=\"console.error('injected')\">&-model"

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 from conftest import FAST, ROOT, processes_with_env
 
-pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 usable CPUs")
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 usable CPUs")]
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])

@@ -174,6 +174,7 @@ def check_study_dir(out: Path, kind: str, rows: int) -> pd.DataFrame:
 
 
 @needs_two_cpus
+@pytest.mark.slow
 def test_cores_study_cli(tmp_path):
     proc = corescale("study", "cores", *TINY, f"output_dir={tmp_path}", "--no-progress")
     assert proc.returncode == 0, proc.stderr
@@ -183,6 +184,7 @@ def test_cores_study_cli(tmp_path):
 
 
 @needs_two_cpus
+@pytest.mark.slow
 def test_instances_study(tmp_path):
     study = studies.run_study("instances", [*TINY, f"output_dir={tmp_path}"])
     write_study(study)
@@ -197,6 +199,7 @@ def test_instances_study(tmp_path):
 
 
 @needs_two_cpus
+@pytest.mark.slow
 def test_batch_study(tmp_path):
     study = studies.run_study("batch", [*TINY, "total_batch_size=4", f"output_dir={tmp_path}"])
     write_study(study)
@@ -207,6 +210,7 @@ def test_batch_study(tmp_path):
     assert (table["max_instance_p50_ms"] > 0).all() and table["throughput_gain"].iloc[0] == 1.0
 
 
+@pytest.mark.slow
 def test_study_records_a_failed_trial_and_resumes_by_key(tmp_path):
     pytest.importorskip("onnxruntime")
     # bf16 is refused inside the instance (a user error there): recorded as that trial's failure, not the end
@@ -232,6 +236,7 @@ def test_study_records_a_failed_trial_and_resumes_by_key(tmp_path):
     assert len([p for p in second.iterdir() if (p / "result.json").is_file()]) == 1 and len(runs) == 2
 
 
+@pytest.mark.slow
 def test_study_errors_are_one_line_exit_2(tmp_path):
     proc = corescale("study", "instances", *TINY, "instances=2", f"output_dir={tmp_path}")
     assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0
@@ -241,6 +246,7 @@ def test_study_errors_are_one_line_exit_2(tmp_path):
     assert not any(tmp_path.iterdir())
 
 
+@pytest.mark.slow
 def test_study_with_repeats_reports_means_and_intervals(tmp_path):
     study = studies.run_study("cores", [*TINY, "repeats=2", f"output_dir={tmp_path}"], values=[1])
     (row,) = study.frame.to_dict(orient="records")
