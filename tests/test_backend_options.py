@@ -1,7 +1,7 @@
 """Backends own their options as a Hydra config group: `backend=NAME backend.OPTION=VALUE`."""
 
 import pytest
-from conftest import FAST, assert_one_line_error, corescale
+from helpers import FAST, assert_one_line_error, corescale
 
 from corescale.backends import BACKENDS, OPTIONS
 from corescale.backends.onnxruntime.options import OnnxRuntimeOptions

@@ -4,8 +4,16 @@ import pytest
 
 pytest.importorskip("onnxruntime", reason="needs corescale[onnxruntime]")
 
-from conftest import FAST, corescale  # noqa: E402
-from test_backends_common import assert_agrees_with_pytorch, assert_threads_honoured, error_line, load, run_record  # noqa: E402
+from helpers import (  # noqa: E402
+    FAST,
+    assert_agrees_with_pytorch,
+    assert_threads_honoured,
+    corescale,
+    error_line,
+    load,
+    needs_two_cpus,
+    run_record,
+)
 
 from corescale.backends.onnx_export import LOCK_DIR  # noqa: E402
 from corescale.errors import UserError  # noqa: E402
@@ -71,6 +79,7 @@ def test_fusion_makes_transformer_operators_and_agrees(runs):
 
 
 @pytest.mark.slow
+@needs_two_cpus
 def test_threads_honoured(runs):
     one, two = runs["two_instances"], runs["fused_2t"]
     assert two["instances"][0]["framework"]["intra_op_num_threads"] == 2

@@ -6,8 +6,7 @@ import pytest
 
 ov = pytest.importorskip("openvino", reason="needs corescale[openvino]")
 
-from conftest import FAST, corescale  # noqa: E402
-from test_backends_common import assert_agrees_with_pytorch, error_line, load, run_record  # noqa: E402
+from helpers import FAST, assert_agrees_with_pytorch, corescale, error_line, load, needs_two_cpus, run_record  # noqa: E402
 
 from corescale.errors import UserError  # noqa: E402
 from corescale.machine import instance_env  # noqa: E402
@@ -53,6 +52,7 @@ def test_two_instances_agree_with_pytorch(runs):
 
 
 @pytest.mark.slow
+@needs_two_cpus
 def test_threads_honoured_and_hint_configurable(runs):
     """What corescale guarantees, whatever OpenVINO does with its own threads (it pins one per CPU by default):
     the thread count asked for, and every thread of an instance inside that instance's CPUs."""
@@ -61,8 +61,7 @@ def test_threads_honoured_and_hint_configurable(runs):
     assert fw["num_streams"] == 1  # one stream per instance whatever the hint
     two = runs["2t"]["instances"][0]
     cpus = set(runs["2t"]["plan"]["instances"][0]["cpus"])
-    if len(cpus) < 2:
-        pytest.skip("needs 2 CPUs")
+    assert len(cpus) == 2, runs["2t"]["plan"]
     assert two["thread_count"] > runs["two_instances"]["instances"][0]["thread_count"]
     affinity = {tid: set(allowed) for tid, allowed in two["thread_affinity"].items()}
     assert all(allowed <= cpus for allowed in affinity.values()), affinity

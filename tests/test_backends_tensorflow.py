@@ -4,7 +4,7 @@ import pytest
 
 pytest.importorskip("tensorflow", reason="needs corescale[tensorflow]")
 
-from test_backends_common import assert_agrees_with_pytorch, assert_threads_honoured, load, run_record  # noqa: E402
+from helpers import assert_agrees_with_pytorch, assert_threads_honoured, load, needs_two_cpus, run_record  # noqa: E402
 
 from corescale.errors import UserError  # noqa: E402
 
@@ -34,6 +34,7 @@ def test_two_instances_agree_with_pytorch(two_instance_runs, backend):
 
 
 @pytest.mark.slow
+@needs_two_cpus
 def test_threads_honoured(two_instance_runs, tmp_path):
     two = run_record(tmp_path, "backend=tensorflow_xla", "threads=2", "batch_size=4", "padding_fraction=0.25")
     assert two["instances"][0]["framework"]["intra_op_parallelism_threads"] == 2

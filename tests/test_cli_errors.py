@@ -5,7 +5,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, corescale
+from helpers import ROOT, corescale
 
 SCHEMA1 = ROOT / "tests" / "data" / "schema1"
 

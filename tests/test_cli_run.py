@@ -5,7 +5,7 @@ import json
 import pandas as pd
 import pytest
 import yaml
-from conftest import FAST, corescale
+from helpers import FAST, corescale
 
 pytestmark = pytest.mark.slow  # every test here starts processes
 

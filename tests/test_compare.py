@@ -9,7 +9,7 @@ import io
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import FAST, corescale
+from helpers import FAST, corescale
 
 from corescale.analysis import compare, store
 

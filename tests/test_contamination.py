@@ -6,7 +6,7 @@ import sys
 from types import SimpleNamespace
 
 import pytest
-from conftest import FAST, execute
+from helpers import FAST, execute
 
 from corescale.measure import contamination
 from corescale.measure.runner import prepare_trial

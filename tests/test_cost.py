@@ -4,7 +4,7 @@ import io
 
 import pandas as pd
 import pytest
-from conftest import FAST, corescale
+from helpers import FAST, corescale
 
 from corescale.analysis import cost
 from corescale.errors import UserError

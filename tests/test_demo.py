@@ -3,7 +3,7 @@
 from pathlib import Path
 
 import pytest
-from conftest import FAST, corescale
+from helpers import FAST, corescale
 
 from corescale.commands.demo import demo_words
 

@@ -4,7 +4,7 @@ import json
 
 import numpy as np
 import pytest
-from conftest import FAST, corescale
+from helpers import FAST, corescale
 
 from corescale.measure.drift import TOLERANCES, drift_metrics
 

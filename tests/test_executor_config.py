@@ -4,7 +4,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import FAST, ROOT, corescale
+from helpers import FAST, ROOT, corescale
 
 from corescale.config import BenchmarkConfig, ExecutorConfig, RayExecutorConfig
 from corescale.errors import UserError

@@ -4,7 +4,7 @@ the analysis of a profile, and the command end to end on bert-tiny (pytorch and 
 import json
 
 import pytest
-from conftest import FAST, corescale
+from helpers import FAST, corescale
 
 from corescale.explain import analysis
 from corescale.explain.findings import RULES, findings

@@ -10,14 +10,14 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import FAST, ROOT, processes_with_env
+from helpers import FAST, ROOT, needs_two_cpus, processes_with_env
 
 from corescale.measure.forkserver import ForkServers
 from corescale.overrides import expand_sweep
 from corescale.trials.local import Listener
 from corescale.trials.sweep import plan_sweep, run_sweep
 
-pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 usable CPUs")
+pytestmark = needs_two_cpus
 
 
 def status_field(pid: int, name: str) -> str:

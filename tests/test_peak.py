@@ -4,7 +4,7 @@
 import json
 
 import pytest
-from conftest import FAST, corescale
+from helpers import FAST, corescale
 
 from corescale.machine import peak
 from corescale.machine.placement import InstancePlacement, InstanceSpec

@@ -4,7 +4,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import corescale
+from helpers import corescale
 
 from corescale.cli import main
 

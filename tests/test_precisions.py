@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import FAST, corescale
+from helpers import FAST, corescale
 
 from corescale.backends import create_backend
 from corescale.config import BenchmarkConfig

@@ -3,7 +3,7 @@
 import json
 
 import pytest
-from conftest import FAST, corescale
+from helpers import FAST, corescale
 
 pytest.importorskip("ray")
 

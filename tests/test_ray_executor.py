@@ -18,7 +18,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from conftest import FAST, ROOT, corescale, raw_record
+from helpers import FAST, ROOT, corescale, needs_two_cpus, raw_record
 
 from corescale.overrides import expand_sweep
 from corescale.record.files import iter_run_dirs
@@ -28,7 +28,7 @@ from corescale.trials.sweep import plan_sweep
 
 pytest.importorskip("ray", reason="Ray is the optional extra corescale[ray]")
 CPUS = sorted(os.sched_getaffinity(0))
-pytestmark = [pytest.mark.skipif(len(CPUS) < 2, reason="needs 2 usable CPUs"), pytest.mark.timeout(240)]
+pytestmark = [needs_two_cpus, pytest.mark.timeout(240)]
 RAY_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 LOOPBACK = "127.0.0.1"
 QUICK = [*FAST, "warmup.max_iterations=3", "timeout=120"]

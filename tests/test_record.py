@@ -6,7 +6,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import corescale
+from helpers import corescale
 
 from corescale.analysis import store
 from corescale.config import BenchmarkConfig

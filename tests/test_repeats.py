@@ -5,7 +5,7 @@ import json
 from types import SimpleNamespace
 
 import pytest
-from conftest import FAST, assert_one_line_error, corescale
+from helpers import FAST, assert_one_line_error, corescale
 
 from corescale.overrides import compose
 from corescale.record.repeats import Interval, across_repeats

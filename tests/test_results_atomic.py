@@ -8,7 +8,7 @@ import time
 
 import pandas as pd
 import pytest
-from conftest import raw_record
+from helpers import raw_record
 
 from corescale.errors import UserError
 from corescale.record.files import (

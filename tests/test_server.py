@@ -8,7 +8,7 @@ import types
 
 import numpy as np
 import pytest
-from conftest import FAST, corescale, execute, raw_record
+from helpers import FAST, corescale, execute, raw_record
 
 from corescale.measure.batching import Batcher
 from corescale.measure.qps_search import knee, search

@@ -5,7 +5,7 @@ import shutil
 
 import pandas as pd
 import pytest
-from conftest import FAST, corescale
+from helpers import FAST, corescale
 
 from corescale.analysis import store
 from corescale.errors import UserError

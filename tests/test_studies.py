@@ -2,14 +2,13 @@
 
 import json
 import math
-import os
 import time
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import FAST, corescale
+from helpers import FAST, corescale, needs_two_cpus
 from matplotlib.figure import Figure
 
 from corescale.errors import UserError
@@ -156,7 +155,6 @@ def test_figures_skip_failed_trials():
 
 # ---- real studies on bert-tiny ---------------------------------------------------------------------------
 
-needs_two_cpus = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 usable CPUs")
 TINY = [o for o in FAST if not o.startswith("duration")] + ["duration=0.5"]
 
 

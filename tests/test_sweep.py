@@ -10,7 +10,7 @@ from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 
 import pytest
-from conftest import FAST, ROOT, corescale
+from helpers import FAST, ROOT, corescale
 
 from corescale.analysis import store
 from corescale.record.files import PendingRun, iter_run_dirs, read_result
