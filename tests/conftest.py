@@ -6,6 +6,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from helpers import library_installed, run_record
 
 pytest_plugins = ("pytester",)
 
@@ -70,3 +71,44 @@ def pytest_runtest_makereport(item, call):
 @pytest.fixture
 def out_dir(tmp_path):
     return tmp_path / "outputs"
+
+
+# ---- real runs that test files share (test_backends_common.py checks what both backends below have in common) ----
+
+
+@pytest.fixture(scope="session")
+def onnxruntime_cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("onnxruntime-cache")
+
+
+@pytest.fixture(scope="session")
+def onnxruntime_runs(tmp_path_factory, onnxruntime_cache):
+    """Order matters: the first run (2 instances, empty cache) exports concurrently, the others reuse it."""
+    pytest.importorskip("onnxruntime", reason="needs corescale[onnxruntime]")
+
+    def run(name, *overrides):
+        return run_record(tmp_path_factory.mktemp(name), "backend=onnxruntime", f"cache_dir={onnxruntime_cache}",
+                          "batch_size=4", "reference=pytorch", *overrides)
+    return {
+        "two_instances": run("two", "instances=2"),  # 1 thread each
+        "fused_2t": run("fused", "threads=2", "backend.fusion=true"),
+        "fused_int8": run("int8", "backend.fusion=true", "precision=int8"),
+    }
+
+
+@pytest.fixture(scope="session")
+def openvino_runs(tmp_path_factory):
+    pytest.importorskip("openvino", reason="needs corescale[openvino]")
+    from corescale.machine import instance_env
+
+    cache = tmp_path_factory.mktemp("openvino-cache")
+    jemalloc = library_installed(instance_env.ALLOCATORS["jemalloc"])
+
+    def run(name, *overrides):
+        return run_record(tmp_path_factory.mktemp(name), "backend=openvino", f"cache_dir={cache}", "batch_size=4",
+                          *overrides)
+    return {
+        "two_instances": run("two", "instances=2", "reference=pytorch"),  # 1 thread each
+        "2t": run("two_threads", "threads=2", "backend.performance_hint=THROUGHPUT",
+                  *(["allocator=jemalloc"] if jemalloc else [])),
+    }

@@ -69,6 +69,16 @@ def run_record(out_dir, *overrides) -> dict:
     return record
 
 
+def library_installed(library) -> bool:
+    from corescale.errors import UserError
+    from corescale.machine import instance_env
+
+    try:
+        return bool(instance_env.find_library(library))
+    except UserError:
+        return False
+
+
 def load(backend: str, cache_dir, **overrides):
     """The backend loaded in this process on bert-tiny (for checks that need no timed run)."""
     from corescale.backends import create_backend

@@ -1,11 +1,12 @@
-"""What every framework backend shares: a missing framework names its extra (the shared checks are in helpers.py)."""
+"""What framework backends share: a missing framework names its extra; two one-thread instances agree with PyTorch
+and report their framework's settings (the shared checks are in helpers.py, the runs in conftest.py)."""
 
 import json
 import subprocess
 import sys
 
 import pytest
-from helpers import FAST, ROOT, error_line
+from helpers import FAST, ROOT, assert_agrees_with_pytorch, error_line
 
 pytestmark = pytest.mark.slow  # every test here starts processes
 
@@ -61,3 +62,26 @@ def test_missing_framework_names_its_extra(blocked_runs, case):
     line = error_line(subprocess.CompletedProcess([], code, "", stderr))
     assert f"pip install 'corescale[{extra}]'" in line and hidden in line, line
     assert not out.exists()  # nothing written
+
+
+# backend -> (framework settings each of two one-thread instances reports, load stages it records apart)
+TWO_INSTANCES = {
+    "onnxruntime": ({"intra_op_num_threads": 1, "inter_op_num_threads": 1, "providers": ["CPUExecutionProvider"]},
+                    {"session"}),
+    # the precision hint is explicit, even on CPUs where bf16 would be OpenVINO's default
+    "openvino": ({"inference_num_threads": 1, "num_streams": 1, "performance_hint": "LATENCY",
+                  "inference_precision_hint": "f32"}, {"convert", "compile"}),
+}
+
+
+@pytest.mark.parametrize("backend", TWO_INSTANCES)
+def test_two_instances_agree_with_pytorch(backend, request):
+    record = request.getfixturevalue(f"{backend}_runs")["two_instances"]
+    settings, stages = TWO_INSTANCES[backend]
+    assert len(record["instances"]) == 2
+    assert_agrees_with_pytorch(record)
+    for inst in record["instances"]:
+        framework = inst["framework"]
+        assert framework["framework"] == backend, framework
+        assert {key: framework.get(key) for key in settings} == settings, framework
+        assert stages <= set(inst["stage_seconds"]), inst["stage_seconds"]

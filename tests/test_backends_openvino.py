@@ -1,4 +1,5 @@
-"""OpenVINO through the real CLI: agreement with PyTorch, threads and streams, hint, bf16, 2 instances."""
+"""OpenVINO through the real CLI: threads and streams, hint, bf16, allocator (its runs are in conftest.py; two
+instances agreeing with PyTorch: test_backends_common.py)."""
 
 from pathlib import Path
 
@@ -6,63 +7,27 @@ import pytest
 
 ov = pytest.importorskip("openvino", reason="needs corescale[openvino]")
 
-from helpers import FAST, assert_agrees_with_pytorch, corescale, error_line, load, needs_two_cpus, run_record  # noqa: E402
+from helpers import FAST, corescale, error_line, library_installed, load, needs_two_cpus, run_record  # noqa: E402
 
 from corescale.errors import UserError  # noqa: E402
 from corescale.machine import instance_env  # noqa: E402
 
 HAS_BF16 = "BF16" in ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
-
-
-def installed(library) -> bool:
-    try:
-        return bool(instance_env.find_library(library))
-    except UserError:
-        return False
-
-
-HAS_JEMALLOC = installed(instance_env.ALLOCATORS["jemalloc"])
-
-
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    cache = tmp_path_factory.mktemp("cache")
-
-    def run(name, *overrides):
-        return run_record(tmp_path_factory.mktemp(name), "backend=openvino", f"cache_dir={cache}", "batch_size=4",
-                          *overrides)
-    return {
-        "two_instances": run("two", "instances=2", "reference=pytorch"),  # 1 thread each
-        "2t": run("two_threads", "threads=2", "backend.performance_hint=THROUGHPUT",
-                  *(["allocator=jemalloc"] if HAS_JEMALLOC else [])),
-    }
-
-
-@pytest.mark.slow
-def test_two_instances_agree_with_pytorch(runs):
-    record = runs["two_instances"]
-    assert len(record["instances"]) == 2
-    assert_agrees_with_pytorch(record)
-    for inst in record["instances"]:
-        fw = inst["framework"]
-        assert fw["framework"] == "openvino" and fw["inference_num_threads"] == 1 and fw["num_streams"] == 1
-        assert fw["performance_hint"] == "LATENCY"
-        assert fw["inference_precision_hint"] == "f32"  # explicit, even on CPUs where bf16 would be the default
-        assert {"convert", "compile"} <= set(inst["stage_seconds"])
+HAS_JEMALLOC = library_installed(instance_env.ALLOCATORS["jemalloc"])
 
 
 @pytest.mark.slow
 @needs_two_cpus
-def test_threads_honoured_and_hint_configurable(runs):
+def test_threads_honoured_and_hint_configurable(openvino_runs):
     """What corescale guarantees, whatever OpenVINO does with its own threads (it pins one per CPU by default):
     the thread count asked for, and every thread of an instance inside that instance's CPUs."""
-    fw = runs["2t"]["instances"][0]["framework"]
+    fw = openvino_runs["2t"]["instances"][0]["framework"]
     assert fw["inference_num_threads"] == 2 and fw["performance_hint"] == "THROUGHPUT"
     assert fw["num_streams"] == 1  # one stream per instance whatever the hint
-    two = runs["2t"]["instances"][0]
-    cpus = set(runs["2t"]["plan"]["instances"][0]["cpus"])
-    assert len(cpus) == 2, runs["2t"]["plan"]
-    assert two["thread_count"] > runs["two_instances"]["instances"][0]["thread_count"]
+    two = openvino_runs["2t"]["instances"][0]
+    cpus = set(openvino_runs["2t"]["plan"]["instances"][0]["cpus"])
+    assert len(cpus) == 2, openvino_runs["2t"]["plan"]
+    assert two["thread_count"] > openvino_runs["two_instances"]["instances"][0]["thread_count"]
     affinity = {tid: set(allowed) for tid, allowed in two["thread_affinity"].items()}
     assert all(allowed <= cpus for allowed in affinity.values()), affinity
     assert set().union(*affinity.values()) == cpus, affinity  # both CPUs in use by some thread
@@ -70,17 +35,17 @@ def test_threads_honoured_and_hint_configurable(runs):
 
 @pytest.mark.skipif(not HAS_JEMALLOC, reason="needs Debian's libjemalloc2")
 @pytest.mark.slow
-def test_a_preloaded_allocator_comes_with_openvinos_own_hwloc(runs):
+def test_a_preloaded_allocator_comes_with_openvinos_own_hwloc(openvino_runs):
     """Without it OpenVINO's hwloc frees the allocator's memory with glibc's free(): SIGABRT as the Core starts."""
-    inst = runs["2t"]["instances"][0]
+    inst = openvino_runs["2t"]["instances"][0]
     preload = inst["launch"]["env"]["LD_PRELOAD"].split(":")
     assert "jemalloc" in inst["mapped_libraries"] and "libjemalloc" in preload[0]
     assert any(Path(p).name.startswith("libhwloc.so") and "openvino" in p for p in preload)
 
 
 @pytest.mark.slow
-def test_threads_of_each_instance_stay_on_its_cpus(runs):
-    record = runs["two_instances"]
+def test_threads_of_each_instance_stay_on_its_cpus(openvino_runs):
+    record = openvino_runs["two_instances"]
     for placed, inst in zip(record["plan"]["instances"], record["instances"]):
         cpus = set(placed["cpus"])
         assert inst["thread_affinity"] and all(set(a) <= cpus for a in inst["thread_affinity"].values()), inst

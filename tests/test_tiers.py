@@ -26,6 +26,7 @@ def test_marked():
 
 
 def test_an_unmarked_test_that_starts_a_process_fails(pytester):
+    pytester.syspathinsert(CONFTEST.parent)  # conftest.py imports helpers.py
     pytester.makeconftest(CONFTEST.read_text())
     pytester.makepyfile(test_spawning=SPAWNING)
     result = pytester.runpytest_inprocess("-m", "not slow", "-p", "no:cacheprovider")
