@@ -100,22 +100,17 @@ def error_line(proc) -> str:
     return errors[0]
 
 
-def busy_cores(record: dict) -> float:
-    """CPU seconds per wall second of instance 0 during the timed window."""
-    inst = record["instances"][0]
-    return inst["cpu_seconds"] / inst["wall_seconds"]
-
-
 def assert_agrees_with_pytorch(record: dict, tight: float = 1e-4) -> None:
     drift = record["drift"]
     assert drift["reference"] == "pytorch" and drift["within_tolerance"], drift
     assert drift["max_rel_error"] < tight and drift["cosine_similarity"] > 0.99999, drift
 
 
-def assert_threads_honoured(one: dict, two: dict, busy: bool = True) -> None:
-    """`one`'s instance 0 has 1 thread, `two`'s 2: more OS threads; every thread stays inside the instance's CPUs
-    and together they use all of them (not all bound to one, as GNU OpenMP leaves the thread that loads torch) —
-    what the tool guarantees, whichever way a framework pins its own pool; on a quiet machine more busy cores."""
+def assert_threads_honoured(one: dict, two: dict) -> None:
+    """`one`'s instance 0 has 1 thread, `two`'s 2 on 2 CPUs: more OS threads; every thread stays inside the
+    instance's CPUs and together they may use all of them (not all bound to one, as GNU OpenMP leaves the thread
+    that loads torch) — what the tool guarantees whatever the machine's other load, whichever way a framework pins
+    its own pool. How busy the threads keep those cores depends on that load: benchmarks/threads.py measures it."""
     cpus = set(two["plan"]["instances"][0]["cpus"])
     assert len(cpus) == 2, two["plan"]  # callers are marked needs_two_cpus
     inst = two["instances"][0]
@@ -123,5 +118,3 @@ def assert_threads_honoured(one: dict, two: dict, busy: bool = True) -> None:
     affinities = [set(allowed) for allowed in inst["thread_affinity"].values()]
     assert all(allowed <= cpus for allowed in affinities), inst["thread_affinity"]
     assert set().union(*affinities) == cpus, inst["thread_affinity"]
-    if busy and not (one["metrics"]["contaminated"] or two["metrics"]["contaminated"]):
-        assert busy_cores(two) > 1.3 * busy_cores(one), (busy_cores(one), busy_cores(two))

@@ -7,7 +7,16 @@ import pytest
 
 ov = pytest.importorskip("openvino", reason="needs corescale[openvino]")
 
-from helpers import FAST, corescale, error_line, library_installed, load, needs_two_cpus, run_record  # noqa: E402
+from helpers import (  # noqa: E402
+    FAST,
+    assert_threads_honoured,
+    corescale,
+    error_line,
+    library_installed,
+    load,
+    needs_two_cpus,
+    run_record,
+)
 
 from corescale.errors import UserError  # noqa: E402
 from corescale.machine import instance_env  # noqa: E402
@@ -24,13 +33,7 @@ def test_threads_honoured_and_hint_configurable(openvino_runs):
     fw = openvino_runs["2t"]["instances"][0]["framework"]
     assert fw["inference_num_threads"] == 2 and fw["performance_hint"] == "THROUGHPUT"
     assert fw["num_streams"] == 1  # one stream per instance whatever the hint
-    two = openvino_runs["2t"]["instances"][0]
-    cpus = set(openvino_runs["2t"]["plan"]["instances"][0]["cpus"])
-    assert len(cpus) == 2, openvino_runs["2t"]["plan"]
-    assert two["thread_count"] > openvino_runs["two_instances"]["instances"][0]["thread_count"]
-    affinity = {tid: set(allowed) for tid, allowed in two["thread_affinity"].items()}
-    assert all(allowed <= cpus for allowed in affinity.values()), affinity
-    assert set().union(*affinity.values()) == cpus, affinity  # both CPUs in use by some thread
+    assert_threads_honoured(openvino_runs["two_instances"], openvino_runs["2t"])
 
 
 @pytest.mark.skipif(not HAS_JEMALLOC, reason="needs Debian's libjemalloc2")
