@@ -1,12 +1,13 @@
 # Two commands set up a fresh clone completely:
-#   make run    virtualenv + dependencies, then the tune of the default model here (~5.5 min), ending in the report
+#   make run    virtualenv + dependencies, then the tune of the default model here (~5 min), ending in the report
 #   make test   virtualenv + every backend + system packages, the lint gate (ruff, mypy), then the whole test suite
+#   make test-fast   the tests that start no process (no worker, no CLI): the quick loop while editing
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint system venv clean
+.PHONY: run test test-fast lint system venv clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +31,9 @@ lint: venv
 
 test: system venv lint
 	$(BIN)/python -m pytest -q -ra --durations=15 tests
+
+test-fast: venv
+	$(BIN)/python -m pytest -q -ra -m "not slow" tests
 
 clean:
 	rm -rf $(VENV) outputs test-artifacts

@@ -1,20 +1,71 @@
+"""Fixtures and hooks only (what tests share as functions is in helpers.py)."""
+
+import contextlib
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from helpers import library_installed, run_record
 
-ROOT = Path(__file__).resolve().parent.parent
-FAST = ["model=bert-tiny", "duration=0.5", "min_iterations=5", "calibrate=false", "warmup.max_iterations=5",
-        "sequence_length=32"]
+pytest_plugins = ("pytester",)
 
 
-def corescale(*args, env=None, timeout=300):
-    """Runs the real CLI in a fresh process; returns CompletedProcess (text)."""
-    full_env = dict(os.environ, **(env or {}))
-    return subprocess.run([sys.executable, "-m", "corescale.cli", *args], capture_output=True, text=True,
-                          env=full_env, timeout=timeout, cwd=ROOT)
+def is_probe(args) -> bool:
+    """What the code under test runs to describe the machine: platform.processor()'s `uname -p`, the version's
+    `git rev-parse`, the memory-binding check `numactl --membind=N true` (milliseconds each, no Python, no
+    model). A numactl that starts anything but `true` is a pinned launch, not a probe."""
+    if isinstance(args, (str, bytes, os.PathLike)):
+        return False
+    program = Path(os.fsdecode(args[0])).name
+    return program in ("uname", "git") or (program == "numactl" and list(args[-1:]) == ["true"])
+
+
+@contextlib.contextmanager
+def refusing_processes(item):
+    """While an unmarked test runs (its fixtures included), starting a process other than a probe fails it: the
+    `slow` marker is what keeps `make test-fast` (-m "not slow") free of processes, and this keeps it honest."""
+    started = []
+    popen_init = subprocess.Popen.__init__
+
+    def refused(what, command=""):
+        started.append(f"{what} {command}".strip())
+        pytest.fail(f"{item.nodeid} starts a process ({started[-1]}) but is not marked slow "
+                    "(pytestmark = pytest.mark.slow, or @pytest.mark.slow)", pytrace=False)
+
+    def popen(self, args, *rest, **kwargs):
+        if kwargs.get("shell") or not is_probe(args):
+            refused("subprocess.Popen", args)
+        popen_init(self, args, *rest, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(subprocess.Popen, "__init__", popen)
+        patch.setattr(os, "fork", lambda: refused("os.fork"))
+        patch.setattr(os, "posix_spawn", lambda *args, **kwargs: refused("os.posix_spawn", args[:2]))
+        yield started
+
+
+STARTED = pytest.StashKey[list]()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    if item.get_closest_marker("slow"):
+        yield
+        return
+    with refusing_processes(item) as started:
+        item.stash[STARTED] = started
+        yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Fails a test whose code caught the refusal and passed anyway."""
+    report = (yield).get_result()
+    started = item.stash.get(STARTED, None)
+    if report.when == "call" and report.passed and started:
+        report.outcome = "failed"
+        report.longrepr = f"{item.nodeid} starts a process ({started[0]}) but is not marked slow"
 
 
 @pytest.fixture
@@ -22,39 +73,42 @@ def out_dir(tmp_path):
     return tmp_path / "outputs"
 
 
-def execute(trial, on_event=None):
-    """One prepared trial through the local trial loop (lock, measure, commit); returns its TrialOutcome."""
-    from corescale.trials.local import run_trial
-
-    return run_trial(trial, on_event=on_event)
+# ---- real runs that test files share (test_backends_common.py checks what both backends below have in common) ----
 
 
-def raw_record(path) -> dict:
-    """result.json as written (what a user's script reads)."""
-    import json
-
-    return json.loads((Path(path) / "result.json").read_text())
+@pytest.fixture(scope="session")
+def onnxruntime_cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("onnxruntime-cache")
 
 
-def processes_with_env(marker: str) -> list[int]:
-    """Live processes whose environment holds `marker` (a test's way to find every process it started)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if marker.encode() in (entry / "environ").read_bytes():
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-    return found
+@pytest.fixture(scope="session")
+def onnxruntime_runs(tmp_path_factory, onnxruntime_cache):
+    """Order matters: the first run (2 instances, empty cache) exports concurrently, the others reuse it."""
+    pytest.importorskip("onnxruntime", reason="needs corescale[onnxruntime]")
+
+    def run(name, *overrides):
+        return run_record(tmp_path_factory.mktemp(name), "backend=onnxruntime", f"cache_dir={onnxruntime_cache}",
+                          "batch_size=4", "reference=pytorch", *overrides)
+    return {
+        "two_instances": run("two", "instances=2"),  # 1 thread each
+        "fused_2t": run("fused", "threads=2", "backend.fusion=true"),
+        "fused_int8": run("int8", "backend.fusion=true", "precision=int8"),
+    }
 
 
-def assert_one_line_error(compose_overrides, overrides, message) -> None:
-    """compose(overrides) refuses them with one line holding `message`."""
-    import pytest
+@pytest.fixture(scope="session")
+def openvino_runs(tmp_path_factory):
+    pytest.importorskip("openvino", reason="needs corescale[openvino]")
+    from corescale.machine import instance_env
 
-    from corescale.errors import UserError
+    cache = tmp_path_factory.mktemp("openvino-cache")
+    jemalloc = library_installed(instance_env.ALLOCATORS["jemalloc"])
 
-    with pytest.raises(UserError) as info:
-        compose_overrides(overrides)
-    assert message in str(info.value) and "\n" not in str(info.value)
+    def run(name, *overrides):
+        return run_record(tmp_path_factory.mktemp(name), "backend=openvino", f"cache_dir={cache}", "batch_size=4",
+                          *overrides)
+    return {
+        "two_instances": run("two", "instances=2", "reference=pytorch"),  # 1 thread each
+        "2t": run("two_threads", "threads=2", "backend.performance_hint=THROUGHPUT",
+                  *(["allocator=jemalloc"] if jemalloc else [])),
+    }

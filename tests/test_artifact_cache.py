@@ -3,9 +3,11 @@ cache's lock, in a private temp dir, renamed into place) and both run on it. Thr
 cache per artifact kind."""
 
 import pytest
-from test_backends_common import run_record
+from helpers import run_record
 
 from corescale.backends.onnx_export import LOCK_DIR
+
+pytestmark = pytest.mark.slow  # every test here starts processes
 
 KINDS = {
     "onnxruntime": ["backend=onnxruntime"],

@@ -1,7 +1,7 @@
 """Backends own their options as a Hydra config group: `backend=NAME backend.OPTION=VALUE`."""
 
 import pytest
-from conftest import FAST, assert_one_line_error, corescale
+from helpers import FAST, assert_one_line_error, corescale
 
 from corescale.backends import BACKENDS, OPTIONS
 from corescale.backends.onnxruntime.options import OnnxRuntimeOptions
@@ -42,6 +42,7 @@ def test_bad_or_old_options_are_one_line(overrides, message):
     assert_one_line_error(compose, overrides, message)
 
 
+@pytest.mark.slow
 def test_cli_names_the_new_spelling(tmp_path):
     out = tmp_path / "out"
     proc = corescale("run", *FAST, "ort_fusion=true", f"output_dir={out}")

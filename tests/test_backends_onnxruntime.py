@@ -1,46 +1,27 @@
-"""ONNX Runtime through the real CLI: agreement with PyTorch, export cache, fusion, int8, threads, 2 instances."""
+"""ONNX Runtime through the real CLI: export cache, fusion, int8, threads (its runs are in conftest.py; two
+instances agreeing with PyTorch: test_backends_common.py)."""
 
 import pytest
 
 pytest.importorskip("onnxruntime", reason="needs corescale[onnxruntime]")
 
-from conftest import FAST, corescale  # noqa: E402
-from test_backends_common import assert_agrees_with_pytorch, assert_threads_honoured, error_line, load, run_record  # noqa: E402
+from helpers import (  # noqa: E402
+    FAST,
+    assert_agrees_with_pytorch,
+    assert_threads_honoured,
+    corescale,
+    error_line,
+    load,
+    needs_two_cpus,
+)
 
 from corescale.backends.onnx_export import LOCK_DIR  # noqa: E402
 from corescale.errors import UserError  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("cache")
-
-
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory, cache):
-    """Order matters: the first run (2 instances, empty cache) exports concurrently, the others reuse it."""
-    def run(name, *overrides):
-        return run_record(tmp_path_factory.mktemp(name), "backend=onnxruntime", f"cache_dir={cache}",
-                          "batch_size=4", "reference=pytorch", *overrides)
-    return {
-        "two_instances": run("two", "instances=2"),  # 1 thread each
-        "fused_2t": run("fused", "threads=2", "backend.fusion=true"),
-        "fused_int8": run("int8", "backend.fusion=true", "precision=int8"),
-    }
-
-
-def test_two_instances_agree_with_pytorch(runs):
-    record = runs["two_instances"]
-    assert len(record["instances"]) == 2
-    assert_agrees_with_pytorch(record)
-    for inst in record["instances"]:
-        fw = inst["framework"]
-        assert fw["framework"] == "onnxruntime" and fw["intra_op_num_threads"] == 1
-        assert fw["inter_op_num_threads"] == 1 and fw["providers"] == ["CPUExecutionProvider"]
-        assert "session" in inst["stage_seconds"]  # load stages recorded apart from inference
-
-
-def test_concurrent_exports_leave_one_complete_cache_entry(runs, cache):
+@pytest.mark.slow
+def test_concurrent_exports_leave_one_complete_cache_entry(onnxruntime_runs, onnxruntime_cache):
+    cache = onnxruntime_cache
     entries = sorted(p.name for p in (cache / "onnx").iterdir())
     entries = [e for e in entries if e != LOCK_DIR]  # the lock files of the builds
     base = [e for e in entries if "-" not in e]
@@ -48,17 +29,19 @@ def test_concurrent_exports_leave_one_complete_cache_entry(runs, cache):
     assert (cache / "onnx" / base[0] / "model.onnx").stat().st_size > 1e6
 
 
-def test_later_runs_reuse_the_cache(runs):
-    fused = runs["fused_2t"]["instances"][0]
+@pytest.mark.slow
+def test_later_runs_reuse_the_cache(onnxruntime_runs):
+    fused = onnxruntime_runs["fused_2t"]["instances"][0]
     assert fused["framework"]["cache_hits"] == {"export": True, "fuse": False}
     assert "export" not in fused["stage_seconds"] and "fuse" in fused["stage_seconds"]
-    quantized = runs["fused_int8"]["instances"][0]
+    quantized = onnxruntime_runs["fused_int8"]["instances"][0]
     assert quantized["framework"]["cache_hits"] == {"export": True, "fuse": True, "quantize": False}
     assert "fuse" not in quantized["stage_seconds"] and "quantize" in quantized["stage_seconds"]
 
 
-def test_fusion_makes_transformer_operators_and_agrees(runs):
-    record = runs["fused_2t"]
+@pytest.mark.slow
+def test_fusion_makes_transformer_operators_and_agrees(onnxruntime_runs):
+    record = onnxruntime_runs["fused_2t"]
     ops = record["instances"][0]["framework"]["operators"]
     layers = 2  # bert-tiny
     assert ops.get("Attention") == layers and ops.get("EmbedLayerNormalization") == 1, ops
@@ -66,14 +49,17 @@ def test_fusion_makes_transformer_operators_and_agrees(runs):
     assert_agrees_with_pytorch(record)
 
 
-def test_threads_honoured(runs):
-    one, two = runs["two_instances"], runs["fused_2t"]
+@pytest.mark.slow
+@needs_two_cpus
+def test_threads_honoured(onnxruntime_runs):
+    one, two = onnxruntime_runs["two_instances"], onnxruntime_runs["fused_2t"]
     assert two["instances"][0]["framework"]["intra_op_num_threads"] == 2
     assert_threads_honoured(one, two)
 
 
-def test_int8_dynamic_quantization_within_its_tolerance(runs):
-    record = runs["fused_int8"]
+@pytest.mark.slow
+def test_int8_dynamic_quantization_within_its_tolerance(onnxruntime_runs):
+    record = onnxruntime_runs["fused_int8"]
     drift = record["drift"]
     assert drift["within_tolerance"] and drift["tolerance"] == 0.25, drift
     assert drift["max_abs_error"] > 1e-4  # it really ran quantized
@@ -86,6 +72,7 @@ def test_int8_dynamic_quantization_within_its_tolerance(runs):
     ("backend.execution_mode=async", "allowed: sequential, parallel"),
     ("ort_fusion=true", "write backend=onnxruntime backend.fusion=true"),  # 0.1's spelling names the new one
 ])
+@pytest.mark.slow
 def test_bad_options_are_one_line_errors(tmp_path, override, expected):
     proc = corescale("run", "--no-progress", *FAST, "backend=onnxruntime", override, f"cache_dir={tmp_path}",
                      f"output_dir={tmp_path / 'out'}")

@@ -1,4 +1,5 @@
-"""OpenVINO through the real CLI: agreement with PyTorch, threads and streams, hint, bf16, 2 instances."""
+"""OpenVINO through the real CLI: threads and streams, hint, bf16, allocator (its runs are in conftest.py; two
+instances agreeing with PyTorch: test_backends_common.py)."""
 
 from pathlib import Path
 
@@ -6,84 +7,55 @@ import pytest
 
 ov = pytest.importorskip("openvino", reason="needs corescale[openvino]")
 
-from conftest import FAST, corescale  # noqa: E402
-from test_backends_common import assert_agrees_with_pytorch, error_line, load, run_record  # noqa: E402
+from helpers import (  # noqa: E402
+    FAST,
+    assert_threads_honoured,
+    corescale,
+    error_line,
+    library_installed,
+    load,
+    needs_two_cpus,
+    run_record,
+)
 
 from corescale.errors import UserError  # noqa: E402
 from corescale.machine import instance_env  # noqa: E402
 
 HAS_BF16 = "BF16" in ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+HAS_JEMALLOC = library_installed(instance_env.ALLOCATORS["jemalloc"])
 
 
-def installed(library) -> bool:
-    try:
-        return bool(instance_env.find_library(library))
-    except UserError:
-        return False
-
-
-HAS_JEMALLOC = installed(instance_env.ALLOCATORS["jemalloc"])
-
-
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    cache = tmp_path_factory.mktemp("cache")
-
-    def run(name, *overrides):
-        return run_record(tmp_path_factory.mktemp(name), "backend=openvino", f"cache_dir={cache}", "batch_size=4",
-                          *overrides)
-    return {
-        "two_instances": run("two", "instances=2", "reference=pytorch"),  # 1 thread each
-        "2t": run("two_threads", "threads=2", "backend.performance_hint=THROUGHPUT",
-                  *(["allocator=jemalloc"] if HAS_JEMALLOC else [])),
-    }
-
-
-def test_two_instances_agree_with_pytorch(runs):
-    record = runs["two_instances"]
-    assert len(record["instances"]) == 2
-    assert_agrees_with_pytorch(record)
-    for inst in record["instances"]:
-        fw = inst["framework"]
-        assert fw["framework"] == "openvino" and fw["inference_num_threads"] == 1 and fw["num_streams"] == 1
-        assert fw["performance_hint"] == "LATENCY"
-        assert fw["inference_precision_hint"] == "f32"  # explicit, even on CPUs where bf16 would be the default
-        assert {"convert", "compile"} <= set(inst["stage_seconds"])
-
-
-def test_threads_honoured_and_hint_configurable(runs):
+@pytest.mark.slow
+@needs_two_cpus
+def test_threads_honoured_and_hint_configurable(openvino_runs):
     """What corescale guarantees, whatever OpenVINO does with its own threads (it pins one per CPU by default):
     the thread count asked for, and every thread of an instance inside that instance's CPUs."""
-    fw = runs["2t"]["instances"][0]["framework"]
+    fw = openvino_runs["2t"]["instances"][0]["framework"]
     assert fw["inference_num_threads"] == 2 and fw["performance_hint"] == "THROUGHPUT"
     assert fw["num_streams"] == 1  # one stream per instance whatever the hint
-    two = runs["2t"]["instances"][0]
-    cpus = set(runs["2t"]["plan"]["instances"][0]["cpus"])
-    if len(cpus) < 2:
-        pytest.skip("needs 2 CPUs")
-    assert two["thread_count"] > runs["two_instances"]["instances"][0]["thread_count"]
-    affinity = {tid: set(allowed) for tid, allowed in two["thread_affinity"].items()}
-    assert all(allowed <= cpus for allowed in affinity.values()), affinity
-    assert set().union(*affinity.values()) == cpus, affinity  # both CPUs in use by some thread
+    assert_threads_honoured(openvino_runs["two_instances"], openvino_runs["2t"])
 
 
 @pytest.mark.skipif(not HAS_JEMALLOC, reason="needs Debian's libjemalloc2")
-def test_a_preloaded_allocator_comes_with_openvinos_own_hwloc(runs):
+@pytest.mark.slow
+def test_a_preloaded_allocator_comes_with_openvinos_own_hwloc(openvino_runs):
     """Without it OpenVINO's hwloc frees the allocator's memory with glibc's free(): SIGABRT as the Core starts."""
-    inst = runs["2t"]["instances"][0]
+    inst = openvino_runs["2t"]["instances"][0]
     preload = inst["launch"]["env"]["LD_PRELOAD"].split(":")
     assert "jemalloc" in inst["mapped_libraries"] and "libjemalloc" in preload[0]
     assert any(Path(p).name.startswith("libhwloc.so") and "openvino" in p for p in preload)
 
 
-def test_threads_of_each_instance_stay_on_its_cpus(runs):
-    record = runs["two_instances"]
+@pytest.mark.slow
+def test_threads_of_each_instance_stay_on_its_cpus(openvino_runs):
+    record = openvino_runs["two_instances"]
     for placed, inst in zip(record["plan"]["instances"], record["instances"]):
         cpus = set(placed["cpus"])
         assert inst["thread_affinity"] and all(set(a) <= cpus for a in inst["thread_affinity"].values()), inst
 
 
 @pytest.mark.skipif(not HAS_BF16, reason="this CPU has no bf16 instructions (AVX512_BF16 or AMX)")
+@pytest.mark.slow
 def test_bf16_runs_within_its_tolerance(tmp_path):
     record = run_record(tmp_path / "out", "backend=openvino", "precision=bf16", "reference=pytorch",
                         f"cache_dir={tmp_path / 'cache'}")
@@ -104,6 +76,7 @@ def test_unsupported_precision_is_a_clear_error(tmp_path):
         load("openvino", tmp_path, precision="int8")
 
 
+@pytest.mark.slow
 def test_bad_hint_is_a_one_line_error(tmp_path):
     proc = corescale("run", "--no-progress", *FAST, "backend=openvino", "backend.performance_hint=FAST",
                      f"output_dir={tmp_path}")

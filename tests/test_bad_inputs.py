@@ -10,7 +10,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import FAST, ROOT, corescale
+from helpers import FAST, ROOT, corescale
 
 from corescale.cli import main
 
@@ -370,6 +370,7 @@ PROCESS_SAMPLE = ["duration-nan", "batch-1e20", "tilde-model", "output-proc", "c
 
 
 @pytest.mark.parametrize("case", PROCESS_SAMPLE)
+@pytest.mark.slow
 def test_bad_input_in_a_real_process(case, place, tmp_path):
     (argv, message), = [c[1:] for c in CASES if c[0] == case]
     out = tmp_path / "out"

@@ -5,7 +5,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, corescale
+from helpers import ROOT, corescale
 
 SCHEMA1 = ROOT / "tests" / "data" / "schema1"
 
@@ -28,6 +28,7 @@ CASES = [
 
 
 @pytest.mark.parametrize("args,message", CASES, ids=[" ".join(c[0]) for c in CASES])
+@pytest.mark.slow
 def test_bad_input(args, message, tmp_path):
     out = tmp_path / "out"
     proc = corescale("run", "model=bert-tiny", *args, f"output_dir={out}", "--no-progress")
@@ -39,6 +40,7 @@ def test_bad_input(args, message, tmp_path):
     assert not out.exists() or not any(out.rglob("*"))
 
 
+@pytest.mark.slow
 def test_local_dir_without_config(tmp_path):
     (tmp_path / "model").mkdir()
     proc = corescale("run", f"model={tmp_path / 'model'}", f"output_dir={tmp_path / 'out'}")
@@ -46,11 +48,13 @@ def test_local_dir_without_config(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_debug_shows_traceback(tmp_path):
     proc = corescale("run", "batch_size=0", "--debug", f"output_dir={tmp_path}")
     assert proc.returncode != 0 and "Traceback" in proc.stderr
 
 
+@pytest.mark.slow
 def test_show_missing_and_corrupt(tmp_path):
     proc = corescale("show", str(tmp_path))
     assert proc.returncode == 2 and "no result" in proc.stderr
@@ -59,11 +63,13 @@ def test_show_missing_and_corrupt(tmp_path):
     assert proc.returncode == 2 and "corrupted" in proc.stderr and len(proc.stderr.splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_unknown_subcommand():
     proc = corescale("frobnicate")
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_batch_split_must_divide_the_instances_a_layout_makes(tmp_path):
     proc = corescale("run", "model=bert-tiny", "layout=max", "total_batch_size=3", f"output_dir={tmp_path / 'o'}")
     assert proc.returncode == 2 and "does not split evenly" in proc.stderr
@@ -80,6 +86,7 @@ def test_overrides_may_follow_options(capsys):
     assert "unrecognized arguments: stray" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_closed_stdout_pipe_ends_quietly():
     """`corescale ... | head -0`: the reader is gone before anything is written; no traceback, exit 141."""
     proc = subprocess.Popen([sys.executable, "-m", "corescale.cli", "results", str(SCHEMA1), "--csv", "-"],

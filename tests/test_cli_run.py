@@ -5,7 +5,9 @@ import json
 import pandas as pd
 import pytest
 import yaml
-from conftest import FAST, corescale
+from helpers import FAST, assert_threads_honoured, corescale, needs_two_cpus, run_record
+
+pytestmark = pytest.mark.slow  # every test here starts processes
 
 
 @pytest.fixture(scope="module")
@@ -60,22 +62,16 @@ def test_show_reprints(result_dir):
     assert as_json["key"]
 
 
+@needs_two_cpus
 def test_threads_honoured(tmp_path):
-    """Two threads use more CPU per wall second than one (utilisation is CPU time ÷ (wall × threads))."""
-    cpu, foreign = {}, []
+    """The threads override reaches PyTorch and the OS threads of the instance (how busy they keep its cores
+    depends on the machine's other load: benchmarks/threads.py)."""
+    records = {}
     for threads in (1, 2):
-        out = tmp_path / f"t{threads}"
-        proc = corescale("run", *FAST, "sequence_length=128", "batch_size=4", f"threads={threads}",
-                         f"output_dir={out}", "--no-progress")
-        assert proc.returncode == 0, proc.stderr
-        record = json.loads(next(out.iterdir()).joinpath("result.json").read_text())
-        inst = record["instances"][0]
-        assert inst["framework"]["num_threads"] == threads
-        cpu[threads] = inst["cpu_seconds"] / inst["wall_seconds"]
-        foreign.append(record["metrics"]["foreign_load"])
-    if max(foreign) > 0.25:
-        pytest.skip(f"foreign load {max(foreign):.0%} on the pinned CPUs: CPU time says nothing about threads")
-    assert cpu[2] > 1.3 * cpu[1]
+        records[threads] = run_record(tmp_path / f"t{threads}", "batch_size=4", f"threads={threads}",
+                                      f"cores_per_instance={threads}")
+        assert records[threads]["instances"][0]["framework"]["num_threads"] == threads
+    assert_threads_honoured(records[1], records[2])
 
 
 def test_multirun_sweep(tmp_path):

@@ -9,7 +9,7 @@ import io
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import FAST, corescale
+from helpers import FAST, corescale
 
 from corescale.analysis import compare, store
 
@@ -30,6 +30,7 @@ def roots(tmp_path_factory):
     return roots
 
 
+@pytest.mark.slow
 def test_real_slowdown_is_flagged(roots):
     proc = corescale("compare", str(roots["before"]), str(roots["slower"]), "--ignore", "batch_size",
                      "--threshold", THRESHOLD, "--fail-on-regression", "--csv", "-")
@@ -45,6 +46,7 @@ def test_real_slowdown_is_flagged(roots):
     assert result.regressions == 1 and not result.only_before and not result.only_after
 
 
+@pytest.mark.slow
 def test_rerun_of_the_same_config_is_not_flagged(roots):
     proc = corescale("compare", str(roots["before"]), str(roots["rerun"]), "--threshold", THRESHOLD,
                      "--fail-on-regression")
@@ -52,6 +54,7 @@ def test_rerun_of_the_same_config_is_not_flagged(roots):
     assert "1 matched trial(s): 0 slower, 0 faster" in proc.stdout
 
 
+@pytest.mark.slow
 def test_unmatched_trials_are_listed(roots):
     proc = corescale("compare", str(roots["before"]), str(roots["slower"]))  # batch_size differs: no match
     assert proc.returncode == 0
@@ -72,6 +75,7 @@ def test_significance_across_repeats():
     assert compare.describe_ratio(1.5) == "1.50x slower (+50%)" and compare.describe_ratio(0.8) == "1.25x faster (-20%)"
 
 
+@pytest.mark.slow
 def test_bad_ignore_key_is_one_line(roots):
     proc = corescale("compare", str(roots["before"]), str(roots["rerun"]), "--ignore", "colour")
     assert proc.returncode == 2 and "unknown config key(s) colour" in proc.stderr

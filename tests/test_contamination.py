@@ -6,7 +6,7 @@ import sys
 from types import SimpleNamespace
 
 import pytest
-from conftest import FAST, execute
+from helpers import FAST, execute
 
 from corescale.measure import contamination
 from corescale.measure.runner import prepare_trial
@@ -94,6 +94,7 @@ def test_message_names_instances_figure_and_threshold():
     assert "42%" in text and "instance(s) 0, 2" in text and f"{contamination.CONTAMINATION_THRESHOLD:.0%}" in text
 
 
+@pytest.mark.slow
 def test_cpu_burner_on_the_pinned_cpu_flags_the_result(tmp_path, capsys):
     cpu = min(os.sched_getaffinity(0))
     trial = prepare_trial(compose([*FAST, "duration=1", "cores_per_instance=1", f"output_dir={tmp_path}"]))

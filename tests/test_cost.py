@@ -4,7 +4,7 @@ import io
 
 import pandas as pd
 import pytest
-from conftest import FAST, corescale
+from helpers import FAST, corescale
 
 from corescale.analysis import cost
 from corescale.errors import UserError
@@ -67,6 +67,7 @@ def test_projection_to_a_bigger_machine_is_labelled_with_its_assumption():
     assert cost.cost_table(same, c5)["basis"].tolist() == ["measured"]  # measured on that very machine type
 
 
+@pytest.mark.slow
 def test_cost_command_end_to_end(tmp_path):
     out = tmp_path / "outputs"
     assert corescale("run", *FAST, f"output_dir={out}", "--no-progress").returncode == 0
@@ -86,6 +87,7 @@ def test_cost_command_end_to_end(tmp_path):
     (["{root}"], "give --machine NAME"),
     (["{root}", "--price-per-hour", "-1"], "must be > 0"),
 ])
+@pytest.mark.slow
 def test_cost_bad_input_is_one_line(tmp_path, args, message):
     proc = corescale("cost", *[a.format(root=tmp_path) for a in args])
     assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0 and message in proc.stderr

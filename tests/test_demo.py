@@ -2,11 +2,13 @@
 
 from pathlib import Path
 
-from conftest import FAST, corescale
+import pytest
+from helpers import FAST, corescale
 
 from corescale.commands.demo import demo_words
 
 
+@pytest.mark.slow
 def test_demo_tunes_and_ends_with_the_report_and_recipe(tmp_path):
     small = ["trials=1", "tune.repeats=2", "tune.top_k=1", "tune.screen=0.5", "space.backend=[pytorch]",
              "space.precision=[fp32]", "space.layout=[1x1]", "space.allocator=[default]", "space.openmp=[default]"]

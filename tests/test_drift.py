@@ -4,7 +4,7 @@ import json
 
 import numpy as np
 import pytest
-from conftest import FAST, corescale
+from helpers import FAST, corescale
 
 from corescale.measure.drift import TOLERANCES, drift_metrics
 
@@ -58,6 +58,7 @@ def test_shape_mismatch_is_an_error_not_drift():
         drift_metrics(REF[:1], REF, "fp32")
 
 
+@pytest.mark.slow
 def test_run_over_tolerance_is_marked_failed(tmp_path):
     """int8 against fp32 with a tolerance no quantized model can meet: the run is recorded, as failed."""
     out = tmp_path / "out"
@@ -73,6 +74,7 @@ def test_run_over_tolerance_is_marked_failed(tmp_path):
     assert {"max_abs_error", "mean_abs_error", "max_rel_error", "cosine_similarity"} <= set(drift)
 
 
+@pytest.mark.slow
 def test_drift_tolerance_must_be_positive(tmp_path):
     proc = corescale("run", "--no-progress", *FAST, "reference=pytorch", "drift_tolerance=0",
                      f"output_dir={tmp_path}")

@@ -4,7 +4,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import FAST, ROOT, corescale
+from helpers import FAST, ROOT, corescale
 
 from corescale.config import BenchmarkConfig, ExecutorConfig, RayExecutorConfig
 from corescale.errors import UserError
@@ -76,12 +76,14 @@ def test_from_dict_rejects_unknown_executor():
         BenchmarkConfig.from_dict({"executor": {"name": "k8s"}})
 
 
+@pytest.mark.slow
 def test_cli_unknown_executor(tmp_path):
     proc = corescale("run", *TINY, "executor=slurm", f"output_dir={tmp_path / 'out'}", "--no-progress")
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == ["corescale: error: unknown executor 'slurm'; allowed: local, ray"]
 
 
+@pytest.mark.slow
 def test_missing_ray_names_the_extra():
     code = ("import sys; sys.modules['ray'] = None\n"  # this interpreter cannot import ray
             "from corescale.config import RayExecutorConfig\n"
@@ -92,6 +94,7 @@ def test_missing_ray_names_the_extra():
     assert proc.stdout.strip() == "executor=ray needs Ray: pip install 'corescale[ray]'", proc.stderr
 
 
+@pytest.mark.slow
 def test_local_loop_runs_and_commits_each_trial(tmp_path):
     out = tmp_path / "out"
     planned = [Planned(n, [f"batch_size={b}"], prepare_trial(compose([*FAST, f"output_dir={out}", f"batch_size={b}"])))

@@ -4,7 +4,7 @@ the analysis of a profile, and the command end to end on bert-tiny (pytorch and 
 import json
 
 import pytest
-from conftest import FAST, corescale
+from helpers import FAST, corescale
 
 from corescale.explain import analysis
 from corescale.explain.findings import RULES, findings
@@ -129,6 +129,7 @@ def compared(tmp_path_factory):
     return out, proc
 
 
+@pytest.mark.slow
 def test_compare_profiles_each_backend_and_saves_json_and_figure(compared):
     out, proc = compared
     (saved,) = (out / "explain").glob("*.json")
@@ -149,6 +150,7 @@ def test_compare_profiles_each_backend_and_saves_json_and_figure(compared):
     assert "GEMM / linear" in proc.stdout and "findings for openvino:" in proc.stdout
 
 
+@pytest.mark.slow
 def test_profiling_runs_are_never_timing_results(compared):
     from corescale.analysis import store
     from corescale.errors import UserError
@@ -158,6 +160,7 @@ def test_profiling_runs_are_never_timing_results(compared):
         store.load(out)
 
 
+@pytest.mark.slow
 def test_op_class_filter_lists_only_that_class(compared):
     from rich.console import Console
 
@@ -172,6 +175,7 @@ def test_op_class_filter_lists_only_that_class(compared):
     assert text.count("gemm") - 1 == sum(op["class"] == "gemm" for op in pytorch["ops"])  # every one of them
 
 
+@pytest.mark.slow
 def test_report_section_draws_a_stacked_bar_per_saved_explanation(compared):
     from corescale.report.html import _explain_sections
 

@@ -10,14 +10,14 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import FAST, ROOT, processes_with_env
+from helpers import FAST, ROOT, needs_two_cpus, processes_with_env
 
 from corescale.measure.forkserver import ForkServers
 from corescale.overrides import expand_sweep
 from corescale.trials.local import Listener
 from corescale.trials.sweep import plan_sweep, run_sweep
 
-pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 usable CPUs")
+pytestmark = needs_two_cpus
 
 
 def status_field(pid: int, name: str) -> str:
@@ -32,6 +32,7 @@ def environ(pid: int) -> dict[str, str]:
     return dict(item.decode().split("=", 1) for item in raw if b"=" in item)
 
 
+@pytest.mark.slow
 def test_forked_workers_are_pinned_configured_children(tmp_path):
     seen = {}
 
@@ -69,6 +70,7 @@ def test_tensorflow_is_never_forked(tmp_path):
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+@pytest.mark.slow
 def test_killed_sweep_leaves_no_worker_or_server(tmp_path, sig):
     marker = f"CORESCALE_FORKSERVER_TEST_{uuid.uuid4().hex}"
     env = {**os.environ, marker: "1", "TMPDIR": str(tmp_path)}

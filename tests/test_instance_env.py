@@ -94,6 +94,7 @@ def test_numactl_prefix_binds_cpus_and_nodes(monkeypatch):
     assert instance_env.command_prefix(PLACEMENT) == []
 
 
+@pytest.mark.slow
 def test_pinned_before_the_interpreter_starts():
     cpu = max(os.sched_getaffinity(0))
     out = subprocess.run([sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"],

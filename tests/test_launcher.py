@@ -8,14 +8,14 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import FAST, corescale, execute, processes_with_env
+from helpers import FAST, corescale, execute, needs_two_cpus, processes_with_env
 
 from corescale.measure.launcher import Launcher
 from corescale.measure.runner import prepare_trial
 from corescale.overrides import compose
 from corescale.record.files import read_result, read_samples
 
-pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 usable CPUs")
+pytestmark = [pytest.mark.slow, needs_two_cpus]
 TWO = ["instances=2", "cores_per_instance=1", "timeout=120"]
 
 

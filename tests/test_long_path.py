@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import FAST
+from helpers import FAST
+
+pytestmark = pytest.mark.slow  # every test here starts processes
 
 ENV = {"COLUMNS": "40", "LINES": "10"}
 

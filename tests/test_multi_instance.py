@@ -7,7 +7,7 @@ import re
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import FAST, corescale, execute, raw_record
+from helpers import FAST, corescale, execute, needs_two_cpus, raw_record
 
 from corescale.errors import UserError
 from corescale.machine import instance_env
@@ -15,9 +15,7 @@ from corescale.measure.runner import prepare_trial
 from corescale.overrides import compose
 from corescale.record.files import read_samples
 
-TWO_CPUS = len(os.sched_getaffinity(0)) >= 2
-needs_two_cpus = pytest.mark.skipif(not TWO_CPUS, reason="needs 2 usable CPUs")
-
+pytestmark = pytest.mark.slow  # every test here starts processes
 
 def library_or_skip(library):
     try:
@@ -35,14 +33,13 @@ def run(out, *overrides):
 def two_instances(tmp_path_factory):
     """2 instances x 1 core, jemalloc + GNU OpenMP, one batch of 4 split in two."""
     library_or_skip(instance_env.ALLOCATORS["jemalloc"])
-    if not TWO_CPUS:
-        pytest.skip("needs 2 usable CPUs")
     record, path = run(tmp_path_factory.mktemp("two"), "instances=2", "cores_per_instance=1",
                        "total_batch_size=4", "allocator=jemalloc", "openmp=gnu")
     assert record["status"] == "ok", record.get("reason")
     return record, path
 
 
+@needs_two_cpus
 def test_each_instance_is_pinned_with_its_thread_count(two_instances):
     record, _ = two_instances
     planned = {i["id"]: i["cpus"] for i in record["plan"]["instances"]}
@@ -57,6 +54,7 @@ def test_each_instance_is_pinned_with_its_thread_count(two_instances):
         assert env["OMP_PLACES"] == f"{{{cpus[0]}}}" and env["OMP_PROC_BIND"] == "close"
 
 
+@needs_two_cpus
 def test_requested_libraries_are_really_mapped(two_instances):
     record, _ = two_instances
     for report in record["instances"]:
@@ -66,6 +64,7 @@ def test_requested_libraries_are_really_mapped(two_instances):
         assert "gnu-openmp" in mapped and "intel-openmp" not in mapped
 
 
+@needs_two_cpus
 def test_barrier_every_instance_starts_at_the_common_instant(two_instances):
     record, path = two_instances
     metrics = record["metrics"]
@@ -79,6 +78,7 @@ def test_barrier_every_instance_starts_at_the_common_instant(two_instances):
     assert 0 <= metrics["max_start_skew_ms"] <= 10
 
 
+@needs_two_cpus
 def test_batch_split_and_aggregation(two_instances):
     record, path = two_instances
     metrics = record["metrics"]
@@ -146,6 +146,7 @@ def test_preload_that_does_not_load_is_an_error_not_a_warning(tmp_path):
     assert not out.exists() or not any(out.iterdir())
 
 
+@needs_two_cpus
 def test_result_json_records_the_launch(two_instances):
     _, path = two_instances
     record = raw_record(path)
@@ -157,7 +158,7 @@ def test_result_json_records_the_launch(two_instances):
     assert isinstance(pd.read_parquet(path / "samples.parquet"), pd.DataFrame)
 
 
-@pytest.mark.skipif(not TWO_CPUS, reason="needs 2 usable CPUs")
+@needs_two_cpus
 def test_warm_up_starts_only_when_every_instance_is_loaded(tmp_path):
     """The barrier before warm-up: no instance reports a warm-up call before every instance has loaded, and no
     timed call comes before the common start."""

@@ -4,7 +4,7 @@
 import json
 
 import pytest
-from conftest import FAST, corescale
+from helpers import FAST, corescale
 
 from corescale.machine import peak
 from corescale.machine.placement import InstancePlacement, InstanceSpec
@@ -76,6 +76,7 @@ def test_analytic_peak_needs_a_clock():
     assert analytic["per_core"] == pytest.approx(2 * 16 * 2 * 2.0) and analytic["gflops"] == 2 * analytic["per_core"]
 
 
+@pytest.mark.slow
 def test_run_records_the_peak_and_reuses_it(tmp_path):
     cache = tmp_path / "cache"
     args = ["run", *[o for o in FAST if o != "calibrate=false"], f"cache_dir={cache}"]
@@ -103,6 +104,7 @@ def test_run_records_the_peak_and_reuses_it(tmp_path):
     assert "roofline" in first.stdout
 
 
+@pytest.mark.slow
 def test_info_peak_shows_every_library(tmp_path):
     proc = corescale("info", "--peak", "--libraries", "torch_mm,numpy", "--cache-dir", str(tmp_path), "--json")
     assert proc.returncode == 0, proc.stderr
@@ -116,6 +118,7 @@ def test_info_peak_shows_every_library(tmp_path):
     (["info", "--peak", "--libraries", "cublas"], "unknown peak library cublas; allowed: torch_mm"),
     (["info", "--libraries", "numpy"], "--libraries needs --peak"),
 ])
+@pytest.mark.slow
 def test_bad_peak_requests_are_one_line(args, message):
     proc = corescale(*args)
     lines = proc.stderr.strip().splitlines()

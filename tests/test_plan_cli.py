@@ -4,7 +4,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import corescale
+from helpers import corescale
 
 from corescale.cli import main
 
@@ -39,6 +39,7 @@ def test_json_plan_with_allowed_cpus_and_threads_override(plan_json):
     assert all(i["threads"] == 2 for i in doc["instances"])
 
 
+@pytest.mark.slow
 def test_table_shows_instances_and_warnings():
     proc = corescale("plan", "instances=1", "cores_per_instance=30", "--lscpu", C5)
     assert proc.returncode == 0, proc.stderr
@@ -68,6 +69,7 @@ def test_errors_are_one_line_exit_2(args, message, capsys):
     assert line.count("\n") == 0 and line.startswith("corescale: error: ") and message in line, line
 
 
+@pytest.mark.slow
 def test_error_exit_code_of_the_real_command():
     proc = corescale("plan", "instances=99", "--lscpu", C5)
     assert proc.returncode == 2 and proc.stdout == ""

@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import FAST, corescale
+from helpers import FAST, corescale
 
 from corescale.backends import create_backend
 from corescale.config import BenchmarkConfig
@@ -29,6 +29,7 @@ def sweep(tmp_path_factory):
 
 
 @pytest.mark.parametrize("precision", ["bf16", "int8"])
+@pytest.mark.slow
 def test_reduced_precision_runs_within_its_tolerance(sweep, precision):
     if precision == "int8" and not HAS_INT8_ENGINE:
         pytest.skip(f"no quantized engine in this PyTorch build ({torch.backends.quantized.supported_engines})")

@@ -27,7 +27,7 @@ def eager():
     return run("pytorch")[1]
 
 
-@pytest.mark.parametrize("backend", ["torchscript", "torch_compile"])
+@pytest.mark.parametrize("backend", ["torchscript", pytest.param("torch_compile", marks=pytest.mark.slow)])  # runs g++
 def test_backend_agrees_with_eager(backend, eager):
     b, out, again = run(backend)
     assert out.shape == (2, 16, 128) and out.dtype == np.float32

@@ -4,9 +4,11 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import FAST, corescale
+from helpers import FAST, corescale
 
 pytest.importorskip("ray")
+
+pytestmark = pytest.mark.slow  # every test here starts processes
 
 
 def test_cli_sweep_on_private_ray_resumes(tmp_path):

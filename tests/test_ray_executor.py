@@ -18,7 +18,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from conftest import FAST, ROOT, corescale, raw_record
+from helpers import FAST, ROOT, corescale, needs_two_cpus, raw_record
 
 from corescale.overrides import expand_sweep
 from corescale.record.files import iter_run_dirs
@@ -28,7 +28,7 @@ from corescale.trials.sweep import plan_sweep
 
 pytest.importorskip("ray", reason="Ray is the optional extra corescale[ray]")
 CPUS = sorted(os.sched_getaffinity(0))
-pytestmark = [pytest.mark.skipif(len(CPUS) < 2, reason="needs 2 usable CPUs"), pytest.mark.timeout(240)]
+pytestmark = [needs_two_cpus, pytest.mark.timeout(240)]
 RAY_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 LOOPBACK = "127.0.0.1"
 QUICK = [*FAST, "warmup.max_iterations=3", "timeout=120"]
@@ -98,6 +98,7 @@ def dispatched_together(x, y):
     return x["submitted"] < y["finished"] and y["submitted"] < x["finished"]
 
 
+@pytest.mark.slow
 def test_sweep_over_node_types_runs_one_trial_per_node(cluster, tmp_path):
     out = tmp_path / "out"
     trials = trials_for(cluster.address, out, ["executor.node_type=a,b"])  # >1 trial per node: the tune test
@@ -160,6 +161,7 @@ def kill_first_ray_worker(ray_tmp: Path, killed: list, deadline_s: float = 90):
         time.sleep(0.2)
 
 
+@pytest.mark.slow
 def test_killed_worker_is_retried_elsewhere_and_bad_config_is_recorded(cluster, tmp_path):
     import threading
 
@@ -188,6 +190,7 @@ def test_killed_worker_is_retried_elsewhere_and_bad_config_is_recorded(cluster, 
     assert [o.ok for _, o in outcomes].count(True) == 1
 
 
+@pytest.mark.slow
 def test_worker_that_keeps_dying_is_recorded_failed(cluster, tmp_path):
     import threading
 
@@ -220,6 +223,7 @@ RayExecutor(planned[0].trial.cfg.executor).run(planned, Printer())
 """
 
 
+@pytest.mark.slow
 def test_killed_driver_resumes_without_duplicates(cluster, tmp_path):
     out = tmp_path / "out"
     sweep = [*QUICK, f"output_dir={out}", "executor=ray", f"executor.address={cluster.address}",
@@ -303,6 +307,7 @@ def listening_sockets(entry: str):
     return found
 
 
+@pytest.mark.slow
 def test_private_local_ray_binds_loopback_only_without_dashboard(tmp_path):
     ray_tmp = Path(tempfile.mkdtemp(prefix="ray", dir="/tmp"))
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
@@ -338,6 +343,7 @@ def sweep_on_cluster(planned, **options):
     return run_sweep(planned, Recorder(), **options), outcomes
 
 
+@pytest.mark.slow
 def test_resume_rerun_and_foreign_results_as_in_the_local_loop(cluster, tmp_path):
     """Resume counts a valid result only when measured on a machine and software of the trial's node type (or with
     accept_foreign); resume=False (--rerun) measures again."""
@@ -359,6 +365,7 @@ def test_resume_rerun_and_foreign_results_as_in_the_local_loop(cluster, tmp_path
     assert nothing == [] and accepted.count("skipped") == 1
 
 
+@pytest.mark.slow
 def test_fail_fast_submits_nothing_after_the_first_failure(cluster, tmp_path):
     out = tmp_path / "out"
     bad = trials_for(cluster.address, out, ["threads=2", "executor.node_type=b"])  # fits the driver, not b
@@ -368,6 +375,7 @@ def test_fail_fast_submits_nothing_after_the_first_failure(cluster, tmp_path):
     assert len(outcomes) < 4 and len(stored(out)) == len(outcomes)  # the rest never ran
 
 
+@pytest.mark.slow
 def test_unknown_node_type_is_one_clear_error(cluster, tmp_path):
     from corescale.errors import UserError
 
@@ -392,6 +400,7 @@ TUNE = [*QUICK, "duration=0.6", "tune.screen=0.3", "tune.top_k=1", "tune.repeats
         "space.precision=[fp32]", "space.batch_size=[1,2]", "--no-progress", "--no-report"]
 
 
+@pytest.mark.slow
 def test_tune_fans_out_over_each_node_type_and_ranks_them_by_cost(cluster, tmp_path):
     """Type b: the module's node on CPU 0. Type c: two nodes on CPU 1, so its trials fan out over them. The
     types' CPUs are apart, so they are tuned side by side."""
@@ -455,6 +464,7 @@ def iter_records(folder):
     return [raw_record(d) for d in iter_run_dirs(folder)]
 
 
+@pytest.mark.slow
 def test_tune_refuses_nodes_of_one_type_that_differ(cluster, tmp_path):
     proc = corescale("tune", *TUNE, "trials=1", f"output_dir={tmp_path / 'out'}", "executor=ray",
                      f"executor.address={cluster.address}", timeout=120)

@@ -6,7 +6,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import corescale
+from helpers import corescale
 
 from corescale.analysis import store
 from corescale.config import BenchmarkConfig
@@ -66,6 +66,7 @@ def test_schema1_metrics_are_typed():
     assert m.throughput_samples_per_s == pytest.approx(sum(i.throughput_samples_per_s for i in m.instances), rel=0.2)
 
 
+@pytest.mark.slow
 def test_results_table_reads_old_and_new_alike(root, tmp_path):
     table = store.load(root)
     assert len(table.frame) == 8 and not table.problems
@@ -77,6 +78,7 @@ def test_results_table_reads_old_and_new_alike(root, tmp_path):
     assert len(lines) == 3 and "backend.fusion" in lines[0]
 
 
+@pytest.mark.slow
 def test_show_reads_a_schema1_result():
     proc = corescale("show", str(v1("onnxruntime-fp32-b1")))
     assert proc.returncode == 0, proc.stderr
@@ -87,6 +89,7 @@ def test_show_reads_a_schema1_result():
     assert data["schema_version"] == SCHEMA_VERSION and data["failure"]["kind"] == "timeout"
 
 
+@pytest.mark.slow
 def test_report_cost_and_compare_read_schema1(root, tmp_path):
     report = corescale("report", str(root), "-o", str(tmp_path / "r.html"))
     assert report.returncode == 0, report.stderr

@@ -5,7 +5,7 @@ import json
 from types import SimpleNamespace
 
 import pytest
-from conftest import FAST, assert_one_line_error, corescale
+from helpers import FAST, assert_one_line_error, corescale
 
 from corescale.overrides import compose
 from corescale.record.repeats import Interval, across_repeats
@@ -57,6 +57,7 @@ def test_bad_repeat_and_openmp_settings_are_one_line(overrides, message):
     assert_one_line_error(compose, overrides, message)
 
 
+@pytest.mark.slow
 def test_run_with_repeats_measures_each_in_fresh_processes_and_resumes(tmp_path):
     out = tmp_path / "out"
     proc = corescale("run", *FAST, "repeats=3", f"output_dir={out}", "--no-progress")

@@ -8,9 +8,11 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import FAST, ROOT, corescale
+from helpers import FAST, ROOT, corescale
 
 from corescale.report.html import CHARTS
+
+pytestmark = pytest.mark.slow  # every test here starts processes
 
 CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = ROOT / "test-artifacts"

@@ -8,7 +8,7 @@ import time
 
 import pandas as pd
 import pytest
-from conftest import raw_record
+from helpers import raw_record
 
 from corescale.errors import UserError
 from corescale.record.files import (
@@ -37,6 +37,7 @@ while True:
 
 
 @pytest.mark.parametrize("delay", [0.3, 0.7, 1.1, 1.6])
+@pytest.mark.slow
 def test_killed_writer_leaves_no_valid_looking_result(tmp_path, delay):
     proc = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path)], stdout=subprocess.PIPE, text=True)
     time.sleep(delay)

@@ -4,7 +4,7 @@ each run's position in its record, and the chart's roofs labelled with what set 
 import json
 
 import pytest
-from conftest import ROOT
+from helpers import ROOT
 
 from corescale.machine import bandwidth, roofline
 from corescale.record.trial import Roofline, RunMetrics, TrialRecord

@@ -8,7 +8,7 @@ import types
 
 import numpy as np
 import pytest
-from conftest import FAST, corescale, execute, raw_record
+from helpers import FAST, corescale, execute, raw_record
 
 from corescale.measure.batching import Batcher
 from corescale.measure.qps_search import knee, search
@@ -194,6 +194,7 @@ def served(corpus, tmp_path_factory):
     return proc, path, raw_record(path)
 
 
+@pytest.mark.slow
 def test_server_run_is_valid_and_keeps_loadgen_logs(served):
     proc, path, record = served
     server = record["server"]
@@ -207,6 +208,7 @@ def test_server_run_is_valid_and_keeps_loadgen_logs(served):
     assert "VALID" in proc.stdout and "max_batch 8" in proc.stdout
 
 
+@pytest.mark.slow
 def test_server_dispatches_to_both_instances_and_forms_batches(served):
     _, path, record = served
     rows = list(csv.DictReader((path / "server-batches.csv").open()))
@@ -220,6 +222,7 @@ def test_server_dispatches_to_both_instances_and_forms_batches(served):
     assert workload["queries"] == 240 and 0 < workload["padding_waste"] < 1 and workload["pad"] == "bucket"
 
 
+@pytest.mark.slow
 def test_cost_prices_server_results_under_the_slo(served, capsys):
     from corescale.cli import main
 
@@ -233,6 +236,7 @@ def test_cost_prices_server_results_under_the_slo(served, capsys):
     assert "VALID" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_target_qps_auto_converges(tmp_path):
     from corescale.measure.runner import prepare_trial
 
@@ -255,6 +259,7 @@ def test_target_qps_auto_converges(tmp_path):
     assert "load_curve" in built.charts and "Load curve (server scenario)" in (tmp_path / "report.html").read_text()
 
 
+@pytest.mark.slow
 def test_offline_on_text_counts_real_and_padded_tokens(corpus, tmp_path, capsys):
     from corescale.measure.runner import prepare_trial
 

@@ -11,9 +11,9 @@ import uuid
 
 import pandas as pd
 import pytest
-from conftest import FAST, ROOT, processes_with_env
+from helpers import FAST, ROOT, needs_two_cpus, processes_with_env
 
-pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 usable CPUs")
+pytestmark = [pytest.mark.slow, needs_two_cpus]
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])

@@ -5,7 +5,7 @@ import shutil
 
 import pandas as pd
 import pytest
-from conftest import FAST, corescale
+from helpers import FAST, corescale
 
 from corescale.analysis import store
 from corescale.errors import UserError
@@ -33,6 +33,7 @@ def root(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_latest_attempt_per_key_and_every_attempt(root):
     table = store.load(root)
     assert len(table.frame) == 1 and table.frame.loc[0, "status"] == "failed"  # the later attempt wins
@@ -60,6 +61,7 @@ def test_filters():
             store.filter_frame(frame, [bad])
 
 
+@pytest.mark.slow
 def test_results_command_lists_filters_and_exports(root, tmp_path):
     proc = corescale("results", str(root), "--all")
     assert proc.returncode == 0
@@ -81,6 +83,7 @@ def test_results_command_lists_filters_and_exports(root, tmp_path):
     (["{root}", "--where", "colour=red"], "unknown column 'colour'"),
     (["{root}", "--sort", "colour"], "unknown sort column 'colour'"),
 ])
+@pytest.mark.slow
 def test_bad_input_is_one_line(root, tmp_path, args, message):
     (tmp_path / "empty").mkdir()
     paths = {"missing": tmp_path / "missing", "empty": tmp_path / "empty", "root": root}
@@ -105,6 +108,7 @@ def test_local_model_files_change_the_key(tmp_path):
         compose(["model=bert-tiny", "batch_size=2"]), resolve_model("bert-tiny"))
 
 
+@pytest.mark.slow
 def test_csv_to_an_unwritable_place_is_one_line(root, tmp_path):
     proc = corescale("results", str(root), "--csv", str(tmp_path / "no" / "such" / "dir" / "x.csv"))
     assert proc.returncode == 2 and "cannot write --csv" in proc.stderr

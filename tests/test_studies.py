@@ -2,14 +2,13 @@
 
 import json
 import math
-import os
 import time
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import FAST, corescale
+from helpers import FAST, corescale, needs_two_cpus
 from matplotlib.figure import Figure
 from test_toy_backend import TOY_ENV
 
@@ -157,7 +156,6 @@ def test_figures_skip_failed_trials():
 
 # ---- real studies on bert-tiny ---------------------------------------------------------------------------
 
-needs_two_cpus = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 usable CPUs")
 TINY = [o for o in FAST if not o.startswith("duration")] + ["duration=0.5"]
 
 
@@ -175,6 +173,7 @@ def check_study_dir(out: Path, kind: str, rows: int) -> pd.DataFrame:
 
 
 @needs_two_cpus
+@pytest.mark.slow
 def test_cores_study_cli(tmp_path):
     proc = corescale("study", "cores", *TINY, f"output_dir={tmp_path}", "--no-progress")
     assert proc.returncode == 0, proc.stderr
@@ -184,6 +183,7 @@ def test_cores_study_cli(tmp_path):
 
 
 @needs_two_cpus
+@pytest.mark.slow
 def test_instances_study(tmp_path):
     study = studies.run_study("instances", [*TINY, f"output_dir={tmp_path}"])
     write_study(study)
@@ -198,6 +198,7 @@ def test_instances_study(tmp_path):
 
 
 @needs_two_cpus
+@pytest.mark.slow
 def test_batch_study(tmp_path):
     study = studies.run_study("batch", [*TINY, "total_batch_size=4", f"output_dir={tmp_path}"])
     write_study(study)
@@ -208,6 +209,7 @@ def test_batch_study(tmp_path):
     assert (table["max_instance_p50_ms"] > 0).all() and table["throughput_gain"].iloc[0] == 1.0
 
 
+@pytest.mark.slow
 def test_study_records_a_failed_trial_and_resumes_by_key(tmp_path):
     # the toy backend's second trial refuses to load inside the instance (a user error there): recorded as that
     # trial's failure, not the end
@@ -233,6 +235,7 @@ def test_study_records_a_failed_trial_and_resumes_by_key(tmp_path):
     assert len([p for p in second.iterdir() if (p / "result.json").is_file()]) == 1 and len(runs) == 2
 
 
+@pytest.mark.slow
 def test_study_errors_are_one_line_exit_2(tmp_path):
     proc = corescale("study", "instances", *TINY, "instances=2", f"output_dir={tmp_path}")
     assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0
@@ -242,6 +245,7 @@ def test_study_errors_are_one_line_exit_2(tmp_path):
     assert not any(tmp_path.iterdir())
 
 
+@pytest.mark.slow
 def test_study_with_repeats_reports_means_and_intervals(tmp_path):
     study = studies.run_study("cores", [*TINY, "repeats=2", f"output_dir={tmp_path}"], values=[1])
     (row,) = study.frame.to_dict(orient="records")

@@ -9,11 +9,14 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 
-from conftest import FAST, ROOT, corescale
+import pytest
+from helpers import FAST, ROOT, corescale
 
 from corescale.analysis import store
 from corescale.record.files import PendingRun, iter_run_dirs, read_result
 from corescale.trials.sweep import plan_sweep
+
+pytestmark = pytest.mark.slow  # every test here starts processes
 
 
 def run_dirs(root):

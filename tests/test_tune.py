@@ -14,7 +14,7 @@ from pathlib import Path
 
 import optuna
 import pytest
-from conftest import FAST, ROOT, corescale
+from helpers import FAST, ROOT, corescale
 
 from corescale.errors import UserError
 from corescale.tune import settings as tune_settings
@@ -49,6 +49,7 @@ def tuned(tmp_path_factory):
             "doc": json.loads((tune_dir / "tune.json").read_text())}
 
 
+@pytest.mark.slow
 def test_resumed_without_measuring_anything_twice(tuned):
     records = [r for r in _results(tuned["dir"]) if r["status"] == "ok"]
     keys = [(r["trial_key"], r["repeat"]) for r in records]
@@ -59,6 +60,7 @@ def test_resumed_without_measuring_anything_twice(tuned):
     assert len(finished) == 3  # trials=3 counts configurations measured (one asked again is free)
 
 
+@pytest.mark.slow
 def test_study_is_a_sqlite_file_in_wal_mode(tuned):
     path = tuned["dir"] / "study.db"
     with sqlite3.connect(path) as db:
@@ -70,6 +72,7 @@ def test_study_is_a_sqlite_file_in_wal_mode(tuned):
     assert all(t.user_attrs["overrides"] and t.user_attrs["label"] for t in done)
 
 
+@pytest.mark.slow
 def test_every_measurement_is_an_ordinary_result_with_a_baseline_and_drift_checks(tuned):
     proc = corescale("results", str(tuned["dir"]), "--all", "--csv", "-")
     assert proc.returncode == 0, proc.stderr
@@ -86,6 +89,7 @@ def test_every_measurement_is_an_ordinary_result_with_a_baseline_and_drift_check
     assert screens == {0.3, 0.6}  # successive halving: screening and full windows
 
 
+@pytest.mark.slow
 def test_recommendation_has_intervals_and_the_baseline_ratio(tuned):
     doc, out = tuned["doc"], tuned["proc"].stdout
     assert doc["winner"] and doc["speedup"]["low"] <= doc["speedup"]["ratio"] <= doc["speedup"]["high"]
@@ -99,6 +103,7 @@ def test_recommendation_has_intervals_and_the_baseline_ratio(tuned):
     assert f"tune: {tuned['dir']}\n" in out and f"recipe: {doc['recipe']['recipe.sh']}\n" in out
 
 
+@pytest.mark.slow
 def test_recipe_starts_each_copy_pinned_with_the_measured_environment(tuned, tmp_path):
     doc = tuned["doc"]
     recipe = Path(doc["recipe"]["recipe.sh"])
@@ -130,6 +135,7 @@ def test_recipe_starts_each_copy_pinned_with_the_measured_environment(tuned, tmp
     assert (recipe.parent / "snippet.py").is_file() and "config:" in (recipe.parent / "config.yaml").read_text()
 
 
+@pytest.mark.slow
 def test_report_tuner_section_renders_offline_and_hover_shows_the_config(tuned):
     from playwright import sync_api
     from test_report import CHROMIUM, CHROMIUM_FLAGS
@@ -159,6 +165,7 @@ def test_report_tuner_section_renders_offline_and_hover_shows_the_config(tuned):
     assert not requests, requests
 
 
+@pytest.mark.slow
 def test_an_infeasible_slo_says_the_closest_and_exits_1_with_the_report(tuned):
     """Measurements of the first tune under the same results root are reused by key: few new ones."""
     proc = corescale("tune", *[w for w in TUNE if not w.startswith("trials=")], "trials=1", "slo_p99_ms=0.001",
@@ -276,6 +283,7 @@ def test_node_type_settings_errors_are_one_line(words, message):
     assert message in str(info.value) and "\n" not in str(info.value)
 
 
+@pytest.mark.slow
 def test_node_type_without_ray_is_refused_before_anything_runs(tmp_path):
     proc = corescale("tune", "model=bert-tiny", "executor.node_type=a", f"output_dir={tmp_path / 'out'}")
     assert proc.returncode == 2 and "executor.node_type needs executor=ray" in proc.stderr
