@@ -102,6 +102,7 @@ def test_pinned_before_the_interpreter_starts():
     assert out.stdout.strip() == f"[{cpu}]"
 
 
+@pytest.mark.slow
 def test_spawn_pins_sets_the_environment_and_starts_a_session(tmp_path):
     """The one way a pinned child starts: its CPUs and variables hold from its first instruction, in its own
     session; the module runs with the arguments given."""

@@ -7,7 +7,7 @@ import sys
 import threading
 import time
 
-from conftest import ROOT
+from helpers import ROOT
 
 from corescale.machine.lock import holder, machine_lock
 

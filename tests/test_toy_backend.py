@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import FAST, corescale
+from helpers import FAST, corescale
 
 from corescale.backends import BACKENDS, OPTIONS, BackendEntry, RegistrationError, register
 from corescale.errors import UserError
