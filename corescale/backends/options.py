@@ -19,6 +19,8 @@ class BackendOptions:
     name: str = "pytorch"
     # option -> allowed values, for the options that are a choice
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {}
+    # what its worker imports (timed, in order; a fork server imports them once) before it loads the backend
+    worker_modules: ClassVar[tuple[str, ...]] = ()
 
     def options(self) -> dict[str, Any]:
         """The options without the name."""
@@ -47,10 +49,11 @@ class BackendOptions:
         by config.validate, before any worker starts."""
 
 
-def without_options(name: str, class_name: str, module: str) -> type[BackendOptions]:
-    """The group node of a backend with no options of its own (yet): only its name. `module` is where the class
-    is bound under `class_name`, so it pickles (Ray sends configs to its nodes)."""
+def without_options(name: str, class_name: str, module: str, **facts) -> type[BackendOptions]:
+    """The group node of a backend with no options of its own (yet): only its name (and `facts`, class
+    attributes). `module` is where the class is bound under `class_name`, so it pickles (Ray sends configs to its
+    nodes)."""
     cls = dataclasses.make_dataclass(class_name, [("name", str, dataclasses.field(default=name))],
-                                     bases=(BackendOptions,))
+                                     bases=(BackendOptions,), namespace=facts)
     cls.__module__ = module
     return cls

@@ -1,11 +1,12 @@
 """Fork servers: a loop of many trials starts each worker in milliseconds instead of seconds.
 
 A fork server is a process started exactly like a worker (the instance's CPUs, memory binding, thread and
-allocator environment, all set before the interpreter starts) that imports the worker's frameworks once and then
-waits. Each worker of a later trial with the same launch is a fork of it, so the guarantee "affinity and thread
-environment are set before any framework import" holds: the imports ran under that very launch. It forks twice,
-so the worker is re-parented to this process (a child subreaper) and is waited for, signalled and killed like
-any child; it has its own session, and dies with this process.
+allocator environment, all set before the interpreter starts) that imports what the worker would (its own modules
+and its backend's, measure/imports.py) once and then waits. Each worker of a later trial with the same launch is a
+fork of it, so the guarantee "affinity and thread environment are set before any framework import" holds: the
+imports ran under that very launch. It forks twice, so the worker is re-parented to this process (a child
+subreaper) and is waited for, signalled and killed like any child; it has its own session, and dies with this
+process.
 
 Only what cannot differ between the worker's own start and a fork is shared: the key is the whole launch
 (command prefix, environment, CPUs, backend) and the repeat. Repeats never share a server: their spread is the
@@ -16,7 +17,6 @@ interpreter's heap). TensorFlow starts threads on import and never forks from he
 from __future__ import annotations
 
 import contextlib
-import importlib
 import os
 import socket
 import subprocess
@@ -28,22 +28,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from corescale.machine import instance_env
+from corescale.measure import imports
 
 LIMIT = 4  # fork servers kept at once (least recently used goes); each holds its frameworks in memory
 READY_TIMEOUT_S = 180.0
 NEVER_FORKED = ("tensorflow",)  # frameworks that start threads on import
-WORKER_MODULES = ("numpy", "torch", "corescale.measure.worker", "corescale.measure.timing",
-                  "corescale.measure.contamination", "corescale.workload.inputs", "corescale.backends")
 PR_SET_CHILD_SUBREAPER = 36
 
 
 def modules_for(backend: str, model_type: str) -> list[str]:
-    """What a worker of this backend imports before it measures (the PyTorch family builds a Transformers model)."""
-    modules = [*WORKER_MODULES, f"corescale.backends.{backend}.backend"]
-    if backend in ("pytorch", "torchscript", "torch_compile"):
-        module = model_type.replace("-", "_")
-        modules += ["transformers", f"transformers.models.{module}.modeling_{module}"]
-    return modules
+    """What a worker of this backend imports before it loads it (the worker's own modules and its backend's)."""
+    from corescale.backends import OPTIONS
+
+    return ["corescale.measure.worker", *imports.JOB_MODULES, *imports.modules_for(OPTIONS[backend], model_type)]
 
 
 def become_subreaper(on: bool = True) -> bool:
@@ -310,11 +307,7 @@ def _run_worker(channel: socket.socket, job_path: str, fds: list[int], superviso
 def main(argv: list[str]) -> int:
     channel = socket.socket(fileno=int(argv[0]))
     supervisor = os.getppid()
-    for name in argv[1:]:
-        try:
-            importlib.import_module(name)
-        except Exception:  # noqa: BLE001 - the worker imports it again and reports the error itself
-            pass
+    imports.PREIMPORTED.update(imports.timed_imports(argv[1:]))  # the forked workers report them
     channel.sendall(f"ready {len(os.listdir('/proc/self/task'))}\n".encode())
     return serve(channel, supervisor)
 

@@ -21,7 +21,7 @@ import select
 import sys
 import time
 
-from corescale.measure import protocol
+from corescale.measure import imports, protocol
 
 # No framework imports at module level: affinity and threads are set before any framework loads.
 
@@ -94,6 +94,7 @@ class Instance:
     """One instance's life, as pyperf's WorkerTask: load, warm up, then the closed loop or serving."""
 
     def __init__(self, job: dict, control: Control) -> None:
+        self.imported = imports.timed_imports(list(imports.JOB_MODULES))
         from corescale.config import BenchmarkConfig
         from corescale.machine.placement import InstanceSpec
         from corescale.workload.models import ModelSpec
@@ -118,9 +119,9 @@ class Instance:
 
     def load(self) -> None:
         """The backend built on this instance's inputs; the imports every later stage needs are done here."""
+        self.imported.update(imports.timed_imports(imports.modules_for(type(self.cfg.backend), self.model.model_type)))
         from corescale.backends import create_backend
         from corescale.machine import environment, instance_env
-        from corescale.measure import contamination, timing  # noqa: F401 - imported before the window starts
         from corescale.workload.inputs import make_inputs
         from corescale.workload.samples import QuerySet
 
@@ -143,6 +144,7 @@ class Instance:
             self.call = self.tokens.cycle(backend, self.model, self.queries, spec.batch_size, cfg)
         gc.collect()  # what loading left behind (an exporter's PyTorch model) is not the backend's memory
         self.hwm_reset = reset_peak_rss()
+        self.imports = imports.report(self.imported)
 
     def warm(self) -> int | None:
         """Warm-up under the siblings' load, then warm calls until the start instant (None: aborted)."""
@@ -248,7 +250,7 @@ class Instance:
             "instance": self.spec.id, "load_seconds": self.load_seconds, "stage_seconds": dict(self.backend.timings),
             "warmup_iterations": len(self.durations), "warmup_stable_iterations": len(self.warmed.durations_ns),
             "warmup_converged": self.warmed.converged, "cpu_seconds": cpu_seconds, "wall_seconds": wall,
-            **measured,
+            "imports": self.imports, **measured,
             "affinity": sorted(set().union(*threads_cpus.values())),  # every CPU any of its threads may use
             "thread_affinity": {str(tid): cpus for tid, cpus in threads_cpus.items()},
             "framework": self.backend.info(), "mapped_libraries": environment.mapped_libraries(),

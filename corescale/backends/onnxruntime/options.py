@@ -19,3 +19,5 @@ class OnnxRuntimeOptions(BackendOptions):
     fusion: bool = False  # onnxruntime's transformer optimizer: Attention, SkipLayerNormalization, BiasGelu
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"graph_optimization_level": GRAPH_OPTIMIZATION_LEVELS,
                                                      "execution_mode": EXECUTION_MODES}
+    # torch only when the export is not cached yet (backends/onnx_export.py)
+    worker_modules: ClassVar[tuple[str, ...]] = ("onnxruntime", "onnx", "corescale.backends.onnxruntime.backend")

@@ -17,6 +17,8 @@ class OpenVinoOptions(BackendOptions):
     name: str = "openvino"
     performance_hint: str = "LATENCY"
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"performance_hint": PERFORMANCE_HINTS}
+    # torch only when the export is not cached yet (backends/onnx_export.py)
+    worker_modules: ClassVar[tuple[str, ...]] = ("openvino", "corescale.backends.openvino.backend")
 
     def allocator_companions(self) -> list[Path]:
         """The hwloc bundled with OpenVINO's TBB (loaded by tbbbind when the Core starts) frees with glibc's free()

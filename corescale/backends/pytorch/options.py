@@ -18,6 +18,7 @@ from corescale.errors import UserError
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 LINEARS = ("default", "onednn")
 ONEDNN_PRECISIONS = ("fp32",)
+WORKER_MODULES = ("torch", "transformers", "corescale.backends.pytorch.backend")
 
 
 @dataclass
@@ -25,6 +26,7 @@ class PyTorchOptions(BackendOptions):
     name: str = "pytorch"
     linear: str = "default"  # default: torch's nn.Linear (MKL for fp32 on x86); onednn: prepacked oneDNN linear
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"linear": LINEARS}
+    worker_modules: ClassVar[tuple[str, ...]] = WORKER_MODULES
 
     def check(self, cfg) -> None:
         if self.linear != "onednn":
@@ -50,6 +52,7 @@ class TorchCompileOptions(BackendOptions):
     mode: str = "default"  # torch.compile mode
     linear: str = "default"  # only default: see the module's docstring
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"mode": COMPILE_MODES, "linear": LINEARS}
+    worker_modules: ClassVar[tuple[str, ...]] = WORKER_MODULES
 
     def check(self, cfg) -> None:
         if self.linear == "onednn":
