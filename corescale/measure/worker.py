@@ -184,7 +184,8 @@ class Instance:
         np.savez(spec.samples_path, starts_ns=samples.starts_ns, ends_ns=samples.ends_ns,
                  warmup_ns=np.asarray(self.durations, dtype=np.int64))
         threads_cpus = instance_env.thread_affinities()
-        real_tokens = self.real_tokens_per_sample()  # before the output check's call (padded: after, as in 0.2)
+        real_tokens = self.real_tokens_per_sample()  # both over the timed calls: before the output check's call
+        padded_tokens = tokens.per_sample(spec.batch_size, padded=True) if tokens.batches else None
         output = self.backend.to_numpy(self.call())
         drift = self.drift(output)  # the reference loads here: before the libraries and threads are listed
         self.control.send(self.result(own_cpu, wall, threads_cpus, {
@@ -194,7 +195,7 @@ class Instance:
             "peak_rss_scope": "warm-up and window" if self.hwm_reset else "whole process (load included)",
             "rss_bytes": memory.get("VmRSS"),
             "real_tokens_per_sample": real_tokens,
-            "padded_tokens_per_sample": tokens.per_sample(spec.batch_size, padded=True) if tokens.batches else None,
+            "padded_tokens_per_sample": padded_tokens,
         }, output_shape=list(output.shape), output_checksum=float(np.abs(output).astype(np.float64).sum()),
             drift=drift))
 
