@@ -9,7 +9,8 @@ pre-imported server, to show what the fork servers save. --backend runs one swee
 Runs each sweep in this process through corescale.trials.sweep.run_sweep (exactly what `corescale run -m` does),
 times every worker event, and prints where the time went: CLI start, sweep planning, per-trial process start +
 imports (+ calibration), model load, warm-up, start barrier, window, tail, stop + aggregate, and the
-write/bookkeeping between trials; then what the workers imported (each instance report's `imports`).
+write/bookkeeping between trials. Per trial, also what its workers imported (each instance report's `imports`:
+the worker's own import time, the time its fork server took once, the frameworks held after load).
 """
 
 from __future__ import annotations
@@ -82,8 +83,8 @@ def sweep(backend: str, args, out: Path, cli: float) -> tuple[float, int]:
     records = {row["run"]: read_result(row["path"]).to_json() for _, row in frame.iterrows()}
 
     stages = defaultdict(float)
-    print(f"\n{backend} sweep\n{'trial':<22} {'start+imp':>9} {'imports':>7} {'load':>6} {'warmup':>7} {'window':>7} "
-          f"{'tail':>6} {'stop':>6} {'peak':>8}  frameworks")
+    print(f"\n{backend} sweep\n{'trial':<14} {'start+imp':>9} {'imports':>7} {'server':>6} {'load':>6} {'warmup':>7} "
+          f"{'window':>7} {'tail':>6} {'stop':>6} {'peak':>8}  frameworks")
     for number, (_, row) in enumerate(frame.iterrows(), 1):
         print(trial_row(row, records[row["run"]], events[number], stages, args.no_calibrate))
     first = records[frame["run"].iloc[0]]
@@ -128,13 +129,14 @@ def trial_row(row, record: dict, seen: dict[str, float], stages: dict[str, float
                         ("stop processes + aggregate", stop)):
         stages[name] += value
     imported = [inst.get("imports") or {} for inst in record.get("instances") or []]
-    own = max((sum((i.get("seconds") or {}).values()) for i in imported), default=0.0)
+    own, server = (max((sum((i.get(key) or {}).values()) for i in imported), default=0.0)
+                   for key in ("seconds", "fork_server_seconds"))  # the worker's imports; its fork server's, once
     frameworks = sorted({f for i in imported for f in i.get("frameworks") or []})
     peaks = [(spec.get("peak") or {}).get("cached") for spec in record.get("specs") or []]
     peak = "off" if no_calibrate else ("cached" if peaks and all(peaks) else "measured")
     label = f"b{row['batch_size']} s{row['sequence_length']} i{row['instances']}"
-    return (f"{label:<22} {start_imports:9.2f} {own:7.2f} {load:6.2f} {warmup:7.2f} {window:7.2f} {tail:6.2f} "
-            f"{stop:6.2f} {peak:>8}  {','.join(frameworks)}")
+    return (f"{label:<14} {start_imports:9.2f} {own:7.2f} {server:6.2f} {load:6.2f} {warmup:7.2f} {window:7.2f} "
+            f"{tail:6.2f} {stop:6.2f} {peak:>8}  {','.join(frameworks)}")
 
 
 if __name__ == "__main__":
