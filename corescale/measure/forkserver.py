@@ -38,9 +38,7 @@ PR_SET_CHILD_SUBREAPER = 36
 
 def modules_for(backend: str, model_type: str) -> list[str]:
     """What a worker of this backend imports before it loads it (the worker's own modules and its backend's)."""
-    from corescale.backends import OPTIONS
-
-    return ["corescale.measure.worker", *imports.JOB_MODULES, *imports.modules_for(OPTIONS[backend], model_type)]
+    return ["corescale.measure.worker", *imports.JOB_MODULES, *imports.modules_for(backend, model_type)]
 
 
 def become_subreaper(on: bool = True) -> bool:

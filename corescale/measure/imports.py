@@ -19,14 +19,18 @@ WORKER_MODULES = ("numpy", "corescale.backends", "corescale.machine.environment"
 PREIMPORTED: dict[str, float] = {}  # set in a fork server: what it imported before forking this process, in s
 
 
-def modules_for(options: type, model_type: str) -> list[str]:
-    """The worker's modules, then its backend's (and, where that builds a Transformers model, its modeling
-    module)."""
-    modules = [*WORKER_MODULES, *options.worker_modules]
-    if "transformers" in modules:
-        module = model_type.replace("-", "_")
-        modules.append(f"transformers.models.{module}.modeling_{module}")
-    return modules
+def declared(backend: str) -> tuple[str, ...]:
+    """What backend `backend` declares its worker imports to measure a built artifact (`{model}`: the model type's
+    module name, e.g. bert)."""
+    from corescale.backends import OPTIONS
+
+    return OPTIONS[backend].worker_modules
+
+
+def modules_for(backend: str, model_type: str) -> list[str]:
+    """The worker's own modules, then its backend's."""
+    model = model_type.replace("-", "_")
+    return list(dict.fromkeys([*WORKER_MODULES, *(name.format(model=model) for name in declared(backend))]))
 
 
 def timed_imports(modules: list[str]) -> dict[str, float]:
@@ -47,8 +51,8 @@ def frameworks_loaded() -> list[str]:
     """The frameworks (top-level modules some backend declares) this process holds now."""
     from corescale.backends import OPTIONS
 
-    declared = {name.split(".")[0] for options in OPTIONS.values() for name in options.worker_modules}
-    return sorted(name for name in declared - {"corescale"} if name in sys.modules)
+    tops = {name.split(".")[0] for backend in OPTIONS for name in declared(backend)}
+    return sorted(name for name in tops - {"corescale"} if name in sys.modules)
 
 
 def report(own: dict[str, float]) -> dict:

@@ -119,7 +119,7 @@ class Instance:
 
     def load(self) -> None:
         """The backend built on this instance's inputs; the imports every later stage needs are done here."""
-        self.imported.update(imports.timed_imports(imports.modules_for(type(self.cfg.backend), self.model.model_type)))
+        self.imported.update(imports.timed_imports(imports.modules_for(self.cfg.backend.name, self.model.model_type)))
         from corescale.backends import create_backend
         from corescale.machine import environment, instance_env
         from corescale.workload.inputs import make_inputs

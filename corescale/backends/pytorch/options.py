@@ -18,7 +18,8 @@ from corescale.errors import UserError
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 LINEARS = ("default", "onednn")
 ONEDNN_PRECISIONS = ("fp32",)
-WORKER_MODULES = ("torch", "transformers", "corescale.backends.pytorch.backend")
+WORKER_MODULES = ("torch", "transformers", "transformers.models.{model}.modeling_{model}",
+                  "corescale.backends.pytorch.backend")  # {model}: the model type's module name, e.g. bert
 
 
 @dataclass
