@@ -7,6 +7,12 @@ directory renamed into place when complete. Instances that start together on a c
 building it, then use its result; none ever sees a half-written file. A derived variant reads its input through
 a private view (links in its own temporary directory), because tools such as quantize_dynamic write scratch
 files beside their input.
+
+The key needs the model built in torch, so each export is also filed under its source
+(`<cache>/onnx-sources/<source>.json`; the source: the model's identity and files, seed, inputs, opset, torch's
+and Transformers' versions, all known without importing either): a worker whose source was exported before
+opens the artifact with neither torch nor Transformers imported (torch is imported here only to build and
+export).
 """
 
 from __future__ import annotations
@@ -19,19 +25,18 @@ import shutil
 import tempfile
 import warnings
 from contextlib import contextmanager
+from importlib import metadata
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
-import torch
 
-from corescale.backends.pytorch.backend import wrapped_torch_model
 from corescale.workload.inputs import make_inputs
+from corescale.workload.models import source_files
 
 OPSET = 17
-# The TorchScript-based exporter: onnxruntime's transformer optimizer fully fuses only its graphs.
-EXPORTER = f"torch.onnx-torchscript-{torch.__version__}"
 MODEL_FILE = "model.onnx"
+SOURCES_DIR = "onnx-sources"  # beside the artifacts' folder: source -> artifact, see the module's docstring
 LOCK_DIR = ".locks"  # beside the artifacts: one lock file per artifact
 EXTERNAL_DATA_BYTES = 3 << 29  # 1.5 GiB: derived models keep weights in model.onnx.data (protobuf limit 2 GiB;
 # the exporter itself switches to external data files at that limit)
@@ -41,7 +46,16 @@ def cache_root(cfg) -> Path:
     return Path(os.path.expanduser(cfg.cache_dir)) / "onnx"
 
 
-def weights_hash(module: torch.nn.Module) -> str:
+def exporter() -> str:
+    """The TorchScript-based exporter: onnxruntime's transformer optimizer fully fuses only its graphs."""
+    import torch
+
+    return f"torch.onnx-torchscript-{torch.__version__}"
+
+
+def weights_hash(module) -> str:
+    import torch
+
     digest = hashlib.sha256()
     for name, tensor in sorted(module.state_dict().items()):
         digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}".encode())
@@ -49,12 +63,12 @@ def weights_hash(module: torch.nn.Module) -> str:
     return digest.hexdigest()
 
 
-def parameter_bytes(module: torch.nn.Module) -> int:
+def parameter_bytes(module) -> int:
     return sum(t.numel() * t.element_size() for t in module.state_dict().values())
 
 
 def export_key(spec, module, input_names) -> str:
-    identity = {"config": spec.config, "weights": weights_hash(module), "opset": OPSET, "exporter": EXPORTER,
+    identity = {"config": spec.config, "weights": weights_hash(module), "opset": OPSET, "exporter": exporter(),
                 "inputs": list(input_names)}
     return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
@@ -104,8 +118,10 @@ def private_view(source: Path, where: Path) -> Path:
     return where / source.name
 
 
-def export(module: torch.nn.Module, spec, path: Path) -> None:
+def export(module, spec, path: Path) -> None:
     """Dynamic batch and sequence axes; traced on a fixed small example so the graph is shape-independent."""
+    import torch
+
     example = make_inputs(spec, 2, 16, seed=0)
     names = list(example)
     axes = {name: {0: "batch", 1: "sequence"} for name in [*names, "last_hidden_state"]}
@@ -136,7 +152,22 @@ class OnnxModel:
 
 
 def onnx_model(spec, cfg, inputs: dict[str, np.ndarray], stages) -> OnnxModel:
-    """The model as ONNX: built and hashed here, exported only when the cache does not have it."""
+    """The model as ONNX: from its source's entry when this source was exported before (no torch, no
+    Transformers); otherwise built and hashed, exported only when the cache does not have it, and filed."""
+    source = source_key(spec, cfg, inputs)
+    known = known_export(cfg, source) if source else None
+    if known is not None:
+        return known
+    model = exported_model(spec, cfg, inputs, stages)
+    if source:
+        file_export(cfg, source, model)
+    return model
+
+
+def exported_model(spec, cfg, inputs: dict[str, np.ndarray], stages) -> OnnxModel:
+    """Built in torch and hashed; exported only when the cache does not have it."""
+    from corescale.backends.pytorch.backend import wrapped_torch_model
+
     with stages.stage("build_model"):
         module = wrapped_torch_model(spec, cfg, inputs)
     with stages.stage("hash_weights"):
@@ -153,3 +184,51 @@ def drop_if_hit(stages, name: str, model: OnnxModel) -> OnnxModel:
     if model.cache_hit:
         stages.timings.pop(name, None)
     return model
+
+
+def source_key(spec, cfg, inputs) -> str | None:
+    """What an export is made from, known without torch; None when the model's files cannot be found."""
+    files = source_files(spec)
+    if files is None:
+        return None
+    identity = {"model": spec.identity(), "files": files, "seed": cfg.seed, "trust_remote_code": cfg.trust_remote_code,
+                "allow_pickle": cfg.allow_pickle, "inputs": list(inputs), "opset": OPSET,
+                "libraries": {name: _version(name) for name in ("torch", "transformers")}}
+    return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:24]
+
+
+def _version(distribution: str) -> str | None:
+    try:
+        return metadata.version(distribution)  # read from its metadata: nothing is imported
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def sources_root(cfg) -> Path:
+    return Path(os.path.expanduser(cfg.cache_dir)) / SOURCES_DIR
+
+
+def known_export(cfg, source: str) -> OnnxModel | None:
+    """The artifact filed under `source`, when both are still there."""
+    try:
+        entry = json.loads((sources_root(cfg) / f"{source}.json").read_text())
+        key, large = str(entry["key"]), bool(entry["large"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    path = cache_root(cfg) / key / MODEL_FILE
+    return OnnxModel(path, key, large, cache_hit=True) if path.is_file() else None
+
+
+def file_export(cfg, source: str, model: OnnxModel) -> None:
+    """Files the artifact under its source, atomically: a worker reads a whole entry or none."""
+    root = sources_root(cfg)
+    root.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=root, prefix=".", suffix=".json")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            json.dump({"key": model.key, "large": model.large}, handle)
+        os.chmod(tmp, 0o644)  # readable by every user of a shared cache, as the artifacts are
+        os.replace(tmp, root / f"{source}.json")
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)

@@ -1,11 +1,12 @@
 """Fork servers: a loop of many trials starts each worker in milliseconds instead of seconds.
 
 A fork server is a process started exactly like a worker (the instance's CPUs, memory binding, thread and
-allocator environment, all set before the interpreter starts) that imports the worker's frameworks once and then
-waits. Each worker of a later trial with the same launch is a fork of it, so the guarantee "affinity and thread
-environment are set before any framework import" holds: the imports ran under that very launch. It forks twice,
-so the worker is re-parented to this process (a child subreaper) and is waited for, signalled and killed like
-any child; it has its own session, and dies with this process.
+allocator environment, all set before the interpreter starts) that imports what the worker would (its own modules
+and its backend's, measure/imports.py) once and then waits. Each worker of a later trial with the same launch is a
+fork of it, so the guarantee "affinity and thread environment are set before any framework import" holds: the
+imports ran under that very launch. It forks twice, so the worker is re-parented to this process (a child
+subreaper) and is waited for, signalled and killed like any child; it has its own session, and dies with this
+process.
 
 Only what cannot differ between the worker's own start and a fork is shared: the key is the whole launch
 (command prefix, environment, CPUs, backend) and the repeat. Repeats never share a server: their spread is the
@@ -17,7 +18,6 @@ never forks from here.
 from __future__ import annotations
 
 import contextlib
-import importlib
 import os
 import socket
 import subprocess
@@ -31,21 +31,16 @@ from typing import IO
 
 from corescale.backends import entry
 from corescale.machine import instance_env
+from corescale.measure import imports
 
 LIMIT = 4  # fork servers kept at once (least recently used goes); each holds its frameworks in memory
 READY_TIMEOUT_S = 180.0
-HARNESS_MODULES = ("numpy", "corescale.measure.worker", "corescale.measure.timing", "corescale.measure.contamination",
-                   "corescale.workload.inputs", "corescale.backends")
 PR_SET_CHILD_SUBREAPER = 36
 
 
 def modules_for(backend: str, model_type: str) -> list[str]:
-    """What a worker of this backend imports before it measures: the harness, what building its artifacts
-    imports, and its registry entry's worker_modules (`{model}`: the model type's module, e.g. bert)."""
-    facts = entry(backend)
-    model = model_type.replace("-", "_")
-    declared = [*(m for a in facts.artifacts for m in a.modules), *facts.worker_modules]
-    return list(dict.fromkeys([*HARNESS_MODULES, *(m.format(model=model) for m in declared)]))
+    """What a worker of this backend imports before it loads it (the worker's own modules and its backend's)."""
+    return ["corescale.measure.worker", *imports.JOB_MODULES, *imports.modules_for(backend, model_type)]
 
 
 def become_subreaper(on: bool = True) -> bool:
@@ -313,11 +308,7 @@ def _run_worker(channel: socket.socket, job_path: str, fds: list[int], superviso
 def main(argv: list[str]) -> int:
     channel = socket.socket(fileno=int(argv[0]))
     supervisor = os.getppid()
-    for name in argv[1:]:
-        try:
-            importlib.import_module(name)
-        except Exception:  # the worker imports it again and reports the error itself
-            pass
+    imports.PREIMPORTED.update(imports.timed_imports(argv[1:]))  # the forked workers report them
     channel.sendall(f"ready {len(os.listdir('/proc/self/task'))}\n".encode())
     return serve(channel, supervisor)
 

@@ -21,7 +21,7 @@ import select
 import sys
 import time
 
-from corescale.measure import protocol
+from corescale.measure import imports, protocol
 
 # No framework imports at module level: affinity and threads are set before any framework loads.
 
@@ -94,6 +94,7 @@ class Instance:
     """One instance's life, as pyperf's WorkerTask: load, warm up, then the closed loop or serving."""
 
     def __init__(self, job: dict, control: Control) -> None:
+        self.imported = imports.timed_imports(list(imports.JOB_MODULES))
         from corescale.config import BenchmarkConfig
         from corescale.machine.placement import InstanceSpec
         from corescale.workload.models import ModelSpec
@@ -118,9 +119,9 @@ class Instance:
 
     def load(self) -> None:
         """The backend built on this instance's inputs; the imports every later stage needs are done here."""
+        self.imported.update(imports.timed_imports(imports.modules_for(self.cfg.backend.name, self.model.model_type)))
         from corescale.backends import create_backend
         from corescale.machine import environment, instance_env
-        from corescale.measure import contamination, timing  # noqa: F401 - imported before the window starts
         from corescale.workload.inputs import make_inputs
         from corescale.workload.samples import QuerySet
 
@@ -143,6 +144,7 @@ class Instance:
             self.call = self.tokens.cycle(backend, self.model, self.queries, spec.batch_size, cfg)
         gc.collect()  # what loading left behind (an exporter's PyTorch model) is not the backend's memory
         self.hwm_reset = reset_peak_rss()
+        self.imports = imports.report(self.imported)
 
     def warm(self) -> int | None:
         """Warm-up under the siblings' load, then warm calls until the start instant (None: aborted)."""
@@ -182,7 +184,8 @@ class Instance:
         np.savez(spec.samples_path, starts_ns=samples.starts_ns, ends_ns=samples.ends_ns,
                  warmup_ns=np.asarray(self.durations, dtype=np.int64))
         threads_cpus = instance_env.thread_affinities()
-        real_tokens = self.real_tokens_per_sample()  # before the output check's call (padded: after, as in 0.2)
+        real_tokens = self.real_tokens_per_sample()  # both over the timed calls: before the output check's call
+        padded_tokens = tokens.per_sample(spec.batch_size, padded=True) if tokens.batches else None
         output = self.backend.to_numpy(self.call())
         drift = self.drift(output)  # the reference loads here: before the libraries and threads are listed
         self.control.send(self.result(own_cpu, wall, threads_cpus, {
@@ -192,7 +195,7 @@ class Instance:
             "peak_rss_scope": "warm-up and window" if self.hwm_reset else "whole process (load included)",
             "rss_bytes": memory.get("VmRSS"),
             "real_tokens_per_sample": real_tokens,
-            "padded_tokens_per_sample": tokens.per_sample(spec.batch_size, padded=True) if tokens.batches else None,
+            "padded_tokens_per_sample": padded_tokens,
         }, output_shape=list(output.shape), output_checksum=float(np.abs(output).astype(np.float64).sum()),
             drift=drift))
 
@@ -248,7 +251,7 @@ class Instance:
             "instance": self.spec.id, "load_seconds": self.load_seconds, "stage_seconds": dict(self.backend.timings),
             "warmup_iterations": len(self.durations), "warmup_stable_iterations": len(self.warmed.durations_ns),
             "warmup_converged": self.warmed.converged, "cpu_seconds": cpu_seconds, "wall_seconds": wall,
-            **measured,
+            "imports": self.imports, **measured,
             "affinity": sorted(set().union(*threads_cpus.values())),  # every CPU any of its threads may use
             "thread_affinity": {str(tid): cpus for tid, cpus in threads_cpus.items()},
             "framework": self.backend.info(), "mapped_libraries": environment.mapped_libraries(),

@@ -1,7 +1,7 @@
 """Model presets (hyperparameters written here, weights random and seeded), local directories and hub ids.
 
 `resolve_model` is light (no torch): it turns the `model` key into a ModelSpec the parent process can
-validate against. `build_torch_model` runs inside the worker.
+validate against; `source_files` tells a model's files apart, as light. `build_torch_model` runs inside the worker.
 """
 
 from __future__ import annotations
@@ -166,6 +166,34 @@ def weights_file_kind(path: Path) -> str | None:
     if any((path / f).is_file() for f in _PICKLE_WEIGHTS):
         return "pickle"
     return None
+
+
+def source_files(spec: ModelSpec) -> list[tuple[str, str, int, int]] | None:
+    """The files a model is built from, told apart without loading any framework: (name, the file it resolves to,
+    size, modification time) of each file in its folder (a hub snapshot's files resolve to blobs named by their
+    hash). A preset has none (its weights come from the seed); None when the files cannot be found."""
+    if spec.source == "preset":
+        return []
+    folder = Path(spec.path) if spec.source == "local" else hub_snapshot(spec.path)
+    if folder is None or not folder.is_dir():
+        return None
+    found = []
+    for item in sorted(folder.iterdir()):
+        if item.is_file():
+            real = item.resolve()
+            stat = real.stat()
+            found.append((item.name, str(real), stat.st_size, stat.st_mtime_ns))
+    return found
+
+
+def hub_snapshot(repo_id: str) -> Path | None:
+    """The folder of a hub model's snapshot in the local cache (its commit), if it is there."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        return None
+    found = try_to_load_from_cache(repo_id, "config.json")
+    return Path(found).parent if isinstance(found, str) else None
 
 
 def build_torch_model(spec: ModelSpec, seed: int, trust_remote_code: bool = False, allow_pickle: bool = False):

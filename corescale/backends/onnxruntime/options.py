@@ -26,7 +26,8 @@ class OnnxRuntimeOptions(BackendOptions):
 ONNXRUNTIME = BackendEntry(
     options=OnnxRuntimeOptions, backend="corescale.backends.onnxruntime.backend:OnnxRuntimeBackend",
     extra="onnxruntime", requires=("onnxruntime", "onnx"), precisions=("fp32", "int8"), openmp=False,
-    forkable=True, worker_modules=("onnxruntime", "corescale.backends.onnxruntime.backend"), artifacts=(ONNX_EXPORT,),
+    forkable=True, worker_modules=("onnxruntime", "onnx", "corescale.backends.onnxruntime.backend"),
+    artifacts=(ONNX_EXPORT,),
     profiler=Profiler("ONNX Runtime profiling (SessionOptions.enable_profiling)",
                       "corescale.backends.onnxruntime.profiler:OnnxRuntimeProfiler"),
     libraries=("onnxruntime", "onnx"), recorded=(), snippet="corescale.backends.onnxruntime.recipe:snippet",

@@ -15,7 +15,8 @@ TENSORFLOW = BackendEntry(
     options=TensorFlowOptions, backend=f"{_BACKEND}:EagerBackend", extra="tensorflow", requires=("tensorflow",),
     precisions=("fp32",), openmp=False,
     forkable=False,  # TensorFlow starts threads on import: a fork would hold dead copies of them
-    worker_modules=("torch", "transformers", "tensorflow", _BACKEND),  # its encoder takes the PyTorch model's weights
+    # its encoder takes the PyTorch model's weights; the backend before tensorflow: it sets TF's log level first
+    worker_modules=("torch", "transformers", _BACKEND, "tensorflow"),
     artifacts=(),
     profiler=None,  # its profiler writes TensorBoard traces without per-call op times corescale can add up
     libraries=("tensorflow",), recorded=("keras", "keras-hub"), snippet="corescale.backends.tensorflow.recipe:snippet",
