@@ -136,8 +136,10 @@ class BackendEntry:
             problems.append("options is not a BackendOptions dataclass")
         elif self.options().name != name:
             problems.append(f"options' name default is '{self.options().name}', not '{name}'")
-        for fact in ("backend", "snippet", *(("profiler.factory",) if isinstance(self.profiler, Profiler) else ())):
-            value = self.profiler.factory if fact == "profiler.factory" else getattr(self, fact)
+        named = {"backend": self.backend, "snippet": self.snippet}
+        if isinstance(self.profiler, Profiler):
+            named["profiler.factory"] = self.profiler.factory
+        for fact, value in named.items():
             if not isinstance(value, str) or value.count(":") != 1:
                 problems.append(f"{fact} is not 'module:attribute' (got {value!r})")
         for fact in ("requires", "precisions", "worker_modules", "libraries", "recorded"):

@@ -82,6 +82,7 @@ def main(argv: list[str]) -> int:
     from corescale.record.files import write_json_atomic
 
     out = Path(argv[1])
+    message: protocol.Profiled | protocol.WorkerFailure
     try:
         message = protocol.Profiled(run(json.loads(Path(argv[0]).read_text()), out))
     except BaseException as exc:  # the parent reports it

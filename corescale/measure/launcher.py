@@ -98,8 +98,10 @@ class Launcher:
         job = {"config": cfg.to_dict(), "model": dataclasses.asdict(model),
                "trial_cpus": sorted(c for spec in specs for c in spec.cpus), **self.job}  # siblings: not foreign
         launches = [(spec, instance_env.Launch.of(cfg, spec, preload)) for spec in specs]
-        for _, launch in launches if self.forkservers else ():  # their servers import side by side
-            self.forkservers.prepare(launch.prefix, launch.env, launch.cpus, cfg.backend.name, model.model_type)
+        servers = self.forkservers
+        for _, launch in launches:
+            if servers is not None:  # their servers import side by side
+                servers.prepare(launch.prefix, launch.env, launch.cpus, cfg.backend.name, model.model_type)
         for spec, launch in launches:
             spec_path = self.work_dir / f"instance-{spec.id}.json"
             spec_path.write_text(json.dumps({**job, "instance": spec.to_json()}))

@@ -108,7 +108,7 @@ class WorkerFailure:
 
 
 Message = Union[Loaded, Warming, Ready, Progress, Served, Result, Profiled, WorkerFailure]
-MESSAGES: dict[str, type] = {cls.EVENT: cls for cls in typing.get_args(Message)}
+MESSAGES: dict[str, type[Message]] = {cls.EVENT: cls for cls in typing.get_args(Message)}
 FLAT = {Result: "report", Profiled: "profile"}  # messages whose one dict field is spread over the line
 
 
@@ -143,15 +143,15 @@ def from_fields(data: Any) -> Message:
     if cls is None:
         raise ProtocolError(f"unknown event '{event}' (known: {', '.join(MESSAGES)})")
     if cls in FLAT:
-        return cls(data)
+        return cls(data)  # type: ignore[call-arg]  # a FLAT message has its one dict field
     _check(cls, data)
-    message = cls(**data)
+    message: Message = cls(**data)
     if isinstance(message, WorkerFailure) and message.kind not in FAILURE_KINDS:
         raise ProtocolError(f"'error' of unknown kind '{message.kind}' (known: {', '.join(FAILURE_KINDS)})")
     return message
 
 
-def _check(cls: type, data: dict[str, Any]) -> None:
+def _check(cls: type[Message], data: dict[str, Any]) -> None:
     hints = typing.get_type_hints(cls)
     declared = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - set(declared))

@@ -219,6 +219,7 @@ class Instance:
         from corescale.workload.samples import batch_inputs, pad_id, padded_length
 
         backend, model, queries, control = self.backend, self.model, self.queries, self.control
+        assert queries is not None, "a serving worker's job names its query set"
         cfg_pad, limit = self.cfg.pad, self.cfg.sequence_length
         cpu_before, began = process_cpu_seconds(), time.perf_counter_ns()
         served = rows = 0

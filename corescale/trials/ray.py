@@ -20,6 +20,7 @@ import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from corescale.config import RayExecutorConfig
 from corescale.errors import UserError
@@ -256,7 +257,9 @@ class RayExecutor:
         listener = listener or Listener()
         order = schedule(planned)
         state = LoopState(len(order))
-        ray, started_here, in_flight = None, False, {}
+        ray: Any = None  # the ray module once connected
+        started_here = False
+        in_flight: dict[Any, Any] = {}  # a Ray ObjectRef -> what it measures
         try:
             if resume and not accept_foreign and self.settings.address is not None:
                 ray, started_here = self._start()  # the nodes say which machines' results count
@@ -272,12 +275,12 @@ class RayExecutor:
             self._loop(ray, queue, in_flight, state, listener, fail_fast)
             return state
         finally:
-            for ref in in_flight:
+            for ref in in_flight if ray is not None else ():
                 try:
                     ray.cancel(ref, force=True)
                 except Exception:  # the task may already be gone
                     pass
-            if started_here:
+            if started_here and ray is not None:
                 ray.shutdown()
 
     def _start(self):

@@ -174,6 +174,8 @@ def source_files(spec: ModelSpec) -> list[tuple[str, str, int, int]] | None:
     hash). A preset has none (its weights come from the seed); None when the files cannot be found."""
     if spec.source == "preset":
         return []
+    if spec.path is None:
+        return None
     folder = Path(spec.path) if spec.source == "local" else hub_snapshot(spec.path)
     if folder is None or not folder.is_dir():
         return None

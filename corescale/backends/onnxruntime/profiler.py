@@ -23,7 +23,8 @@ class OnnxRuntimeProfiler:
         options.profile_file_prefix = str(work_dir / "ort-profile")
         unbind_calling_thread()
         self.session = ort.InferenceSession(str(backend.model_path), options, providers=["CPUExecutionProvider"])
-        self.prepared, self.walls = prepared, []
+        self.prepared = prepared
+        self.walls: list[float] = []
         for _ in range(self.WARM):
             self.session.run(None, prepared)
 

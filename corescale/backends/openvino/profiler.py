@@ -23,7 +23,8 @@ class OpenVinoProfiler:
         unbind_calling_thread()
         config = {**backend.compile_config, "PERF_COUNT": True}
         self.request = ov.Core().compile_model(backend.network, "CPU", config).create_infer_request()
-        self.prepared, self.walls = prepared, []
+        self.prepared = prepared
+        self.walls: list[float] = []
         for _ in range(self.WARM):
             self.request.infer(prepared, share_inputs=True, share_outputs=True)
         self.warm = self.layers()

@@ -9,7 +9,8 @@ from pathlib import Path
 
 class TorchProfiler:
     def __init__(self, backend, prepared, work_dir: Path):
-        self.backend, self.prepared, self.calls = backend, prepared, []
+        self.backend, self.prepared = backend, prepared
+        self.calls: list[dict] = []
 
     def call(self) -> None:
         from torch.profiler import ProfilerActivity, profile
