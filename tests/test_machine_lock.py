@@ -7,6 +7,7 @@ import sys
 import threading
 import time
 
+import pytest
 from helpers import ROOT
 
 from corescale.machine.lock import holder, machine_lock
@@ -14,6 +15,8 @@ from corescale.machine.lock import holder, machine_lock
 HOLD = """
 import sys, time
 from pathlib import Path
+
+import pytest
 from corescale.machine.lock import machine_lock
 with machine_lock(Path(sys.argv[1])):
     print("held", flush=True)
@@ -51,6 +54,7 @@ def test_a_holder_takes_it_again_and_other_threads_wait(tmp_path):
     thread.join(10)
 
 
+@pytest.mark.slow
 def test_another_process_waits_and_is_told_the_holder(tmp_path):
     path = tmp_path / "lock"
     proc = hold_in_another_process(path)
@@ -67,6 +71,7 @@ def test_another_process_waits_and_is_told_the_holder(tmp_path):
     assert where == path and who.startswith(f"pid {proc.pid}: ") and "\n" not in who
 
 
+@pytest.mark.slow
 def test_info_peak_waits_for_the_lock_instead_of_measuring(tmp_path):
     """`info --peak` runs pinned GEMMs on every core: never while another process measures."""
     lock, cache = tmp_path / "lock", tmp_path / "cache"

@@ -47,7 +47,7 @@ def test_failure_kind_follows_the_exception():
     for exc, kind in ((UserError("bad"), "user"), (RuntimeError(), "error")):
         try:
             raise exc
-        except BaseException as caught:  # noqa: BLE001 - what the workers do
+        except BaseException as caught:  # what the workers do
             failure = protocol.WorkerFailure.of(caught)
         assert failure.kind == kind and "Traceback" in failure.traceback
     assert failure.message == "RuntimeError"  # no text: the exception's name

@@ -192,6 +192,7 @@ def test_schema2_results_are_found_by_their_keys_and_tabled(tmp_path):
     assert served["server_max_valid_qps"] > 0 and served["cpus_per_instance"] == 1
 
 
+@pytest.mark.slow  # `corescale show` in a process
 @pytest.mark.parametrize("section, path, value, where", [
     ("server", ("steps", 0, "queries"), "many", "server.steps[0].queries: expected an integer, got 'many'"),
     ("drift", ("within_tolerance",), "yes", "drift.within_tolerance: expected true or false, got 'yes'"),

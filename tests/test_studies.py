@@ -257,6 +257,7 @@ def test_study_with_repeats_reports_means_and_intervals(tmp_path):
     assert [t["repeat"] for t in study.document["trials"]] == [0, 1]
 
 
+@pytest.mark.slow
 def test_study_on_ray_goes_to_the_cluster_never_silently_local(tmp_path):
     """A study dispatches like a sweep: with executor=ray an unreachable cluster is the Ray executor's one-line
     error (before, the study ran locally without a word), and nothing is measured or written."""

@@ -96,6 +96,7 @@ def test_a_name_is_registered_once_and_must_be_the_options_name(toy):
     assert register("toy", toy) is toy  # the same entry again (a module imported twice) is no error
 
 
+@pytest.mark.slow
 def test_a_plugin_module_that_cannot_be_imported_stops_the_tool(tmp_path):
     proc = corescale("run", *FAST, f"output_dir={tmp_path / 'out'}",
                      env={**TOY_ENV, "CORESCALE_BACKENDS": "toy_backend,no_such_backend_module"})

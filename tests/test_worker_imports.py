@@ -2,7 +2,7 @@
 nor Transformers; a PyTorch worker holds both. Each instance report says what it imported and how long it took."""
 
 import pytest
-from conftest import FAST, execute
+from helpers import FAST, execute
 
 from corescale.backends.onnx_export import SOURCES_DIR
 from corescale.measure.runner import prepare_trial
@@ -18,6 +18,7 @@ def imports_of(tmp_path, name, *overrides) -> dict:
     return report
 
 
+@pytest.mark.slow
 def test_onnxruntime_worker_with_a_cached_export_imports_neither_torch_nor_transformers(tmp_path):
     pytest.importorskip("onnxruntime")
     cache = f"cache_dir={tmp_path / 'cache'}"
@@ -39,6 +40,7 @@ def test_onnxruntime_worker_with_a_cached_export_imports_neither_torch_nor_trans
     assert warm["output_checksum"] == pytest.approx(cold["output_checksum"], rel=1e-6)
 
 
+@pytest.mark.slow
 def test_pytorch_worker_imports_torch_and_transformers(tmp_path):
     report = imports_of(tmp_path, "pytorch", "backend=pytorch")
     imports = report["imports"]

@@ -1,7 +1,7 @@
 """`backend.linear=onednn`: every nn.Linear of a model replaced by one holding its weight prepacked for torch's own
 oneDNN linear (machine/onednn.py), reordered once at load for the rows (batch x sequence) the model will see."""
 
-from __future__ import annotations
+from typing import Optional
 
 import torch
 
@@ -11,8 +11,9 @@ from corescale.machine import onednn
 class OnednnLinear(torch.nn.Module):
     """nn.Linear's forward on a weight prepacked in oneDNN's layout (inference only: the weight is opaque)."""
 
-    packed: torch.Tensor  # buffers (register_buffer)
-    bias: torch.Tensor | None
+    # the buffers (register_buffer), typed for mypy; real objects, not strings: TorchScript reads class annotations
+    packed: torch.Tensor
+    bias: Optional[torch.Tensor]
 
     def __init__(self, linear: torch.nn.Linear, batch_hint: int | None = None):
         super().__init__()
