@@ -3,7 +3,12 @@ OpenMP) for the objective under constraints; ends in a recommendation, a recipe 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from corescale.commands import add_common
+
+if TYPE_CHECKING:
+    from corescale.tune.document import TuneDocument
 
 ORDER = 12
 EXIT_OK, EXIT_INFEASIBLE = 0, 1
@@ -71,7 +76,7 @@ def run_tune(words: list[str], args) -> int:
         ranking = fleet.write_ranking(tunes[0].tune_dir.parent, fleet.rank(
             [fleet.entry(tune, doc) for tune, doc in zip(tunes, docs)]))
         print_ranking(ranking, tunes[0].tune_dir.parent / fleet.RANKING_FILE)
-    return EXIT_OK if any(doc["winner"] is not None for doc in docs) else EXIT_INFEASIBLE
+    return EXIT_OK if any(doc.winner is not None for doc in docs) else EXIT_INFEASIBLE
 
 
 def together(tunes) -> bool:
@@ -137,7 +142,7 @@ def search(tune, args, progress: bool | None = None, prefix: str = "") -> dict:
     return Tuner(tune, listener_factory(enabled, prefix)).run()
 
 
-def conclude(tune, outcome: dict, args) -> dict:
+def conclude(tune, outcome: dict, args) -> TuneDocument:
     """Verdict, outputs, recommendation table, report and recipe of one searched tune."""
     from rich.markup import escape
 
@@ -156,9 +161,9 @@ def conclude(tune, outcome: dict, args) -> dict:
 
         built = report.build(tune.tune_dir, tune.tune_dir / "report.html", table=used_results(tune, doc))
         print_path("report", built.path)
-    if doc["recipe"]:
-        print_path("recipe", doc["recipe"]["recipe.sh"])
-    for line in doc["headline"]:
+    if doc.recipe:
+        print_path("recipe", doc.recipe["recipe.sh"])
+    for line in doc.headline:
         console.print(escape(line), soft_wrap=True)
     return doc
 
@@ -189,22 +194,20 @@ def print_ranking(ranking: dict, path) -> None:
         console.print(escape(line), soft_wrap=True)
 
 
-def used_results(tune, doc: dict):
+def used_results(tune, doc: TuneDocument):
     """The results this tune used, wherever they were measured (earlier tunes and runs under the same
     output_dir are resumed by key): the report's table."""
     from pathlib import Path
 
     from corescale.analysis import store
 
-    used = {str(Path(p).resolve()) for f in [*doc["finalists"], doc["baseline"] or {"paths": []}] for p in f["paths"]}
-    used |= {str(Path(t[stage]["path"]).resolve()) for t in doc["trials"] for stage in ("screen", "full")
-             if t.get(stage) and t[stage].get("path")}
+    used = {str(Path(p).resolve()) for p in doc.result_paths()}
     table = store.load(tune.cfg.results_root, latest=False)
     keep = table.frame["path"].map(lambda p: str(Path(p).resolve()) in used)
     return store.Table(table.frame[keep].reset_index(drop=True), table.problems, table.unfinished)
 
 
-def print_recommendation(doc: dict) -> None:
+def print_recommendation(doc: TuneDocument) -> None:
     from rich.markup import escape
     from rich.table import Table
 
@@ -215,16 +218,8 @@ def print_recommendation(doc: dict) -> None:
                    "memory GB", "meets"):
         table.add_column(column, justify="left" if column in ("", "configuration") else "right")
 
-    def num(block, digits=2):
-        value = block.get("mean") if block else None
-        return "-" if value is None else f"{value:.{digits}f}"
-
-    def ci(block):
-        return "-" if not block or block.get("low") is None else f"{block['low']:.2f} – {block['high']:.2f}"
-
-    rows = [*doc["finalists"], *([doc["baseline"]] if doc["baseline"] else [])]
-    for f in rows:
-        table.add_row(f["role"], escape(f["label"]), num(f["throughput"]), ci(f["throughput"]), num(f["p50_ms"]),
-                      num(f["p99_ms"]), num(f["cost_per_1m"], 4), num(f["drift"], 3), num(f["memory_gb"]),
-                      "yes" if f["feasible"] else "no")
+    for f in doc.rows:
+        table.add_row(f.role, escape(f.label), f.throughput.text(), f.throughput.interval_text(), f.p50_ms.text(),
+                      f.p99_ms.text(), f.cost_per_1m.text(4), f.drift.text(3), f.memory_gb.text(),
+                      "yes" if f.feasible else "no")
     print_wide(table)
