@@ -104,6 +104,49 @@ def test_recommendation_has_intervals_and_the_baseline_ratio(tuned):
 
 
 @pytest.mark.slow
+def test_tune_json_is_a_typed_versioned_document(tuned, tmp_path):
+    from corescale.tune import document
+
+    doc = document.read(tuned["dir"])
+    assert doc is not None and tuned["doc"]["schema_version"] == doc.schema_version == document.SCHEMA_VERSION
+    assert doc.winning is not None and doc.winning.label == doc.winner and doc.to_dict() == tuned["doc"]
+    unversioned = {k: v for k, v in tuned["doc"].items() if k != "schema_version"}  # tune.json before schema 2
+    (tmp_path / "tune.json").write_text(json.dumps(unversioned))
+    assert document.read(tmp_path) == doc
+
+
+def _tune_document(**changes):
+    from corescale.tune.document import Figure, TunedFinalist, TuneDocument, TuneObjective
+
+    figure = Figure(10.0, 9.0, 11.0, 2)
+    winner = TunedFinalist("backend=onnxruntime", "winner", ["backend=onnxruntime"], False, ["/r/1"], 2, 1, True,
+                           False, figure, figure, figure, Figure(), figure, Figure())
+    base = TuneDocument("2026-12-02T06:00:00+0000", "/t", {"repeats": 2}, {}, 4, 0.3, 0.6, 2,
+                        TuneObjective("throughput", "throughput", "maximize", "samples/s"), [], [winner], None,
+                        ["recommended: backend=onnxruntime"], winner="backend=onnxruntime")
+    return {**base.to_dict(), **changes}
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"schema_version": 9}, "schema_version 9 (this corescale reads 1, 2)"),
+    ({"space_size": "four"}, "tune.json.space_size: expected an integer, got 'four'"),
+    ({"objective": None}, "tune.json.objective: expected an object, got None"),
+    ({"trials": [{"number": 0}]}, "tune.json.trials[0]: 'state' is missing"),
+])
+def test_a_malformed_tune_document_is_one_clear_line(tmp_path, changes, message):
+    from corescale.tune import document
+
+    (tmp_path / "tune.json").write_text(json.dumps(_tune_document()))
+    doc = document.read(tmp_path)
+    assert doc is not None and doc.winning is not None and doc.winning.figure("throughput").mean == 10.0
+    assert document.read(tmp_path / "nothing") is None
+    (tmp_path / "tune.json").write_text(json.dumps(_tune_document(**changes)))
+    with pytest.raises(UserError) as error:
+        document.read(tmp_path)
+    assert message in str(error.value) and "\n" not in str(error.value)
+
+
+@pytest.mark.slow
 def test_recipe_starts_each_copy_pinned_with_the_measured_environment(tuned, tmp_path):
     doc = tuned["doc"]
     recipe = Path(doc["recipe"]["recipe.sh"])

@@ -3,7 +3,12 @@ OpenMP) for the objective under constraints; ends in a recommendation, a recipe 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from corescale.commands import add_common
+
+if TYPE_CHECKING:
+    from corescale.tune.document import TuneDocument
 
 ORDER = 12
 EXIT_OK, EXIT_INFEASIBLE = 0, 1
@@ -48,7 +53,7 @@ def run_tune(words: list[str], args) -> int:
         print_path("node types", folder / fleet.RANKING_FILE)
         for line in ranking["headline"]:
             console.print(line, markup=False, soft_wrap=True)
-    return EXIT_OK if any(doc["winner"] is not None for doc in docs) else EXIT_INFEASIBLE
+    return EXIT_OK if any(doc.winner is not None for doc in docs) else EXIT_INFEASIBLE
 
 
 def search(tune, args, beside: bool) -> dict:
@@ -64,7 +69,7 @@ def search(tune, args, beside: bool) -> dict:
     return Tuner(tune, partial(TuneListener, bars=not beside and not args.no_progress, prefix=prefix)).run()
 
 
-def conclude(tune, outcome: dict, args) -> dict:
+def conclude(tune, outcome: dict, args) -> TuneDocument:
     """Verdict, outputs, recommendation table, report and recipe of one searched tune."""
     from corescale.report.console import console, print_path, print_wide
     from corescale.report.tune_console import recommendation_table
@@ -77,8 +82,8 @@ def conclude(tune, outcome: dict, args) -> dict:
 
         built = report.build(tune.tune_dir, tune.tune_dir / "report.html", table=used_results(tune, doc))
         print_path("report", built.path)
-    if doc["recipe"]:
-        print_path("recipe", doc["recipe"]["recipe.sh"])
-    for line in doc["headline"]:
+    if doc.recipe:
+        print_path("recipe", doc.recipe["recipe.sh"])
+    for line in doc.headline:
         console.print(line, markup=False, soft_wrap=True)
     return doc

@@ -10,20 +10,11 @@ import json
 from pathlib import Path
 
 from corescale.analysis import store
+from corescale.tune import document
+from corescale.tune.document import Figure, TuneDocument
 
 e = html.escape
-TUNE_FILE = "tune.json"  # tune/plan.TUNE_FILE (the report reads the document, not the search)
 PLOT_CONFIG = {"displaylogo": False, "responsive": True}
-
-
-def load(root) -> dict | None:
-    path = Path(root) / TUNE_FILE
-    if not path.is_file():
-        return None
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
 
 
 def _measurements(frame) -> list[dict]:
@@ -78,40 +69,41 @@ def pareto_figure(points: list[dict]):
     return figure
 
 
-def trials_figure(doc: dict):
+def trials_figure(doc: TuneDocument):
     import plotly.graph_objects as go
 
-    objective = doc["objective"]
-    trials = [t for t in doc["trials"] if t.get("finished")]
+    objective = doc.objective
+    trials = [(t, t.finished) for t in doc.trials if t.finished]
     if not trials:
         return None
-    start = min(t["started"] or t["finished"] for t in trials)
+    start = min(t.started or finished for t, finished in trials)
     figure = go.Figure()
     for name, stage in (("screen", "screen"), ("full window", "full")):
-        shown = [t for t in trials if (t.get(stage) or {}).get(objective["metric"]) is not None]
+        measured = [(t, finished, t.figure(stage, objective.metric)) for t, finished in trials]
+        shown = [(t, finished, value) for t, finished, value in measured if value is not None]
         figure.add_trace(go.Scatter(
-            x=[t["finished"] - start for t in shown], y=[t[stage][objective["metric"]] for t in shown],
-            mode="markers", name=name, text=[f"#{t['number']} {t['label']} ({t['state'].lower()})" for t in shown],
+            x=[finished - start for _, finished, _ in shown], y=[value for _, _, value in shown],
+            mode="markers", name=name, text=[f"#{t.number} {t.label} ({t.state.lower()})" for t, _, _ in shown],
             hovertemplate="%{text}<br>%{y:.4g}<extra></extra>"))
-    best, line = None, []
-    maximize = objective["direction"] == "maximize"
-    for t in sorted(trials, key=lambda t: t["finished"]):
-        value = t.get("value") if t["state"] == "COMPLETE" and all(c <= 0 for c in t.get("constraints") or [1]) \
-            else None
+    best: float | None = None
+    line = []
+    maximize = objective.direction == "maximize"
+    for t, finished in sorted(trials, key=lambda pair: pair[1]):
+        value = t.value if t.state == "COMPLETE" and all(c <= 0 for c in t.constraints or [1]) else None
         if value is not None and (best is None or (value > best if maximize else value < best)):
             best = value
-        line.append((t["finished"] - start, best))
+        line.append((finished - start, best))
     figure.add_trace(go.Scatter(x=[x for x, _ in line], y=[y for _, y in line], mode="lines", name="best so far",
                                 line={"shape": "hv"}))
     figure.update_layout(xaxis_title="seconds since the tune began", height=380, margin={"t": 30},
-                         yaxis_title=f"{objective['name']} ({objective['unit']})")
+                         yaxis_title=f"{objective.name} ({objective.unit})")
     return figure
 
 
-def importance_figure(doc: dict):
+def importance_figure(doc: TuneDocument):
     import plotly.graph_objects as go
 
-    values = doc.get("importances") or {}
+    values = doc.importances
     if not values:
         return None
     names = list(values)[::-1]
@@ -125,30 +117,29 @@ def _div(figure, div_id: str) -> str:
     return figure.to_html(full_html=False, include_plotlyjs=False, div_id=div_id, config=PLOT_CONFIG)
 
 
-def _fmt(block, digits=2) -> str:
-    if not block or block.get("mean") is None:
+def _fmt(block: Figure, digits=2) -> str:
+    if block.mean is None:
         return "-"
-    if block.get("low") is None:
-        return f"{block['mean']:.{digits}f}"
-    return f"{block['mean']:.{digits}f} ({block['low']:.{digits}f} – {block['high']:.{digits}f})"
+    if block.low is None or block.high is None:
+        return f"{block.mean:.{digits}f}"
+    return f"{block.mean:.{digits}f} ({block.low:.{digits}f} – {block.high:.{digits}f})"
 
 
-def recommendation_html(doc: dict) -> str:
-    rows = [*doc["finalists"], *([doc["baseline"]] if doc.get("baseline") else [])]
+def recommendation_html(doc: TuneDocument) -> str:
     head = "".join(f'<th class="text">{e(h)}</th>' for h in ("role", "configuration", "samples/s (95 % CI)", "p50 ms",
                                                  "p99 ms", "US$ per 1M", "drift", "memory GB", "meets"))
     body = []
-    for f in rows:
-        cells = [f["role"], f["label"], _fmt(f["throughput"]), _fmt(f["p50_ms"]), _fmt(f["p99_ms"]),
-                 _fmt(f["cost_per_1m"], 4), _fmt(f["drift"], 3), _fmt(f["memory_gb"]), "yes" if f["feasible"] else "no"]
+    for f in doc.rows:
+        cells = [f.role, f.label, _fmt(f.throughput), _fmt(f.p50_ms), _fmt(f.p99_ms), _fmt(f.cost_per_1m, 4),
+                 _fmt(f.drift, 3), _fmt(f.memory_gb), "yes" if f.feasible else "no"]
         body.append("<tr>" + "".join(f'<td class="text">{e(str(c))}</td>' for c in cells) + "</tr>")
-    lines = "".join(f"<li>{e(line)}</li>" for line in doc["headline"])
+    lines = "".join(f"<li>{e(line)}</li>" for line in doc.headline)
     return (f'<ul>{lines}</ul><div class="scroll"><table id="tune-recommendation"><thead><tr>{head}</tr>'
             f"</thead><tbody>{''.join(body)}</tbody></table></div>")
 
 
-def recipe_html(doc: dict) -> str:
-    recipe = doc.get("recipe")
+def recipe_html(doc: TuneDocument) -> str:
+    recipe = doc.recipe
     if not recipe:
         return '<p class="note">No recipe: no configuration met the constraints.</p>'
     try:
@@ -163,14 +154,13 @@ def sections(root, frame) -> list[tuple[str, str, str]]:
     """(id, title, html) of the tuner's sections; none when root is not a tune."""
     import plotly.offline
 
-    doc = load(root)
+    doc = document.read(root)
     if doc is None:
         return []
-    settings = doc["settings"]
-    summary = (f"<p>objective <b>{e(doc['objective']['name'])}</b> · {doc['space_size']} configurations in the "
-               f"space · {len(doc['trials'])} Optuna trials · screening {doc['screen_s']:g} s, full "
-               f"{doc['duration_s']:g} s windows · final repeats {settings['repeats']} · elapsed "
-               f"{(doc.get('elapsed_s') or 0) / 60:.1f} min</p>")
+    summary = (f"<p>objective <b>{e(doc.objective.name)}</b> · {doc.space_size} configurations in the "
+               f"space · {len(doc.trials)} Optuna trials · screening {doc.screen_s:g} s, full "
+               f"{doc.duration_s:g} s windows · final repeats {doc.settings.get('repeats')} · elapsed "
+               f"{(doc.elapsed_s or 0) / 60:.1f} min</p>")
     parts = [f"<script>{plotly.offline.get_plotlyjs()}</script>", summary, recommendation_html(doc)]
     charts = [("tune-trials", "Trials over time", trials_figure(doc)),
               ("tune-pareto", "Latency–throughput Pareto front (hover a point for its config)",

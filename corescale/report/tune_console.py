@@ -3,10 +3,15 @@ recommendation table and, for several node types, their ranking (the HTML sectio
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rich.markup import escape
 from rich.table import Table
 
 from corescale.report.console import ConsoleListener, SweepProgress, console, errors, print_path
+
+if TYPE_CHECKING:
+    from corescale.tune.document import TuneDocument
 
 
 class TuneListener(ConsoleListener):
@@ -56,24 +61,16 @@ def _number(value, digits: int = 2) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def recommendation_table(doc: dict) -> Table:
+def recommendation_table(doc: TuneDocument) -> Table:
     """The finalists and the baseline of one tune (tune.json's), means over repeats with their intervals."""
     table = Table(title="tune: recommendation (means over repeats, 95 % CI)", header_style="bold")
     for column in ("", "configuration", "samples/s", "95 % CI", "p50 ms", "p99 ms", "US$/1M", "drift",
                    "memory GB", "meets"):
         table.add_column(column, justify="left" if column in ("", "configuration") else "right")
-
-    def mean(block, digits=2):
-        return _number(block.get("mean") if block else None, digits)
-
-    def ci(block):
-        return "-" if not block or block.get("low") is None else f"{block['low']:.2f} – {block['high']:.2f}"
-
-    rows = [*doc["finalists"], *([doc["baseline"]] if doc["baseline"] else [])]
-    for f in rows:
-        table.add_row(f["role"], escape(f["label"]), mean(f["throughput"]), ci(f["throughput"]), mean(f["p50_ms"]),
-                      mean(f["p99_ms"]), mean(f["cost_per_1m"], 4), mean(f["drift"], 3), mean(f["memory_gb"]),
-                      "yes" if f["feasible"] else "no")
+    for f in doc.rows:
+        table.add_row(f.role, escape(f.label), f.throughput.text(), f.throughput.interval_text(), f.p50_ms.text(),
+                      f.p99_ms.text(), f.cost_per_1m.text(4), f.drift.text(3), f.memory_gb.text(),
+                      "yes" if f.feasible else "no")
     return table
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from corescale.config import RayExecutorConfig
 from corescale.errors import UserError
 from corescale.record.files import write_json_atomic
+from corescale.tune.document import TuneDocument
 from corescale.tune.settings import TuneSettings
 
 RANKING_FILE = "node-types.json"
@@ -133,22 +134,21 @@ def rank(entries: list[dict]) -> list[dict]:
     return ranked
 
 
-def entry(tune, doc: dict) -> dict:
+def entry(tune, doc: TuneDocument) -> dict:
     """One node type's line of the ranking, from its tune document."""
-    winner = next((f for f in doc["finalists"] if f["role"] == "winner"), None)
-    if winner is None and doc["baseline"] and doc["baseline"]["role"] == "winner":
-        winner = doc["baseline"]
+    winner = doc.winning
 
-    def figure(name: str):
-        return ((winner or {}).get(name) or {}).get("mean")
+    def figure(name: str) -> float | None:
+        return None if winner is None else winner.figure(name).mean
 
     return {"node_type": tune.node_type, "nodes": tune.nodes, "physical_cores": tune.physical_cores,
             "cpu_model": tune.cpu_model, "price_per_hour": None if tune.machine is None else
-            tune.machine.price_per_hour, "winner": None if winner is None else winner["label"],
-            "objective": doc["objective"]["name"], "value": figure(doc["objective"]["metric"]),
+            tune.machine.price_per_hour, "winner": None if winner is None else winner.label,
+            "objective": doc.objective.name, "value": figure(doc.objective.metric),
             "throughput": figure("throughput"), "throughput_ci": None if winner is None else
-            [winner["throughput"]["low"], winner["throughput"]["high"]], "p99_ms": figure("p99_ms"),
-            "cost_per_1m": figure("cost_per_1m"), "speedup": doc.get("speedup"), "tune_dir": doc["tune_dir"]}
+            [winner.throughput.low, winner.throughput.high], "p99_ms": figure("p99_ms"),
+            "cost_per_1m": figure("cost_per_1m"), "speedup": None if doc.speedup is None else doc.speedup.to_dict(),
+            "tune_dir": doc.tune_dir}
 
 
 def headline(ranked: list[dict]) -> list[str]:

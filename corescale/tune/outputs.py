@@ -10,17 +10,26 @@ from pathlib import Path
 from corescale.record.files import write_json_atomic
 from corescale.record.repeats import Interval
 from corescale.tune import recipe as recipes
-from corescale.tune.plan import TUNE_FILE, Tune
+from corescale.tune.document import (
+    TUNE_FILE,
+    Figure,
+    Speedup,
+    TunedFinalist,
+    TuneDocument,
+    TuneObjective,
+    TuneTrial,
+)
+from corescale.tune.plan import Tune
 from corescale.tune.verdict import PRACTICAL, Finalist, Verdict, closest, decide
 
 METRICS = ("throughput", "p50_ms", "p99_ms", "cost_per_1m", "memory_gb", "drift")
 
 
-def interval_json(interval: Interval) -> dict:
+def interval_json(interval: Interval) -> Figure:
     def clean(value):
         return None if value is None or not math.isfinite(value) else value
 
-    return {"mean": clean(interval.mean), "low": clean(interval.low), "high": clean(interval.high), "n": interval.n}
+    return Figure(clean(interval.mean), clean(interval.low), clean(interval.high), interval.n)
 
 
 def role(f: Finalist, verdict: Verdict) -> str:
@@ -33,28 +42,28 @@ def role(f: Finalist, verdict: Verdict) -> str:
     return "runner-up" if f in verdict.ranked else "infeasible"
 
 
-def finalist_json(f: Finalist, verdict: Verdict, settings) -> dict:
-    return {"label": f.label, "role": role(f, verdict), "overrides": f.overrides, "baseline": f.baseline,
-            "paths": f.paths,
-            "cores": f.cores, "complexity": f.complexity,
-            "feasible": f in verdict.ranked or (f.baseline and f.feasible(settings)),
-            "tied": f.label in verdict.tie, **{m: interval_json(f.interval(m)) for m in METRICS}}
+def finalist_json(f: Finalist, verdict: Verdict, settings) -> TunedFinalist:
+    return TunedFinalist(label=f.label, role=role(f, verdict), overrides=list(f.overrides), baseline=f.baseline,
+                         paths=list(f.paths), cores=f.cores, complexity=f.complexity,
+                         feasible=bool(f in verdict.ranked or (f.baseline and f.feasible(settings))),
+                         tied=f.label in verdict.tie, **{m: interval_json(f.interval(m)) for m in METRICS})
 
 
-def trials_json(study) -> list[dict]:
+def trials_json(study) -> list[TuneTrial]:
     from optuna.trial import TrialState
 
     rows = []
     for t in study.get_trials(deepcopy=False):
         if t.state == TrialState.WAITING:  # a starting point still queued when the budget ran out: never asked
             continue
-        rows.append({"number": t.number, "state": t.state.name, "params": t.params, "value": t.value,
-                     "label": t.user_attrs.get("label"), "overrides": t.user_attrs.get("overrides"),
-                     "screen": t.user_attrs.get("screen"), "full": t.user_attrs.get("full"),
-                     "constraints": t.user_attrs.get("constraints"), "reason": t.user_attrs.get("reason"),
-                     "repeat_of": t.user_attrs.get("repeat_of"),
-                     "started": t.datetime_start.timestamp() if t.datetime_start else None,
-                     "finished": t.datetime_complete.timestamp() if t.datetime_complete else None})
+        rows.append(TuneTrial.from_dict({
+            "number": t.number, "state": t.state.name, "params": t.params, "value": t.value,
+            "label": t.user_attrs.get("label"), "overrides": t.user_attrs.get("overrides"),
+            "screen": t.user_attrs.get("screen"), "full": t.user_attrs.get("full"),
+            "constraints": t.user_attrs.get("constraints"), "reason": t.user_attrs.get("reason"),
+            "repeat_of": t.user_attrs.get("repeat_of"),
+            "started": t.datetime_start.timestamp() if t.datetime_start else None,
+            "finished": t.datetime_complete.timestamp() if t.datetime_complete else None}, f"trial {t.number}"))
     return rows
 
 
@@ -98,29 +107,25 @@ def headline(tune: Tune, verdict: Verdict) -> list[str]:
     return lines
 
 
-def document(tune: Tune, study, verdict: Verdict, finalists: list[Finalist], recipe: dict | None) -> dict:
-    return {
-        "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "tune_dir": str(tune.tune_dir),
-        "settings": tune.settings.describe(), "space": tune.space.describe(), "space_size": tune.space.size(),
-        "screen_s": tune.screen_s, "duration_s": tune.cfg.duration, "physical_cores": tune.physical_cores,
-        "node_type": tune.node_type, "nodes": tune.nodes,
-        "machine": None if tune.machine is None else tune.machine.name,
-        "objective": {"name": tune.settings.objective.name, "metric": tune.settings.objective.metric,
-                      "direction": tune.settings.objective.direction, "unit": tune.settings.objective.unit},
-        "elapsed_s": study.user_attrs.get("elapsed_s"), "trials": trials_json(study),
-        "importances": importances(study),
-        "finalists": [finalist_json(f, verdict, tune.settings) for f in verdict.ranked + verdict.infeasible
-                      if f is not verdict.baseline],  # out-of-box has its own entry, winner or not
-        "baseline": None if verdict.baseline is None else finalist_json(verdict.baseline, verdict, tune.settings),
-        "winner": None if verdict.winner is None else verdict.winner.label,
-        "tie": verdict.tie, "tie_p": verdict.tie_p,
-        "speedup": None if verdict.speedup is None else dict(zip(("ratio", "low", "high"), verdict.speedup)),
-        "headline": headline(tune, verdict),
-        "recipe": recipe,
-    }
+def document(tune: Tune, study, verdict: Verdict, finalists: list[Finalist], recipe: dict | None) -> TuneDocument:
+    objective = tune.settings.objective
+    return TuneDocument(
+        created_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), tune_dir=str(tune.tune_dir),
+        settings=tune.settings.describe(), space=tune.space.describe(), space_size=tune.space.size(),
+        screen_s=tune.screen_s, duration_s=tune.cfg.duration, physical_cores=tune.physical_cores,
+        node_type=tune.node_type, nodes=tune.nodes, machine=None if tune.machine is None else tune.machine.name,
+        objective=TuneObjective(objective.name, objective.metric, objective.direction, objective.unit),
+        elapsed_s=study.user_attrs.get("elapsed_s"), trials=trials_json(study), importances=importances(study),
+        finalists=[finalist_json(f, verdict, tune.settings) for f in verdict.ranked + verdict.infeasible
+                   if f is not verdict.baseline],  # out-of-box has its own entry, winner or not
+        baseline=None if verdict.baseline is None else finalist_json(verdict.baseline, verdict, tune.settings),
+        winner=None if verdict.winner is None else verdict.winner.label,
+        tie=list(verdict.tie), tie_p=verdict.tie_p,
+        speedup=None if verdict.speedup is None else Speedup(*verdict.speedup),
+        headline=headline(tune, verdict), recipe=recipe)
 
 
-def write_outputs(tune: Tune, study, verdict: Verdict, finalists: list[Finalist]) -> dict:
+def write_outputs(tune: Tune, study, verdict: Verdict, finalists: list[Finalist]) -> TuneDocument:
     recipe: dict | None = None
     winner = verdict.winner
     if winner is not None:
@@ -134,11 +139,11 @@ def write_outputs(tune: Tune, study, verdict: Verdict, finalists: list[Finalist]
         recipe["run_line"] = recipes.run_line(winner.overrides)
         recipe["key"] = record.trial_key
     doc = document(tune, study, verdict, finalists, recipe)
-    write_json_atomic(tune.tune_dir / TUNE_FILE, doc)
+    write_json_atomic(tune.tune_dir / TUNE_FILE, doc.to_dict())
     return doc
 
 
-def write_verdict(tune: Tune, outcome: dict) -> dict:
+def write_verdict(tune: Tune, outcome: dict) -> TuneDocument:
     """The verdict over a searched tune's finalists (Tuner.run's outcome), written with its outputs: the
     document."""
     finalists = outcome["finalists"]
@@ -147,14 +152,12 @@ def write_verdict(tune: Tune, outcome: dict) -> dict:
     return write_outputs(tune, outcome["study"], verdict, finalists)
 
 
-def used_results(tune: Tune, doc: dict):
+def used_results(tune: Tune, doc: TuneDocument):
     """The results this tune used, wherever they were measured (earlier tunes and runs under the same
     output_dir are resumed by key): the report's table (a store.Table)."""
     from corescale.analysis import store
 
-    used = {str(Path(p).resolve()) for f in [*doc["finalists"], doc["baseline"] or {"paths": []}] for p in f["paths"]}
-    used |= {str(Path(t[stage]["path"]).resolve()) for t in doc["trials"] for stage in ("screen", "full")
-             if t.get(stage) and t[stage].get("path")}
+    used = {str(Path(p).resolve()) for p in doc.result_paths()}
     table = store.load(tune.cfg.results_root, latest=False)
     keep = table.frame["path"].map(lambda p: str(Path(p).resolve()) in used)
     return store.Table(table.frame[keep].reset_index(drop=True), table.problems, table.unfinished)

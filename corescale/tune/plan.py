@@ -26,7 +26,6 @@ if TYPE_CHECKING:
     from corescale.machine.topology import Topology
 
 STUDY_FILE = "study.db"
-TUNE_FILE = "tune.json"
 REDUCED = ("bf16", "int8")  # precisions that must pass a drift check against PyTorch fp32 to count
 
 

@@ -1,0 +1,170 @@
+"""tune.json as a typed, versioned document: written by tune/outputs.py at the end of a tune, read by the
+report, the fleet ranking and the tune command. Reading checks every value (record/typed.py): a malformed
+document is one UserError line naming where."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from corescale.errors import UserError
+from corescale.record.typed import Section
+from corescale.userfiles import read_json
+
+TUNE_FILE = "tune.json"
+SCHEMA_VERSION = 2  # 1: the untyped document of corescale 0.2 before this one (no schema_version), same shape
+READS = (1, 2)
+
+
+@dataclass(frozen=True)
+class Figure(Section):
+    """A figure's mean over the repeats and its 95 % interval (None: not measured, or one repeat)."""
+
+    mean: float | None = None
+    low: float | None = None
+    high: float | None = None
+    n: int = 0
+
+    def text(self, digits: int = 2) -> str:
+        return "-" if self.mean is None else f"{self.mean:.{digits}f}"
+
+    def interval_text(self) -> str:
+        return "-" if self.low is None or self.high is None else f"{self.low:.2f} – {self.high:.2f}"
+
+
+@dataclass(frozen=True)
+class TunedFinalist(Section):
+    """One configuration of the final stage (or the out-of-box baseline), measured `tune.repeats` times."""
+
+    label: str
+    role: str  # winner | tie | runner-up | infeasible | baseline
+    overrides: list[str]
+    baseline: bool
+    paths: list[str]  # its result directories
+    cores: int
+    complexity: int
+    feasible: bool
+    tied: bool
+    throughput: Figure
+    p50_ms: Figure
+    p99_ms: Figure
+    cost_per_1m: Figure
+    memory_gb: Figure
+    drift: Figure
+
+    def figure(self, metric: str) -> Figure:
+        """The figure an objective names (TuneObjective.metric)."""
+        found = {"throughput": self.throughput, "server_qps": self.throughput, "p50_ms": self.p50_ms,
+                 "p99_ms": self.p99_ms, "cost_per_1m": self.cost_per_1m, "memory_gb": self.memory_gb,
+                 "drift": self.drift}.get(metric)
+        if found is None:
+            raise UserError(f"{TUNE_FILE}: the objective's metric '{metric}' is not a figure of its finalists")
+        return found
+
+
+@dataclass(frozen=True)
+class TuneTrial(Section):
+    """One Optuna trial: its configuration, its screening and full-window figures, and why it ended."""
+
+    number: int
+    state: str
+    params: dict[str, Any] = field(default_factory=dict)
+    value: float | None = None
+    label: str | None = None
+    overrides: list[str] | None = None
+    screen: dict[str, Any] | None = None  # verdict.figures() of the screening window, and its result's path
+    full: dict[str, Any] | None = None
+    constraints: list[float] | None = None
+    reason: str | None = None
+    repeat_of: int | None = None
+    started: float | None = None
+    finished: float | None = None
+
+    def figure(self, stage: str, metric: str) -> float | None:
+        """A figure of its screening (stage "screen") or full window (None where not measured)."""
+        window = self.screen if stage == "screen" else self.full
+        value = (window or {}).get(metric)
+        return None if value is None else float(value)
+
+    def paths(self) -> list[str]:
+        return [str(stage["path"]) for stage in (self.screen, self.full) if stage and stage.get("path")]
+
+
+@dataclass(frozen=True)
+class TuneObjective(Section):
+    name: str
+    metric: str
+    direction: str  # maximize | minimize
+    unit: str
+
+
+@dataclass(frozen=True)
+class Speedup(Section):
+    """The winner's throughput over the out-of-box baseline's, with its 95 % bootstrap interval."""
+
+    ratio: float
+    low: float
+    high: float
+
+
+@dataclass(frozen=True)
+class TuneDocument(Section):
+    created_at: str
+    tune_dir: str
+    settings: dict[str, Any]  # TuneSettings.describe()
+    space: dict[str, Any]  # Space.describe()
+    space_size: int
+    screen_s: float
+    duration_s: float
+    physical_cores: int
+    objective: TuneObjective
+    trials: list[TuneTrial]
+    finalists: list[TunedFinalist]
+    baseline: TunedFinalist | None
+    headline: list[str]
+    schema_version: int = SCHEMA_VERSION
+    node_type: str | None = None
+    nodes: int = 1
+    machine: str | None = None
+    elapsed_s: float | None = None
+    importances: dict[str, float] = field(default_factory=dict)
+    winner: str | None = None
+    tie: list[str] = field(default_factory=list)
+    tie_p: float | None = None
+    speedup: Speedup | None = None
+    recipe: dict[str, Any] | None = None  # file name -> path, the run line (words) and the winner's key
+
+    @property
+    def winning(self) -> TunedFinalist | None:
+        """The recommended configuration (the out-of-box baseline when nothing measured beats it)."""
+        for f in [*self.finalists, *([self.baseline] if self.baseline else [])]:
+            if f.role == "winner":
+                return f
+        return None
+
+    @property
+    def rows(self) -> list[TunedFinalist]:
+        """The finalists, then the baseline: the recommendation table's rows."""
+        return [*self.finalists, *([self.baseline] if self.baseline else [])]
+
+    def result_paths(self) -> set[str]:
+        """Every result directory the tune used (finalists, baseline, every trial's windows)."""
+        return {p for f in self.rows for p in f.paths} | {p for t in self.trials for p in t.paths()}
+
+
+def read(tune_dir: Path) -> TuneDocument | None:
+    """The tune document of a directory; None when it holds none."""
+    path = Path(tune_dir) / TUNE_FILE
+    if not path.is_file():
+        return None
+    data = read_json(path, "tune document")
+    if not isinstance(data, dict):
+        raise UserError(f"'{path}' is not a tune document (expected an object)")
+    version = data.get("schema_version", 1)
+    if version not in READS:
+        raise UserError(f"'{path}': schema_version {version!r} (this corescale reads {', '.join(map(str, READS))})")
+    try:
+        return TuneDocument.from_dict({**data, "schema_version": SCHEMA_VERSION}, TUNE_FILE)
+    except UserError as exc:
+        raise UserError(f"malformed tune document '{path}': {exc}") from None
