@@ -82,7 +82,7 @@ def cells(record: dict) -> list[str]:
     if record["status"] != "ok":
         return ["failed: " + str(record.get("reason"))[:60], "", "", "", ""]
     m = record["metrics"]
-    stages = ", ".join(f"{k} {v:.1f}" for k, v in record["instances"][0]["stage_seconds"].items())
+    stages = ", ".join(f"{k} {v:.1f}" for k, v in record["instance_reports"][0]["stage_seconds"].items())
     share = f"{m['percent_of_peak']:.0f}%" if m.get("percent_of_peak") is not None else (
         "⚠ above peak" if m.get("peak_problem") else "")
     return [f"{m['latency_s']['p50'] * 1e3:.1f}", f"{m['throughput_samples_per_s']:.2f}", f"{m['gflops_per_s']:.1f}",

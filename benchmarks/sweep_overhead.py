@@ -105,7 +105,7 @@ def sweep(backend: str, args, out: Path, cli: float) -> tuple[float, int]:
     if waited:
         print(f"  (not counted: {waited:.2f} s waiting for other processes' trials on this machine, machine lock)")
     ratio = total / windows if windows else float("inf")
-    instances = [i for r in records.values() for i in r.get("instances") or []]
+    instances = [i for r in records.values() for i in r.get("instance_reports") or []]
     forked = sum(1 for i in instances if (i.get("launch") or {}).get("forked_from"))
     print(f"\nworkers forked from a server: {forked} of {len(instances)}")
     print(f"{backend} sweep overhead (P4) = wall / sum of windows = {total:.1f} / {windows:.1f} = {ratio:.2f}")
@@ -128,7 +128,7 @@ def trial_row(row, record: dict, seen: dict[str, float], stages: dict[str, float
                         ("tail: last call past the window, output check", tail),
                         ("stop processes + aggregate", stop)):
         stages[name] += value
-    imported = [inst.get("imports") or {} for inst in record.get("instances") or []]
+    imported = [inst.get("imports") or {} for inst in record.get("instance_reports") or []]
     own, server = (max((sum((i.get(key) or {}).values()) for i in imported), default=0.0)
                    for key in ("seconds", "fork_server_seconds"))  # the worker's imports; its fork server's, once
     frameworks = sorted({f for i in imported for f in i.get("frameworks") or []})

@@ -25,7 +25,7 @@ DEFAULTS = ["model=bert-tiny", "batch_size=4", "sequence_length=128", "duration=
 
 
 def busy_cores(record: dict) -> float:
-    inst = record["instances"][0]
+    inst = record["instance_reports"][0]
     return inst["cpu_seconds"] / inst["wall_seconds"]
 
 

@@ -120,7 +120,7 @@ class BenchmarkConfig:
     openmp: str = "default"
     # worker supervision
     timeout: float = 600.0  # seconds an instance may take in all before it is killed
-    calibrate: bool = True  # measure SGEMM GFLOP/s on the instance cores
+    calibrate: bool = True  # measure the GEMM peak (best library) and the triad bandwidth on the instance cores
     # output checks and caches
     reference: Optional[str] = None  # run this backend (default options) on the same inputs and compare outputs
     cache_dir: str = "~/.cache/corescale"
@@ -163,7 +163,7 @@ class BenchmarkConfig:
         """Samples per forward call of one instance (a total batch is split evenly over the instances)."""
         return self.total_batch_size // self.instances if self.total_batch_size else self.batch_size
 
-    def measured(self) -> dict[str, Any]:
+    def key_fields(self) -> dict[str, Any]:
         """The fields that change what is measured, flat with dotted names (what key() hashes and compare
         matches on): MEASURED_FIELDS, the backend and the options it was given other than their defaults, and
         the executor's machine kind (where the cluster is does not matter; which kind of node does)."""
@@ -174,16 +174,16 @@ class BenchmarkConfig:
         node_type = getattr(self.executor, "node_type", None)
         if node_type:
             flat["executor.node_type"] = node_type
-        flat.update(scenario_measured(self))
+        flat.update(scenario_key_fields(self))
         return flat
 
     def key(self) -> str:
-        """Stable hash of what is measured (see measured())."""
-        blob = json.dumps({"key_version": KEY_VERSION, **self.measured()}, sort_keys=True, default=str)
+        """Stable hash of what is measured (see key_fields())."""
+        blob = json.dumps({"key_version": KEY_VERSION, **self.key_fields()}, sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def scenario_measured(cfg: BenchmarkConfig) -> dict[str, Any]:
+def scenario_key_fields(cfg: BenchmarkConfig) -> dict[str, Any]:
     """The scenario's and workload's fields, only where they differ from the closed loop on random ids (so the
     keys of every earlier result stay what they were)."""
     flat: dict[str, Any] = {}

@@ -113,8 +113,8 @@ def assert_threads_honoured(one: dict, two: dict) -> None:
     its own pool. How busy the threads keep those cores depends on that load: benchmarks/threads.py measures it."""
     cpus = set(two["plan"]["instances"][0]["cpus"])
     assert len(cpus) == 2, two["plan"]  # callers are marked needs_two_cpus
-    inst = two["instances"][0]
-    assert inst["thread_count"] > one["instances"][0]["thread_count"]
+    inst = two["instance_reports"][0]
+    assert inst["thread_count"] > one["instance_reports"][0]["thread_count"]
     affinities = [set(allowed) for allowed in inst["thread_affinity"].values()]
     assert all(allowed <= cpus for allowed in affinities), inst["thread_affinity"]
     assert set().union(*affinities) == cpus, inst["thread_affinity"]

@@ -26,8 +26,8 @@ def test_two_instances_on_a_cold_cache(kind, tmp_path):
     cache = tmp_path / "cache"
     record = run_record(tmp_path / "out", *KINDS[kind], "instances=2", "cores_per_instance=1",
                         f"cache_dir={cache}")
-    assert len(record["instances"]) == 2
-    hits = [inst["framework"]["cache_hits"] for inst in record["instances"]]
+    assert len(record["instance_reports"]) == 2
+    hits = [inst["framework"]["cache_hits"] for inst in record["instance_reports"]]
     for stage in STAGES[kind]:  # exactly one instance built each artifact; the other waited and reused it
         assert sorted(h[stage] for h in hits) == [False, True], hits
     onnx = cache / "onnx"

@@ -68,7 +68,7 @@ def test_backend_options_change_only_their_own_keys():
     ort = compose(["backend=onnxruntime"])
     assert compose(["backend=onnxruntime", "backend.fusion=false"]).key() == ort.key()  # the default
     assert compose(["backend=onnxruntime", "backend.fusion=true"]).key() != ort.key()
-    assert ort.measured()["backend.name"] == "onnxruntime" and "backend.fusion" not in ort.measured()
+    assert ort.key_fields()["backend.name"] == "onnxruntime" and "backend.fusion" not in ort.key_fields()
 
 
 def test_sweeps_over_backends_and_their_options():

@@ -78,9 +78,9 @@ TWO_INSTANCES = {
 def test_two_instances_agree_with_pytorch(backend, request):
     record = request.getfixturevalue(f"{backend}_runs")["two_instances"]
     settings, stages = TWO_INSTANCES[backend]
-    assert len(record["instances"]) == 2
+    assert len(record["instance_reports"]) == 2
     assert_agrees_with_pytorch(record)
-    for inst in record["instances"]:
+    for inst in record["instance_reports"]:
         framework = inst["framework"]
         assert framework["framework"] == backend, framework
         assert {key: framework.get(key) for key in settings} == settings, framework

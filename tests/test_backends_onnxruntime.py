@@ -31,10 +31,10 @@ def test_concurrent_exports_leave_one_complete_cache_entry(onnxruntime_runs, onn
 
 @pytest.mark.slow
 def test_later_runs_reuse_the_cache(onnxruntime_runs):
-    fused = onnxruntime_runs["fused_2t"]["instances"][0]
+    fused = onnxruntime_runs["fused_2t"]["instance_reports"][0]
     assert fused["framework"]["cache_hits"] == {"export": True, "fuse": False}
     assert "export" not in fused["stage_seconds"] and "fuse" in fused["stage_seconds"]
-    quantized = onnxruntime_runs["fused_int8"]["instances"][0]
+    quantized = onnxruntime_runs["fused_int8"]["instance_reports"][0]
     assert quantized["framework"]["cache_hits"] == {"export": True, "fuse": True, "quantize": False}
     assert "fuse" not in quantized["stage_seconds"] and "quantize" in quantized["stage_seconds"]
 
@@ -42,7 +42,7 @@ def test_later_runs_reuse_the_cache(onnxruntime_runs):
 @pytest.mark.slow
 def test_fusion_makes_transformer_operators_and_agrees(onnxruntime_runs):
     record = onnxruntime_runs["fused_2t"]
-    ops = record["instances"][0]["framework"]["operators"]
+    ops = record["instance_reports"][0]["framework"]["operators"]
     layers = 2  # bert-tiny
     assert ops.get("Attention") == layers and ops.get("EmbedLayerNormalization") == 1, ops
     assert ops.get("SkipLayerNormalization") == 2 * layers and ops.get("BiasGelu") == layers, ops
@@ -53,7 +53,7 @@ def test_fusion_makes_transformer_operators_and_agrees(onnxruntime_runs):
 @needs_two_cpus
 def test_threads_honoured(onnxruntime_runs):
     one, two = onnxruntime_runs["two_instances"], onnxruntime_runs["fused_2t"]
-    assert two["instances"][0]["framework"]["intra_op_num_threads"] == 2
+    assert two["instance_reports"][0]["framework"]["intra_op_num_threads"] == 2
     assert_threads_honoured(one, two)
 
 
@@ -63,7 +63,7 @@ def test_int8_dynamic_quantization_within_its_tolerance(onnxruntime_runs):
     drift = record["drift"]
     assert drift["within_tolerance"] and drift["tolerance"] == 0.25, drift
     assert drift["max_abs_error"] > 1e-4  # it really ran quantized
-    ops = record["instances"][0]["framework"]["operators"]
+    ops = record["instance_reports"][0]["framework"]["operators"]
     assert ops.get("QAttention") == 2 and ops.get("MatMulInteger", 0) > 0, ops
 
 

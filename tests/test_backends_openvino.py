@@ -30,7 +30,7 @@ HAS_JEMALLOC = library_installed(instance_env.ALLOCATORS["jemalloc"])
 def test_threads_honoured_and_hint_configurable(openvino_runs):
     """What corescale guarantees, whatever OpenVINO does with its own threads (it pins one per CPU by default):
     the thread count asked for, and every thread of an instance inside that instance's CPUs."""
-    fw = openvino_runs["2t"]["instances"][0]["framework"]
+    fw = openvino_runs["2t"]["instance_reports"][0]["framework"]
     assert fw["inference_num_threads"] == 2 and fw["performance_hint"] == "THROUGHPUT"
     assert fw["num_streams"] == 1  # one stream per instance whatever the hint
     assert_threads_honoured(openvino_runs["two_instances"], openvino_runs["2t"])
@@ -40,7 +40,7 @@ def test_threads_honoured_and_hint_configurable(openvino_runs):
 @pytest.mark.slow
 def test_a_preloaded_allocator_comes_with_openvinos_own_hwloc(openvino_runs):
     """Without it OpenVINO's hwloc frees the allocator's memory with glibc's free(): SIGABRT as the Core starts."""
-    inst = openvino_runs["2t"]["instances"][0]
+    inst = openvino_runs["2t"]["instance_reports"][0]
     preload = inst["launch"]["env"]["LD_PRELOAD"].split(":")
     assert "jemalloc" in inst["mapped_libraries"] and "libjemalloc" in preload[0]
     assert any(Path(p).name.startswith("libhwloc.so") and "openvino" in p for p in preload)
@@ -49,7 +49,7 @@ def test_a_preloaded_allocator_comes_with_openvinos_own_hwloc(openvino_runs):
 @pytest.mark.slow
 def test_threads_of_each_instance_stay_on_its_cpus(openvino_runs):
     record = openvino_runs["two_instances"]
-    for placed, inst in zip(record["plan"]["instances"], record["instances"]):
+    for placed, inst in zip(record["plan"]["instances"], record["instance_reports"]):
         cpus = set(placed["cpus"])
         assert inst["thread_affinity"] and all(set(a) <= cpus for a in inst["thread_affinity"].values()), inst
 
@@ -59,7 +59,7 @@ def test_threads_of_each_instance_stay_on_its_cpus(openvino_runs):
 def test_bf16_runs_within_its_tolerance(tmp_path):
     record = run_record(tmp_path / "out", "backend=openvino", "precision=bf16", "reference=pytorch",
                         f"cache_dir={tmp_path / 'cache'}")
-    assert record["instances"][0]["framework"]["inference_precision_hint"] == "bf16"
+    assert record["instance_reports"][0]["framework"]["inference_precision_hint"] == "bf16"
     drift = record["drift"]
     assert drift["within_tolerance"] and drift["max_abs_error"] > 1e-4, drift  # within bf16's, not fp32's
 

@@ -23,10 +23,10 @@ def two_instance_runs(tmp_path_factory):
 @pytest.mark.slow
 def test_two_instances_agree_with_pytorch(two_instance_runs, backend):
     record = two_instance_runs[backend]
-    assert len(record["instances"]) == 2
+    assert len(record["instance_reports"]) == 2
     assert_agrees_with_pytorch(record)  # same weights, exact GELU, padding masked the same way
     mode, stage = VARIANTS[backend]
-    for inst in record["instances"]:
+    for inst in record["instance_reports"]:
         fw = inst["framework"]
         assert fw["framework"] == "tensorflow" and fw["mode"] == mode
         assert fw["intra_op_parallelism_threads"] == 1 and fw["inter_op_parallelism_threads"] == 1
@@ -37,7 +37,7 @@ def test_two_instances_agree_with_pytorch(two_instance_runs, backend):
 @needs_two_cpus
 def test_threads_honoured(two_instance_runs, tmp_path):
     two = run_record(tmp_path, "backend=tensorflow_xla", "threads=2", "batch_size=4", "padding_fraction=0.25")
-    assert two["instances"][0]["framework"]["intra_op_parallelism_threads"] == 2
+    assert two["instance_reports"][0]["framework"]["intra_op_parallelism_threads"] == 2
     assert_threads_honoured(two_instance_runs["tensorflow_xla"], two)
 
 

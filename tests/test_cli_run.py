@@ -39,7 +39,7 @@ def test_result_record(result_dir):
     env = record["environment"]
     assert env["cpu"]["isa"]["avx2"] in (True, False) and env["topology"]["logical_cpus"] >= 1
     assert "torch" in env["libraries"] and env["corescale"]["version"]
-    inst = record["instances"][0]
+    inst = record["instance_reports"][0]
     assert inst["framework"]["num_threads"] == 1
     assert "at::get_num_threads() : 1" in inst["framework"]["parallel_info"]
 
@@ -52,7 +52,7 @@ def test_raw_samples(result_dir):
     assert (timed.end_ns > timed.start_ns).all()
     assert timed.latency_ms.median() == pytest.approx(record["metrics"]["latency_s"]["p50"] * 1e3)
     assert timed.in_window.sum() * 2 == record["metrics"]["samples_in_window"]
-    assert (samples.phase == "warmup").sum() == record["instances"][0]["warmup_iterations"]
+    assert (samples.phase == "warmup").sum() == record["instance_reports"][0]["warmup_iterations"]
 
 
 def test_show_reprints(result_dir):
@@ -70,7 +70,7 @@ def test_threads_honoured(tmp_path):
     for threads in (1, 2):
         records[threads] = run_record(tmp_path / f"t{threads}", "batch_size=4", f"threads={threads}",
                                       f"cores_per_instance={threads}")
-        assert records[threads]["instances"][0]["framework"]["num_threads"] == threads
+        assert records[threads]["instance_reports"][0]["framework"]["num_threads"] == threads
     assert_threads_honoured(records[1], records[2])
 
 

@@ -118,7 +118,7 @@ def test_cpu_burner_on_the_pinned_cpu_flags_the_result(tmp_path, capsys):
     # sharing one CPU with a busy loop: the scheduler gives the burner about half of it
     assert metrics.contaminated is True and metrics.contaminated_instances == [0]
     assert metrics.foreign_load > 0.25
-    instance = metrics.instances[0]
+    instance = metrics.per_instance[0]
     assert instance.contaminated and instance.foreign_load == metrics.foreign_load
     assert instance.cpu_utilisation < 0.8  # its own CPU time fell well short of wall x threads
     print_result(outcome.record)

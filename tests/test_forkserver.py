@@ -49,7 +49,7 @@ def test_forked_workers_are_pinned_configured_children(tmp_path):
     assert [row.status for row in state.rows] == ["ok", "ok"]
     servers = {}
     for row in state.rows:
-        for inst in row.record.instances:
+        for inst in row.record.instance_reports:
             assert inst.launch["forked_from"] is not None
             imported = inst.imports  # torch was imported by the server, once; the fork found it there
             assert imported["seconds"]["torch"] < 0.01 < imported["fork_server_seconds"]["torch"]

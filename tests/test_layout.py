@@ -1,6 +1,8 @@
 """The package's shape: stages as packages, the only top-level modules, no import cycle, data flowing one way."""
 
 import ast
+import dataclasses
+from collections import defaultdict
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "corescale"
@@ -122,3 +124,26 @@ def test_errors_holds_only_errors():
               if not isinstance(node, (ast.ClassDef, ast.ImportFrom, ast.Import))
               and not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant))]
     assert others == []
+
+
+RETIRED_NAMES = ("measure", "_measure", "Measured", "measured", "describe", "ms", "_ms")
+
+
+def test_one_meaning_per_name():
+    """Names that meant several things before issue 19: `measure` is only the package now; `describe`, `measured`
+    and `Measured` are defined nowhere (each got a name that says what it gives); `ms` once: seconds ->
+    milliseconds (record/stats.py; report/console.ms_text formats it)."""
+    defined = defaultdict(list)
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name in RETIRED_NAMES:
+                defined[node.name].append(str(path.relative_to(PACKAGE)))
+    assert dict(defined) == {"ms": ["record/stats.py"]}
+
+
+def test_instances_is_only_the_count_on_the_record():
+    """The config's `instances` is how many; the workers' reports and the per-instance metrics say what they are."""
+    from corescale.record.trial import RunMetrics, TrialRecord
+
+    assert [cls.__name__ for cls in (TrialRecord, RunMetrics)
+            if "instances" in {f.name for f in dataclasses.fields(cls)}] == []

@@ -44,7 +44,7 @@ def test_each_instance_is_pinned_with_its_thread_count(two_instances):
     record, _ = two_instances
     planned = {i["id"]: i["cpus"] for i in record["plan"]["instances"]}
     assert sorted(planned) == [0, 1] and not set(planned[0]) & set(planned[1])
-    for report in record["instances"]:
+    for report in record["instance_reports"]:
         cpus = planned[report["instance"]]
         assert report["affinity"] == cpus  # seen from inside the worker
         assert report["framework"]["num_threads"] == 1
@@ -57,7 +57,7 @@ def test_each_instance_is_pinned_with_its_thread_count(two_instances):
 @needs_two_cpus
 def test_requested_libraries_are_really_mapped(two_instances):
     record, _ = two_instances
-    for report in record["instances"]:
+    for report in record["instance_reports"]:
         mapped = report["mapped_libraries"]
         preloaded = report["launch"]["env"]["LD_PRELOAD"].split(":")[0]
         assert os.path.realpath(mapped["jemalloc"]) == os.path.realpath(preloaded)
@@ -82,8 +82,8 @@ def test_barrier_every_instance_starts_at_the_common_instant(two_instances):
 def test_batch_split_and_aggregation(two_instances):
     record, path = two_instances
     metrics = record["metrics"]
-    assert [r["output_shape"][0] for r in record["instances"]] == [2, 2]  # [B/N, S] each
-    assert [m["batch_size"] for m in metrics["instances"]] == [2, 2]
+    assert [r["output_shape"][0] for r in record["instance_reports"]] == [2, 2]  # [B/N, S] each
+    assert [m["batch_size"] for m in metrics["per_instance"]] == [2, 2]
     samples = read_samples(path)
     in_window = samples[samples["in_window"]]
     # whole calls inside the window, plus the straddling calls' share (at most one call per instance and edge)
@@ -93,9 +93,9 @@ def test_batch_split_and_aggregation(two_instances):
     timed = samples[samples["phase"] == "timed"]
     assert metrics["latency_s"]["count"] == len(in_window)  # pooled from the calls inside the window
     assert metrics["calls_outside_window"] == len(timed) - len(in_window)
-    per_instance = [m["latency_s"]["p50"] for m in metrics["instances"]]
+    per_instance = [m["latency_s"]["p50"] for m in metrics["per_instance"]]
     assert metrics["max_instance_p50_s"] == max(per_instance)
-    for m in metrics["instances"]:
+    for m in metrics["per_instance"]:
         rows = in_window[in_window["instance"] == m["id"]]
         assert m["latency_s"]["p50"] == pytest.approx(np.percentile(rows["latency_ms"], 50) / 1e3)
 
@@ -112,7 +112,7 @@ def test_one_instance_on_two_cores_with_tcmalloc_and_intel_openmp(tmp_path):
     library_or_skip(instance_env.INTEL_OPENMP)
     record, _ = run(tmp_path, "cores_per_instance=2", "allocator=tcmalloc", "openmp=intel")
     assert record["status"] == "ok", record.get("reason")
-    (report,) = record["instances"]
+    (report,) = record["instance_reports"]
     cpus = record["plan"]["instances"][0]["cpus"]
     assert len(cpus) == 2 and report["affinity"] == cpus and report["framework"]["num_threads"] == 2
     assert report["thread_count"] >= 2  # the OpenMP pool really has a second thread
@@ -150,7 +150,7 @@ def test_preload_that_does_not_load_is_an_error_not_a_warning(tmp_path):
 def test_result_json_records_the_launch(two_instances):
     _, path = two_instances
     record = raw_record(path)
-    prefixes = [r["launch"]["command_prefix"] for r in record["instances"]]
+    prefixes = [r["launch"]["command_prefix"] for r in record["instance_reports"]]
     for prefix, placement in zip(prefixes, record["plan"]["instances"]):
         if prefix:  # numactl works here
             assert f"--physcpubind={placement['cpulist']}" in prefix
@@ -173,6 +173,6 @@ def test_warm_up_starts_only_when_every_instance_is_loaded(tmp_path):
     assert all(kind != "progress" for _, kind in events[:started])  # the window starts after everyone is ready
     metrics = outcome.record.metrics
     assert metrics.warmup_converged in (True, False) and metrics.max_start_skew_ms < 50
-    report = outcome.record.instances[0]
+    report = outcome.record.instance_reports[0]
     assert report.warmup_iterations >= (report.warmup_stable_iterations or 0) >= 1  # kept warm until the start
     assert report.peak_rss_scope and report.rss_bytes and report.rss_bytes > 0

@@ -25,7 +25,7 @@ def test_peak_precision_follows_the_isa():
 
 
 def test_measure_reports_every_library_and_the_best():
-    entry = peak.measure(1, "fp32", ("torch_mm", "numpy"), min_seconds=0.05)
+    entry = peak.gemm_peak(1, "fp32", ("torch_mm", "numpy"), min_seconds=0.05)
     assert set(entry["libraries"]) == {"torch_mm", "numpy"} and not entry["errors"]
     assert entry["library"] == max(entry["libraries"], key=entry["libraries"].get)
     assert entry["gflops"] == max(entry["libraries"].values()) > 0
@@ -37,7 +37,7 @@ def test_a_library_that_cannot_run_is_reported_not_fatal(monkeypatch):
         raise RuntimeError("no such kernel here")
 
     monkeypatch.setitem(peak.MEASURES, "numpy", broken)
-    entry = peak.measure(1, "fp32", ("torch_mm", "numpy"), min_seconds=0.05)
+    entry = peak.gemm_peak(1, "fp32", ("torch_mm", "numpy"), min_seconds=0.05)
     assert entry["library"] == "torch_mm" and "no such kernel here" in entry["errors"]["numpy"]
 
 

@@ -38,7 +38,7 @@ def test_reduced_precision_runs_within_its_tolerance(sweep, precision):
     assert record["status"] == "ok" and drift["within_tolerance"], drift
     assert drift["tolerance"] > 1e-3  # the precision's looser tolerance, not fp32's
     assert drift["max_abs_error"] > 1e-4, drift  # it really ran at reduced precision
-    stages = record["instances"][0]["stage_seconds"]
+    stages = record["instance_reports"][0]["stage_seconds"]
     assert ("quantize" in stages) == (precision == "int8")
 
 

@@ -122,7 +122,7 @@ def test_sweep_over_node_types_runs_one_trial_per_node(cluster, tmp_path):
     # Ray's OMP_NUM_THREADS=1 must not reach the instances: threads come from the node's plan
     for r in records:
         plan_threads = r["plan"]["instances"][0]["threads"]
-        framework = r["instances"][0]["framework"]
+        framework = r["instance_reports"][0]["framework"]
         assert framework["num_threads"] == plan_threads
         assert f"OMP_NUM_THREADS : {plan_threads}" in framework["parallel_info"]
         assert "OMP_NUM_THREADS" not in r["environment"]["env"]

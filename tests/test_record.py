@@ -62,8 +62,23 @@ def test_schema1_failure_becomes_a_typed_failure():
 def test_schema1_metrics_are_typed():
     record = read_result(v1("onnxruntime-fp32-b2"))
     m = record.metrics
-    assert len(m.instances) == 2 and m.instances[1].cpus == [1] and m.instances[0].batch_size == 2
-    assert m.throughput_samples_per_s == pytest.approx(sum(i.throughput_samples_per_s for i in m.instances), rel=0.2)
+    assert len(m.per_instance) == 2 and m.per_instance[1].cpus == [1] and m.per_instance[0].batch_size == 2
+    assert m.throughput_samples_per_s == pytest.approx(sum(i.throughput_samples_per_s for i in m.per_instance), rel=0.2)
+
+
+def test_schema2_names_of_the_instance_reports_and_metrics_read_as_schema3_ones():
+    """Schema 2 stored both the workers' reports and the per-instance metrics as `instances`; schema 3 names them
+    instance_reports and metrics.per_instance, and reads the old names."""
+    run = next(r for r in sorted(iter_run_dirs(Path(__file__).parent / "data" / "schema2")) if "-i2-" in r.name)
+    old = json.loads((run / "result.json").read_text())
+    assert len(old["instances"]) == 2 and len(old["metrics"]["instances"]) == 2
+    record = TrialRecord.from_json(old)
+    assert [r.instance for r in record.instance_reports] == [0, 1] and len(record.metrics.per_instance) == 2
+    new = record.to_json()
+    assert "instances" not in new and "instances" not in new["metrics"]
+    assert len(new["instance_reports"]) == 2 and len(new["metrics"]["per_instance"]) == 2
+    again = TrialRecord.from_json(json.loads(json.dumps(new)))
+    assert again.instance_reports == record.instance_reports and again.metrics == record.metrics
 
 
 @pytest.mark.slow
@@ -142,14 +157,15 @@ def test_every_schema2_result_reads_into_typed_sections_and_round_trips():
         assert record.environment.cpu.model == raw["environment"]["cpu"]["model"]
         assert all(isinstance(s, InstanceSpec) for s in record.specs) and len(record.specs) == len(raw["specs"])
         assert [list(s.cpus) for s in record.specs] == [s["cpus"] for s in raw["specs"]]
-        assert all(isinstance(r, InstanceReport) for r in record.instances)
+        assert all(isinstance(r, InstanceReport) for r in record.instance_reports)
         if record.metrics is not None:
             assert isinstance(record.metrics.latency_s, LatencySummary)
             assert record.metrics.latency_s.p99 == raw["metrics"]["latency_s"]["p99"]
         written = record.to_json()
         assert written["schema_version"] == SCHEMA_VERSION == 3
+        renamed = {"instances": "instance_reports"}  # schema 3's name of the workers' reports
         for section in ("environment", "specs", "instances", "drift", "server"):  # same JSON shape as schema 2
-            _same_shape(raw[section], written[section], section)
+            _same_shape(raw[section], written[renamed.get(section, section)], section)
         assert TrialRecord.from_json(json.loads(json.dumps(written))) == record
 
 
@@ -178,7 +194,7 @@ def test_schema2_server_and_drift_sections_are_typed():
     assert served.server.batching.max_batch >= 1 and served.server.parent.cpus
     checked = read_result(v2("int8-b1-s32-i1"))
     assert isinstance(checked.drift, Drift) and checked.drift.reference == "pytorch"
-    assert checked.drift.within_tolerance and checked.instances[0].drift == checked.drift
+    assert checked.drift.within_tolerance and checked.instance_reports[0].drift == checked.drift
 
 
 def test_schema2_results_are_found_by_their_keys_and_tabled(tmp_path):

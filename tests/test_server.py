@@ -216,7 +216,7 @@ def test_server_dispatches_to_both_instances_and_forms_batches(served):
     assert max(int(r["rows"]) for r in rows) > 1
     assert all(int(r["rows"]) * int(r["padded_length"]) <= 256 for r in rows)  # the token budget
     assert all(int(r["padded_length"]) in (16, 32, 64) for r in rows)  # pad=bucket
-    assert sum(i["queries_served"] for i in record["instances"]) == sum(int(r["rows"]) for r in rows)
+    assert sum(i["queries_served"] for i in record["instance_reports"]) == sum(int(r["rows"]) for r in rows)
     assert all(int(r["first_arrival_ns"]) <= int(r["instance_start_ns"]) < int(r["completed_ns"]) for r in rows)
     workload = record["workload"]
     assert workload["queries"] == 240 and 0 < workload["padding_waste"] < 1 and workload["pad"] == "bucket"

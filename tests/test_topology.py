@@ -49,7 +49,7 @@ def test_c5_metal_siblings_plus_48():
     assert t.cores_in_node(0) == tuple((i, i + 48) for i in range(24))
     assert t.cores_in_node(1)[0] == (24, 72)
     assert t.cores_in_node(5) == ()
-    assert t.describe() == "2 sockets, 2 NUMA nodes, 48 physical cores, 96 logical CPUs usable"
+    assert t.summary() == "2 sockets, 2 NUMA nodes, 48 physical cores, 96 logical CPUs usable"
 
 
 def test_c5_metal_siblings_adjacent():
@@ -58,7 +58,7 @@ def test_c5_metal_siblings_adjacent():
     assert t.physical_cores[:2] == ((0, 1), (2, 3))
     assert t.cores_in_node(1)[0] == (48, 49)
     assert {c.node for c in t.cpus if c.id < 48} == {0}
-    assert t.describe() == "2 sockets, 2 NUMA nodes, 48 physical cores, 96 logical CPUs usable"
+    assert t.summary() == "2 sockets, 2 NUMA nodes, 48 physical cores, 96 logical CPUs usable"
 
 
 def test_eight_nodes_default_lscpu_format():
@@ -67,7 +67,7 @@ def test_eight_nodes_default_lscpu_format():
     assert t.numa_nodes == tuple(range(8))
     assert all(len(t.cores_in_node(n)) == 6 for n in range(8))
     assert t.cores_in_node(3) == tuple((i, i + 48) for i in range(18, 24))
-    assert t.describe() == "2 sockets, 8 NUMA nodes, 48 physical cores, 96 logical CPUs usable"
+    assert t.summary() == "2 sockets, 8 NUMA nodes, 48 physical cores, 96 logical CPUs usable"
 
 
 def test_cpuset_allowed_computes_cores_from_allowed_cpus_only():
@@ -75,10 +75,10 @@ def test_cpuset_allowed_computes_cores_from_allowed_cpus_only():
     t = lscpu("c5_metal.lscpu", allowed=allowed)
     assert t.cpu_ids == (3, 5, 7, 8, 9)
     assert t.physical_cores == ((3,), (5,), (7,), (8,), (9,))  # siblings 51.. are not usable
-    assert t.describe() == "1 socket, 1 NUMA node, 5 physical cores, 5 logical CPUs usable"
+    assert t.summary() == "1 socket, 1 NUMA node, 5 physical cores, 5 logical CPUs usable"
     t = lscpu("c5_metal_adjacent.lscpu", allowed=allowed)
     assert t.physical_cores == ((3,), (5,), (7,), (8, 9))
-    assert t.describe() == "1 socket, 1 NUMA node, 4 physical cores, 5 logical CPUs usable"
+    assert t.summary() == "1 socket, 1 NUMA node, 4 physical cores, 5 logical CPUs usable"
     t = lscpu("c5_metal.lscpu", allowed={3, 51, 30})
     assert t.physical_cores == ((3, 51), (30,))
     assert t.numa_nodes == (0, 1)
@@ -95,7 +95,7 @@ def test_single_cpu_machine():
     t = Topology.from_lscpu("# CPU,Core,Socket,Node\n0,0,0,0\n")
     assert t.cpus == (Cpu(id=0, core=0, socket=0, node=0),)
     assert t.physical_cores == ((0,),)
-    assert t.describe() == "1 socket, 1 NUMA node, 1 physical core, 1 logical CPU usable"
+    assert t.summary() == "1 socket, 1 NUMA node, 1 physical core, 1 logical CPU usable"
 
 
 def test_lscpu_empty_node_online_column_and_stripped_comments():
@@ -151,7 +151,7 @@ def test_sysfs_core_keys_unique_across_packages(tmp_path, siblings):
     assert t.physical_cores == ((0, 4), (1, 5), (2, 6), (3, 7))
     assert t.sockets == (0, 1)
     assert t.cores_in_node(1) == ((2, 6), (3, 7))
-    assert t.describe() == "2 sockets, 2 NUMA nodes, 4 physical cores, 8 logical CPUs usable"
+    assert t.summary() == "2 sockets, 2 NUMA nodes, 4 physical cores, 8 logical CPUs usable"
 
 
 def test_sysfs_offline_cpus_are_excluded(tmp_path):
@@ -218,7 +218,7 @@ def test_real_machine():
     assert t.cpu_ids == tuple(sorted(os.sched_getaffinity(0)))
     assert sum(len(core) for core in t.physical_cores) == len(t.cpus)
     assert sorted(cpu for core in t.physical_cores for cpu in core) == list(t.cpu_ids)
-    assert t.describe().endswith("logical CPUs usable") or len(t.cpus) == 1
+    assert t.summary().endswith("logical CPUs usable") or len(t.cpus) == 1
 
 
 # ---- cgroup CPU quota ------------------------------------------------------------------------------

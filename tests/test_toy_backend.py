@@ -118,7 +118,7 @@ def test_run_and_sweep_measure_the_toy(tmp_path):
     assert len(records) == 3 and all(r["status"] == "ok" for r in records)
     assert {r["config"]["backend"]["name"] for r in records} == {"toy"}
     assert sorted(r["config"]["batch_size"] for r in records) == [1, 1, 2]
-    framework = records[0]["instances"][0]["framework"]
+    framework = records[0]["instance_reports"][0]["framework"]
     assert framework["framework"] == "numpy" and records[0]["metrics"]["throughput_samples_per_s"] > 0
 
 

@@ -163,7 +163,7 @@ def test_recipe_starts_each_copy_pinned_with_the_measured_environment(tuned, tmp
     copies = sorted((json.loads(p.read_text()) for p in probes.glob("*.json")),
                     key=lambda c: int(c["env"]["CORESCALE_INSTANCE_INDEX"]))
     assert len(copies) == len(record["specs"])
-    for copy, spec, report in zip(copies, record["specs"], record["instances"]):
+    for copy, spec, report in zip(copies, record["specs"], record["instance_reports"]):
         assert copy["cpus"] == spec["cpus"]
         assert copy["env"]["CORESCALE_INSTANCE_INDEX"] == str(spec["id"])
         assert copy["env"]["CORESCALE_INSTANCES"] == str(len(copies))
@@ -355,7 +355,7 @@ def test_server_qps_searches_the_server_scenario_and_its_batching():
     record = TrialRecord.from_json(json.loads(served.read_text()))  # a real server search, its figures set here
     assert record.server is not None
     record.server = dataclasses.replace(record.server, max_valid_qps=61.5, latency_ms={"p50": 40.0, "p99": 117.8})
-    record.instances = [InstanceReport(0, rss_bytes=200_000_000)]
+    record.instance_reports = [InstanceReport(0, rss_bytes=200_000_000)]
     figs = figures(record)
     assert figs["server_qps"] == 61.5 and figs["p99_ms"] == 117.8 and figs["memory_gb"] == 0.2
     assert samples_per_s(record) == 61.5

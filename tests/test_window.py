@@ -56,5 +56,5 @@ def test_latency_comes_from_calls_inside_the_window():
     assert window == (0, int(fast.ends_ns[-1]))
     metrics = run_metrics([fast, slow], start, 32, 1e9)
     assert metrics.calls_outside_window == 2  # the 3-6 s call straddles the end, the 6-9 s one is after it
-    assert metrics.instances[1].latency_s.count == 1  # its one call inside the 5 s window
+    assert metrics.per_instance[1].latency_s.count == 1  # its one call inside the 5 s window
     assert metrics.samples_in_window == pytest.approx(50 + 5 / 3)

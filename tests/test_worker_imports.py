@@ -14,7 +14,7 @@ def imports_of(tmp_path, name, *overrides) -> dict:
     trial = prepare_trial(compose([*FAST, f"output_dir={tmp_path / name}", *overrides]))
     outcome = execute(trial)
     assert outcome.ok, outcome.record.reason
-    (report,) = outcome.record.instances
+    (report,) = outcome.record.instance_reports
     return report
 
 

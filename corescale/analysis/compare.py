@@ -24,7 +24,7 @@ from corescale.record.stats import CHANGE_THRESHOLD, bootstrap_ratio_ci
 ALPHA = 0.05
 DEFAULT_THRESHOLD = CHANGE_THRESHOLD
 def measured_keys(frames: list[pd.DataFrame]) -> list[str]:
-    """Every measured config key of the trials (config.measured(): exactly what trial keys hash), as the
+    """Every measured config key of the trials (config.key_fields(): exactly what trial keys hash), as the
     results table names its columns (`backend` for backend.name)."""
     keys = dict.fromkeys(_column(k) for frame in frames if "measured" in frame
                          for text in frame["measured"].dropna() for k in json.loads(text))

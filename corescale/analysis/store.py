@@ -107,7 +107,7 @@ def flatten(record: TrialRecord, path: Path) -> dict:
     config["backend"] = {"name": record.config.backend.name, **record.config.backend.options()}
     row = {**_run_columns(record, path), **flatten_dict(config), **_metric_columns(record)}
     row["backend"] = row.pop("backend.name")  # the column people filter on
-    row["measured"] = json.dumps(record.config.measured(), sort_keys=True, default=str)  # what the key hashes
+    row["measured"] = json.dumps(record.config.key_fields(), sort_keys=True, default=str)  # what the key hashes
     row["path"] = str(path)
     return row
 

@@ -57,7 +57,7 @@ def plan_document(cfg, topology) -> dict:
     specs = instance_specs(placement, cfg.threads, cfg.instance_batch_size)
     instances = [{k: v for k, v in spec.to_json().items() if k not in ("samples_path", "peak")}
                  for spec in specs]
-    return {"topology": topology.describe(), "instances": instances, "warnings": list(placement.warnings)}
+    return {"topology": topology.summary(), "instances": instances, "warnings": list(placement.warnings)}
 
 
 def handle(args) -> int:

@@ -101,7 +101,7 @@ def capture() -> dict:
             "physical_cores": len(topo.physical_cores),
             "logical_cpus": len(topo.cpu_ids),
             "allowed_cpus": format_cpulist(topo.cpu_ids),
-            "summary": topo.describe(),
+            "summary": topo.summary(),
         },
         "cgroup_cpu_quota": cgroup_cpu_quota(),
         "os_cpu_count": os.cpu_count(),

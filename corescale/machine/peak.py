@@ -142,7 +142,7 @@ MEASURES = {"torch_mm": torch_mm, "torch_onednn": torch_onednn, "openvino": open
             "torch_int_mm": torch_int_mm}
 
 
-def measure(threads: int, precision: str, libraries: tuple[str, ...] | None = None,
+def gemm_peak(threads: int, precision: str, libraries: tuple[str, ...] | None = None,
             min_seconds: float = MIN_SECONDS) -> dict:
     """Every library's GEMM rate here (this process's CPUs) and the best: the peak of this precision."""
     n = gemm_size(threads)

@@ -48,7 +48,7 @@ class InstanceSpec:
     threads: int
     batch_size: int
     samples_path: str = ""
-    peak: dict | None = None  # peak.measure()'s entry for these CPUs, threads and precision; None = not known
+    peak: dict | None = None  # peak.gemm_peak()'s entry for these CPUs, threads and precision; None = not known
 
     @property
     def id(self) -> int:

@@ -79,7 +79,7 @@ class Topology:
         node_of = {c.id: c.node for c in self.cpus}
         return tuple(core for core in self.physical_cores if node_of[core[0]] == node)
 
-    def describe(self) -> str:
+    def summary(self) -> str:
         """E.g. "2 sockets, 4 NUMA nodes, 48 physical cores, 96 logical CPUs usable"."""
         parts = [
             plural(len(self.sockets), "socket"),

@@ -130,7 +130,7 @@ def run_metrics(instances: list[InstanceSamples], start_ns: int, sequence_length
         contaminated=bool(contaminated),
         contaminated_instances=contaminated,
         load_seconds=max(m.load_seconds for m in per_instance),
-        instances=per_instance,
+        per_instance=per_instance,
         peak_library="+".join(sorted({m.peak_library for m in per_instance if m.peak_library})) or None,
         peak_precision=next((p.get("precision") for p in (inst.peak for inst in instances) if p), None),
         peak_problem=problem,

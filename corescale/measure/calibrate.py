@@ -27,7 +27,7 @@ def with_peaks(specs: list[InstanceSpec], cfg, isa: dict, work_dir: Path, cache:
     cached = {spec.id: None if force else cache.get(spec.cpus, spec.threads, precision) for spec in specs}
     known = {i: entry for i, entry in cached.items() if entry is not None}
     todo = [spec for spec in specs if spec.id not in known]
-    for spec, entry in zip(todo, _measure(todo, cfg, precision, work_dir, libraries)):
+    for spec, entry in zip(todo, _run_calibrations(todo, cfg, precision, work_dir, libraries)):
         store(cache, spec, entry)
         known[spec.id] = {**entry, "cached": False}
     bandwidth = with_bandwidth(specs, cfg, work_dir, cache, force)
@@ -40,7 +40,7 @@ def with_bandwidth(specs: list[InstanceSpec], cfg, work_dir: Path, cache: PeakCa
     share the memory bus); from the cache where it holds them. A failed measurement is None, never cached."""
     known = {spec.id: None if force else cache.get_bandwidth(spec.cpus, spec.threads) for spec in specs}
     todo = [spec for spec in specs if known[spec.id] is None]
-    for spec, entry in zip(todo, _measure(todo, cfg, BANDWIDTH, work_dir, ())):
+    for spec, entry in zip(todo, _run_calibrations(todo, cfg, BANDWIDTH, work_dir, ())):
         if entry.get("gbps"):
             cache.root.mkdir(parents=True, exist_ok=True)
             write_json_atomic(cache.bandwidth_path(spec.cpus, spec.threads), entry)
@@ -56,7 +56,8 @@ def store(cache: PeakCache, spec: InstanceSpec, entry: dict) -> None:
     write_json_atomic(cache.path(spec.cpus, spec.threads, entry["precision"]), entry)
 
 
-def _measure(specs: list[InstanceSpec], cfg, precision: str, work_dir: Path, libraries: tuple[str, ...]) -> list[dict]:
+def _run_calibrations(specs: list[InstanceSpec], cfg, precision: str, work_dir: Path,
+                      libraries: tuple[str, ...]) -> list[dict]:
     if not specs:
         return []
     preload = instance_env.preload_paths(cfg)
@@ -92,7 +93,7 @@ def _finish(process: subprocess.Popen) -> bytes:
 def main(argv: list[str]) -> int:
     """`python -m corescale.measure.calibrate THREADS PRECISION|bandwidth OUT.json [LIBRARIES]`: measure here (this
     process is pinned and configured like the instance it stands for), write the entry whole."""
-    from corescale.machine.peak import measure
+    from corescale.machine.peak import gemm_peak
 
     threads, precision, out = int(argv[0]), argv[1], Path(argv[2])
     if precision == BANDWIDTH:
@@ -101,7 +102,7 @@ def main(argv: list[str]) -> int:
         write_json_atomic(out, triad(threads))
         return 0
     libraries = tuple(name for name in (argv[3] if len(argv) > 3 else "").split(",") if name) or None
-    write_json_atomic(out, measure(threads, precision, libraries))
+    write_json_atomic(out, gemm_peak(threads, precision, libraries))
     return 0
 
 

@@ -1,8 +1,8 @@
 """One trial: config -> model spec -> placement plan -> pinned instances -> TrialRecord -> result directory.
 
-`prepare_trial` makes every check that needs no process; `measure` runs the instances and returns a `Measured`
-(the record, its samples and logs: it may travel from another node); `commit` writes it atomically. The trial
-loop (trials/local.py) is what calls these, under the machine lock.
+`prepare_trial` makes every check that needs no process; `run_instances` runs the instances and returns an
+`UncommittedResult` (the record, its samples and logs: it may travel from another node); `commit` writes it
+atomically. The trial loop (trials/local.py) is what calls these, under the machine lock.
 """
 
 from __future__ import annotations
@@ -162,7 +162,7 @@ class TrialOutcome:
 
 
 @dataclass
-class Measured:
+class UncommittedResult:
     """Everything a trial produced, before it is written anywhere (it may travel from another node)."""
 
     record: TrialRecord
@@ -177,14 +177,14 @@ def new_record(trial: Trial, host: dict | None, started: float) -> TrialRecord:
                        started_at=time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)))
 
 
-def failed_measured(trial: Trial, failure: Failure, host: dict | None, started: float) -> Measured:
+def failed_result(trial: Trial, failure: Failure, host: dict | None, started: float) -> UncommittedResult:
     """A trial that ended before producing its own record still leaves one, with its reason."""
     record = new_record(trial, host, started).fail(failure)
     record.elapsed_s = time.time() - started
-    return Measured(record, None, {})
+    return UncommittedResult(record, None, {})
 
 
-def measure(trial: Trial, on_event=None, host: dict | None = None, forkservers=None) -> Measured:
+def run_instances(trial: Trial, on_event=None, host: dict | None = None, forkservers=None) -> UncommittedResult:
     """Runs the trial's instances (forked from `forkservers` when given); a failed instance gives a failed record,
     bad input raises UserError."""
     started = time.time()
@@ -213,7 +213,7 @@ def measure(trial: Trial, on_event=None, host: dict | None = None, forkservers=N
         if server is not None:
             _finish_server(record, trial, server, outcome, logs, parent_cpus)
             record.elapsed_s = time.time() - started
-            return Measured(record, None, logs, outcome.interrupted)
+            return UncommittedResult(record, None, logs, outcome.interrupted)
         start_ns = outcome.start_ns
         instances = _load_instances(specs, outcome) if start_ns else []
         metrics, samples = _metrics(trial, instances, start_ns) if instances and start_ns else (None, None)
@@ -231,7 +231,7 @@ def measure(trial: Trial, on_event=None, host: dict | None = None, forkservers=N
             record.workload = {**trial.queries.summary(), "pad": trial.cfg.pad, "padding_waste":
                                1 - metrics.throughput_tokens_per_s / metrics.padded_tokens_per_s}
     record.elapsed_s = time.time() - started
-    return Measured(record, samples, logs, outcome.interrupted)
+    return UncommittedResult(record, samples, logs, outcome.interrupted)
 
 
 @contextmanager
@@ -248,7 +248,7 @@ def housekeeping_cpus(specs: list[InstanceSpec]):
         os.sched_setaffinity(0, mine)
 
 
-def commit(measured: Measured) -> TrialOutcome:
+def commit(measured: UncommittedResult) -> TrialOutcome:
     """Writes the result directory atomically under the config's results root."""
     cfg = measured.record.config
     pending = PendingRun(cfg.results_root, run_name(cfg))
@@ -320,7 +320,7 @@ def _finish_server(record: TrialRecord, trial: Trial, server: Server, outcome: L
     record.server = served = ServerSummary.from_dict(summary, "server")
     record.workload = {**trial.queries.summary(), "pad": trial.cfg.pad,
                        "padding_waste": served.batching.padding_waste}
-    record.instances = [_report(outcome.results[spec.id], spec.id) for spec in record.specs
+    record.instance_reports = [_report(outcome.results[spec.id], spec.id) for spec in record.specs
                         if spec.id in outcome.results]
     if outcome.failure:
         record.partial = Partial(outcome.states, sorted(outcome.results))
@@ -331,8 +331,8 @@ def _finish_server(record: TrialRecord, trial: Trial, server: Server, outcome: L
 
 def _finish(record: TrialRecord, metrics: RunMetrics, reports: list[dict]) -> None:
     record.metrics = metrics
-    record.instances = [_report(r, i) for i, r in enumerate(reports)]
-    drift = [r.drift for r in record.instances if r.drift is not None]
+    record.instance_reports = [_report(r, i) for i, r in enumerate(reports)]
+    drift = [r.drift for r in record.instance_reports if r.drift is not None]
     record.drift = drift[0] if drift else None
     over = [d for d in drift if not d.within_tolerance]
     if over:  # the figures are real (valid), the outputs are wrong (failed)

@@ -135,6 +135,6 @@ def in_window(starts_ns, ends_ns, window_start_ns: int, window_end_ns: int) -> n
     return (starts >= window_start_ns) & (ends <= window_end_ns)
 
 
-def ms(seconds: float | None) -> float | None:
-    """Seconds -> milliseconds, None stays None."""
-    return None if seconds is None else seconds * 1e3
+def ms(seconds: float | None, missing: float | None = None) -> float | None:
+    """Seconds -> milliseconds; None gives `missing` (NaN in tables)."""
+    return missing if seconds is None else seconds * 1e3

@@ -128,7 +128,7 @@ class RunMetrics:
     contaminated: bool
     contaminated_instances: list[int]
     load_seconds: float
-    instances: list[InstanceMetrics]
+    per_instance: list[InstanceMetrics]  # schema <= 2 stored it as `instances`
     peak_library: str | None = None  # which GEMM implementation set the peak ("a+b" when instances differ)
     peak_precision: str | None = None  # the precision of that GEMM (fp32 for bf16/int8 on CPUs without them)
     peak_problem: str | None = None  # why percent_of_peak is not given although a peak is known
@@ -142,10 +142,10 @@ class RunMetrics:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RunMetrics:
-        data = _known(cls, _renamed_v1(data, "sgemm_peak_gflops"))
+        data = _known(cls, _renamed(_renamed_v1(data, "sgemm_peak_gflops"), "instances", "per_instance"))
         data["latency_s"] = LatencySummary.from_dict(data.get("latency_s"), "metrics.latency_s")
-        data["instances"] = [_instance_metrics(_renamed_v1(inst, "sgemm_gflops"), f"metrics.instances[{i}]")
-                             for i, inst in enumerate(data.get("instances", []))]
+        data["per_instance"] = [_instance_metrics(_renamed_v1(inst, "sgemm_gflops"), f"metrics.per_instance[{i}]")
+                                for i, inst in enumerate(data.get("per_instance", []))]
         if data.get("roofline"):
             data["roofline"] = Roofline(**_known(Roofline, data["roofline"]))
         return cls(**data)
@@ -176,7 +176,7 @@ class TrialRecord:
     metrics: RunMetrics | None = None
     partial: Partial | None = None
     drift: Drift | None = None
-    instances: list[InstanceReport] = field(default_factory=list)  # each worker's own report
+    instance_reports: list[InstanceReport] = field(default_factory=list)  # each worker's own (schema <= 2: `instances`)
     specs: list[InstanceSpec] = field(default_factory=list)  # each instance as it ran
     elapsed_s: float | None = None
     finished_at: float | None = None  # epoch seconds, stamped by the trial loop
@@ -231,15 +231,15 @@ class TrialRecord:
             data = migrate_v1(data)
         elif version not in READS:
             raise ValueError(f"schema_version {version!r} (this corescale reads {', '.join(map(str, READS))})")
-        data = _known(cls, data)
+        data = _known(cls, _renamed(data, "instances", "instance_reports"))
         data["config"] = BenchmarkConfig.from_dict(data["config"])
         data["environment"] = HostEnvironment.from_dict(data.get("environment") or {}, "environment")
         if data.get("drift") is not None:
             data["drift"] = Drift.from_dict(data["drift"], "drift")
         if data.get("server") is not None:
             data["server"] = ServerSummary.from_dict(data["server"], "server")
-        data["instances"] = [InstanceReport.from_dict(r, f"instances[{i}]")
-                             for i, r in enumerate(_list(data.get("instances"), "instances"))]
+        data["instance_reports"] = [InstanceReport.from_dict(r, f"instance_reports[{i}]") for i, r in
+                                    enumerate(_list(data.get("instance_reports"), "instance_reports"))]
         data["specs"] = [_spec(s, f"specs[{i}]") for i, s in enumerate(_list(data.get("specs"), "specs"))]
         if data.get("failure"):
             data["failure"] = Failure.from_json(data["failure"])
@@ -346,6 +346,13 @@ def _renamed_v1(data: dict[str, Any], old: str) -> dict[str, Any]:
     data = {**data, "peak_gflops": data[old]}
     data.setdefault("peak_library", "torch_mm" if data[old] else None)
     return data
+
+
+def _renamed(data: dict[str, Any], old: str, new: str) -> dict[str, Any]:
+    """A field stored under its schema-2 name is read under its schema-3 one."""
+    if old not in data or new in data:
+        return data
+    return {**{k: v for k, v in data.items() if k != old}, new: data[old]}
 
 
 def _names(cls) -> set[str]:

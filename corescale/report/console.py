@@ -9,6 +9,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
+from corescale.record.stats import ms
 from corescale.record.trial import TrialRecord
 
 console = Console(stderr=False, highlight=False)
@@ -20,8 +21,8 @@ def print_wide(renderable) -> None:
     (console if console.is_terminal else Console(highlight=False, width=220)).print(renderable)
 
 
-def ms(seconds: float | None) -> str:
-    return "-" if seconds is None else f"{seconds * 1e3:.2f}"
+def ms_text(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{ms(seconds):.2f}"
 
 
 def _bytes(n: float | None) -> str:
@@ -49,12 +50,14 @@ def result_table(record: TrialRecord) -> Table:
             table.add_row("partial data", "kept, invalid", f"instance(s) {record.partial.finished_instances} finished")
         return table
     lat = metrics.latency_s
-    table.add_row("latency mean (ms)", ms(lat.mean), f"{ms(lat.mean_ci95_low)} – {ms(lat.mean_ci95_high)}")
-    table.add_row("latency p50 (ms)", ms(lat.p50), f"{ms(lat.p50_ci95_low)} – {ms(lat.p50_ci95_high)}")
-    table.add_row("latency p90 / p99 (ms)", f"{ms(lat.p90)} / {ms(lat.p99)}", f"min {ms(lat.min)} · max {ms(lat.max)}")
+    table.add_row("latency mean (ms)", ms_text(lat.mean),
+                  f"{ms_text(lat.mean_ci95_low)} – {ms_text(lat.mean_ci95_high)}")
+    table.add_row("latency p50 (ms)", ms_text(lat.p50), f"{ms_text(lat.p50_ci95_low)} – {ms_text(lat.p50_ci95_high)}")
+    table.add_row("latency p90 / p99 (ms)", f"{ms_text(lat.p90)} / {ms_text(lat.p99)}",
+                  f"min {ms_text(lat.min)} · max {ms_text(lat.max)}")
     table.add_row("latency CV", f"{lat.cv:.1%}", f"{lat.count} calls · {lat.outliers} outliers (MAD)")
-    if len(metrics.instances) > 1:
-        table.add_row("max instance p50 (ms)", ms(metrics.max_instance_p50_s), "the study's 'latency = max'")
+    if len(metrics.per_instance) > 1:
+        table.add_row("max instance p50 (ms)", ms_text(metrics.max_instance_p50_s), "the study's 'latency = max'")
     table.add_row("throughput (samples/s)", f"{metrics.throughput_samples_per_s:.2f}",
                   f"{metrics.samples_in_window} samples in {metrics.window_s:.2f} s window")
     table.add_row("throughput (tokens/s)", f"{metrics.throughput_tokens_per_s:.0f}", "")
@@ -66,7 +69,7 @@ def result_table(record: TrialRecord) -> Table:
                       f"{roof.intensity_flops_per_byte:.0f} FLOP/B, memory {roof.bandwidth_gbps:.1f} GB/s)")
     table.add_row("peak RSS", _bytes(metrics.peak_rss_bytes), "largest instance")
     table.add_row("CPU utilisation", f"{metrics.cpu_utilisation:.0%}", "CPU time ÷ (wall × threads)")
-    stages = ", ".join(f"{k} {v:.2f} s" for k, v in metrics.instances[0].stage_seconds.items())
+    stages = ", ".join(f"{k} {v:.2f} s" for k, v in metrics.per_instance[0].stage_seconds.items())
     table.add_row("load (s)", f"{metrics.load_seconds:.2f}", stages)
     if metrics.contaminated:
         table.add_row("[red]contaminated[/red]", f"{metrics.foreign_load:.0%}",
@@ -129,15 +132,15 @@ def peak_text(metrics) -> str:
 
 def instances_table(record: TrialRecord) -> Table | None:
     metrics = record.metrics
-    if not metrics or len(metrics.instances) < 2:
+    if not metrics or len(metrics.per_instance) < 2:
         return None
     table = Table(title="per instance", header_style="bold")
     for column in ("id", "cpus", "threads", "p50 ms", "p99 ms", "samples/s", "CPU util", "foreign load"):
         table.add_column(column, justify="right")
-    for inst in metrics.instances:
+    for inst in metrics.per_instance:
         lat = inst.latency_s
-        table.add_row(str(inst.id), ",".join(map(str, inst.cpus)), str(inst.threads), ms(lat.p50),
-                      ms(lat.p99), f"{inst.throughput_samples_per_s:.2f}", f"{inst.cpu_utilisation:.0%}",
+        table.add_row(str(inst.id), ",".join(map(str, inst.cpus)), str(inst.threads), ms_text(lat.p50),
+                      ms_text(lat.p99), f"{inst.throughput_samples_per_s:.2f}", f"{inst.cpu_utilisation:.0%}",
                       f"{inst.foreign_load:.0%}")
     return table
 

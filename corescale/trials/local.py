@@ -1,4 +1,4 @@
-"""The one local trial loop: `run`, `run -m`, every `study` (and later `tune` and server runs) go through it.
+"""The one local trial loop: `run`, `run -m`, every `study`, `tune` and server run go through it.
 
 For each planned trial, strictly one at a time (timing must not share cores): resume (a valid result with the
 same key under the trial's results root is reused, not measured again) -> machine lock -> measure in fresh
@@ -22,7 +22,7 @@ from typing import Any, Callable
 from corescale.machine import environment
 from corescale.machine.lock import machine_lock
 from corescale.measure.forkserver import ForkServers
-from corescale.measure.runner import Measured, Trial, TrialOutcome, commit, failed_measured, measure
+from corescale.measure.runner import Trial, TrialOutcome, UncommittedResult, commit, failed_result, run_instances
 from corescale.record.index import ResultIndex
 from corescale.record.sections import HostEnvironment
 from corescale.record.trial import Failure, TrialRecord, machine_fingerprint
@@ -167,7 +167,7 @@ class Resume:
         return self.index(item).find(item.key, repeat) if self.enabled else None
 
 
-def stamp(measured: Measured, **fields) -> Measured:
+def stamp(measured: UncommittedResult, **fields) -> UncommittedResult:
     """What the driver adds before committing: when it finished, how long it waited, where it ran."""
     measured.record.finished_at = time.time()
     for name, value in fields.items():
@@ -213,13 +213,13 @@ def run_trial(trial: Trial, host: dict | None = None, on_event=None, keep_going:
         if existing is not None:
             return existing
         try:
-            measured = measure(trial, on_event, host, forkservers)
+            measured = run_instances(trial, on_event, host, forkservers)
         except (KeyboardInterrupt, SystemExit):
             raise
         except Exception as exc:  # one broken trial must not end the loop
             if not keep_going:
                 raise
-            measured = failed_measured(trial, Failure.from_exception(exc), host, started)
+            measured = failed_result(trial, Failure.from_exception(exc), host, started)
         # still holding the lock: no other trial ran before this instant
         stamp(measured, lock_wait_s=waited, executor={"name": "local"}, repeat=repeat, repeats=trial.cfg.repeats)
         outcome = commit(measured)

@@ -4,7 +4,7 @@ A benchmark node declares the custom resource `corescale_node: 1` (and optionall
 `corescale_type:<type>: 1`). The driver picks a free node for each trial and submits one Ray task pinned to
 it (corescale_node=1, a fresh worker per task) that reserves every CPU the node declares to Ray, so Ray
 schedules no other CPU work there while it measures. The task re-prepares the trial for its own topology, runs
-the normal launcher there and returns the Measured; the driver commits it to the store.
+the normal launcher there and returns the UncommittedResult; the driver commits it to the store.
 
 Faults: a dead worker or node is retried on another node (executor.max_retries times); an error inside the
 benchmark (bad input on that node) becomes a failed result at once. Ray is imported only here, lazily.
@@ -25,7 +25,7 @@ from typing import Any
 from corescale.config import RayExecutorConfig
 from corescale.errors import UserError
 from corescale.machine import environment
-from corescale.measure.runner import Measured, Trial, commit, failed_measured
+from corescale.measure.runner import Trial, UncommittedResult, commit, failed_result
 from corescale.record.sections import HostEnvironment
 from corescale.record.trial import Failure, machine_fingerprint
 from corescale.trials.local import Listener, LoopState, Planned, Resume, schedule, stamp
@@ -113,10 +113,10 @@ def restore_thread_env() -> None:
             os.environ[name] = started_with[name]
 
 
-def run_on_node(trial: Trial, node: dict) -> Measured:
+def run_on_node(trial: Trial, node: dict) -> UncommittedResult:
     """The Ray task: prepare the driver's trial for this node's topology, measure it, return everything."""
     from corescale.machine import environment
-    from corescale.measure.runner import measure, prepare_trial
+    from corescale.measure.runner import prepare_trial, run_instances
 
     restore_thread_env()
     started = time.time()
@@ -125,9 +125,9 @@ def run_on_node(trial: Trial, node: dict) -> Measured:
             "reserved_cpus": reserved_cpus()}
     try:
         here = prepare_trial(trial.cfg, on_node=True)
-        measured = measure(dataclasses.replace(here, key=trial.key), None, host)  # the driver's key: resume
+        measured = run_instances(dataclasses.replace(here, key=trial.key), None, host)  # the driver's key: resume
     except Exception as exc:  # everything raised here is the benchmark's, not the node's, fault
-        measured = failed_measured(trial, Failure.from_exception(exc), host, started)
+        measured = failed_result(trial, Failure.from_exception(exc), host, started)
     measured.record.node = node
     measured.record.executor = {"started": started, "finished": time.time()}
     return measured
@@ -173,7 +173,7 @@ class Node:
         return {"node_type": label, "node_types": list(self.types), "ray_node_id": self.id, "ip": self.ip,
                 "ray_hostname": self.hostname}
 
-    def describe(self) -> str:
+    def display_name(self) -> str:
         return f"{self.hostname or self.ip} ({self.id[:8]})"
 
 
@@ -382,13 +382,13 @@ class RayExecutor:
 
         attempt.node, attempt.submitted = node, time.time()
         strategy = NodeAffinitySchedulingStrategy(node.id, soft=False)
-        log.info("trial %s -> node %s", attempt.key, node.describe())
+        log.info("trial %s -> node %s", attempt.key, node.display_name())
         # every CPU of the node: Ray must not co-schedule CPU work there while the trial measures
         return remote.options(scheduling_strategy=strategy, num_cpus=node.cpus).remote(
             attempt.trial, node.identity(attempt.node_type))
 
-    def _collect(self, ray, ref, attempt: Attempt, queue: list[Attempt]) -> Measured | None:
-        """The trial's Measured, stamped for the store; None when it was queued again after a node fault."""
+    def _collect(self, ray, ref, attempt: Attempt, queue: list[Attempt]) -> UncommittedResult | None:
+        """The trial's UncommittedResult, stamped for the store; None when it was queued again after a node fault."""
         from ray.exceptions import RayError, RayTaskError
 
         where = attempt.node
@@ -399,17 +399,17 @@ class RayExecutor:
             measured = ray.get(ref)
         except RayTaskError as exc:  # raised inside the task: retrying would fail the same way
             cause = _first_line(exc.cause or exc)
-            failure = Failure("error", f"trial raised on node {where.describe()}: {cause}")
-            measured = failed_measured(attempt.trial, failure, {"node": node}, started)
+            failure = Failure("error", f"trial raised on node {where.display_name()}: {cause}")
+            measured = failed_result(attempt.trial, failure, {"node": node}, started)
         except RayError as exc:  # the worker or the node died
             attempt.failures.append({**node, "error": _first_line(exc)})
             if len(attempt.failures) <= attempt.max_retries:
-                log.warning("trial %s: %s on %s; retrying", attempt.key, _first_line(exc), where.describe())
+                log.warning("trial %s: %s on %s; retrying", attempt.key, _first_line(exc), where.display_name())
                 queue.insert(0, attempt)
                 return None
             failure = Failure("crash", f"Ray worker or node died {len(attempt.failures)} time(s), last on "
-                                       f"{where.describe()}: {_first_line(exc)}")
-            measured = failed_measured(attempt.trial, failure, {"node": node}, started)
+                                       f"{where.display_name()}: {_first_line(exc)}")
+            measured = failed_result(attempt.trial, failure, {"node": node}, started)
         executor = {**(measured.record.executor or {}), "name": "ray", "submitted": attempt.submitted,
                     "attempt": len(attempt.failures) + 1,
                     "failed_attempts": attempt.failures}

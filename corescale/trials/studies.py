@@ -116,10 +116,6 @@ def trial_grid(kind: str, overrides: list[str], physical_cores: int, study_dir: 
 # ---- the table -------------------------------------------------------------------------------------------
 
 
-def _ms(seconds: float | None) -> float:
-    value = ms(seconds)
-    return np.nan if value is None else value
-
 
 def trial_row(kind: str, trial: StudyTrial, record: TrialRecord, path) -> dict:
     """One table row from a trial's result record (failed trials keep NaN figures)."""
@@ -143,11 +139,11 @@ def trial_row(kind: str, trial: StudyTrial, record: TrialRecord, path) -> dict:
         "valid": record.valid,
         "contaminated": bool(m and m.contaminated),
         "foreign_load": m.foreign_load if m else np.nan,
-        "latency_p50_ms": _ms(latency.p50 if latency else None),
-        "latency_mean_ms": _ms(latency.mean if latency else None),
-        "latency_p90_ms": _ms(latency.p90 if latency else None),
-        "latency_p99_ms": _ms(latency.p99 if latency else None),
-        "max_instance_p50_ms": _ms(m.max_instance_p50_s) if m else np.nan,
+        "latency_p50_ms": ms(latency.p50 if latency else None, np.nan),
+        "latency_mean_ms": ms(latency.mean if latency else None, np.nan),
+        "latency_p90_ms": ms(latency.p90 if latency else None, np.nan),
+        "latency_p99_ms": ms(latency.p99 if latency else None, np.nan),
+        "max_instance_p50_ms": ms(m.max_instance_p50_s, np.nan) if m else np.nan,
         "throughput_samples_per_s": m.throughput_samples_per_s if m else np.nan,
         "throughput_tokens_per_s": m.throughput_tokens_per_s if m else np.nan,
         "path": str(path) if path is not None else "",
@@ -279,6 +275,6 @@ def run_study(kind: str, overrides: list[str], values: list[int] | None = None, 
                   "repeat": row.repeat} for row, record in zip(done, records)]
     frame = study_frame(kind, rows)
     document = {"study": kind, "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "overrides": overrides,
-                "values": values, "topology": topology.describe(), "environment": environment.capture(),
+                "values": values, "topology": topology.summary(), "environment": environment.capture(),
                 "trials": runs, "failed_trials": int((frame["status"] != "ok").sum()) if rows else 0}
     return StudyResult(kind, study_dir, frame, document, state, reused)

@@ -111,7 +111,7 @@ def document(tune: Tune, study, verdict: Verdict, finalists: list[Finalist], rec
     objective = tune.settings.objective
     return TuneDocument(
         created_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), tune_dir=str(tune.tune_dir),
-        settings=tune.settings.describe(), space=tune.space.describe(), space_size=tune.space.size(),
+        settings=tune.settings.to_json(), space=tune.space.to_json(), space_size=tune.space.size(),
         screen_s=tune.screen_s, duration_s=tune.cfg.duration, physical_cores=tune.physical_cores,
         node_type=tune.node_type, nodes=tune.nodes, machine=None if tune.machine is None else tune.machine.name,
         objective=TuneObjective(objective.name, objective.metric, objective.direction, objective.unit),

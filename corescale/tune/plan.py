@@ -38,7 +38,7 @@ def merge(*groups: list[str]) -> list[str]:
     return list(merged.values())
 
 
-def describe(overrides: list[str]) -> str:
+def config_label(overrides: list[str]) -> str:
     """A short label of a configuration: what tells it apart from the defaults."""
     values = {override_key(o): o.split("=", 1)[1] for o in overrides}
     parts = [values.get("backend", DEFAULT_BACKEND), values.get("precision", "fp32")]

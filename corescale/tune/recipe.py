@@ -34,7 +34,7 @@ def instance_lines(record: TrialRecord) -> list[str]:
     lines = []
     count = len(record.specs)
     unset = " -u OMP_PROC_BIND -u OMP_PLACES" if record.config.openmp == "intel" else ""
-    for spec, report in zip(record.specs, record.instances):
+    for spec, report in zip(record.specs, record.instance_reports):
         env = dict(report.launch.get("env") or {})
         env.update({INDEX_ENV: str(spec.id), COUNT_ENV: str(count)})
         assigned = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())

@@ -29,7 +29,7 @@ from corescale.trials.sweep import plan_sweep, run_sweep
 from corescale.tune import space as spaces
 from corescale.tune import study as studies
 from corescale.tune import verdict as verdicts
-from corescale.tune.plan import Tune, complexity, describe, merge
+from corescale.tune.plan import Tune, complexity, config_label, merge
 from corescale.tune.progress import Progress
 from corescale.tune.settings import LOAD_MARGIN_S
 
@@ -48,7 +48,7 @@ class Tuner:
         self.forkservers: ForkServers | None = None  # one set for the whole tune: workers start in milliseconds
 
     # one measurement (or a batch of them) through the one trial loop
-    def measure(self, configs: list[list[str]], labels: list[str], repeats: int = 1,
+    def run_trials(self, configs: list[list[str]], labels: list[str], repeats: int = 1,
                 kind: str = "full") -> list[list[tuple]]:
         """Each config through the one trial loop ((record, path) per repeat); kind: screen | full, for the
         ETA's seconds per measurement."""
@@ -91,7 +91,7 @@ class Tuner:
                                  tune.settings.budget_s, tune.settings.trials)
         self._save_elapsed()
         full = tune.cfg.duration
-        self.measure([merge(tune.baseline, [f"duration={full:g}"])], ["baseline: out-of-box pytorch"])
+        self.run_trials([merge(tune.baseline, [f"duration={full:g}"])], ["baseline: out-of-box pytorch"])
         self.progress.stage = "search"
         seen = studies.tried(study)
         again = 0  # suggestions in a row that were measured already
@@ -145,7 +145,7 @@ class Tuner:
         for trial, suggested in batch:
             key = json.dumps(suggested)
             trial.set_user_attr("overrides", suggested)
-            trial.set_user_attr("label", describe(suggested))
+            trial.set_user_attr("label", config_label(suggested))
             if key in seen:
                 studies.tell_known(study, trial, seen[key], tune.settings)
             elif any(json.dumps(s) == key for _, s in screens):
@@ -153,8 +153,8 @@ class Tuner:
             elif self._valid(study, trial, suggested, seen):
                 trial.set_user_attr("number", trial.number)
                 screens.append((trial, suggested))
-        measured = self.measure([tune.trial_overrides(s, tune.screen_s) for _, s in screens],
-                                [f"screen {describe(s)}" for _, s in screens], kind="screen") if screens else []
+        measured = self.run_trials([tune.trial_overrides(s, tune.screen_s) for _, s in screens],
+                                [f"screen {config_label(s)}" for _, s in screens], kind="screen") if screens else []
         screened = [(trial, suggested, studies.tell_screen(study, trial, rows[0], seen, tune))
                     for (trial, suggested), rows in zip(screens, measured)]
         promoted = [(trial, suggested) for trial, suggested, figs in screened if figs is not None]
@@ -166,8 +166,8 @@ class Tuner:
                 study.tell(trial, state=TrialState.PRUNED)
                 seen[json.dumps(suggested)] = study.trials[trial.number].user_attrs
         promoted = [(t, s) for t, s in promoted if json.dumps(s) not in seen]
-        fulls = self.measure([tune.trial_overrides(s, tune.cfg.duration) for _, s in promoted],
-                             [f"full {describe(s)}" for _, s in promoted]) if promoted else []
+        fulls = self.run_trials([tune.trial_overrides(s, tune.cfg.duration) for _, s in promoted],
+                             [f"full {config_label(s)}" for _, s in promoted]) if promoted else []
         for (trial, suggested), rows in zip(promoted, fulls):
             studies.tell_full(study, trial, rows[0], tune)
             seen[json.dumps(suggested)] = study.trials[trial.number].user_attrs
@@ -202,7 +202,7 @@ class Tuner:
         labels = [t.user_attrs["label"] for t in top]
         configs.append(merge(tune.baseline, [f"duration={tune.cfg.duration:g}"]))
         labels.append("baseline: out-of-box pytorch")
-        results = self.measure(configs, [f"final {label}" for label in labels], repeats=tune.settings.repeats)
+        results = self.run_trials(configs, [f"final {label}" for label in labels], repeats=tune.settings.repeats)
         finalists = []
         for overrides, label, rows, suggested in zip(configs, labels, results,
                                                      [t.user_attrs["overrides"] for t in top] + [[]]):

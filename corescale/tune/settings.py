@@ -65,7 +65,7 @@ class TuneSettings:
     prices: dict[str, float] = field(default_factory=dict)  # price_per_hour={a:0.34,b:2.04}: per node type
     machines: dict[str, str] = field(default_factory=dict)  # machine={a:NAME,b:NAME}: catalog names per type
 
-    def describe(self) -> dict:
+    def to_json(self) -> dict:
         return {"objective": self.objective.name, "overrides": self.overrides, "space": self.space,
                 "slo_p99_ms": self.slo_p99_ms, "max_memory_gb": self.max_memory_gb, "max_drift": self.max_drift,
                 "budget_s": self.budget_s, "trials": self.trials, "price_per_hour": self.price_per_hour,
@@ -75,7 +75,7 @@ class TuneSettings:
     def identity(self) -> dict:
         """What names the tune (its directory and study): everything but the budget, so a rerun with more
         budget or trials resumes the same study (and the node types, so adding one resumes the others)."""
-        return {k: v for k, v in self.describe().items()
+        return {k: v for k, v in self.to_json().items()
                 if k not in ("budget_s", "trials", "node_types", "prices", "machines")}
 
     def for_node_type(self, node_type: str | None) -> "TuneSettings":

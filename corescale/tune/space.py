@@ -41,7 +41,7 @@ class Space:
                           * (len(self.openmp) if BACKENDS[b].openmp else 1) for b in self.backends)
         return per_backend * per_layout * len(self.batch_sizes) * len(self.allocators)
 
-    def describe(self) -> dict:
+    def to_json(self) -> dict:
         return dataclasses.asdict(self)
 
 

@@ -52,8 +52,8 @@ def _recover(study, tune: Tune) -> None:
             study.enqueue_trial(trial.params, user_attrs={"resumed_from": trial.number})
             study._storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
     if not trials:
-        study.set_user_attr("settings", tune.settings.describe())
-        study.set_user_attr("space", tune.space.describe())
+        study.set_user_attr("settings", tune.settings.to_json())
+        study.set_user_attr("space", tune.space.to_json())
         for point in spaces.starting_points(tune.space, latency=tune.settings.objective.name == "latency"):
             study.enqueue_trial(point, skip_if_exists=True)
 

@@ -35,12 +35,12 @@ def figures(record: TrialRecord, cost_of=None) -> dict:
     }
     if served is not None:  # LoadGen's figures at the highest rate that met the SLO (none met it: no value)
         met = served.max_valid_qps is not None
-        rss = sum(inst.resident_bytes for inst in record.instances)
+        rss = sum(inst.resident_bytes for inst in record.instance_reports)
         return {**figs, "server_qps": served.max_valid_qps, "throughput": served.max_valid_qps,
                 "p50_ms": served.latency_ms.get("p50") if met else None,
                 "p99_ms": served.latency_ms.get("p99") if met else None, "memory_gb": rss / 1e9}
     assert m is not None, "neither served nor measured returned above"
-    rss = sum((inst.rss_bytes or inst.peak_rss_bytes) for inst in m.instances)
+    rss = sum((inst.rss_bytes or inst.peak_rss_bytes) for inst in m.per_instance)
     return {**figs, "throughput": m.throughput_samples_per_s, "p50_ms": m.latency_s.p50 * 1e3,
             "p99_ms": m.latency_s.p99 * 1e3, "memory_gb": rss / 1e9}
 
