@@ -22,7 +22,7 @@ def result_dir(tmp_path_factory):
 
 def test_result_record(result_dir):
     record = json.loads((result_dir / "result.json").read_text())
-    assert record["schema_version"] == 2 and record["status"] == "ok" and record["valid"]
+    assert record["schema_version"] == 3 and record["status"] == "ok" and record["valid"]
     assert record["failure"] is None and record["reason"] is None and record["trial_key"] and record["key"]
     (spec,) = record["specs"]  # the instance as it ran: the threads override applied, its batch
     assert spec["threads"] == 1 and spec["batch_size"] == 2 and spec["cpus"] == record["plan"]["instances"][0]["cpus"]

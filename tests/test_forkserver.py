@@ -52,7 +52,8 @@ def test_forked_workers_are_pinned_configured_children(tmp_path):
         for inst in row.record.instance_reports:
             assert inst.launch["forked_from"] is not None
             imported = inst.imports  # torch was imported by the server, once; the fork found it there
-            assert imported["seconds"]["torch"] < 0.01 < imported["fork_server_seconds"]["torch"]
+            assert imported is not None and imported.fork_server_seconds is not None
+            assert imported.seconds["torch"] < 0.01 < imported.fork_server_seconds["torch"]
             servers.setdefault(inst.instance, set()).add(inst.launch["forked_from"])
     assert all(len(pids) == 1 for pids in servers.values())  # the second trial reused each instance's server
     assert len({pid for pids in servers.values() for pid in pids}) == 2  # one server per instance launch

@@ -15,7 +15,7 @@ def imports_of(tmp_path, name, *overrides) -> dict:
     outcome = execute(trial)
     assert outcome.ok, outcome.record.reason
     (report,) = outcome.record.instance_reports
-    return report
+    return report.to_dict()  # as result.json holds it
 
 
 @pytest.mark.slow

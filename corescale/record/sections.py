@@ -52,6 +52,17 @@ class Drift(Section):
 
 
 @dataclass(frozen=True)
+class WorkerImports(Section):
+    """What a worker imported before it loaded its backend (measure/imports.py), each module's seconds: its own,
+    and its fork server's when it was forked from one; the frameworks it held once its backend was loaded."""
+
+    seconds: dict[str, float] = field(default_factory=dict)
+    fork_server_seconds: dict[str, float] | None = None
+    frameworks: list[str] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class InstanceReport(Section):
     """What one worker reported at the end of its trial (measure/worker.py's result event); the keys this type
     does not name (a backend's or a newer worker's) are kept in `extra`."""
@@ -70,6 +81,7 @@ class InstanceReport(Section):
     framework: dict[str, Any] = field(default_factory=dict)  # backend.info(): each backend's own facts
     drift: Drift | None = None
     launch: dict[str, Any] = field(default_factory=dict)  # the command prefix and variables it was started with
+    imports: WorkerImports | None = None  # None in records before corescale 0.2's worker imports
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
