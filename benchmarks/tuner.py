@@ -73,11 +73,10 @@ def key_of(record: dict) -> tuple:
 
 def brute_force(configs, base, out: Path) -> None:
     from corescale.overrides import assignment
-    from corescale.trials.local import run_trials
-    from corescale.trials.sweep import plan_sweep
+    from corescale.trials.sweep import plan_sweep, run_sweep
 
     planned = plan_sweep([[*base, *c, assignment("output_dir", out)] for c in configs])
-    run_trials(planned, resume=True)
+    run_sweep(planned, resume=True)  # the loop a sweep runs on (here, or the executor's cluster)
 
 
 def tune(words: list[str], out: Path) -> dict:
