@@ -100,7 +100,9 @@ def test_a_name_is_registered_once_and_must_be_the_options_name(toy):
 def test_a_plugin_module_that_cannot_be_imported_stops_the_tool(tmp_path):
     proc = corescale("run", *FAST, f"output_dir={tmp_path / 'out'}",
                      env={**TOY_ENV, "CORESCALE_BACKENDS": "toy_backend,no_such_backend_module"})
-    assert proc.returncode != 0 and "CORESCALE_BACKENDS names 'no_such_backend_module'" in proc.stderr
+    assert proc.returncode == 2 and proc.stderr.startswith("corescale: error: CORESCALE_BACKENDS names "
+                                                          "'no_such_backend_module', which cannot be imported")
+    assert proc.stderr.count("\n") == 1  # one line, no traceback
     assert not (tmp_path / "out").exists()
 
 

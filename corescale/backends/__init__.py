@@ -93,8 +93,9 @@ def _load_plugins() -> None:
     for module in filter(None, (m.strip() for m in os.environ.get(PLUGINS_ENV, "").split(","))):
         try:
             importlib.import_module(module)
-        except ImportError as exc:
-            raise RegistrationError(f"{PLUGINS_ENV} names '{module}', which cannot be imported: {exc}") from exc
+        except ImportError as exc:  # the user's variable: one line, exit 2 (a malformed entry: RegistrationError)
+            raise UserError(f"{PLUGINS_ENV} names '{module}', which cannot be imported ({exc}); set it to "
+                            "importable modules that register backends, comma-separated, or unset it") from exc
 
 
 _load_plugins()
