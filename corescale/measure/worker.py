@@ -188,6 +188,7 @@ class Instance:
         padded_tokens = tokens.per_sample(spec.batch_size, padded=True) if tokens.batches else None
         output = self.backend.to_numpy(self.call())
         drift = self.drift(output)  # the reference loads here: before the libraries and threads are listed
+        quality = self.quality()
         self.control.send(self.result(own_cpu, wall, threads_cpus, {
             **foreign,
             "peak_rss_bytes": memory.get("VmHWM") if self.hwm_reset else
@@ -197,7 +198,7 @@ class Instance:
             "real_tokens_per_sample": real_tokens,
             "padded_tokens_per_sample": padded_tokens,
         }, output_shape=list(output.shape), output_checksum=float(np.abs(output).astype(np.float64).sum()),
-            drift=drift))
+            drift=drift, quality=quality))
 
     def real_tokens_per_sample(self) -> float:
         if self.tokens.batches:
@@ -212,6 +213,16 @@ class Instance:
         from corescale.measure.drift import compare_with_reference
 
         return compare_with_reference(self.cfg, self.model, self.spec.threads, self.inputs, output)
+
+    def quality(self) -> dict | None:
+        """Instance 0 checks the task's outputs on the quality set against the fp32 reference (after the window:
+        the reference may load in this process)."""
+        if not self.job.get("quality") or self.spec.id != 0:
+            return None
+        from corescale.measure import quality
+        from corescale.workload.samples import QuerySet
+
+        return quality.check(self.cfg, self.model, self.spec.threads, self.backend, QuerySet.load(self.job["quality"]))
 
     def serve(self) -> None:
         """Answers the parent's batches until `stop`; then its result (no timed window of its own)."""
@@ -240,9 +251,10 @@ class Instance:
         wall = (time.perf_counter_ns() - began) / 1e9
         memory = memory_now()
         threads_cpus = instance_env.thread_affinities()
-        control.send(self.result(process_cpu_seconds() - cpu_before, wall, threads_cpus, {
+        cpu_seconds = process_cpu_seconds() - cpu_before
+        control.send(self.result(cpu_seconds, wall, threads_cpus, {
             "busy_seconds": busy_ns / 1e9, "batches_served": served, "queries_served": rows,
-            "peak_rss_bytes": memory.get("VmHWM"), "rss_bytes": memory.get("VmRSS")}))
+            "peak_rss_bytes": memory.get("VmHWM"), "rss_bytes": memory.get("VmRSS")}, quality=self.quality()))
 
     def result(self, cpu_seconds: float, wall: float, threads_cpus: dict, measured: dict, **after) -> protocol.Result:
         """The report: the fields every scenario has, around what `measured` holds, then `after`."""

@@ -108,7 +108,7 @@ def _pypi() -> list[Text]:
     from importlib import metadata
 
     return [Text(str(d.metadata["Summary"]).strip(), f"pypi:{d.metadata['Name']}")
-            for d in metadata.distributions() if d.metadata.get("Summary")]
+            for d in metadata.distributions() if d.metadata["Summary"]]
 
 
 def build(out: Path, status: Path = Path("/var/lib/dpkg/status")) -> int:

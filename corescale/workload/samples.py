@@ -13,6 +13,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -26,19 +27,37 @@ LOW_ID = 5  # random ids keep clear of special tokens
 class QuerySet:
     ids: list[np.ndarray]  # one int64 array per query, unpadded
     origin: str  # what they came from, for the record
+    type_ids: list[np.ndarray] | None = None  # segment ids of text pairs (a cross-encoder's query and document)
+    groups: np.ndarray | None = None  # rerank: the query each row belongs to
+    texts: list[str] | None = None  # the texts themselves, for tokenize=true (the tokenizer runs in the timed call)
 
     @property
     def lengths(self) -> np.ndarray:
         return np.array([len(q) for q in self.ids], dtype=np.int64)
 
     def save(self, path: Path) -> None:
-        np.savez(path, flat=np.concatenate(self.ids), lengths=self.lengths, origin=np.array(self.origin))
+        extra: dict[str, Any] = {}
+        if self.type_ids is not None:
+            extra["type_flat"] = np.concatenate(self.type_ids)
+        if self.groups is not None:
+            extra["groups"] = self.groups
+        if self.texts is not None:
+            extra["texts"] = np.array(self.texts, dtype=str)
+        np.savez(path, flat=np.concatenate(self.ids), lengths=self.lengths, origin=np.array(self.origin), **extra)
 
     @classmethod
     def load(cls, path) -> QuerySet:
         data = np.load(path)
-        ends = np.cumsum(data["lengths"])
-        return cls(list(np.split(data["flat"], ends[:-1])), str(data["origin"]))
+        ends = np.cumsum(data["lengths"])[:-1]
+        types = list(np.split(data["type_flat"], ends)) if "type_flat" in data else None
+        texts = [str(t) for t in data["texts"]] if "texts" in data else None
+        return cls(list(np.split(data["flat"], ends)), str(data["origin"]), types,
+                   data.get("groups"), texts)
+
+    def rows(self, chosen: list[int], length: int, pad: int, token_types: bool) -> dict[str, np.ndarray]:
+        """The model inputs of these rows, padded to `length`."""
+        types = [self.type_ids[i] for i in chosen] if self.type_ids is not None else None
+        return batch_inputs([self.ids[i] for i in chosen], length, pad, token_types, types)
 
     def summary(self) -> dict:
         lengths = self.lengths
@@ -206,15 +225,19 @@ def padded_length(lengths, pad: str, limit: int) -> int:
     return min([edge for edge in BUCKET_EDGES if edge >= longest] + [limit])
 
 
-def batch_inputs(queries: list[np.ndarray], length: int, pad_id: int, token_types: bool) -> dict[str, np.ndarray]:
+def batch_inputs(queries: list[np.ndarray], length: int, pad_id: int, token_types: bool,
+                 types: list[np.ndarray] | None = None) -> dict[str, np.ndarray]:
     ids = np.full((len(queries), length), pad_id, dtype=np.int64)
     mask = np.zeros((len(queries), length), dtype=np.int64)
+    segments = np.zeros_like(ids)
     for row, query in enumerate(queries):
         ids[row, :len(query)] = query
         mask[row, :len(query)] = 1
+        if types is not None:
+            segments[row, :len(query)] = types[row]
     inputs = {"input_ids": ids, "attention_mask": mask}
     if token_types:
-        inputs["token_type_ids"] = np.zeros_like(ids)
+        inputs["token_type_ids"] = segments
     return inputs
 
 
