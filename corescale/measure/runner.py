@@ -104,6 +104,19 @@ def check_task(cfg: BenchmarkConfig, model: ModelSpec) -> None:
                         f"task={model.task} ({model.head.summary()}): give task=encode to measure its encoder alone, "
                         "or use another backend")
     parse_gate(cfg.min_quality, model.task)
+    if cfg.tokenize and cfg.scenario != "offline":
+        raise UserError(f"tokenize=true applies to the offline closed loop (got scenario={cfg.scenario}); a served "
+                        "trial's queries arrive as token ids")
+    if cfg.tokenize and not cfg.workload.source:
+        raise UserError("tokenize=true times the tokenizer on text: give workload=builtin (the built-in corpus) or "
+                        "workload=FILE")
+    if cfg.tokenize:
+        from corescale.workload.tokens import tokenizer_dir
+
+        folder, _ = tokenizer_dir(cfg, model)
+        if folder is None or not (folder / "tokenizer.json").is_file():
+            raise UserError(f"tokenize=true needs the model's fast tokenizer (tokenizer.json); model '{cfg.model}' "
+                            "has none: give workload.tokenizer=DIR holding tokenizer.json")
 
 
 def check_threads(cfg: BenchmarkConfig, placement: Plan, topology: Topology) -> None:
@@ -213,6 +226,10 @@ def run_instances(trial: Trial, on_event=None, host: dict | None = None, forkser
             specs = with_peaks(specs, trial.cfg, host["cpu"]["isa"], Path(work), PeakCache(trial.cfg.cache_dir))
         record.specs = list(specs)
         job, server = {}, None
+        if trial.cfg.tokenize:
+            from corescale.workload.tokens import tokenizer_dir
+
+            job["tokenizer"] = str(tokenizer_dir(trial.cfg, trial.model)[0])
         for name, found in (("queries", trial.queries), ("quality", trial.quality)):
             if found is not None:
                 found.save(Path(work) / f"{name}.npz")

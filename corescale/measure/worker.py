@@ -141,10 +141,21 @@ class Instance:
 
         self.call = call
         if self.queries is not None and not self.serving:  # the closed loop cycles over the query set's batches
-            self.call = self.tokens.cycle(backend, self.model, self.queries, spec.batch_size, cfg)
+            self.call = self.tokens.cycle(backend, self.model, self.queries, spec.batch_size, cfg,
+                                          self.tokenizer())
         gc.collect()  # what loading left behind (an exporter's PyTorch model) is not the backend's memory
         self.hwm_reset = reset_peak_rss()
         self.imports = imports.report(self.imported)
+
+    def tokenizer(self):
+        """tokenize=true: the model's fast tokenizer, run inside every timed call."""
+        if not self.cfg.tokenize:
+            return None
+        from pathlib import Path
+
+        from corescale.workload.tokens import fast_tokenizer
+
+        return fast_tokenizer(Path(self.job["tokenizer"]), self.cfg.sequence_length)
 
     def warm(self) -> int | None:
         """Warm-up under the siblings' load, then warm calls until the start instant (None: aborted)."""
@@ -280,19 +291,26 @@ class TokenCount:
         self.calls = 0
         self.first = 0
 
-    def cycle(self, backend, model, queries, batch: int, cfg):
-        from corescale.workload.samples import batch_inputs, offline_batches, pad_id, padded_length
+    def cycle(self, backend, model, queries, batch: int, cfg, tokenizer=None):
+        """The calls over the query set's batches, prepared before timing; with a tokenizer, each call tokenizes
+        its batch's texts first (end to end, as a service computes)."""
+        from corescale.workload.samples import offline_batches, pad_id, padded_length
 
         prepared = []
         for rows in offline_batches(queries.lengths, batch, cfg.pad, cfg.seed):  # in a seeded random order
-            chosen = [queries.ids[i] for i in rows]
-            length = padded_length([len(q) for q in chosen], cfg.pad, cfg.sequence_length)
-            prepared.append(backend.prepare(batch_inputs(chosen, length, pad_id(model), model.takes_token_type_ids)))
-            self.batches.append((sum(len(q) for q in chosen), len(chosen) * length))
+            length = padded_length([int(queries.lengths[i]) for i in rows], cfg.pad, cfg.sequence_length)
+            if tokenizer is None:
+                prepared.append(backend.prepare(queries.rows(rows, length, pad_id(model), model.takes_token_type_ids)))
+            else:
+                prepared.append(queries.items(rows))
+            self.batches.append((int(queries.lengths[rows].sum()), len(rows) * length))
 
         def call():
             self.calls += 1
-            return backend.forward(prepared[(self.calls - 1) % len(prepared)])
+            item = prepared[(self.calls - 1) % len(prepared)]
+            if tokenizer is not None:
+                item = backend.prepare(tokenized(tokenizer, item, model, cfg))
+            return backend.forward(item)
         return call
 
     def begin(self) -> None:
@@ -303,6 +321,19 @@ class TokenCount:
         n = len(self.batches)
         done = [self.batches[i % n][1 if padded else 0] for i in range(self.first, self.calls)]
         return sum(done) / (len(done) * batch) if done else 0.0
+
+
+def tokenized(tokenizer, items: list, model, cfg):
+    """A batch of texts (or pairs) through the fast tokenizer, padded as the pad policy says."""
+    import numpy as np
+
+    from corescale.workload.samples import batch_inputs, pad_id, padded_length
+
+    encoded = tokenizer.encode_batch(items)
+    ids = [np.asarray(e.ids, dtype=np.int64) for e in encoded]
+    length = padded_length([len(i) for i in ids], cfg.pad, cfg.sequence_length)
+    types = [np.asarray(e.type_ids, dtype=np.int64) for e in encoded]
+    return batch_inputs(ids, length, pad_id(model), model.takes_token_type_ids, types)
 
 
 def warm_shapes(backend, model, cfg, max_batch: int) -> int | None:

@@ -15,13 +15,13 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
 from corescale.errors import UserError
 from corescale.workload import corpus
 from corescale.workload.samples import QuerySet
+from corescale.workload.tokens import text_encoder, tokenizer_dir
 
 # metric -> "higher" (better when larger) or "lower"
 METRICS: dict[str, dict[str, str]] = {
@@ -37,7 +37,6 @@ DEFAULT_GATES = {
     "classify": "label_agreement>=0.99,max_probability_diff<=0.05",
     "encode": "",  # raw drift (reference=, drift_tolerance=) judges a plain encoder, as before tasks
 }
-RERANK_CANDIDATES = 16
 _TERM = re.compile(r"\s*([a-z0-9_]+)\s*(>=|<=)\s*([0-9.eE+-]+)\s*")
 
 
@@ -86,92 +85,30 @@ def parse_gate(text: str | None, task: str) -> list[Bound]:
 
 # --- the quality set -------------------------------------------------------------------------------------------
 
-BUILTIN_TOKENIZER_MODEL = "all-minilm-l6-v2"  # its BERT WordPiece tokenizer serves presets that have none
-
-
-def tokenizer_dir(cfg, model) -> tuple[Path | None, str]:
-    """Where the tokenizer comes from, and how the record names it: workload.tokenizer, the model's own folder,
-    or for a preset the built-in BERT WordPiece one (when its vocabulary holds it); None when there is none."""
-    from corescale.workload.models import resolve_model
-
-    if cfg.workload.tokenizer:
-        return Path(cfg.workload.tokenizer).expanduser(), f"tokenizer {cfg.workload.tokenizer}"
-    if model.source in ("local", "packaged") and model.path:
-        return Path(model.path), "the model's tokenizer"
-    if model.source == "hub" and model.path:
-        from corescale.workload.models import hub_snapshot
-
-        snapshot = hub_snapshot(model.path)
-        if snapshot is not None:
-            return snapshot, "the model's tokenizer"
-    if model.source == "preset" and model.vocab_size >= 30522:
-        try:
-            packaged = resolve_model(BUILTIN_TOKENIZER_MODEL, cache_dir=cfg.cache_dir)
-        except UserError:
-            return None, ""
-        return Path(str(packaged.path)), "the BERT WordPiece tokenizer of all-MiniLM-L6-v2 (the preset has none)"
-    return None, ""
-
-
-def fast_tokenizer(folder: Path, max_length: int):
-    """The model's fast tokenizer (`tokenizers`, no Transformers import), no padding, truncated to max_length."""
-    from tokenizers import Tokenizer
-
-    file = folder / "tokenizer.json"
-    if not file.is_file():
-        raise UserError(f"tokenizer folder '{folder}' has no tokenizer.json (a fast tokenizer); corescale needs one "
-                        "for real text and tokenize=true")
-    try:
-        tokenizer = Tokenizer.from_file(str(file))
-    except Exception as exc:  # the Rust library raises its own exception type for any bad file
-        raise UserError(f"{file} is not a readable fast tokenizer: {str(exc).splitlines()[0][:160]}") from None
-    tokenizer.no_padding()
-    tokenizer.enable_truncation(max_length=max_length)
-    return tokenizer
-
-
-def encode_texts(tokenizer, items: list, vocab: int, where: str) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """(ids, type ids) of each text or (query, document) pair."""
-    encoded = tokenizer.encode_batch(items)
-    ids = [np.asarray(e.ids, dtype=np.int64) for e in encoded]
-    top = max(int(row.max()) for row in ids)
-    if top >= vocab:
-        raise UserError(f"{where} gives token id {top}, beyond the model's {vocab} embeddings; use the model's own "
-                        "tokenizer (workload.tokenizer=DIR)")
-    return ids, [np.asarray(e.type_ids, dtype=np.int64) for e in encoded]
-
-
 def quality_texts(cfg, task: str) -> tuple[list, str]:
-    """The texts (rerank: (query, document) pairs) the check runs on, and their origin."""
-    count = cfg.quality_samples
-    if task == "rerank":
-        sets = corpus.rerank_sets(max(count // RERANK_CANDIDATES, 2), RERANK_CANDIDATES)
-        pairs = [(s.query, d) for s in sets for d in s.documents]
-        return pairs, (f"built-in corpus: {len(sets)} queries x {RERANK_CANDIDATES} candidates (one-line package "
-                       "descriptions as queries; their own and the most word-sharing texts as candidates)")
-    if cfg.workload.source:
+    """The texts (rerank: (query, document) pairs) the check runs on, and their origin: the user's text file
+    when given (not for rerank, whose pairs are built), else the built-in corpus."""
+    if task != "rerank" and cfg.workload.source and cfg.workload.source != corpus.BUILTIN:
         from corescale.workload.samples import read_texts
 
-        texts = read_texts(cfg.workload.source)[:count]
+        texts = read_texts(cfg.workload.source)[:cfg.quality_samples]
         return texts, f"{cfg.workload.source} ({len(texts)} texts)"
-    texts = corpus.texts(count)
-    return texts, f"built-in corpus ({len(texts)} texts: Debian package descriptions, PyPI summaries)"
+    return corpus.workload_items(task, cfg.quality_samples)
 
 
 def build_quality_set(cfg, model) -> QuerySet:
     """The quality set's token ids (and type ids, and the rerank query of each row), checked in the parent."""
     items, origin = quality_texts(cfg, model.task)
     folder, named = tokenizer_dir(cfg, model)
-    groups = np.repeat(np.arange(len(items) // RERANK_CANDIDATES), RERANK_CANDIDATES) if model.task == "rerank" \
-        else None
+    candidates = corpus.RERANK_CANDIDATES
+    groups = np.repeat(np.arange(len(items) // candidates), candidates) if model.task == "rerank" else None
     if folder is None:  # a preset with no tokenizer that fits: seeded random ids of the texts' lengths
         rng = np.random.default_rng(cfg.seed)
         lengths = [min(cfg.sequence_length, max(2, len(str(t).split()) * 4 // 3)) for t in items]
         ids = [rng.integers(5, model.vocab_size, size=n, dtype=np.int64) for n in lengths]
         return QuerySet(ids, f"{origin}; random ids of the texts' lengths (model '{cfg.model}' has no tokenizer)",
                         groups=groups)
-    tokenizer = fast_tokenizer(folder, cfg.sequence_length)
-    ids, types = encode_texts(tokenizer, items, model.vocab_size, named)
+    ids, types = text_encoder(cfg, model)(items)
     return QuerySet(ids, f"{origin}, through {named}", type_ids=types if model.takes_token_type_ids else None,
                     groups=groups)
 

@@ -30,6 +30,7 @@ class QuerySet:
     type_ids: list[np.ndarray] | None = None  # segment ids of text pairs (a cross-encoder's query and document)
     groups: np.ndarray | None = None  # rerank: the query each row belongs to
     texts: list[str] | None = None  # the texts themselves, for tokenize=true (the tokenizer runs in the timed call)
+    pairs: list[str] | None = None  # the second text of each (query, document) pair
 
     @property
     def lengths(self) -> np.ndarray:
@@ -41,8 +42,9 @@ class QuerySet:
             extra["type_flat"] = np.concatenate(self.type_ids)
         if self.groups is not None:
             extra["groups"] = self.groups
-        if self.texts is not None:
-            extra["texts"] = np.array(self.texts, dtype=str)
+        for name in ("texts", "pairs"):
+            if getattr(self, name) is not None:
+                extra[name] = np.array(getattr(self, name), dtype=str)
         np.savez(path, flat=np.concatenate(self.ids), lengths=self.lengths, origin=np.array(self.origin), **extra)
 
     @classmethod
@@ -50,9 +52,15 @@ class QuerySet:
         data = np.load(path)
         ends = np.cumsum(data["lengths"])[:-1]
         types = list(np.split(data["type_flat"], ends)) if "type_flat" in data else None
-        texts = [str(t) for t in data["texts"]] if "texts" in data else None
-        return cls(list(np.split(data["flat"], ends)), str(data["origin"]), types,
-                   data.get("groups"), texts)
+        texts, pairs = ([str(t) for t in data[n]] if n in data else None for n in ("texts", "pairs"))
+        return cls(list(np.split(data["flat"], ends)), str(data["origin"]), types, data.get("groups"), texts, pairs)
+
+    def items(self, chosen: list[int]) -> list:
+        """The texts (or (query, document) pairs) of these rows, as a tokenizer takes them."""
+        assert self.texts is not None, "tokenize=true needs a query set of texts (checked before any worker)"
+        if self.pairs is not None:
+            return [(self.texts[i], self.pairs[i]) for i in chosen]
+        return [self.texts[i] for i in chosen]
 
     def rows(self, chosen: list[int], length: int, pad: int, token_types: bool) -> dict[str, np.ndarray]:
         """The model inputs of these rows, padded to `length`."""
@@ -76,15 +84,19 @@ def build_query_set(cfg, model) -> QuerySet:
     rng = np.random.default_rng(cfg.seed)
     count, limit = cfg.workload.samples, cfg.sequence_length
     if cfg.workload.source:
-        texts = read_texts(cfg.workload.source)
-        tokenizer = load_tokenizer(cfg, model)
-        encoded = tokenizer(texts[:count], truncation=True, max_length=limit)["input_ids"]
-        ids = [np.asarray(row, dtype=np.int64) for row in encoded]
-        top = max(int(row.max()) for row in ids)
-        if top >= model.vocab_size:
-            raise UserError(f"the tokenizer gives token id {top}, beyond the {model.vocab_size} embeddings of model "
-                            f"'{cfg.model}'; use the model's own tokenizer (workload.tokenizer=DIR)")
-        return QuerySet(ids, f"{cfg.workload.source} ({len(ids)} of {len(texts)} texts)")
+        from corescale.workload import corpus
+        from corescale.workload.tokens import text_encoder
+
+        if cfg.workload.source == corpus.BUILTIN:
+            items, origin = corpus.workload_items(model.task, count)
+        else:
+            everything = read_texts(cfg.workload.source)
+            items, origin = everything[:count], f"{cfg.workload.source} ({min(count, len(everything))} of " \
+                f"{len(everything)} texts)"
+        ids, types = text_encoder(cfg, model)(items)
+        pairs = bool(items) and isinstance(items[0], tuple)
+        return QuerySet(ids, origin, types if pairs else None, None, [i[0] if pairs else i for i in items],
+                        [i[1] for i in items] if pairs else None)
     if cfg.workload.lengths:
         lengths = draw_lengths(cfg.workload.lengths, rng, count, limit)
         origin = f"random ids, lengths {cfg.workload.lengths}"
