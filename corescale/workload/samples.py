@@ -204,29 +204,6 @@ def _csv_column(path: Path, text: str, name: str) -> list[str]:
     return [row[name] or "" for row in reader]
 
 
-def load_tokenizer(cfg, model):
-    """The model's tokenizer (a local directory or a hub id already cached; HF_HUB_OFFLINE is respected)."""
-    name = cfg.workload.tokenizer or (model.path if model.source == "local" else None) or (
-        cfg.model if model.source == "hub" else None)
-    if name is None:
-        raise UserError(f"model '{cfg.model}' is a preset without a tokenizer: give workload.tokenizer=DIR "
-                        "(a directory with tokenizer files) or a hub id in the local cache")
-    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
-    local = Path(os.path.expanduser(name))
-    if not local.is_dir() and (name.startswith(("/", ".", "~")) or local.exists()):
-        raise UserError(f"tokenizer directory '{name}' does not exist (or is not a directory); give a directory "
-                        "holding tokenizer.json or tokenizer_config.json, or a hub id in the local cache")
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(str(local) if local.is_dir() else name,
-                                             local_files_only=offline or local.is_dir())
-    except Exception as exc:  # transformers raises many kinds for a directory it cannot read
-        where = "offline (HF_HUB_OFFLINE is set)" if offline else "as a local directory or on the hub"
-        raise UserError(f"tokenizer '{name}' cannot be found {where}: {str(exc).splitlines()[0][:160]}; give a "
-                        "directory holding tokenizer.json or tokenizer_config.json") from None
-
-
 # --- padding ----------------------------------------------------------------------------------------------------
 
 def padded_length(lengths, pad: str, limit: int) -> int:

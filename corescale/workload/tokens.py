@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +15,8 @@ BUILTIN_TOKENIZER_MODEL = "all-minilm-l6-v2"  # its BERT WordPiece tokenizer ser
 
 def tokenizer_dir(cfg, model) -> tuple[Path | None, str]:
     """Where the tokenizer comes from, and how the record names it: workload.tokenizer, the model's own folder,
-    or for a preset the built-in BERT WordPiece one (when its vocabulary holds it); None when there is none."""
+    or for a BERT preset the built-in BERT WordPiece one (the same 30,522-token vocabulary); None when there is
+    none."""
     from corescale.workload.models import resolve_model  # models imports the heads, which import the config
 
     if cfg.workload.tokenizer:
@@ -27,7 +29,7 @@ def tokenizer_dir(cfg, model) -> tuple[Path | None, str]:
         snapshot = hub_snapshot(model.path)
         if snapshot is not None:
             return snapshot, "the model's tokenizer"
-    if model.source == "preset" and model.vocab_size >= 30522:
+    if model.source == "preset" and model.vocab_size == 30522 and model.model_type in ("bert", "distilbert"):
         try:
             packaged = resolve_model(BUILTIN_TOKENIZER_MODEL, cache_dir=cfg.cache_dir)
         except UserError:
@@ -71,8 +73,6 @@ def text_encoder(cfg, model):
     if folder is not None and (folder / "tokenizer.json").is_file():
         tokenizer = fast_tokenizer(folder, cfg.sequence_length)
         return lambda items: encode_texts(tokenizer, items, model.vocab_size, named)
-    from corescale.workload.samples import load_tokenizer
-
     slow = load_tokenizer(cfg, model)
 
     def encode(items):
@@ -87,3 +87,26 @@ def text_encoder(cfg, model):
                             f"'{cfg.model}'; use the model's own tokenizer (workload.tokenizer=DIR)")
         return ids, types
     return encode
+
+
+def load_tokenizer(cfg, model):
+    """The model's tokenizer (a local directory or a hub id already cached; HF_HUB_OFFLINE is respected)."""
+    name = cfg.workload.tokenizer or (model.path if model.source == "local" else None) or (
+        cfg.model if model.source == "hub" else None)
+    if name is None:
+        raise UserError(f"model '{cfg.model}' is a preset without a tokenizer: give workload.tokenizer=DIR "
+                        "(a directory with tokenizer files) or a hub id in the local cache")
+    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+    local = Path(os.path.expanduser(name))
+    if not local.is_dir() and (name.startswith(("/", ".", "~")) or local.exists()):
+        raise UserError(f"tokenizer directory '{name}' does not exist (or is not a directory); give a directory "
+                        "holding tokenizer.json or tokenizer_config.json, or a hub id in the local cache")
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(local) if local.is_dir() else name,
+                                             local_files_only=offline or local.is_dir())
+    except Exception as exc:  # transformers raises many kinds for a directory it cannot read
+        where = "offline (HF_HUB_OFFLINE is set)" if offline else "as a local directory or on the hub"
+        raise UserError(f"tokenizer '{name}' cannot be found {where}: {str(exc).splitlines()[0][:160]}; give a "
+                        "directory holding tokenizer.json or tokenizer_config.json") from None
