@@ -108,6 +108,23 @@ class ModelSpec:
         return int(self.config.get("num_attention_heads", self.config.get("n_heads", 0)))
 
     @property
+    def query_width(self) -> int:
+        """Attention heads x head size (the hidden size, except where head_dim says otherwise: Qwen3)."""
+        head_dim = self.config.get("head_dim")
+        return self.heads * int(head_dim) if head_dim else self.hidden
+
+    @property
+    def key_value_width(self) -> int:
+        """Key/value heads x head size (grouped-query attention shares them among query heads)."""
+        groups = self.config.get("num_key_value_heads") or self.heads
+        return self.query_width * int(groups) // max(self.heads, 1)
+
+    @property
+    def gated_ffn(self) -> bool:
+        """A gated FFN (GeGLU, SwiGLU): three matrices of d x f, not two."""
+        return self.model_type in ("modernbert", *DECODER_TYPES)
+
+    @property
     def vocab_size(self) -> int:
         return int(self.config.get("vocab_size", 30522))
 
