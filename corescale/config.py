@@ -137,7 +137,9 @@ class BenchmarkConfig:
     # the task and its quality (docs/tasks.md)
     task: Optional[str] = None  # embed | rerank | classify | encode; None = what the model's directory declares
     tokenize: bool = False  # the model's fast tokenizer inside the timed call (end to end; needs text queries)
-    min_quality: Optional[str] = None  # e.g. "cosine_p1>=0.99,recall_at_10>=0.95"; None = the task's defaults
+    # the quality gate: "cosine_p1:0.995", "cosine_p1>=0.99,recall_at_10>=0.95" or {cosine_p1:0.99,...} (a bound's
+    # direction is its metric's); None = the task's defaults (workload/quality.py)
+    min_quality: Any = None
     quality_samples: int = 256  # real texts (rerank: queries) the quality check runs on
 
     def __post_init__(self) -> None:
@@ -320,6 +322,11 @@ def _validate_task(cfg: BenchmarkConfig) -> None:
         if cfg.task not in tasks:
             raise UserError(f"backend={cfg.backend.name} computes task {', '.join(tasks)} only (got task={cfg.task}): "
                             "its graph has no place for a head; use another backend")
+    gate = cfg.min_quality
+    if not (gate is None or isinstance(gate, str) or isinstance(gate, dict) and all(
+            isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) for k, v in gate.items())):
+        raise UserError(f"min_quality must be METRIC:BOUND terms (\"cosine_p1:0.99\", comma-separated) or "
+                        f"{{METRIC:BOUND,...}} (got {gate!r})")
     if isinstance(cfg.quality_samples, bool) or not isinstance(cfg.quality_samples, int) or \
             not 10 <= cfg.quality_samples <= 10_000:
         raise UserError(f"quality_samples must be a whole number in [10, 10000] (got {cfg.quality_samples})")
