@@ -25,7 +25,7 @@ def handle(args) -> int:
     from pathlib import Path
 
     from corescale.report import html as report
-    from corescale.report.console import console, print_path
+    from corescale.report.console import console, print_note, print_path
     from corescale.userfiles import check_writable
 
     table = load_table(args.root, args)
@@ -33,6 +33,8 @@ def handle(args) -> int:
     report.cost_machines(args.machine, args.price_per_hour)  # an unknown --machine, before any work
     built = report.build(args.root, args.output, args.machine, args.price_per_hour, args.slo_p99_ms,
                          table=table)
+    for reason in built.skipped:
+        print_note(reason, lead="skipped:")
     if built.missing:
         console.print(f"charts without enough data: {', '.join(built.missing)} (the report says what to run)",
                       soft_wrap=True)
