@@ -8,6 +8,13 @@ building it, then use its result; none ever sees a half-written file. A derived 
 a private view (links in its own temporary directory), because tools such as quantize_dynamic write scratch
 files beside their input.
 
+Each artifact holds a manifest (`manifest.json`: every file's size, modification time and sha256, written at
+build, the files and the directory fsynced before the rename). Before use the sizes are checked always, the
+hashes when a file's modification time differs from the manifest's; a damaged artifact (torn by a crash,
+truncated, edited) is removed and built again under the lock, or refused in one line naming it when it cannot be
+removed. The keys cover what changes an artifact: the model (config, weights, files), the exporter's code and
+options, and the versions of torch, Transformers, ONNX and (for a derived variant) the tool that derives it.
+
 The key needs the model built in torch, so each export is also filed under its source
 (`<cache>/onnx-sources/<source>.json`; the source: the model's identity and files, seed, inputs, opset, torch's
 and Transformers' versions, all known without importing either): a worker whose source was exported before
@@ -19,8 +26,11 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import importlib.util
+import inspect
 import json
 import os
+import re
 import shutil
 import tempfile
 import warnings
@@ -31,6 +41,7 @@ from typing import Callable
 
 import numpy as np
 
+from corescale.errors import UserError
 from corescale.workload.inputs import make_inputs
 from corescale.workload.models import source_files
 
@@ -38,6 +49,11 @@ OPSET = 17
 MODEL_FILE = "model.onnx"
 SOURCES_DIR = "onnx-sources"  # beside the artifacts' folder: source -> artifact, see the module's docstring
 LOCK_DIR = ".locks"  # beside the artifacts: one lock file per artifact
+MANIFEST = "manifest.json"  # in each artifact: its files' sizes, modification times and hashes
+EXPORT_LIBRARIES = ("torch", "transformers", "onnx")  # what the export is made with
+DERIVED_LIBRARIES = ("onnx", "onnxruntime", "openvino")  # what a derived variant (fusion, int8) may be made with
+WRAPPER_MODULE = "corescale.backends.pytorch.backend"  # the torch module the export traces (its file is hashed)
+KEY = re.compile(r"[0-9a-f]{24}")
 EXTERNAL_DATA_BYTES = 3 << 29  # 1.5 GiB: derived models keep weights in model.onnx.data (protobuf limit 2 GiB;
 # the exporter itself switches to external data files at that limit)
 
@@ -69,8 +85,31 @@ def parameter_bytes(module) -> int:
 
 def export_key(spec, module, input_names) -> str:
     identity = {"config": spec.config, "weights": weights_hash(module), "opset": OPSET, "exporter": exporter(),
-                "inputs": list(input_names)}
+                "inputs": list(input_names), "libraries": versions(EXPORT_LIBRARIES), "code": exporter_code()}
+    return digest(identity)
+
+
+def digest(identity: dict) -> str:
     return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:24]
+
+
+def versions(names: tuple[str, ...]) -> dict[str, str | None]:
+    return {name: _version(name) for name in names}
+
+
+def exporter_code() -> str:
+    """The code that shapes the exported graph (export() with its options, and the torch wrapper it traces),
+    hashed without importing torch: a change to either is a new artifact."""
+    found = importlib.util.find_spec(WRAPPER_MODULE)
+    wrapper = Path(found.origin).read_bytes() if found and found.origin else WRAPPER_MODULE.encode()
+    return hashlib.sha256(inspect.getsource(export).encode() + wrapper).hexdigest()[:16]
+
+
+def code_of(function: Callable) -> str:
+    try:
+        return inspect.getsource(function)
+    except (OSError, TypeError):  # no source file (a frozen or generated function): its name then
+        return f"{function.__module__}.{function.__qualname__}"
 
 
 @contextmanager
@@ -88,24 +127,94 @@ def build_lock(target: Path):
 
 
 def cached(target: Path, build: Callable[[Path], None]) -> bool:
-    """Makes `target` (a directory) with build(tmp_dir) unless it exists; True when it was already there
-    (also when another process built it while this one waited for the lock)."""
-    if target.is_dir():
+    """Makes `target` (a directory) with build(tmp_dir) unless it exists intact; True when it was already there
+    (also when another process built it while this one waited for the lock). A damaged one is built again."""
+    if target.is_dir() and damage(target) is None:
         return True
     target.parent.mkdir(parents=True, exist_ok=True)
     with build_lock(target):
         if target.is_dir():
-            return True
+            problem = damage(target)
+            if problem is None:
+                return True
+            discard(target, problem)
         for stale in target.parent.glob(f".{target.name}.*"):  # left by a builder that was killed: we hold the lock
             shutil.rmtree(stale, ignore_errors=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
         try:
             build(tmp)
+            write_manifest(tmp)  # every file fsynced, then the manifest and the directory
             os.chmod(tmp, 0o755)  # mkdtemp's 0700 would hide the cache from other users
             os.rename(tmp, target)
+            fsync_dir(target.parent)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return False
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+def write_manifest(directory: Path) -> None:
+    """Fsyncs every file of a built artifact and records its size, modification time and hash (read back from
+    the disk, as a later reader will see it) in MANIFEST."""
+    files = {}
+    for item in sorted(directory.iterdir()):
+        if not item.is_file() or item.name == MANIFEST:
+            continue
+        with open(item, "rb") as handle:
+            os.fsync(handle.fileno())
+        info = item.stat()
+        files[item.name] = {"size": info.st_size, "mtime_ns": info.st_mtime_ns, "sha256": _sha256(item)}
+    with open(directory / MANIFEST, "w") as handle:
+        json.dump({"files": files}, handle, indent=1)
+        handle.flush()
+        os.fsync(handle.fileno())
+    fsync_dir(directory)
+
+
+def damage(artifact: Path) -> str | None:
+    """What is wrong with a cached artifact (None: intact). Sizes are checked always; a file's hash when its
+    modification time is not the manifest's (copied, touched or rewritten since it was built)."""
+    try:
+        with open(artifact / MANIFEST, "rb") as handle:
+            manifest = json.loads(handle.read(1 << 20))
+        files = manifest["files"]
+        if not isinstance(files, dict) or MODEL_FILE not in files:
+            return f"its {MANIFEST} lists no {MODEL_FILE}"
+        for name, entry in files.items():
+            path = artifact / Path(str(name)).name
+            info = path.stat()
+            if info.st_size != entry["size"]:
+                return f"{path.name} holds {info.st_size} bytes, its manifest says {entry['size']}"
+            if info.st_mtime_ns != entry["mtime_ns"] and _sha256(path) != entry["sha256"]:
+                return f"{path.name} does not match the sha256 in its manifest"
+    except FileNotFoundError as exc:
+        return f"{Path(exc.filename or MANIFEST).name} is missing"
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        return f"its {MANIFEST} is unreadable ({type(exc).__name__})"
+    return None
+
+
+def discard(artifact: Path, problem: str) -> None:
+    """Removes a damaged artifact (the caller holds its build lock), or refuses in one line naming it."""
+    aside = artifact.parent / f".{artifact.name}.damaged-{os.getpid()}"
+    try:
+        os.rename(artifact, aside)
+    except OSError as exc:
+        raise UserError(f"the cached ONNX artifact '{artifact}' is damaged ({problem}) and cannot be removed "
+                        f"({exc.strerror or exc}): delete it, or give cache_dir= a cache of your own") from None
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 def private_view(source: Path, where: Path) -> Path:
@@ -139,8 +248,10 @@ class OnnxModel:
         self.path, self.key, self.large, self.cache_hit = path, key, large, cache_hit
 
     def derived(self, variant: str, build: Callable[[Path, Path, bool], None]) -> "OnnxModel":
-        """A cached transformation of this model: build(source_path, output_path, external_data)."""
-        target = self.path.parent.parent / f"{self.key}-{variant}"
+        """A cached transformation of this model: build(source_path, output_path, external_data). Its key: this
+        model's, the variant, the tools' versions and the builder's code."""
+        tools = digest({"variant": variant, "libraries": versions(DERIVED_LIBRARIES), "code": code_of(build)})
+        target = self.path.parent.parent / f"{self.key}-{variant}-{tools[:8]}"
 
         def build_variant(tmp: Path) -> None:
             view = tmp / ".input"
@@ -148,7 +259,7 @@ class OnnxModel:
             shutil.rmtree(view)  # the links (and the tool's scratch files) are not part of the artifact
 
         hit = cached(target, build_variant)
-        return OnnxModel(target / MODEL_FILE, f"{self.key}-{variant}", self.large, hit)
+        return OnnxModel(target / MODEL_FILE, target.name, self.large, hit)
 
 
 def onnx_model(spec, cfg, inputs: dict[str, np.ndarray], stages) -> OnnxModel:
@@ -193,8 +304,8 @@ def source_key(spec, cfg, inputs) -> str | None:
         return None
     identity = {"model": spec.identity(), "files": files, "seed": cfg.seed, "trust_remote_code": cfg.trust_remote_code,
                 "allow_pickle": cfg.allow_pickle, "inputs": list(inputs), "opset": OPSET,
-                "libraries": {name: _version(name) for name in ("torch", "transformers")}}
-    return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:24]
+                "libraries": versions(EXPORT_LIBRARIES), "code": exporter_code()}
+    return digest(identity)
 
 
 def _version(distribution: str) -> str | None:
@@ -209,14 +320,17 @@ def sources_root(cfg) -> Path:
 
 
 def known_export(cfg, source: str) -> OnnxModel | None:
-    """The artifact filed under `source`, when both are still there."""
+    """The artifact filed under `source`, when both are still there and intact (else it is built again)."""
     try:
-        entry = json.loads((sources_root(cfg) / f"{source}.json").read_text())
-        key, large = str(entry["key"]), bool(entry["large"])
+        with open(sources_root(cfg) / f"{source}.json", "rb") as handle:
+            entry = json.loads(handle.read(1 << 16))
+        key, large = entry["key"], entry["large"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    path = cache_root(cfg) / key / MODEL_FILE
-    return OnnxModel(path, key, large, cache_hit=True) if path.is_file() else None
+    if not isinstance(key, str) or not KEY.fullmatch(key) or not isinstance(large, bool):
+        return None  # not an entry this code wrote
+    artifact = cache_root(cfg) / key
+    return OnnxModel(artifact / MODEL_FILE, key, large, cache_hit=True) if damage(artifact) is None else None
 
 
 def file_export(cfg, source: str, model: OnnxModel) -> None:
@@ -227,8 +341,11 @@ def file_export(cfg, source: str, model: OnnxModel) -> None:
     try:
         with os.fdopen(fd, "w") as handle:
             json.dump({"key": model.key, "large": model.large}, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
         os.chmod(tmp, 0o644)  # readable by every user of a shared cache, as the artifacts are
         os.replace(tmp, root / f"{source}.json")
+        fsync_dir(root)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)

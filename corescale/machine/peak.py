@@ -196,11 +196,14 @@ class PeakCache:
         return self.root / f"{format_cpulist(sorted(cpus)) or 'none'}-t{threads}-{precision}.json"
 
     def get(self, cpus, threads: int, precision: str) -> dict | None:
-        try:
-            entry = json.loads(self.path(cpus, threads, precision).read_text())
-        except (OSError, ValueError):
-            return None
-        ok = isinstance(entry, dict) and entry.get("method_version") == METHOD_VERSION and entry.get("gflops")
+        """The cached peak; None (measure again) when absent, another method's, malformed or out of range."""
+        entry = _read_entry(self.path(cpus, threads, precision))
+        ok = (entry is not None and entry.get("method_version") == METHOD_VERSION
+              and entry.get("precision", precision) == precision
+              and _in_range(entry.get("gflops"), threads * MAX_GFLOPS_PER_THREAD)
+              and isinstance(entry.get("library"), (str, type(None)))
+              and isinstance(entry.get("libraries", {}), dict)
+              and all(isinstance(rate, (int, float)) for rate in entry.get("libraries", {}).values()))
         return entry if ok else None
 
     def bandwidth_path(self, cpus, threads: int) -> Path:
@@ -210,12 +213,29 @@ class PeakCache:
     def get_bandwidth(self, cpus, threads: int) -> dict | None:
         from corescale.machine.bandwidth import METHOD_VERSION as BANDWIDTH_VERSION
 
-        try:
-            entry = json.loads(self.bandwidth_path(cpus, threads).read_text())
-        except (OSError, ValueError):
-            return None
-        ok = isinstance(entry, dict) and entry.get("method_version") == BANDWIDTH_VERSION and entry.get("gbps")
+        entry = _read_entry(self.bandwidth_path(cpus, threads))
+        ok = (entry is not None and entry.get("method_version") == BANDWIDTH_VERSION
+              and _in_range(entry.get("gbps"), MAX_GBPS))
         return entry if ok else None
+
+
+MAX_GFLOPS_PER_THREAD = 50_000.0  # beyond any CPU core (AMX int8 peaks near 15 TOP/s a core): a corrupt entry
+MAX_GBPS = 50_000.0  # beyond any memory system a CPU has (HBM parts: a few TB/s)
+
+
+def _read_entry(path: Path) -> dict | None:
+    """A cache file's JSON object; None when missing, unreadable, not JSON or not an object."""
+    try:
+        with open(path, "rb") as handle:
+            entry = json.loads(handle.read(1 << 20))
+    except (OSError, ValueError, RecursionError):
+        return None
+    return entry if isinstance(entry, dict) else None
+
+
+def _in_range(value, limit: float) -> bool:
+    """A real, finite number in (0, limit]."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= limit
 
 
 

@@ -33,6 +33,19 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def umask() -> int:
+    """The process's umask, read without changing it (Linux: /proc/self/status; else set and restored)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def write_atomic(path: Path, data: str | bytes | Callable[[Path], None], what: str = "") -> Path:
     """Writes `path` whole or not at all: into a temp file beside it, fsynced, then renamed over it.
 
@@ -45,6 +58,7 @@ def write_atomic(path: Path, data: str | bytes | Callable[[Path], None], what: s
         raise UserError(f"cannot write {what + ' ' if what else ''}'{path}': {exc.strerror}") from None
     tmp = Path(name)
     try:
+        os.fchmod(fd, 0o666 & ~umask())  # mkstemp's 0600: as readable as any file the user makes
         with os.fdopen(fd, "wb") as handle:
             if callable(data):
                 data(tmp)
@@ -81,6 +95,7 @@ class PendingRun:
         self.root.mkdir(parents=True, exist_ok=True)
         self.name = name
         self.tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{name}-", dir=self.root))
+        os.chmod(self.tmp, 0o777 & ~umask())  # mkdtemp's 0700: as readable as any directory the user makes
 
     def write_samples(self, frame: pd.DataFrame) -> None:
         frame.to_parquet(self.tmp / SAMPLES_FILE, index=False)
