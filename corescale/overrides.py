@@ -88,7 +88,7 @@ def shorthand(overrides: list[str]) -> list[str]:
     out = []
     for override in overrides:
         key, _, value = override.partition("=")
-        if key == "workload" and value:
+        if key == "workload" and "=" in override:
             override = f"workload.source={value}"
         elif key == "workload.lengths" and value[:1] not in ("'", '"') and "(" in value:
             override = assignment(key, value)

@@ -26,11 +26,12 @@ def read_text(path: Path | str, what: str, limit: int = MAX_TEXT_BYTES) -> str:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
         raise UserError(f"cannot read {what} '{path}': {exc.strerror or exc}") from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        kind = "a directory" if stat.S_ISDIR(info.st_mode) else "not a regular file (a FIFO, socket or device)"
+        raise UserError(f"{what} '{path}' is {kind}; give a text file")
     with os.fdopen(fd, "rb") as handle:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            kind = "a directory" if stat.S_ISDIR(info.st_mode) else "not a regular file (a FIFO, socket or device)"
-            raise UserError(f"{what} '{path}' is {kind}; give a text file")
         if info.st_size > limit:
             raise UserError(f"{what} '{path}' is {_size(info.st_size)}, more than the {_size(limit)} corescale "
                             "reads; give a smaller file")

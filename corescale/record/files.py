@@ -22,6 +22,7 @@ from corescale.userfiles import read_json
 
 RESULT_FILE = "result.json"
 SAMPLES_FILE = "samples.parquet"
+CONFIG_FILE = "config.yaml"
 TMP_PREFIX = ".tmp-"
 
 
@@ -81,6 +82,13 @@ def slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_")[:40] or "model"
 
 
+def log_name(name: object) -> str:
+    """A log file's name as it is written into a result directory: one plain name (a Ray node chooses these:
+    no path, no hidden or reserved name), whatever it was sent as."""
+    plain = re.sub(r"[^A-Za-z0-9._-]+", "_", str(name)).lstrip(".")[:120] or "log"
+    return f"log-{plain}" if plain in (RESULT_FILE, SAMPLES_FILE, CONFIG_FILE) else plain
+
+
 def run_name(cfg) -> str:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     return (f"{stamp}-{slug(os.path.basename(cfg.model.rstrip('/')))}-{cfg.backend.name}-{cfg.precision}"
@@ -101,7 +109,7 @@ class PendingRun:
         frame.to_parquet(self.tmp / SAMPLES_FILE, index=False)
 
     def write_config(self, config: dict) -> None:
-        (self.tmp / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+        (self.tmp / CONFIG_FILE).write_text(yaml.safe_dump(config, sort_keys=False))
 
     def commit(self, record: dict) -> Path:
         """`record` is TrialRecord.to_json(); the directory appears under its final name only now."""
