@@ -34,6 +34,11 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb") as handle:
+        os.fsync(handle.fileno())
+
+
 def umask() -> int:
     """The process's umask, read without changing it (Linux: /proc/self/status; else set and restored)."""
     try:
@@ -63,11 +68,13 @@ def write_atomic(path: Path, data: str | bytes | Callable[[Path], None], what: s
         with os.fdopen(fd, "wb") as handle:
             if callable(data):
                 data(tmp)
+                _fsync_file(tmp)  # what the function wrote, through its own handle
             else:
                 handle.write(data.encode() if isinstance(data, str) else data)
                 handle.flush()
                 os.fsync(handle.fileno())
         os.replace(tmp, path)
+        _fsync_dir(path.parent)  # the rename itself survives a crash
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -113,8 +120,10 @@ class PendingRun:
 
     def commit(self, record: dict) -> Path:
         """`record` is TrialRecord.to_json(); the directory appears under its final name only now."""
+        for item in self.tmp.iterdir():  # samples, config and logs reach the disk before the directory is renamed
+            if item.is_file():
+                _fsync_file(item)
         write_json_atomic(self.tmp / RESULT_FILE, record)
-        _fsync_dir(self.tmp)
         suffix = 0
         while True:  # rename never replaces a committed (non-empty) dir: a concurrent writer gets the next name
             final = self.root / (f"{self.name}.{suffix}" if suffix else self.name)
