@@ -164,8 +164,8 @@ def _resolved(composed) -> Any:
     except OmegaConfBaseException as exc:
         key = getattr(exc, "full_key", None) or "a value"
         message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise UserError(f"cannot resolve the interpolation in {key}: {message[:200]}; corescale values are "
-                        "plain: write the value itself (a `${...}` refers to another key or a resolver)") from None
+        raise UserError(f"cannot resolve the interpolation in {key}: {message[:200]}; a `${{...}}` refers "
+                        "to another key or a resolver; write \\${ for a literal ${") from None
 
 
 def _hydra_compose(overrides: list[str]):

@@ -102,7 +102,7 @@ def exporter_code() -> str:
     hashed without importing torch: a change to either is a new artifact."""
     found = importlib.util.find_spec(WRAPPER_MODULE)
     wrapper = Path(found.origin).read_bytes() if found and found.origin else WRAPPER_MODULE.encode()
-    return hashlib.sha256(inspect.getsource(export).encode() + wrapper).hexdigest()[:16]
+    return hashlib.sha256(code_of(export).encode() + wrapper).hexdigest()[:16]
 
 
 def code_of(function: Callable) -> str:
