@@ -34,6 +34,9 @@ def place(tmp_path_factory):
     (base / "latin1.txt").write_bytes("caf\xe9 cr\xe8me\n".encode("latin-1"))
     (base / "nul.txt").write_text("16,1\n\0\n")
     (base / "a-dir").mkdir()
+    (base / "lscpu-digits").write_text(f"# CPU,Core,Socket,Node\n{HUGE_INT},0,0,0\n")
+    (base / "lscpu-big-id").write_text("# CPU,Core,Socket,Node\n99999999999999999999999,0,0,0\n")
+    (base / "lscpu-words").write_text("hello\nworld\n")
     for name, text in {"overflow": "length,count\n16,1e400\n", "huge-count": f"16,{HUGE_INT}\n",
                        "huge-length": f"{HUGE_INT},1\n", "minus-inf": "16,-inf\n"}.items():
         (base / f"{name}.csv").write_text(text)
@@ -84,6 +87,10 @@ CASES += [
     ("interpolation-nested", [*RUN, "warmup.window=${{warmup.nope}}"], "interpolation in warmup.window"),
     ("interpolation-plan", ["plan", "cache_dir=${{nope}}"], "interpolation in cache_dir"),
     ("interpolation-sweep", ["run", "-m", *FAST, "batch_size=1,2", "model=${{nope}}"], "interpolation in model"),
+    # lscpu text that is text but not lscpu's
+    ("lscpu-digits", ["plan", "--lscpu", "{base}/lscpu-digits"], "lscpu line 2: bad CPU value '9999"),
+    ("lscpu-big-id", ["plan", "--lscpu", "{base}/lscpu-big-id"], "lscpu line 2: bad CPU value"),
+    ("lscpu-words", ["plan", "--lscpu", "{base}/lscpu-words"], "lscpu line 1: expected 4 columns"),
     # histogram counts and lengths beyond any number
     ("histogram-overflow", [*RUN, "workload.lengths={base}/overflow.csv"], "count a finite number"),
     ("histogram-huge-count", [*RUN, "workload.lengths={base}/huge-count.csv"], "count a finite number"),
