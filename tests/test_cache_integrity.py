@@ -172,3 +172,12 @@ def test_a_malformed_or_out_of_range_bandwidth_entry_is_measured_again(tmp_path,
     assert cache.get_bandwidth((0,), 1)["gbps"] == 20.5
     cache.bandwidth_path((0,), 1).write_text(text)
     assert cache.get_bandwidth((0,), 1) is None
+
+
+@pytest.mark.parametrize("clocks", [{"governor": "powersave"}, {"no_turbo": "1"}, {"boost": "0"},
+                                    {"smt": "off"}])
+def test_the_peak_fingerprint_changes_with_the_clock_settings(clocks):
+    cpu, topology = {"model": "Xeon", "isa": {"avx512f": True}}, {"logical_cpus": 2}
+    base = {"governor": "performance", "no_turbo": "0", "boost": "1", "smt": "on"}
+    assert peak.fingerprint(cpu, topology, base) != peak.fingerprint(cpu, topology, {**base, **clocks})
+    assert peak.fingerprint(cpu, topology, {}) == peak.fingerprint(cpu, topology)  # none exposed: as before

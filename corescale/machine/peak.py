@@ -164,16 +164,20 @@ def gemm_peak(threads: int, precision: str, libraries: tuple[str, ...] | None = 
 
 # --- the cache (light: no framework import) ---------------------------------------------------------------------
 
-def fingerprint(cpu: dict, topology: dict) -> str:
-    """Machine + software: CPU model and ISA, topology, and the versions of the libraries measured."""
+def fingerprint(cpu: dict, topology: dict, clocks: dict | None = None) -> str:
+    """Machine + software: CPU model and ISA, topology (SMT shows in its logical CPUs), what sets the clock
+    (governor, turbo) and the versions of the libraries measured."""
     versions: dict[str, str | None] = {}
     for name in SOFTWARE:
         try:
             versions[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
             versions[name] = None
-    blob = json.dumps({"cpu": cpu.get("model"), "isa": cpu.get("isa"), "topology": topology, "versions": versions,
-                       "method": METHOD_VERSION}, sort_keys=True, default=str)
+    identity = {"cpu": cpu.get("model"), "isa": cpu.get("isa"), "topology": topology, "versions": versions,
+                "method": METHOD_VERSION}
+    if clocks:  # only when known: entries of machines without cpufreq keep their fingerprint
+        identity["clocks"] = clocks
+    blob = json.dumps(identity, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -183,7 +187,20 @@ def host_fingerprint() -> str:
 
     topology = Topology.from_sysfs()
     return fingerprint(cpuinfo(), {"logical_cpus": len(topology.cpu_ids), "physical_cores":
-                                   len(topology.physical_cores)})
+                                   len(topology.physical_cores)}, clock_settings())
+
+
+CLOCK_FILES = {"governor": "cpufreq/policy0/scaling_governor", "boost": "cpufreq/boost",
+               "no_turbo": "intel_pstate/no_turbo", "smt": "smt/control"}
+
+
+def clock_settings() -> dict[str, str]:
+    """What changes a peak without changing the CPU: the frequency governor, turbo/boost, SMT control (those this
+    machine exposes under /sys/devices/system/cpu)."""
+    from corescale.machine.topology import read_text
+
+    found = {name: read_text(f"/sys/devices/system/cpu/{path}") for name, path in CLOCK_FILES.items()}
+    return {name: value for name, value in found.items() if value is not None}
 
 
 class PeakCache:
