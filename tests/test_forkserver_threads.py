@@ -38,6 +38,26 @@ def test_threads_not_known_fork_safe_stop_forking(tmp_path, modules, unknown):
             server.close()
 
 
+JEMALLOC = [p for p in ("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2", *(str(q) for q in ROOT.glob(
+    ".venv/lib/python*/site-packages/ray/core/libjemalloc.so"))) if os.path.exists(p)]
+
+
+@pytest.mark.skipif(not JEMALLOC, reason="no jemalloc here")
+def test_jemalloc_background_threads_are_known_fork_safe(tmp_path):
+    (tmp_path / "allocates.py").write_text("import time\nx = [bytearray(100000) for _ in range(2000)]\ndel x\n"
+                                           "time.sleep(0.3)\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "LD_PRELOAD": JEMALLOC[0],
+           "MALLOC_CONF": "background_thread:true"}
+    with ForkServers(tmp_path) as servers:
+        if not servers.enabled:
+            pytest.skip("this kernel does not let a process become a child subreaper")
+        server = servers._start([], env, sorted(os.sched_getaffinity(0)), ["allocates"])
+        try:
+            assert server.wait_ready() and server.threads >= 2 and server.unknown_threads == 0
+        finally:
+            server.close()
+
+
 def test_an_unsafe_server_is_closed_and_its_launch_starts_fresh(tmp_path, monkeypatch):
     (tmp_path / "starts_a_thread.py").write_text(STARTS_A_THREAD)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}

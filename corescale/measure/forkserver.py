@@ -14,7 +14,8 @@ measurement's uncertainty, and a fresh start randomises what forks of one server
 interpreter's heap). A backend whose registry entry says it may not be forked (TensorFlow starts threads on import)
 never forks from here; nor does a server whose imports left threads running that are not known to be fork-safe
 (a fork copies a lock such a thread holds, never the thread: the worker could deadlock). Known fork-safe: OpenBLAS's
-workers (its pthread_atfork handler stops them around a fork), counted from threadpoolctl's view of each OpenBLAS.
+workers (its pthread_atfork handler stops them around a fork), counted from threadpoolctl's view of each OpenBLAS,
+and jemalloc's background threads (by name; its fork handlers restart them).
 """
 
 from __future__ import annotations
@@ -319,13 +320,20 @@ def main(argv: list[str]) -> int:
     return serve(channel, supervisor)
 
 
+FORK_SAFE_THREAD_NAMES = ("jemalloc_bg_thd",)  # jemalloc's background threads: its atfork handlers restart them
+
+
 def fork_safe_threads() -> int:
     """Threads of this process known to survive a fork: each OpenBLAS's workers (num_threads - 1, started when
-    it loads; its atfork handler stops them before a fork)."""
+    it loads; its atfork handler stops them before a fork) and those named in FORK_SAFE_THREAD_NAMES."""
     from threadpoolctl import threadpool_info
 
-    return sum(max(int(pool.get("num_threads") or 1) - 1, 0) for pool in threadpool_info()
-               if pool.get("internal_api") == "openblas")
+    named = 0
+    for task in os.listdir("/proc/self/task"):
+        with contextlib.suppress(OSError):
+            named += Path(f"/proc/self/task/{task}/comm").read_text().strip() in FORK_SAFE_THREAD_NAMES
+    return named + sum(max(int(pool.get("num_threads") or 1) - 1, 0) for pool in threadpool_info()
+                       if pool.get("internal_api") == "openblas")
 
 
 if __name__ == "__main__":
