@@ -5,7 +5,7 @@ cache per artifact kind."""
 import pytest
 from helpers import run_record
 
-from corescale.backends.onnx_export import LOCK_DIR, MANIFEST, damage
+from corescale.backends.artifact_cache import LOCK_DIR, MANIFEST, damage
 
 pytestmark = pytest.mark.slow  # every test here starts processes
 

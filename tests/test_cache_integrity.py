@@ -8,8 +8,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from corescale.backends import onnx_export
-from corescale.backends.onnx_export import MANIFEST, MODEL_FILE, OnnxModel, cached, damage
+from corescale.backends import artifact_cache, onnx_export
+from corescale.backends.artifact_cache import MANIFEST, cached, damage
+from corescale.backends.onnx_export import MODEL_FILE, OnnxModel
 from corescale.errors import UserError
 from corescale.machine import peak
 
@@ -51,7 +52,7 @@ DAMAGE = {
     "manifest-list": (lambda a: (a / MANIFEST).write_text("[]"), "unreadable"),
     "manifest-sizes-text": (lambda a: (a / MANIFEST).write_text(json.dumps(
         {"files": {MODEL_FILE: {"size": "big", "mtime_ns": 0, "sha256": ""}}})), "manifest says big"),
-    "manifest-without-model": (lambda a: (a / MANIFEST).write_text('{"files": {}}'), "lists no model.onnx"),
+    "manifest-empty": (lambda a: (a / MANIFEST).write_text('{"files": {}}'), "lists no file"),
 }
 
 
@@ -89,7 +90,7 @@ def test_a_damaged_artifact_that_cannot_be_removed_is_one_line_naming_it(tmp_pat
     def refuse(source, destination):  # another user's cache: this session runs as root, so it cannot exist here
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(onnx_export.os, "rename", refuse)
+    monkeypatch.setattr(artifact_cache.os, "rename", refuse)
     with pytest.raises(UserError) as error:
         cached(target, _builder([]))
     message = str(error.value)
