@@ -12,8 +12,10 @@ from typing import Any, List, Optional
 
 from corescale.backends import BACKENDS, DEFAULT_BACKEND, OPTIONS, PRECISIONS, BackendOptions, named
 from corescale.backends.options import TASKS
+from corescale.bounds import LOAD_MARGIN_S, check_bounded
 from corescale.errors import UserError
 from corescale.machine.placement import LAYOUTS as NAMED_LAYOUTS
+from corescale.userfiles import require_path
 
 SCHEMA_NAME = "corescale"
 ALLOCATORS = ("default", "jemalloc", "tcmalloc")
@@ -312,6 +314,18 @@ def validate(cfg: BenchmarkConfig) -> BenchmarkConfig:
     _check_timeout(cfg)
     _validate_scenario(cfg)
     _validate_task(cfg)
+    check_bounded(cfg, MAX_TARGET_QPS)
+    for key in PATH_KEYS:
+        require_path(_get(cfg, key), key)
+    return cfg
+
+
+PATH_KEYS = ("model", "output_dir", "cache_dir", "workload.source", "workload.tokenizer", "workload.lengths")
+
+
+def _get(cfg: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        cfg = getattr(cfg, part)
     return cfg
 
 
@@ -412,7 +426,7 @@ def _check_seed(seed: int) -> None:
 def _check_timeout(cfg: BenchmarkConfig) -> None:
     """The timeout covers loading, warm-up and the timed window: it must leave room for at least the window and
     the quickest load."""
-    load_margin_s = 5.0
+    load_margin_s = LOAD_MARGIN_S
     if cfg.timeout <= cfg.duration + load_margin_s:
         raise UserError(
             f"timeout={cfg.timeout:g} s leaves no time to measure: each instance needs duration={cfg.duration:g} s "
