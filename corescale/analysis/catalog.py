@@ -8,6 +8,7 @@ function that turns a file's text into machines, so any reader (a bounded one fo
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from importlib import resources
@@ -64,8 +65,7 @@ class Machine:
 def load_catalog(path: str | Path | None = None) -> dict[str, Machine]:
     """Machines of the packaged catalog, or of a YAML file with the same layout (--catalog)."""
     if path is None:
-        text = (resources.files("corescale") / "data" / "machines.yaml").read_text()
-        return parse_catalog(text, "the packaged machine catalog")
+        return dict(packaged())
     where = f"machine catalog '{path}'"
     try:
         text = Path(path).read_text()
@@ -73,6 +73,13 @@ def load_catalog(path: str | Path | None = None) -> dict[str, Machine]:
         detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else " ".join(str(exc).split())
         raise UserError(f"cannot read {where}: {detail}") from None
     return parse_catalog(text, where)
+
+
+@functools.lru_cache(maxsize=1)
+def packaged() -> dict[str, Machine]:
+    """The packaged catalog, read once per process."""
+    text = (resources.files("corescale") / "data" / "machines.yaml").read_text()
+    return parse_catalog(text, "the packaged machine catalog")
 
 
 def parse_catalog(text: str, where: str) -> dict[str, Machine]:
@@ -162,10 +169,10 @@ def _memory_problems(row: dict) -> list[str]:
     problems = []
     if measured is not None and not _positive(measured):
         problems.append(f"memory_bandwidth_gbps={measured!r} is not a finite number > 0")
-    if memory is not None:
-        if not isinstance(memory, dict) or set(memory) - {"channels", "mts", "socket_cores"} or \
-                not all(_count(memory.get(k)) for k in ("channels", "mts", "socket_cores")):
-            problems.append(f"memory={memory!r} is not {{channels: N, mts: N, socket_cores: N}} (whole numbers)")
+    parts = ("channels", "mts", "socket_cores")
+    if memory is not None and (not isinstance(memory, dict) or set(memory) - set(parts)
+                               or not all(_count(memory.get(k)) for k in parts)):
+        problems.append(f"memory={memory!r} is not {{channels: N, mts: N, socket_cores: N}} (whole numbers)")
     return problems
 
 

@@ -60,7 +60,7 @@ def declared(name: str, catalog: dict[str, Machine], cpu_model: str | None, phys
     if not is_this(kind, cpu_model, physical_cores):
         raise UserError(f"{name} ({kind.cpu_model or 'CPU unnamed'}, {kind.physical_cores} cores) is not the "
                         f"measured machine ({cpu_model or 'CPU unnamed'}, {physical_cores} cores): its price cannot "
-                        f"be a measured cost; use --machine {name} for a projection")
+                        f"be a measured cost (corescale cost --machine {name} projects onto it)")
     return kind
 
 
@@ -99,9 +99,8 @@ def price_here(row, catalog: dict[str, Machine], given: float | None = None, kin
     used = max(int(row.get("instances") or 1), 1) * measured.cores_per_instance
     kind = nearest_rate(catalog, measured.isa, cpu)
     return Price(kind.core_hour * used, RATE,
-                 f"{used} physical core(s) at {kind.name}'s US${kind.core_hour:.4g} per physical-core-hour "
-                 f"({kind.cpu_text}, nearest to this CPU in the catalog; {_list_price(kind)}): this CPU has no "
-                 "price (give --price-per-hour)")
+                 f"{used} physical core(s) × {kind.name}'s US${kind.core_hour:.4g}/core-hour ({kind.cpu_text}, "
+                 f"nearest in the catalog; {_list_price(kind)}): no price for this CPU (cost.price_per_hour=)")
 
 
 def _kind_text(kind: Machine) -> str:
@@ -112,3 +111,31 @@ def _list_price(kind: Machine) -> str:
     where = " ".join(part for part in (kind.cloud, kind.region) if part and part != "unstated")
     return f"{where + ' ' if where else ''}list price of {kind.date}"
 
+
+
+def record_cost(record) -> tuple[float | None, float | None, str]:
+    """(US$ per 1M inferences, per 1M real tokens, where the price comes from) of one trial record, priced by
+    its config's `cost.*` keys."""
+    from pathlib import Path
+
+    from corescale.analysis.catalog import load_catalog
+    from corescale.analysis.projection import measured_of
+    from corescale.analysis.store import flatten
+
+    row = flatten(record, Path("."))
+    settings = record.config.cost
+    price = price_here(row, load_catalog(settings.catalog), settings.price_per_hour, settings.machine)
+    measured = measured_of(row)
+    inferences, tokens = price.per_million(measured.per_instance * int(row.get("instances") or 1),
+                                           measured.tokens_per_sample)
+    return inferences, tokens, price.source
+
+
+def check_settings(settings, cpu_model: str | None, physical_cores: int | None) -> None:
+    """The `cost.*` keys of a run, before any worker starts: a readable catalog, a known kind that is this
+    machine (its CPU model and core count), else one UserError line."""
+    from corescale.analysis.catalog import load_catalog
+
+    catalog = load_catalog(settings.catalog)
+    if settings.machine:
+        declared(settings.machine, catalog, cpu_model, physical_cores)

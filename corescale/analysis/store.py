@@ -182,7 +182,8 @@ def _metric_columns(record: TrialRecord) -> dict:
 
 
 ROOFLINE_COLUMNS = {"roofline_intensity": "intensity_flops_per_byte", "roofline_bytes_per_call": "bytes_per_call",
-                    "roofline_attainable_gflops": "attainable_gflops", "roofline_fraction": "fraction_of_attainable", "roofline_bound": "bound",
+                    "roofline_attainable_gflops": "attainable_gflops", "roofline_fraction": "fraction_of_attainable",
+                    "roofline_bound": "bound",
                     "roof_peak_gflops": "peak_gflops", "roof_peak_library": "peak_library",
                     "roof_bandwidth_gbps": "bandwidth_gbps", "roof_bandwidth_library": "bandwidth_library"}
 

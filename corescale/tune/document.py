@@ -52,11 +52,13 @@ class TunedFinalist(Section):
     cost_per_1m: Figure
     memory_gb: Figure
     drift: Figure
+    cost_per_1m_tokens: Figure = field(default_factory=Figure)  # per 1M real tokens (absent before 0.3)
 
     def figure(self, metric: str) -> Figure:
         """The figure an objective names (TuneObjective.metric)."""
         found = {"throughput": self.throughput, "server_qps": self.throughput, "p50_ms": self.p50_ms,
-                 "p99_ms": self.p99_ms, "cost_per_1m": self.cost_per_1m, "memory_gb": self.memory_gb,
+                 "p99_ms": self.p99_ms, "cost_per_1m": self.cost_per_1m,
+                 "cost_per_1m_tokens": self.cost_per_1m_tokens, "memory_gb": self.memory_gb,
                  "drift": self.drift}.get(metric)
         if found is None:
             raise UserError(f"{TUNE_FILE}: the objective's metric '{metric}' is not a figure of its finalists")
@@ -134,6 +136,7 @@ class TuneDocument(Section):
     tie_p: float | None = None
     speedup: Speedup | None = None
     recipe: dict[str, Any] | None = None  # file name -> path, the run line (words) and the winner's key
+    cost_source: str | None = None  # where the cost figures' price comes from (analysis/pricing.py)
 
     @property
     def winning(self) -> TunedFinalist | None:
