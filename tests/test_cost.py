@@ -1,6 +1,7 @@
 """Cost per 1M inferences: the arithmetic, the catalog, projections and the cheapest layout under an SLO."""
 
 import io
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -99,3 +100,33 @@ def test_cost_command_end_to_end(tmp_path):
 def test_cost_bad_input_is_one_line(tmp_path, args, message):
     proc = corescale("cost", *[a.format(root=tmp_path) for a in args])
     assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0 and message in proc.stderr
+
+
+SCHEMA2 = Path(__file__).parent / "data" / "schema2"
+
+
+def table_text(record) -> str:
+    from rich.console import Console
+
+    from corescale.report.console import result_table
+
+    console = Console(width=300, record=True, file=io.StringIO())
+    console.print(result_table(record))
+    return console.export_text()
+
+
+def test_runs_table_shows_the_cost_and_where_its_price_comes_from():
+    import dataclasses
+
+    from corescale.config import CostConfig
+    from corescale.record.files import read_result
+
+    record = read_result(next(SCHEMA2.glob("*onnxruntime-int8-b1-s32-i2-*")))
+    rate = record.metrics.throughput_samples_per_s
+    text = table_text(record)  # no price: the nearest catalog kind's core-hour rate, named
+    assert "US$ per 1M inferences" in text and "core-hour" in text and "per 1M tokens" in text
+    priced = dataclasses.replace(record, config=dataclasses.replace(record.config, cost=CostConfig(price_per_hour=0.5)))
+    text = table_text(priced)
+    assert "this machine at the given US$0.5/h" in text and f"{0.5 / (rate * 3600) * 1e6:.4g}" in text
+    tokens = rate / record.metrics.throughput_tokens_per_s
+    assert f"{0.5 / (rate * 3600) * 1e6 * tokens:.4g} per 1M tokens" in text
