@@ -20,7 +20,7 @@ def kind(name="k", cores=48, smt=2, isa=SPR, arch="x86_64", bandwidth=None, pric
 
 
 def measured(per_instance=10.0, cores=1, precision="int8", isa=SPR, bytes_per_sample=None, threads=1, p99=50.0):
-    return projection.Measured(per_instance, cores, threads, precision, isa, catalog.arch_of(isa), bytes_per_sample,
+    return projection.LayoutRate(per_instance, cores, threads, precision, isa, catalog.arch_of(isa), bytes_per_sample,
                                p99, 128.0)
 
 

@@ -40,7 +40,7 @@ def tier(isa: frozenset[str], arch: str, precision: str) -> tuple[str, float] | 
 
 
 @dataclass(frozen=True)
-class Measured:
+class LayoutRate:
     """What one measured result says about its layout (from a results row)."""
 
     per_instance: float  # samples/s of one instance
@@ -72,7 +72,7 @@ class Projection:
         return self.basis == PROJECTED and not math.isclose(self.low, self.high, rel_tol=1e-9)
 
 
-def measured_of(row) -> Measured:
+def measured_of(row) -> LayoutRate:
     """The per-instance facts of one results row (store.flatten's columns)."""
     instances = int(row.get("instances") or 1)
     logical = bool(row.get("use_logical_cores"))
@@ -82,7 +82,7 @@ def measured_of(row) -> Measured:
     bytes_call, batch = _number(row.get("roofline_bytes_per_call")), _number(row.get("instance_batch_size")) or 1
     samples, tokens = _number(row.get("throughput_samples_per_s")), _number(row.get("throughput_tokens_per_s"))
     isa = frozenset(str(row.get("cpu_isa") or "").split())
-    return Measured(
+    return LayoutRate(
         per_instance=(samples or 0.0) / instances, cores_per_instance=max(math.ceil(cpus / threads), 1),
         threads_per_core=threads, precision=str(row.get("precision") or "fp32"), isa=isa, arch=arch_of(isa),
         bytes_per_sample=bytes_call / batch if bytes_call else None, p99_ms=_number(row.get("latency_p99_ms")),
@@ -97,7 +97,7 @@ def _number(value) -> float | None:
     return number if math.isfinite(number) else None
 
 
-def project(measured: Measured, kind: Machine) -> Projection:
+def project(measured: LayoutRate, kind: Machine) -> Projection:
     """The layout copied onto `kind`'s physical cores, capped by its memory bandwidth, ISA-checked."""
     flags: list[str] = []
     if not measured.isa:
@@ -129,7 +129,7 @@ def project(measured: Measured, kind: Machine) -> Projection:
                       None if p99 is None else p99 / slow * stretch, flags)
 
 
-def isa_factors(measured: Measured, kind: Machine, flags: list[str]) -> tuple[float, float]:
+def isa_factors(measured: LayoutRate, kind: Machine, flags: list[str]) -> tuple[float, float]:
     """(slowest, fastest) per-copy rate on the kind relative to the measured one, from the precision's tiers."""
     here = tier(measured.isa, measured.arch, measured.precision)
     there = tier(kind.isa, kind.arch, measured.precision)
@@ -143,7 +143,7 @@ def isa_factors(measured: Measured, kind: Machine, flags: list[str]) -> tuple[fl
     return min(ratio, 1.0), max(ratio, 1.0)
 
 
-def bandwidth_cap(measured: Measured, kind: Machine, flags: list[str]) -> float | None:
+def bandwidth_cap(measured: LayoutRate, kind: Machine, flags: list[str]) -> float | None:
     """The most samples/s the kind's memory can feed (None: traffic or bandwidth unknown, said in flags)."""
     if measured.bytes_per_sample is None:
         flags.append("no memory cap: the model's traffic was not measured (calibrate=false)")
