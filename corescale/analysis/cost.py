@@ -60,7 +60,8 @@ def layout_label(row) -> str:
     batch = row.get("instance_batch_size") if row.get("instance_batch_size") is not None else row["batch_size"]
     if row.get("scenario") == "server":
         batch, each = f"≤ {row.get('server.max_batch')} (dynamic)", " each"
-    return (f"{row['instances']} × {row['cpus_per_instance']} cores · {row['backend']} · "
+    precision = f" {row.get('precision')}" if row.get("precision") not in (None, "fp32") else ""
+    return (f"{row['instances']} × {row['cpus_per_instance']} cores · {row['backend']}{precision} · "
             f"batch {batch}{each} · seq {row['sequence_length']}")
 
 

@@ -92,7 +92,7 @@ def summary(table: pd.DataFrame, here: dict | None, slo_p99_ms: float | None) ->
         lines.append(f"no catalog kind has a priced layout{condition}: see the reasons above")
     else:
         best = priced.iloc[0]
-        lines.append(f"cheapest{condition}: {best['machine']} ({best['cpu']}, {best['physical_cores']} cores, "
+        lines.append(f"cheapest{condition}: {best['machine']} ({best['cpu']}, {best['physical_cores']} core(s), "
                      f"{best['cloud']}) at {cost.money_range(best['cost_per_1m_usd'], best['cost_per_1m_low_usd'])}"
                      f" per 1M inferences{cost.tokens_text(best)}, {best['basis']}, with {best['copies']} "
                      f"cop{'y' if best['copies'] == 1 else 'ies'} of {best['layout']}")
@@ -114,6 +114,6 @@ def size_lines(priced: pd.DataFrame) -> list[str]:
     if small.empty or large.empty:
         return []
     a, b = small.iloc[0], large.iloc[0]
-    return [f"small against large: {a['machine']} ({a['physical_cores']} cores) US${a['cost_per_1m_usd']:.4g} per "
+    return [f"small against large: {a['machine']} ({a['physical_cores']} core(s)) US${a['cost_per_1m_usd']:.4g} per "
             f"1M, {b['machine']} ({b['physical_cores']} cores) US${b['cost_per_1m_usd']:.4g}: large ÷ small = "
             f"{b['cost_per_1m_usd'] / a['cost_per_1m_usd']:.2f}x per inference (the original study: 6x)"]
