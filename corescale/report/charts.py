@@ -163,7 +163,7 @@ def cost_figure(tables: dict[str, pd.DataFrame]) -> Figure:
     for i, (machine, table) in enumerate(tables.items()):
         table = table.drop_duplicates("layout").set_index("layout").reindex(layouts)
         costs = table["cost_per_1m_usd"].replace([np.inf], np.nan).to_numpy(float)
-        projected = (table["basis"] == "projection").to_numpy()
+        projected = (table["basis"] != "measured").to_numpy()
         bars = ax.barh(y - 0.4 + height * (i + 0.5), costs, height, label=machine)
         for bar, hatch in zip(bars, projected):
             bar.set_hatch("//" if hatch else "")
