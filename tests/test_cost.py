@@ -130,3 +130,11 @@ def test_runs_table_shows_the_cost_and_where_its_price_comes_from():
     assert "this machine at the given US$0.5/h" in text and f"{0.5 / (rate * 3600) * 1e6:.4g}" in text
     tokens = rate / record.metrics.throughput_tokens_per_s
     assert f"{0.5 / (rate * 3600) * 1e6 * tokens:.4g} per 1M tokens" in text
+
+
+@pytest.mark.slow
+def test_run_refuses_a_catalog_kind_that_is_not_this_machine(tmp_path):
+    out = tmp_path / "out"
+    proc = corescale("run", *FAST, f"output_dir={out}", "cost.machine=c7i.48xlarge", "--no-progress")
+    assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0, proc.stderr
+    assert "is not the measured machine" in proc.stderr and not out.exists()  # before any worker, nothing written

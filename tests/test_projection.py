@@ -196,3 +196,12 @@ def test_ranking_under_an_slo_picks_each_kinds_cheapest_layout_that_meets_it():
     assert here["layout"].startswith("1 × 2 cores") and here["cost_per_1m_usd"] == pytest.approx(0.36 / 12 / 3600 * 1e6)
     lines = ranking.summary(table, here, 100.0)
     assert lines[0].startswith("cheapest under p99 <= 100 ms") and any("this machine, measured" in x for x in lines)
+
+
+def test_each_workload_is_ranked_on_its_own():
+    mixed = pd.concat([FRAME, rows(instances=[1], cpus_per_instance=[2], cpus_total=[2], model=["bert-tiny"],
+                                   throughput_samples_per_s=[900.0], throughput_tokens_per_s=[115200.0],
+                                   latency_p99_ms=[3.0])], ignore_index=True)
+    groups = ranking.workloads(mixed)
+    assert [name for name, _ in groups] == ["bert-base, sequence 128", "bert-tiny, sequence 128"]
+    assert set(groups[0][1]["model"]) == {"bert-base"}  # bert-tiny's cheap inferences never price bert-base

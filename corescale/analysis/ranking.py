@@ -24,6 +24,17 @@ COLUMNS = ("machine", "cloud", "cpu", "arch", "physical_cores", "smt", "price_pe
            "cost_per_1m_low_usd", "cost_per_1m_tokens_usd", "flags", "reason")
 
 
+def workloads(frame: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    """The valid results split by what is asked of them (model, sequence length), most results first: a
+    ranking compares layouts of one workload, never one model's cost with another's."""
+    ok = ok_rows(frame)
+    if ok.empty:
+        return []
+    groups = [(f"{model}, sequence {int(length)}", rows)
+              for (model, length), rows in ok.groupby(["model", "sequence_length"], sort=True)]
+    return sorted(groups, key=lambda group: -len(group[1]))
+
+
 def rank(frame: pd.DataFrame, catalog: dict[str, Machine], slo_p99_ms: float | None) -> pd.DataFrame:
     """One row per kind (its cheapest layout meeting the SLO), cheapest first; then the kinds without one."""
     rows = [best_on(frame, kind, slo_p99_ms) for kind in catalog.values()]

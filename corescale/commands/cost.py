@@ -80,22 +80,29 @@ def one_machine(args) -> int:
 
 
 def ranked(args, catalog) -> int:
+    import pandas as pd
+
     from corescale.analysis import pricing, ranking
     from corescale.errors import UserError
     from corescale.report.console import console, errors, print_wide
     from corescale.report.tables import ranking_table
 
-    frame = load_table(args.root, args).frame
-    if frame.empty:
-        raise UserError(f"no results under '{args.root}' to price")
-    table = ranking.rank(frame, catalog, args.slo_p99_ms)
-    here = ranking.this_machine(frame, lambda row: pricing.price_here(row, catalog, args.price_per_hour,
-                                                                      args.this_machine), args.slo_p99_ms)
+    groups = ranking.workloads(load_table(args.root, args).frame)
+    if not groups:
+        raise UserError(f"no valid results under '{args.root}' to price")
+    tables, lines = [], []
+    for workload, frame in groups:  # each checked and computed before anything is printed or written
+        table = ranking.rank(frame, catalog, args.slo_p99_ms)
+        here = ranking.this_machine(frame, lambda row: pricing.price_here(row, catalog, args.price_per_hour,
+                                                                          args.this_machine), args.slo_p99_ms)
+        tables.append(table.assign(workload=workload))
+        lines.append((workload, frame, table, ranking.summary(table, here, args.slo_p99_ms)))
     if args.csv:
-        write_csv(table, args.csv)
-    else:
-        print_wide(ranking_table(table, args.slo_p99_ms, str(frame["cpu_model"].iloc[0])))
+        write_csv(pd.concat(tables, ignore_index=True), args.csv)
     out = errors if args.csv == "-" else console
-    for line in ranking.summary(table, here, args.slo_p99_ms):
-        out.print(line, markup=False, soft_wrap=True)
-    return 0 if table["rank"].notna().any() else 1
+    for workload, frame, table, summary in lines:
+        if not args.csv:
+            print_wide(ranking_table(table, args.slo_p99_ms, str(frame["cpu_model"].iloc[0]), workload))
+        for line in summary:
+            out.print(f"{workload}: {line}" if len(lines) > 1 else line, markup=False, soft_wrap=True)
+    return 0 if any(t["rank"].notna().any() for t in tables) else 1

@@ -232,7 +232,7 @@ def load_curve_figure(curves: dict[str, ServerSummary]) -> Figure:
 ARCH_MARKERS = {"x86_64": "o", "aarch64": "^"}
 
 
-def machine_size_figure(ranked: pd.DataFrame, cpu_model: str, here: dict | None = None) -> Figure:
+def machine_size_figure(ranked: pd.DataFrame, cpu_model: str, here: dict | None, workload: str) -> Figure:
     """US$ per 1M inferences against a catalog kind's physical cores (log-log), one colour per CPU family;
     a vertical bar is a range (the kind's ISA differs from the measured one); the measured machine is a star."""
     priced = ranked[ranked["rank"].notna()]
@@ -252,8 +252,8 @@ def machine_size_figure(ranked: pd.DataFrame, cpu_model: str, here: dict | None 
     ax.set_yscale("log")
     ax.set_xlabel("machine size (physical cores, log2)")
     ax.set_ylabel("US$ per 1M inferences (log)")
-    ax.set_title(f"Cost against machine size: projected from {cpu_model}\n(dots: cost a projection can promise; "
-                 "bars: range where the ISA differs)", fontsize=9)
+    ax.set_title(f"Cost against machine size, {workload}: projected from {cpu_model}\n(dots: the cost a "
+                 "projection can promise; bars: the range where the ISA differs)", fontsize=9)
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7, ncols=2)
     return fig

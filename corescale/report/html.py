@@ -75,7 +75,7 @@ def _machines(frame, context):
     ranked = context["ranking"]
     if not ranked["rank"].notna().any():
         return None
-    return report_plots.machine_size_figure(ranked, context["cpu"], context["here"])
+    return report_plots.machine_size_figure(ranked, context["cpu"], context["here"], context["workload"])
 
 
 def _cost(frame, context):
@@ -283,19 +283,25 @@ def machine_context(frame, slo: float | None) -> dict:
     from corescale.analysis import pricing, ranking
 
     catalog = cost.load_catalog()
-    ok = ok_rows(frame)
-    here = ranking.this_machine(frame, lambda row: pricing.price_here(row, catalog), slo) if not ok.empty else None
+    groups = ranking.workloads(frame)
+    workload, ok = groups[0] if groups else ("no valid results", ok_rows(frame))
+    here = ranking.this_machine(ok, lambda row: pricing.price_here(row, catalog), slo) if not ok.empty else None
     if here is not None:
         here["cores"] = int(ok["host_physical_cores"].iloc[0] or 1)
     cpus = sorted({str(c) for c in ok["cpu_model"].dropna()}) if not ok.empty else []
-    return {"ranking": ranking.rank(frame, catalog, slo), "here": here, "cpu": " + ".join(cpus) or "CPU unnamed"}
+    return {"ranking": ranking.rank(ok, catalog, slo), "here": here, "cpu": " + ".join(cpus) or "CPU unnamed",
+            "workload": workload, "workloads": [name for name, _ in groups]}
 
 
 def ranking_html(context: dict) -> str:
     from corescale.analysis import ranking
 
-    lines = "".join(f"<li>{e(line)}</li>" for line in ranking.summary(context["ranking"], context["here"],
-                                                                       context["slo"]))
+    others = [name for name in context["workloads"] if name != context["workload"]]
+    notes = [f"workload: {context['workload']}" + (f" (the one with the most results; also measured: "
+                                                    f"{', '.join(others)}: corescale cost ROOT ranks each)"
+                                                    if others else "")]
+    lines = "".join(f"<li>{e(line)}</li>" for line in
+                    [*notes, *ranking.summary(context["ranking"], context["here"], context["slo"])])
     return f"<ul>{lines}</ul>" + html_table(context["ranking"], RANKING_COLUMNS, "machines")
 
 

@@ -87,10 +87,10 @@ def costs_table(costs, machine) -> Table:
     return table
 
 
-def ranking_table(ranked, slo_p99_ms: float | None, cpu_model: str) -> Table:
+def ranking_table(ranked, slo_p99_ms: float | None, cpu_model: str, workload: str) -> Table:
     """`corescale cost ROOT`: catalog kinds by US$ per 1M inferences (analysis/ranking.py's rank)."""
     condition = f" under p99 <= {slo_p99_ms:g} ms" if slo_p99_ms is not None else ""
-    table = Table(title=f"which machine: catalog kinds by US$ per 1M inferences{condition}",
+    table = Table(title=escape(f"which machine for {workload}: catalog kinds by US$ per 1M inferences{condition}"),
                   caption=escape(f"measured on {cpu_model}; projected = copies of a measured layout on the kind's "
                                  "physical cores, capped by its memory; a range where its ISA differs"),
                   header_style="bold")
