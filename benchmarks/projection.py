@@ -63,9 +63,12 @@ def rows(records: dict[str, list], names: dict[int, tuple], machine) -> list[dic
         median = sorted(per, key=lambda m: m.per_instance)[len(per) // 2]
         found = project(median, machine)
         measured = sorted(whole)[len(whole) // 2]
+        flags = [f for f in found.flags if "SMT" not in f] + (["the same run: nothing projected"]
+                                                               if single == full else [])
+        contaminated = sum(bool(r.metrics and r.metrics.contaminated) for r in [*records[single], *records[full]])
         out.append({"layout": full, "single": median.per_instance, "low": found.low, "high": found.high,
                     "measured": measured, "ratio": found.high / measured if measured else float("nan"),
-                    "flags": "; ".join(f for f in found.flags if "SMT" not in f) or "-", "missing": False})
+                    "flags": "; ".join(flags) or "-", "contaminated": contaminated, "missing": False})
     return out
 
 
@@ -73,15 +76,15 @@ def markdown(table: list[dict], machine, title: str) -> str:
     lines = [f"**{title}**", "", f"{machine.cpu_model}, {machine.physical_cores} physical cores, triad "
              f"{machine.bandwidth_gbps:.1f} GB/s on all of them", "",
              "| layout | 1 instance (samples/s) | projected (samples/s) | measured (samples/s) "
-             "| projection ÷ measurement | flags |", "|---|---:|---:|---:|---:|---|"]
+             "| projection ÷ measurement | runs contaminated | flags |", "|---|---:|---:|---:|---:|---:|---|"]
     for row in table:
         if row["missing"]:
-            lines.append(f"| {row['layout']} | failed | | | | |")
+            lines.append(f"| {row['layout']} | failed | | | | | |")
             continue
         projected = f"{row['high']:.2f}" if abs(row["high"] - row["low"]) < 1e-9 else \
             f"{row['low']:.2f} – {row['high']:.2f}"
         lines.append(f"| {row['layout']} | {row['single']:.2f} | {projected} | {row['measured']:.2f} "
-                     f"| **{row['ratio']:.2f}** | {row['flags']} |")
+                     f"| **{row['ratio']:.2f}** | {row['contaminated']} | {row['flags']} |")
     return "\n".join(lines)
 
 
