@@ -92,6 +92,15 @@ class WorkloadConfig:
 
 
 @dataclass
+class CostConfig:
+    """What this machine costs, for the cost on every answer (docs/cost.md); not part of what is measured."""
+
+    price_per_hour: Optional[float] = None  # US$/h of this machine; None: its catalog kind, or a core-hour rate
+    machine: Optional[str] = None  # the catalog kind this machine is (refused when its CPU does not match)
+    catalog: Optional[str] = None  # a YAML machine catalog instead of the packaged one
+
+
+@dataclass
 class BenchmarkConfig:
     model: str = "bert-base"
     # `backend=NAME backend.OPTION=VALUE`; the field holds the base type so Hydra can merge any backend's node
@@ -143,6 +152,7 @@ class BenchmarkConfig:
     # direction is its metric's); None = the task's defaults (workload/quality.py)
     min_quality: Any = None
     quality_samples: int = 256  # real texts (rerank: queries) the quality check runs on
+    cost: CostConfig = field(default_factory=CostConfig)
 
     def __post_init__(self) -> None:
         if isinstance(self.backend, str):  # Python API: BenchmarkConfig(backend="openvino")
@@ -161,6 +171,7 @@ class BenchmarkConfig:
         data["backend"] = backend_from_dict(data.get("backend") or {})
         data["server"] = ServerConfig(**data.get("server") or {})
         data["workload"] = WorkloadConfig(**data.get("workload") or {})
+        data["cost"] = CostConfig(**data.get("cost") or {})
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
 
@@ -293,6 +304,8 @@ def validate(cfg: BenchmarkConfig) -> BenchmarkConfig:
     for name in ("threads", "cores_per_instance", "total_batch_size", "drift_tolerance"):
         if getattr(cfg, name) is not None:
             _positive(name, getattr(cfg, name))
+    if cfg.cost.price_per_hour is not None:
+        _positive("cost.price_per_hour", cfg.cost.price_per_hour)
     if cfg.interop_threads < 1:
         raise UserError(f"interop_threads must be >= 1 (got {cfg.interop_threads})")
     if not 0.0 <= cfg.padding_fraction < 1.0:

@@ -100,6 +100,9 @@ def test_recommendation_has_intervals_and_the_baseline_ratio(tuned):
     assert doc["finalists"] and not any(f["baseline"] for f in doc["finalists"])  # out-of-box once, in its own entry
     table = out[out.index("tune: recommendation"):out.index("recommended")]
     assert table.count("out-of-box pytorch") == 1
+    # no price given: every row still has a cost, at a catalog kind's core-hour rate that the table names
+    assert winner["cost_per_1m"]["mean"] > 0 and winner["cost_per_1m_tokens"]["mean"] > 0
+    assert "core-hour" in doc["cost_source"] and "US$/1M tok" in table
     assert f"tune: {tuned['dir']}\n" in out and f"recipe: {doc['recipe']['recipe.sh']}\n" in out
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from corescale.analysis.catalog import catalog_isa
 from corescale.config import flatten as flatten_dict
 from corescale.errors import UserError
 from corescale.record.files import RESULT_FILE, TMP_PREFIX, iter_run_dirs, read_result
@@ -173,14 +174,16 @@ def _metric_columns(record: TrialRecord) -> dict:
         "host": env.hostname,
         "node_type": (record.node or {}).get("node_type"),  # Ray sweeps: the machine kind
         "cpu_model": env.cpu.model,
+        "cpu_isa": " ".join(sorted(catalog_isa(env.cpu.isa))) or None,  # in the machine catalog's ISA names
         "host_physical_cores": env.topology.physical_cores,
         "host_logical_cpus": env.topology.logical_cpus,
         "schema_migrated_from": record.schema_migrated_from,
     }
 
 
-ROOFLINE_COLUMNS = {"roofline_intensity": "intensity_flops_per_byte", "roofline_attainable_gflops":
-                    "attainable_gflops", "roofline_fraction": "fraction_of_attainable", "roofline_bound": "bound",
+ROOFLINE_COLUMNS = {"roofline_intensity": "intensity_flops_per_byte", "roofline_bytes_per_call": "bytes_per_call",
+                    "roofline_attainable_gflops": "attainable_gflops", "roofline_fraction": "fraction_of_attainable",
+                    "roofline_bound": "bound",
                     "roof_peak_gflops": "peak_gflops", "roof_peak_library": "peak_library",
                     "roof_bandwidth_gbps": "bandwidth_gbps", "roof_bandwidth_library": "bandwidth_library"}
 

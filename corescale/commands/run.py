@@ -32,9 +32,23 @@ def handle(args) -> int:
     from corescale.trials.sweep import plan_sweep
 
     planned = plan_sweep(expand_sweep(args.overrides) if args.multirun else [args.overrides])
+    check_cost([item.trial.cfg.cost for item in planned])
     if args.multirun:
         return sweep(planned, args)
     return single(planned, args)
+
+
+def check_cost(settings: list) -> None:
+    """The `cost.*` keys (a catalog kind said to be this machine must be it), before any worker starts."""
+    from corescale.analysis.pricing import check_settings
+    from corescale.machine.environment import cpuinfo
+    from corescale.machine.topology import Topology
+
+    if not any(s.machine or s.catalog for s in settings):
+        return
+    cpu, cores = cpuinfo()["model"], len(Topology.from_sysfs().physical_cores)
+    for one in {(s.price_per_hour, s.machine, s.catalog): s for s in settings}.values():
+        check_settings(one, cpu, cores)
 
 
 def single(planned, args) -> int:

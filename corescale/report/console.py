@@ -61,6 +61,7 @@ def result_table(record: TrialRecord) -> Table:
     table.add_row("throughput (samples/s)", f"{metrics.throughput_samples_per_s:.2f}",
                   f"{metrics.samples_in_window} samples in {metrics.window_s:.2f} s window")
     table.add_row("throughput (tokens/s)", f"{metrics.throughput_tokens_per_s:.0f}", "")
+    table.add_row(*cost_cells(record))
     table.add_row("GFLOP/s", f"{metrics.gflops_per_s:.1f}", peak_text(metrics))
     if metrics.roofline:
         roof = metrics.roofline
@@ -131,6 +132,17 @@ def server_table(table: Table, record: TrialRecord) -> Table:
     if not record.ok:
         table.add_row("status", "[red]failed[/red]", escape(record.reason or ""))
     return table
+
+
+def cost_cells(record: TrialRecord) -> tuple[str, str, str]:
+    """The US$ per 1M inferences, per 1M real tokens and the price's source (analysis/pricing.py)."""
+    from corescale.analysis.pricing import record_cost
+
+    inferences, tokens, source = record_cost(record)
+    if inferences is None:
+        return "US$ per 1M inferences", "-", "no throughput to price"
+    per_token = f"US$ {tokens:.4g} per 1M tokens" if tokens else "tokens per sample not recorded"
+    return "US$ per 1M inferences", f"{inferences:.4g}", escape(f"{per_token} · {source}")
 
 
 def peak_text(metrics) -> str:

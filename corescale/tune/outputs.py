@@ -22,7 +22,7 @@ from corescale.tune.document import (
 from corescale.tune.plan import Tune
 from corescale.tune.verdict import PRACTICAL, Finalist, Verdict, closest, decide
 
-METRICS = ("throughput", "p50_ms", "p99_ms", "cost_per_1m", "memory_gb", "drift", "quality")
+METRICS = ("throughput", "p50_ms", "p99_ms", "cost_per_1m", "cost_per_1m_tokens", "memory_gb", "drift", "quality")
 
 
 def interval_json(interval: Interval) -> Figure:
@@ -145,7 +145,18 @@ def document(tune: Tune, study, verdict: Verdict, finalists: list[Finalist], rec
         winner=None if verdict.winner is None else verdict.winner.label,
         tie=list(verdict.tie), tie_p=verdict.tie_p,
         speedup=None if verdict.speedup is None else Speedup(*verdict.speedup),
-        headline=headline(tune, verdict), recipe=recipe)
+        headline=headline(tune, verdict), recipe=recipe, cost_source=cost_source(tune, verdict))
+
+
+def cost_source(tune: Tune, verdict: Verdict) -> str:
+    """Where the cost column's price comes from (the recommended configuration's, when the price is per core)."""
+    from pathlib import Path
+
+    from corescale.record.files import read_result
+
+    chosen = verdict.winner or verdict.baseline
+    record = read_result(Path(chosen.paths[0])) if chosen is not None and chosen.paths else None
+    return tune.cost_source(record)
 
 
 def write_outputs(tune: Tune, study, verdict: Verdict, finalists: list[Finalist]) -> TuneDocument:

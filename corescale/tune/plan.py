@@ -102,14 +102,38 @@ class Tune:
         return merge(self.base, suggested, extra)
 
     def cost_of(self, record: TrialRecord) -> float | None:
+        """US$ per 1M inferences: on the priced machine (measured, or its projection's slow end), else at the
+        price of this machine's catalog kind or core-hour rate (analysis/pricing.py)."""
         rate = verdicts.samples_per_s(record)
-        if self.machine is None or rate is None:
+        if rate is None:
             return None
         from corescale.analysis import cost
+        from corescale.analysis.projection import measured_of
         from corescale.analysis.store import flatten
 
-        _, copies = cost.basis(self.machine, flatten(record, Path(".")))
-        return cost.cost_per_million(self.machine.price_per_hour, rate * copies)
+        row = flatten(record, Path("."))
+        if self.machine is None:
+            return self.price_of(record).per_million(rate)[0]
+        measured = measured_of(row)
+        found = cost.on_machine(self.machine, row, measured)
+        total = measured.per_instance * int(row.get("instances") or 1)
+        machine_rate = found.low * rate / total if found.copies and total else 0.0  # of the rate the tune saw
+        return cost.cost_per_million(self.machine.price_per_hour, machine_rate)
+
+    def price_of(self, record: TrialRecord):
+        """The price of the layout `record` measured (pricing.Price), when no machine was priced."""
+        from corescale.analysis.catalog import load_catalog
+        from corescale.analysis.pricing import price_here
+        from corescale.analysis.store import flatten
+
+        return price_here(flatten(record, Path(".")), load_catalog())
+
+    def cost_source(self, record: TrialRecord | None) -> str:
+        """Where the cost figures' price comes from, in words."""
+        if self.machine is not None:
+            return (f"{self.machine.name} at US${self.machine.price_per_hour:g}/h" +
+                    ("" if self.machine.measured_here else " (projected from this machine where it is another)"))
+        return "no price given: " + (self.price_of(record).source if record is not None else "none measured")
 
 
 def tune_name(settings: TuneSettings) -> str:
