@@ -85,15 +85,16 @@ def check_available(name: str) -> BackendEntry:
     return found
 
 
-def runs_model(name: str, model) -> None:
-    """One line when backend `name` cannot run `model`: a model file needs a backend that loads its format."""
+def runs_model(name: str, model, role: str = "backend") -> None:
+    """One line when backend `name` (as `role`: backend or reference) cannot run `model`: a model file needs a
+    backend that loads its format."""
     formats = entry(name).model_files
     kind = (model.model_file or {}).get("format")
     if kind is not None and kind not in formats:
         able = [n for n, e in BACKENDS.items() if kind in e.model_files]
-        why = f"loads {', '.join(formats)} files" if formats else "needs the PyTorch model (a preset or a directory)"
-        raise UserError(f"backend={name} cannot run model file '{model.name}': a {kind} model file runs on "
-                        f"{' and '.join(able) or 'no registered backend'} only (backend={name} {why})")
+        why = f"loads {', '.join(formats)} files only" if formats else "needs the PyTorch model (a preset or a directory)"
+        raise UserError(f"{role}={name} cannot run model file '{model.name}' ({kind}): a model file runs on "
+                        f"{' and '.join(able) or 'no registered backend'} only; {role}={name} {why}")
 
 
 def quality_reference(model) -> str:

@@ -67,8 +67,9 @@ def prepare_trial(cfg: BenchmarkConfig, topology: Topology | None = None, on_nod
     if cfg.reference:
         check_available(cfg.reference)
     model = resolve_model(cfg.model, cfg.trust_remote_code, cfg.task, cfg.cache_dir, cfg.workload.tokenizer)
-    for name in filter(None, (cfg.backend.name, cfg.reference)):
-        runs_model(name, model)
+    runs_model(cfg.backend.name, model)
+    if cfg.reference:
+        runs_model(cfg.reference, model, "reference")
     check_task(cfg, model)
     if model.task != "encode":  # what the quality check's reference runs on
         check_available(quality_reference(model))

@@ -26,7 +26,8 @@ REQUIRED_INPUTS = ("input_ids", "attention_mask")
 _ONNX_TYPES = {1: "float32", 7: "int64", 6: "int32", 10: "float16", 16: "bfloat16", 11: "float64", 9: "bool",
                2: "uint8", 3: "int8"}
 _IR_TYPES = {"f32": "float32", "i64": "int64", "i32": "int32", "f16": "float16", "bf16": "bfloat16",
-             "f64": "float64", "boolean": "bool", "u8": "uint8", "i8": "int8"}
+             "f64": "float64", "boolean": "bool", "u8": "uint8", "i8": "int8",
+             "fp32": "float32", "fp16": "float16", "fp64": "float64"}  # element types, then ports' precisions
 FLOATS = ("float32", "float16", "bfloat16", "float64")
 _MODEL_GRAPH, _MODEL_OPSET = 7, 8  # ModelProto's fields
 _GRAPH_INPUT, _GRAPH_OUTPUT = 11, 12  # GraphProto's fields
@@ -160,7 +161,8 @@ def _ir_ports(path: Path, name: str) -> tuple[dict, dict, int]:
             continue
         port = next((p for p in source.iter("port") if p.get("id") == edge.get("from-port")), None)
         precision = (port.get("precision", "") if port is not None else "").lower()
-        outputs[_port_name(port, result)] = [_IR_TYPES.get(precision, precision), _dims(port)]
+        named = (result.get("output_names") or "").split(",")[0].strip()
+        outputs[named or _port_name(port, result)] = [_IR_TYPES.get(precision, precision), _dims(port)]
     return inputs, outputs, size
 
 
