@@ -53,7 +53,8 @@ def test_the_task_comes_from_the_outputs(tmp_path, outputs, task, output):
 
 
 def test_task_may_only_agree_with_the_file(tmp_path):
-    both = onnx_file(tmp_path / "model.onnx", [("last_hidden_state", ["b", "s", 32]), ("sentence_embedding", ["b", 32])])
+    both = onnx_file(tmp_path / "model.onnx",
+                     [("last_hidden_state", ["b", "s", 32]), ("sentence_embedding", ["b", 32])])
     assert resolve_model(str(both), task="encode").model_file["output"] == "last_hidden_state"
     with pytest.raises(UserError, match=r"computes task=embed .*cannot do task=rerank: a model file is measured as"):
         resolve_model(str(both), task="rerank")

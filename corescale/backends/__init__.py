@@ -92,7 +92,8 @@ def runs_model(name: str, model, role: str = "backend") -> None:
     kind = (model.model_file or {}).get("format")
     if kind is not None and kind not in formats:
         able = [n for n, e in BACKENDS.items() if kind in e.model_files]
-        why = f"loads {', '.join(formats)} files only" if formats else "needs the PyTorch model (a preset or a directory)"
+        why = f"loads {', '.join(formats)} files only" if formats else \
+            "needs the PyTorch model (a preset or a directory)"
         raise UserError(f"{role}={name} cannot run model file '{model.name}' ({kind}): a model file runs on "
                         f"{' and '.join(able) or 'no registered backend'} only; {role}={name} {why}")
 

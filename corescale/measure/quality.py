@@ -40,9 +40,8 @@ def outputs(backend, model, queries: QuerySet) -> np.ndarray:
 
 
 def reference_key(cfg, model, queries: QuerySet) -> str:
-    from corescale.workload.models import source_files
-
     from corescale.backends import entry, quality_reference
+    from corescale.workload.models import source_files
 
     libraries = entry(quality_reference(model)).libraries
     identity = {"model": model.identity(), "files": source_files(model), "seed": cfg.seed, "set": set_digest(queries),

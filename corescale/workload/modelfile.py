@@ -110,7 +110,7 @@ def _onnx_ports(path: Path, name: str) -> tuple[dict, dict, int]:
                             found[inner].append(handle.read(count))
         if _MODEL_GRAPH not in seen or _MODEL_OPSET not in seen:
             raise ValueError("no graph" if _MODEL_GRAPH not in seen else "no opset")
-        ports = [{}, {}]
+        ports: list[dict[str, list]] = [{}, {}]
         for side, number in enumerate((_GRAPH_INPUT, _GRAPH_OUTPUT)):
             for blob in found[number]:
                 info = ValueInfoProto.FromString(blob)
