@@ -224,6 +224,10 @@ def tokenizer_vocab(folder: Path | None) -> int | None:
     """The vocabulary size of a fast tokenizer (tokenizer.json), or None."""
     if folder is None or not (folder / "tokenizer.json").is_file():
         return None
-    from corescale.workload.tokens import fast_tokenizer
+    from tokenizers import Tokenizer
 
-    return int(fast_tokenizer(folder, 8).get_vocab_size(with_added_tokens=True))
+    file = folder / "tokenizer.json"
+    try:
+        return int(Tokenizer.from_file(str(file)).get_vocab_size(with_added_tokens=True))
+    except Exception as exc:  # the Rust library raises its own exception type for any bad file
+        raise UserError(f"{file} is not a readable fast tokenizer: {str(exc).splitlines()[0][:160]}") from None
