@@ -9,7 +9,8 @@ from rich.table import Table
 RESULT_HEADERS = {"batch_size": "batch", "sequence_length": "seq", "instances": "inst",
                   "cpus_per_instance": "cpus/inst", "threads_per_instance": "threads/inst", "latency_p50_ms": "p50 ms",
                   "latency_p99_ms": "p99 ms", "throughput_samples_per_s": "samples/s", "contaminated": "contam.",
-                  "precision": "prec."}
+                  "precision": "prec.", "quality_task": "task", "quality_metric": "quality",
+                  "quality_value": "value", "quality_verdict": "verdict"}
 VERDICT_COLOURS = {"slower": "red", "faster": "green"}
 
 
