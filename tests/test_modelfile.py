@@ -169,3 +169,14 @@ def test_backends_declare_which_files_they_load(tmp_path):
     runs_model("pytorch", resolve_model("bert-tiny"))  # a preset runs anywhere
     assert quality_reference(onnx) == "onnxruntime" and quality_reference(ir) == "openvino"
     assert quality_reference(resolve_model("bert-tiny")) == "pytorch"
+
+
+def test_a_tune_of_a_file_searches_the_backends_that_load_it(tmp_path):
+    from corescale.tune.plan import plan_tune
+    from corescale.tune.settings import parse
+
+    path = onnx_file(tmp_path / "model.onnx", [("sentence_embedding", ["b", 8])])
+    tune = plan_tune(parse([f"model={path}", "budget=5m", f"output_dir={tmp_path / 'out'}"]))
+    assert set(tune.space.backends) <= {"onnxruntime", "openvino"} and "onnxruntime" in tune.space.backends
+    assert "backend pytorch: does not load onnx model files" in tune.space.notes
+    assert tune.baseline[-1] == "backend=onnxruntime" and tune.reference == "onnxruntime" and tune.task == "embed"

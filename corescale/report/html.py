@@ -116,8 +116,9 @@ header p{margin:2px 0;opacity:.85}nav{padding:8px 32px;background:#e9edf2;font-s
 nav a{margin-right:14px;color:#1d3557}main{padding:8px 32px 40px;max-width:1400px}
 section{background:#fff;border-radius:6px;padding:14px 20px;margin:16px 0;box-shadow:0 1px 2px rgba(0,0,0,.08)}
 h2{font-size:18px;margin:4px 0 10px}figure{margin:0}figure img{max-width:min(100%,1100px);height:auto}
-figcaption{color:#555;font-size:13px;margin-top:6px}tr.withheld td{background:#fde8e8}.note{color:#7a5b00;background:#fff6d6;padding:8px 12px;
+figcaption{color:#555;font-size:13px;margin-top:6px}.note{color:#7a5b00;background:#fff6d6;padding:8px 12px;
 border-radius:4px;font-size:14px}table{border-collapse:collapse;font-size:13px;margin:6px 0}
+tr.withheld td{background:#fde8e8}
 th,td{border-bottom:1px solid #e3e6ea;padding:4px 8px;text-align:right;white-space:nowrap}
 th{background:#f0f2f5;cursor:pointer;position:sticky;top:0}th[data-order=asc]::after{content:" \\25B2"}
 th[data-order=desc]::after{content:" \\25BC"}td.text,th.text{text-align:left}.scroll{overflow:auto;max-height:640px}
