@@ -125,7 +125,8 @@ def _onnx_ports(path: Path, name: str) -> tuple[dict, dict, int]:
 
 def _external_bytes(path: Path) -> int:
     """Weights kept beside an ONNX file (external data, named after it by the exporters)."""
-    return sum(p.stat().st_size for p in path.parent.glob(f"{path.name}*") if p.is_file() and p != path)
+    return sum(p.stat().st_size for p in path.parent.iterdir()
+               if p.name.startswith(path.name) and p != path and p.is_file())
 
 
 # --- OpenVINO IR: the .xml's Parameters and Results, the .bin's size ------------------------------------------
