@@ -223,7 +223,7 @@ def file_spec(name: str, path: Path, task: str | None, tokenizer: str | None) ->
     labels: tuple[str, ...] = ()
     if chosen in ("rerank", "classify"):
         labels = classification_labels(config, name) if config.get("id2label") or config.get("num_labels") else \
-            tuple(f"LABEL_{i}" for i in range(dims[1] or 0)) or ("score",)
+            ("score",) if chosen == "rerank" else tuple(f"LABEL_{i}" for i in range(dims[1] or 0))  # (): unknown
     head = HeadSpec(task=chosen, labels=labels, source="file")
     found = {**graph, "output": output, "vocab_size": int(vocab), "sizes": "config.json" if config else "graph",
              "hidden": dims[-1] if chosen in ("embed", "encode") else None}
