@@ -23,8 +23,15 @@ def results_table(frame, columns: list[str], title: str) -> Table:
         table.add_column(RESULT_HEADERS.get(column, column), overflow="fold",
                          justify="left" if column == "run" else "right")
     for _, row in frame[columns].iterrows():
-        table.add_row(*(escape(describe_value(row[c])) for c in columns))
+        table.add_row(*(escape(_cell(c, row[c], describe_value)) for c in columns))
     return table
+
+
+def _cell(column: str, value, describe) -> str:
+    """Quality figures to 4 decimals (0.99996 is not 1: the gate's bounds sit in the last digits)."""
+    if column.startswith("quality_") and isinstance(value, float) and value == value:
+        return f"{value:.4f}"
+    return describe(value)
 
 
 def comparison_table(rows, title: str) -> Table:
