@@ -17,6 +17,7 @@ from pathlib import Path
 import yaml
 
 from corescale.errors import UserError
+from corescale.userfiles import read_text
 
 ISA_NAMES = ("avx2", "avx_vnni", "avx512", "avx512_vnni", "avx512_bf16", "amx",  # x86-64
              "neon", "sve", "sve2", "i8mm", "bf16")  # aarch64
@@ -66,13 +67,7 @@ def load_catalog(path: str | Path | None = None) -> dict[str, Machine]:
     """Machines of the packaged catalog, or of a YAML file with the same layout (--catalog)."""
     if path is None:
         return dict(packaged())
-    where = f"machine catalog '{path}'"
-    try:
-        text = Path(path).read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else " ".join(str(exc).split())
-        raise UserError(f"cannot read {where}: {detail}") from None
-    return parse_catalog(text, where)
+    return parse_catalog(read_text(path, "machine catalog"), f"machine catalog '{path}'")
 
 
 @functools.lru_cache(maxsize=1)

@@ -19,7 +19,6 @@ from corescale.analysis.pricing import is_this, per_million
 from corescale.analysis.projection import MEASURED, PROJECTED, REFUSED, Projection, measured_of, project
 from corescale.analysis.store import ok_rows
 from corescale.errors import UserError
-from corescale.userfiles import read_text
 
 __all__ = ["MEASURED", "PROJECTED", "REFUSED", "Machine", "find_machine", "load_catalog"]
 

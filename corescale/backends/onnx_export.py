@@ -135,14 +135,15 @@ def export(module, spec, path: Path) -> None:
 class OnnxModel:
     """The exported model on disk, plus what later stages (fusion, quantization) need to know."""
 
-    def __init__(self, path: Path, key: str, large: bool, cache_hit: bool):
+    def __init__(self, path: Path, key: str, large: bool, cache_hit: bool, root: Path | None = None):
         self.path, self.key, self.large, self.cache_hit = path, key, large, cache_hit
+        self.root = root or path.parent.parent  # where derived variants go: beside the artifact
 
     def derived(self, variant: str, build: Callable[[Path, Path, bool], None]) -> "OnnxModel":
         """A cached transformation of this model: build(source_path, output_path, external_data). Its key: this
         model's, the variant, the tools' versions and the builder's code."""
         tools = digest({"variant": variant, "libraries": versions(DERIVED_LIBRARIES), "code": code_of(build)})
-        target = self.path.parent.parent / f"{self.key}-{variant}-{tools[:8]}"
+        target = self.root / f"{self.key}-{variant}-{tools[:8]}"
 
         def build_variant(tmp: Path) -> None:
             view = tmp / ".input"
@@ -153,9 +154,21 @@ class OnnxModel:
         return OnnxModel(target / MODEL_FILE, target.name, self.large, hit)
 
 
+def model_file(spec, cfg) -> OnnxModel:
+    """The user's model file as it is (model=FILE: nothing exported); its derived variants are cached under a key
+    of its name, size and modification time, and its graph."""
+    files = source_files(spec)
+    key = digest({"files": files, "file": spec.model_file})
+    return OnnxModel(Path(str(spec.path)), key, spec.model_file["bytes"] > EXTERNAL_DATA_BYTES, cache_hit=True,
+                     root=cache_root(cfg))
+
+
 def onnx_model(spec, cfg, inputs: dict[str, np.ndarray], stages) -> OnnxModel:
-    """The model as ONNX: from its source's entry when this source was exported before (no torch, no
-    Transformers); otherwise built and hashed, exported only when the cache does not have it, and filed."""
+    """The model as ONNX: the model file itself (model=FILE); from its source's entry when this source was
+    exported before (no torch, no Transformers); otherwise built and hashed, exported only when the cache does not
+    have it, and filed."""
+    if spec.model_file is not None:
+        return model_file(spec, cfg)
     source = source_key(spec, cfg, inputs)
     known = known_export(cfg, source) if source else None
     if known is not None:

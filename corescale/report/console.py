@@ -62,7 +62,10 @@ def result_table(record: TrialRecord) -> Table:
                   f"{metrics.samples_in_window} samples in {metrics.window_s:.2f} s window")
     table.add_row("throughput (tokens/s)", f"{metrics.throughput_tokens_per_s:.0f}", "")
     table.add_row(*cost_cells(record))
-    table.add_row("GFLOP/s", f"{metrics.gflops_per_s:.1f}", peak_text(metrics))
+    if metrics.gflops_per_s is None:
+        table.add_row("GFLOP/s", "unknown", metrics.peak_problem or "the model's FLOPs are unknown")
+    else:
+        table.add_row("GFLOP/s", f"{metrics.gflops_per_s:.1f}", peak_text(metrics))
     if metrics.roofline:
         roof = metrics.roofline
         table.add_row("roofline", f"{roof.fraction_of_attainable:.0%}",

@@ -129,6 +129,7 @@ section{background:#fff;border-radius:6px;padding:14px 20px;margin:16px 0;box-sh
 h2{font-size:18px;margin:4px 0 10px}figure{margin:0}figure img{max-width:min(100%,1100px);height:auto}
 figcaption{color:#555;font-size:13px;margin-top:6px}.note{color:#7a5b00;background:#fff6d6;padding:8px 12px;
 border-radius:4px;font-size:14px}table{border-collapse:collapse;font-size:13px;margin:6px 0}
+tr.withheld td{background:#fde8e8}
 th,td{border-bottom:1px solid #e3e6ea;padding:4px 8px;text-align:right;white-space:nowrap}
 th{background:#f0f2f5;cursor:pointer;position:sticky;top:0}th[data-order=asc]::after{content:" \\25B2"}
 th[data-order=desc]::after{content:" \\25BC"}td.text,th.text{text-align:left}.scroll{overflow:auto;max-height:640px}
@@ -195,6 +196,7 @@ RESULT_COLUMNS = [("status", "status", ""), ("model", "model", ""), ("backend", 
                                                                        "{:.0f}"),
                   ("gflops_per_s", "GFLOP/s", "{:.1f}"), ("percent_of_peak", "% of SGEMM", "{:.0f}"),
                   ("peak_rss_mib", "peak RSS MiB", "{:.0f}"), ("contaminated", "contaminated", ""),
+                  ("quality_verdict", "quality", ""),
                   ("reason", "reason", ""), ("run", "run", "")]
 COST_COLUMNS = [("layout", "layout", ""), ("model", "model", ""), ("basis", "basis", ""),
                 ("copies", "copies", "{:.0f}"), ("machine_samples_per_s", "samples/s on machine", "{:.1f}"),
@@ -359,6 +361,11 @@ def build(root, out: Path | None = None, machine: str | None = None, price: floa
         built.charts.append(chart.id)
         built.pngs.append(png_path)
         sections.append((chart.id, chart.title, _figure_html(chart, png, png_path.name)))
+    from corescale.report import quality as quality_report
+
+    judged = quality_report.section(frame)
+    if judged is not None:  # only where some result checked its task's quality
+        sections.append(judged)
     sections.append(("environment", "Environment", environment_html(frame)))
     sections.append(("results", f"All results ({len(frame)})", html_table(frame, RESULT_COLUMNS, "results-table")))
     if table.problems or built.skipped:

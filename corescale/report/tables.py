@@ -9,7 +9,8 @@ from rich.table import Table
 RESULT_HEADERS = {"batch_size": "batch", "sequence_length": "seq", "instances": "inst",
                   "cpus_per_instance": "cpus/inst", "threads_per_instance": "threads/inst", "latency_p50_ms": "p50 ms",
                   "latency_p99_ms": "p99 ms", "throughput_samples_per_s": "samples/s", "contaminated": "contam.",
-                  "precision": "prec."}
+                  "precision": "prec.", "quality_task": "task", "quality_metric": "quality",
+                  "quality_value": "value", "quality_verdict": "verdict"}
 VERDICT_COLOURS = {"slower": "red", "faster": "green"}
 
 
@@ -22,8 +23,15 @@ def results_table(frame, columns: list[str], title: str) -> Table:
         table.add_column(RESULT_HEADERS.get(column, column), overflow="fold",
                          justify="left" if column == "run" else "right")
     for _, row in frame[columns].iterrows():
-        table.add_row(*(escape(describe_value(row[c])) for c in columns))
+        table.add_row(*(escape(_cell(c, row[c], describe_value)) for c in columns))
     return table
+
+
+def _cell(column: str, value, describe) -> str:
+    """Quality figures to 4 decimals (0.99996 is not 1: the gate's bounds sit in the last digits)."""
+    if column.startswith("quality_") and isinstance(value, float) and value == value:
+        return f"{value:.4f}"
+    return describe(value)
 
 
 def comparison_table(rows, title: str) -> Table:

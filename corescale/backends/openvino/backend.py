@@ -50,6 +50,8 @@ class OpenVinoBackend(TimedStages):
         with self.stage("compile"):
             self.compiled = core.compile_model(network, "CPU", config)
         self.request = self.compiled.create_infer_request()
+        # the output measured: the export's one, or the model file's chosen one (it may hold several)
+        self.output = self.compiled.output(spec.model_file["output"]) if spec.model_file else 0
 
     def prepare(self, inputs):
         names = {name for port in self.compiled.inputs for name in port.get_names()}
@@ -59,7 +61,7 @@ class OpenVinoBackend(TimedStages):
         return self.request.infer(prepared, share_inputs=True, share_outputs=True)
 
     def to_numpy(self, output) -> np.ndarray:
-        return np.array(output[0], dtype=np.float32)  # copies out of the request's own buffer
+        return np.array(output[self.output], dtype=np.float32)  # copies out of the request's own buffer
 
     def info(self) -> dict:
         return {
