@@ -68,9 +68,9 @@ def post(service, route, body, key=KEY, **kwargs):
 
 def test_the_bundle_holds_the_measured_artifact_and_layout(bundle):
     manifest = json.loads((bundle / "manifest.json").read_text())
-    assert {"artifact/model.onnx", "model/tokenizer.json", "model/config.json", "result.json"} <= set(manifest["files"])
+    assert {"artifact/model.onnx", "model/tokenizer.json", "model/config.json", "record.json"} <= set(manifest["files"])
     assert "model/model.safetensors" not in manifest["files"]  # the ONNX file is what ran
-    record = json.loads((bundle / "result.json").read_text())
+    record = json.loads((bundle / "record.json").read_text())
     assert manifest["layout"]["instances"][0]["cpus"] == record["specs"][0]["cpus"]
     assert manifest["layout"]["instances"][0]["env"] == record["instance_reports"][0]["launch"]["env"]
     assert manifest["config"]["server"]["max_batch"] == 4 and manifest["head"]["task"] == "embed"

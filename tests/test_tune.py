@@ -12,9 +12,12 @@ import tempfile
 import time
 from pathlib import Path
 
+import httpx
+import numpy as np
 import optuna
 import pytest
 from helpers import FAST, ROOT, corescale
+from serving import Service, minilm_folder
 
 from corescale.errors import UserError
 from corescale.tune import settings as tune_settings
@@ -32,7 +35,9 @@ def _results(tune_dir: Path) -> list[dict]:
 def tuned(tmp_path_factory):
     """A tune killed with SIGKILL once three measurements are committed, then the same command again."""
     out = tmp_path_factory.mktemp("tune") / "outputs"
-    argv = [sys.executable, "-m", "corescale.cli", "tune", *TUNE, f"output_dir={out}"]
+    tokenizer = minilm_folder(tmp_path_factory.mktemp("tokenizer"))  # bert-tiny's vocabulary: the winner's bundle
+    argv = [sys.executable, "-m", "corescale.cli", "tune", *TUNE, f"output_dir={out}",
+            f"workload.tokenizer={tokenizer}"]
     first = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              start_new_session=True)
     deadline = time.monotonic() + 240
@@ -43,7 +48,7 @@ def tuned(tmp_path_factory):
     first.wait()
     tune_dir, = out.glob("tune-*")
     before = {p.parent.name for p in tune_dir.glob("*/result.json")}
-    proc = corescale("tune", *TUNE, f"output_dir={out}", timeout=600)
+    proc = corescale("tune", *TUNE, f"output_dir={out}", f"workload.tokenizer={tokenizer}", timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return {"out": out, "dir": tune_dir, "before": before, "proc": proc,
             "doc": json.loads((tune_dir / "tune.json").read_text())}
@@ -101,6 +106,22 @@ def test_recommendation_has_intervals_and_the_baseline_ratio(tuned):
     table = out[out.index("tune: recommendation"):out.index("recommended")]
     assert table.count("out-of-box pytorch") == 1
     assert f"tune: {tuned['dir']}\n" in out and f"recipe: {doc['recipe']['recipe.sh']}\n" in out
+
+
+@pytest.mark.slow
+def test_the_winner_is_a_bundle_that_one_command_serves(tuned, tmp_path):
+    doc, out = tuned["doc"], tuned["proc"].stdout
+    bundle = Path(doc["recipe"]["bundle"])
+    assert f"bundle: {bundle}\n" in out and bundle == tuned["dir"] / "bundle"
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    record = json.loads((bundle / "record.json").read_text())
+    assert record["trial_key"] == doc["recipe"]["key"] and manifest["backend"] == "pytorch"
+    assert "tokenizer/tokenizer.json" in manifest["files"] and manifest["config"]["model"] == "bert-tiny"
+    with Service(bundle, tmp_path / "serve.log") as service:
+        answer = httpx.post(f"{service.url}/embed", json={"inputs": ["a first text", "a second one"]}, timeout=60)
+        assert answer.status_code == 200 and np.array(answer.json()).shape == (2, 128)
+        code, _ = service.terminate()
+    assert code == 0
 
 
 @pytest.mark.slow

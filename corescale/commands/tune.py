@@ -84,6 +84,12 @@ def conclude(tune, outcome: dict, args) -> TuneDocument:
         print_path("report", built.path)
     if doc.recipe:
         print_path("recipe", doc.recipe["recipe.sh"])
+        if doc.recipe.get("bundle"):
+            print_path("bundle", doc.recipe["bundle"])
+            console.print(f"(corescale serve {doc.recipe['bundle']} serves it over HTTP)", markup=False,
+                          soft_wrap=True)
+        else:
+            console.print(f"no bundle: {doc.recipe.get('bundle_skipped')}", markup=False, soft_wrap=True)
     for line in doc.headline:
         console.print(line, markup=False, soft_wrap=True)
     return doc

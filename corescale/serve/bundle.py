@@ -27,7 +27,8 @@ from corescale.serve import examples
 
 MANIFEST = "manifest.json"
 FORMAT = 1
-MODEL_DIR, TOKENIZER_DIR, ARTIFACT_DIR, RESULT = "model", "tokenizer", "artifact", "result.json"
+MODEL_DIR, TOKENIZER_DIR, ARTIFACT_DIR = "model", "tokenizer", "artifact"
+RECORD = "record.json"  # the measured result; not result.json, which a results root would count as a run
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".h5", ".msgpack", ".onnx", ".pt", ".ckpt", ".xml")
 SKIPPED_DIRS = ("onnx", "openvino", ".git", ".cache")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt",
@@ -156,22 +157,30 @@ def serving_config(record: TrialRecord, folder: Path | None, has_tokenizer_dir: 
     return cfg
 
 
-def write(directory: Path, record: TrialRecord) -> Path:
-    """The bundle of one valid result, written whole (a temporary folder renamed into place)."""
+def write(directory: Path, record: TrialRecord, replace: bool = False) -> Path:
+    """The bundle of one valid result, written whole (a temporary folder renamed into place); `replace`: an
+    earlier bundle there (a tune's, resumed) is replaced once the new one is complete."""
     if not record.valid_ok:
         raise UserError(f"no bundle from a failed or invalid result ({record.reason or 'invalid'})")
     cfg = record.config
     directory = Path(directory)
-    check_destination(directory, cfg)
+    earlier = directory.is_dir() and (directory / MANIFEST).is_file() and replace
+    if not earlier:
+        check_destination(directory, cfg)
+    directory.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.resolve().parent))
+    old = tmp.with_name(f"{tmp.name}.old")
     try:
         contents(tmp, record)
         os.chmod(tmp, 0o755)
-        if directory.exists():
+        if earlier:
+            os.rename(directory, old)
+        elif directory.exists():
             directory.rmdir()  # empty: checked
         os.rename(tmp, directory)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
     return directory
 
 
@@ -194,7 +203,7 @@ def contents(tmp: Path, record: TrialRecord) -> None:
     if model_path is not None:
         chain = artifact_chain(model_path)
         shutil.copytree(model_path.parent, tmp / ARTIFACT_DIR, ignore=shutil.ignore_patterns(".*"))
-    (tmp / RESULT).write_text(json.dumps(record.to_json(), indent=2, default=str))
+    (tmp / RECORD).write_text(json.dumps(record.to_json(), indent=2, default=str))
     serving = serving_config(record, folder, tokenizer != folder)
     for name, text in examples.files(serving, layout(record)).items():
         (tmp / name).write_text(text)

@@ -60,7 +60,7 @@ def readme(serving: dict[str, Any], count: int, cpus: list[int]) -> str:
 `corescale serve .` starts what was measured: {count} pinned instance(s) of {serving["model"]} on {backend}
 ({serving["precision"]}), CPUs {",".join(map(str, cpus))}, dynamic batching up to {serving["server"]["max_batch"]}
 inputs per call. `manifest.json` holds every file's sha256, the layout, the measured figures and what this
-machine must have (CPU features, library versions); `result.json` is the measured record.
+machine must have (CPU features, library versions); `record.json` is the measured record.
 Examples: `{SYSTEMD}` (systemd), `{DOCKERFILE}` (a container). Routes: POST /v1/embeddings (OpenAI), /embed,
 /rerank, /predict, /tokenize (Hugging Face's text-embeddings-inference), GET /health, /metrics.
 """

@@ -51,7 +51,7 @@ def open_bundle(path: str | Path, runtime: Path | None = None) -> Bundle:
     check_files(root, manifest)
     check_cpu(manifest)
     check_libraries(manifest)
-    record = read_result(root / bundle.RESULT)
+    record = read_result(root / bundle.RECORD)
     specs = list(record.specs)
     check_cpus(specs)
     runtime = Path(tempfile.mkdtemp(prefix="corescale-serve-")) if runtime is None else runtime
