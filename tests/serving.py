@@ -28,7 +28,7 @@ def minilm_folder(where: Path) -> Path:
     return folder
 
 
-def measure_bundle(model: Path, where: Path, *overrides: str) -> Path:
+def measure_bundle(model: str, where: Path, *overrides: str) -> Path:
     """`corescale run ... --bundle`: one short ONNX Runtime measurement of the model, its bundle."""
     bundle = where / "bundle"
     proc = corescale("run", "--no-progress", f"model={model}", "backend=onnxruntime", "duration=0.5",

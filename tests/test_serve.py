@@ -30,8 +30,8 @@ def model(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def bundle(tmp_path_factory, model):
-    return measure_bundle(model, tmp_path_factory.mktemp("measured"))
+def bundle(tmp_path_factory):
+    return measure_bundle("all-minilm-l6-v2", tmp_path_factory.mktemp("measured"))
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ import numpy as np
 import optuna
 import pytest
 from helpers import FAST, ROOT, corescale
-from serving import Service, minilm_folder
+from serving import Service
 
 from corescale.errors import UserError
 from corescale.tune import settings as tune_settings
@@ -35,9 +35,7 @@ def _results(tune_dir: Path) -> list[dict]:
 def tuned(tmp_path_factory):
     """A tune killed with SIGKILL once three measurements are committed, then the same command again."""
     out = tmp_path_factory.mktemp("tune") / "outputs"
-    tokenizer = minilm_folder(tmp_path_factory.mktemp("tokenizer"))  # bert-tiny's vocabulary: the winner's bundle
-    argv = [sys.executable, "-m", "corescale.cli", "tune", *TUNE, f"output_dir={out}",
-            f"workload.tokenizer={tokenizer}"]
+    argv = [sys.executable, "-m", "corescale.cli", "tune", *TUNE, f"output_dir={out}"]
     first = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              start_new_session=True)
     deadline = time.monotonic() + 240
@@ -48,7 +46,7 @@ def tuned(tmp_path_factory):
     first.wait()
     tune_dir, = out.glob("tune-*")
     before = {p.parent.name for p in tune_dir.glob("*/result.json")}
-    proc = corescale("tune", *TUNE, f"output_dir={out}", f"workload.tokenizer={tokenizer}", timeout=600)
+    proc = corescale("tune", *TUNE, f"output_dir={out}", timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return {"out": out, "dir": tune_dir, "before": before, "proc": proc,
             "doc": json.loads((tune_dir / "tune.json").read_text())}

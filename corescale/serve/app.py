@@ -91,7 +91,7 @@ class Front:
             raise Refused(413, str(exc), "Validation") from None
         tokenized = time.perf_counter()
         loop = asyncio.get_running_loop()
-        request = pools.Request(encoded.rows, loop, loop.create_future())
+        request = pools.Request(encoded.rows, loop, loop.create_future(), encoded.types)
         try:
             self.pool.submit(request)
         except pools.Overloaded as exc:
@@ -174,8 +174,8 @@ def create_app(front: Front, api_key: str | None) -> FastAPI:
         pairs = not single and bool(body.inputs) and isinstance(body.inputs[0], list)
         texts = [body.inputs] if isinstance(body.inputs, str) else list(body.inputs)
         outputs, timings = await front.compute(texts, body.truncate, pairs=pairs)
-        labels = front.head.get("labels") or {}
-        answers = [[{"label": labels.get(str(i), f"LABEL_{i}"), "score": float(scores[i])}
+        labels = list(front.head.get("labels") or [])
+        answers = [[{"label": labels[i] if i < len(labels) else f"LABEL_{i}", "score": float(scores[i])}
                     for i in np.argsort(-scores)] for scores in (probabilities(row, body.raw_scores)
                                                                  for row in outputs)]
         return front.answer("/predict", answers[0] if single else answers, timings)

@@ -50,26 +50,33 @@ def check_destination(directory: Path, cfg) -> None:
     tokenizer_source(cfg)
 
 
-def model_folder(cfg) -> Path | None:
-    """The model's own folder (a local directory or a cached hub snapshot); None for a preset."""
-    from corescale.workload.models import hub_snapshot, resolve_model
+def model_spec(cfg):
+    from corescale.workload.models import resolve_model
 
-    spec = resolve_model(cfg.model, cfg.trust_remote_code)
+    return resolve_model(cfg.model, cfg.trust_remote_code, cfg.task, cfg.cache_dir)
+
+
+def model_folder(cfg) -> Path | None:
+    """The model's own folder (a local or packaged directory, or a cached hub snapshot); None for a preset."""
+    from corescale.workload.models import hub_snapshot
+
+    spec = model_spec(cfg)
     if spec.source == "preset":
         return None
-    folder = Path(spec.path) if spec.source == "local" and spec.path else hub_snapshot(spec.name)
+    folder = hub_snapshot(spec.name) if spec.source == "hub" else Path(spec.path) if spec.path else None
     if folder is None or not folder.is_dir():
         raise UserError(f"model '{cfg.model}': its folder cannot be found to copy into the bundle")
     return folder
 
 
 def tokenizer_source(cfg) -> Path:
-    """The tokenizer a bundle carries: workload.tokenizer (a folder), else the model's own folder."""
-    named = Path(os.path.expanduser(cfg.workload.tokenizer)) if cfg.workload.tokenizer else None
-    folder = named or model_folder(cfg)
+    """The tokenizer a bundle carries: the one the measurement's text went through (workload/tokens.py)."""
+    from corescale.workload.tokens import tokenizer_dir
+
+    folder, _ = tokenizer_dir(cfg, model_spec(cfg))
     if folder is None:
-        raise UserError(f"model '{cfg.model}' is a preset without a tokenizer; a bundle serves text: give "
-                        "workload.tokenizer=DIR (a folder holding tokenizer.json)")
+        raise UserError(f"model '{cfg.model}' has no tokenizer; a bundle serves text: give workload.tokenizer=DIR "
+                        "(a folder holding tokenizer.json)")
     if not (folder / "tokenizer.json").is_file():
         raise UserError(f"'{folder}' has no tokenizer.json (the fast tokenizer a bundle serves text with)")
     return folder
@@ -83,13 +90,14 @@ def sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def copy_folder(source: Path, target: Path, weights: bool) -> None:
-    """The model folder's files (sub-folders such as 1_Pooling too); weight files only when asked."""
+def copy_folder(source: Path, target: Path, encoder: Path | None) -> None:
+    """The model folder's files (sub-folders such as 1_Pooling too); the encoder's weights only when `encoder`
+    is None (with an ONNX artifact they are in the graph; a Dense module's stay: its folder is checked)."""
     for item in sorted(source.rglob("*")):
         relative = item.relative_to(source)
         if not item.is_file() or relative.parts[0] in SKIPPED_DIRS:
             continue
-        if not weights and item.suffix in WEIGHT_SUFFIXES:
+        if encoder is not None and item.suffix in WEIGHT_SUFFIXES and item.parent.resolve() == encoder.resolve():
             continue
         (target / relative).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(item.resolve(), target / relative)
@@ -101,15 +109,6 @@ def artifact_chain(model_path: Path) -> list[str]:
     final = model_path.parent
     steps = [d.name for d in final.parent.iterdir() if d.is_dir() and final.name.startswith(f"{d.name}-")]
     return sorted(steps, key=len) + [final.name]
-
-
-def head_of(folder: Path | None) -> dict[str, Any]:
-    """TEMPORARY until issue 21's HeadSpec lands: the task and pooling read from a Sentence-Transformers folder."""
-    pooling, normalize = "mean", True
-    if folder is not None and (folder / "modules.json").is_file():
-        modules = json.loads((folder / "modules.json").read_text())
-        normalize = any("Normalize" in str(m.get("type", "")) for m in modules)
-    return {"task": "embed", "pooling": pooling, "normalize": normalize, "labels": None}
 
 
 def figures(record: TrialRecord) -> dict[str, Any]:
@@ -149,8 +148,8 @@ def serving_config(record: TrialRecord, folder: Path | None, has_tokenizer_dir: 
     batch, the model from the bundle (paths relative to it), no reference, no calibration."""
     cfg = record.config.to_dict()
     batch = record.config.server.max_batch if record.config.scenario == "server" else record.config.instance_batch_size
-    cfg.update(scenario="server", target_qps=None, reference=None, calibrate=False, repeats=1,
-               server={**cfg["server"], "max_batch": batch})
+    cfg.update(scenario="server", target_qps=None, reference=None, calibrate=False, repeats=1, tokenize=False,
+               server={**cfg["server"], "max_batch": batch})  # the front tokenizes: the workers get token ids
     if folder is not None:
         cfg["model"] = MODEL_DIR
     cfg["workload"] = {**cfg["workload"], "tokenizer": TOKENIZER_DIR if has_tokenizer_dir else MODEL_DIR}
@@ -191,9 +190,10 @@ def contents(tmp: Path, record: TrialRecord) -> None:
     if model_path is not None and not model_path.is_file():
         raise UserError(f"the measured artifact '{model_path}' is gone (measured on another node, or the cache "
                         "was cleared): measure again here")
-    folder, tokenizer = model_folder(cfg), tokenizer_source(cfg)
+    spec, folder, tokenizer = model_spec(cfg), model_folder(cfg), tokenizer_source(cfg)
     if folder is not None:
-        copy_folder(folder, tmp / MODEL_DIR, weights=model_path is None)
+        encoder = Path(spec.encoder_path or folder) if model_path is not None else None
+        copy_folder(folder, tmp / MODEL_DIR, encoder)
     if tokenizer != folder:
         (tmp / TOKENIZER_DIR).mkdir()
         for name in TOKENIZER_FILES:
@@ -212,7 +212,7 @@ def contents(tmp: Path, record: TrialRecord) -> None:
     manifest = {
         "format": FORMAT, "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "corescale": dict(record.environment.corescale), "model": cfg.model, "backend": cfg.backend.name,
-        "precision": cfg.precision, "head": head_of(folder), "artifact": chain, "config": serving,
+        "precision": cfg.precision, "head": spec.head.to_json(), "artifact": chain, "config": serving,
         "layout": layout(record), "measured": figures(record),
         "requires": {"cpu_features": [f for f in FEATURES.get(cfg.precision, ()) if isa.get(f)],
                      "libraries": {n: record.environment.libraries.get(n) for n in backend.libraries}},

@@ -159,7 +159,7 @@ def map_artifact(root: Path, chain: list[str], cfg: BenchmarkConfig) -> None:
     from corescale.workload.inputs import make_inputs
     from corescale.workload.models import resolve_model
 
-    spec = resolve_model(cfg.model, cfg.trust_remote_code)
+    spec = resolve_model(cfg.model, cfg.trust_remote_code, cfg.task, cfg.cache_dir)
     names = make_inputs(spec, 1, 8, cfg.seed)
     source = source_key(spec, cfg, names)
     if source is None:

@@ -52,6 +52,7 @@ class Request:
     rows: list[np.ndarray]
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future
+    types: list[np.ndarray] | None = None  # token type ids of each row (pairs)
     outputs: list[Any] = field(default_factory=list)
     left: int = 0
     queue_ns: int = 0  # the longest any of its rows waited for an instance
@@ -72,6 +73,15 @@ class Request:
 class Row:
     request: Request
     index: int
+
+
+def row_text(row: Row) -> str:
+    """One row of an `infer` line: its token ids, then `/` and its token type ids when it has them."""
+    request = row.request
+    ids = ",".join(map(str, request.rows[row.index].tolist()))
+    if request.types is None:
+        return ids
+    return f"{ids}/{','.join(map(str, request.types[row.index].tolist()))}"
 
 
 class Instance:
@@ -149,7 +159,7 @@ class Instance:
                 return
             generation = self.generation
             number += 1
-            ids = ";".join(",".join(map(str, row.sample.request.rows[row.sample.index].tolist())) for row in batch)
+            ids = ";".join(row_text(row.sample) for row in batch)
             if not self.ready.is_set() or not self.tell(f"infer {number} {ids}"):
                 batcher.requeue(batch)  # never sent: another instance (or this one, restarted) takes it
                 continue
@@ -196,7 +206,7 @@ class Pool:
         from corescale.workload.models import resolve_model
 
         cfg = self.bundle.cfg
-        model = resolve_model(cfg.model, cfg.trust_remote_code)
+        model = resolve_model(cfg.model, cfg.trust_remote_code, cfg.task, cfg.cache_dir)
         cpus = sorted(c for spec in self.bundle.specs for c in spec.cpus)
         for spec, launch in zip(self.bundle.specs, self.bundle.launches):
             job = self.work / f"instance-{spec.id}.json"

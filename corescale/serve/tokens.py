@@ -21,6 +21,7 @@ class TooLarge(ValueError):
 @dataclass
 class Encoded:
     rows: list[np.ndarray]
+    types: list[np.ndarray] | None  # token type ids, for pairs (a cross-encoder tells query from document by them)
     tokens: int  # real tokens, special ones included (the usage count)
 
 
@@ -45,7 +46,8 @@ class Tokens:
                 raise TooLarge(f"input {index} has {len(encoding.ids)} tokens; the bundle was measured at "
                                f"sequence_length {self.max_length} (send truncate=true to cut it)")
         rows = [np.asarray(e.ids, dtype=np.int64) for e in encodings]
-        return Encoded(rows, sum(len(r) for r in rows))
+        types = [np.asarray(e.type_ids, dtype=np.int64) for e in encodings] if pairs else None
+        return Encoded(rows, types, sum(len(r) for r in rows))
 
     def pieces(self, texts: list[str], special: bool) -> list[list[dict]]:
         """TEI's /tokenize answer: each token's id, text, whether it is special, and its character span."""
