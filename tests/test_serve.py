@@ -234,5 +234,49 @@ def test_run_refuses_a_bundle_folder_in_use_before_measuring(tmp_path):
     (tmp_path / "taken" / "file").write_text("x")
     proc = corescale("run", "model=bert-tiny", f"output_dir={tmp_path / 'out'}", "--bundle", str(tmp_path / "taken"))
     assert proc.returncode == 2 and "not empty" in proc.stderr and not (tmp_path / "out").exists()
-    proc = corescale("run", "model=bert-tiny", f"output_dir={tmp_path / 'out'}", "--bundle", str(tmp_path / "new"))
-    assert proc.returncode == 2 and "preset without a tokenizer" in proc.stderr and not (tmp_path / "out").exists()
+    proc = corescale("run", "model=roberta-base", f"output_dir={tmp_path / 'out'}", "--bundle", str(tmp_path / "new"))
+    assert proc.returncode == 2 and "has no tokenizer" in proc.stderr and not (tmp_path / "out").exists()
+
+
+def artifact_outputs(bundle, items, pairs=False):
+    """The bundle's ONNX file run here, one input at a time: what the service must answer."""
+    import onnxruntime as ort
+    from tokenizers import Tokenizer
+
+    tokenizer_dir = json.loads((bundle / "manifest.json").read_text())["config"]["workload"]["tokenizer"]
+    tokenizer = Tokenizer.from_file(str(bundle / tokenizer_dir / "tokenizer.json"))
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
+    session = ort.InferenceSession(str(bundle / "artifact" / "model.onnx"), providers=["CPUExecutionProvider"])
+    names = {i.name for i in session.get_inputs()}
+    rows = []
+    for item in items:
+        encoded = tokenizer.encode(*item) if pairs else tokenizer.encode(item)
+        feed = {"input_ids": [encoded.ids], "attention_mask": [encoded.attention_mask],
+                "token_type_ids": [encoded.type_ids]}
+        rows.append(session.run(None, {k: np.asarray(v, dtype=np.int64) for k, v in feed.items() if k in names})[0][0])
+    return np.array(rows)
+
+
+def test_rerank_and_predict_serve_their_heads(tmp_path):
+    reranker = measure_bundle("bert-tiny", tmp_path / "rerank", "task=rerank")
+    query, texts = "which package manages fonts", ["font configuration library", "a web server", "fonts"]
+    logits = artifact_outputs(reranker, [(query, t) for t in texts], pairs=True)[:, 0]
+    with Service(reranker, tmp_path / "rerank.log") as service:
+        ranked = httpx.post(f"{service.url}/rerank", json={"query": query, "texts": texts, "return_text": True},
+                            timeout=60).json()
+        raw = httpx.post(f"{service.url}/rerank", json={"query": query, "texts": texts, "raw_scores": True},
+                         timeout=60).json()
+        wrong = httpx.post(f"{service.url}/embed", json={"inputs": "x"}, timeout=60)
+    assert [r["index"] for r in ranked] == list(np.argsort(-logits))
+    assert {r["index"]: r["score"] for r in raw} == pytest.approx(dict(enumerate(logits.tolist())), abs=1e-4)
+    assert ranked[0]["text"] == texts[ranked[0]["index"]] and wrong.status_code == 400
+    classifier = measure_bundle("bert-tiny", tmp_path / "classify", "task=classify")
+    labels = json.loads((classifier / "manifest.json").read_text())["head"]["labels"]
+    logits = artifact_outputs(classifier, ["a happy text", "a sad one"])
+    with Service(classifier, tmp_path / "classify.log") as service:
+        one = httpx.post(f"{service.url}/predict", json={"inputs": "a happy text"}, timeout=60).json()
+        both = httpx.post(f"{service.url}/predict", json={"inputs": ["a happy text", "a sad one"]}, timeout=60).json()
+    probabilities = np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
+    assert [p["label"] for p in one] == [labels[i] for i in np.argsort(-probabilities[0])]
+    assert [p["score"] for p in both[1]] == pytest.approx(sorted(probabilities[1], reverse=True), abs=1e-4)
