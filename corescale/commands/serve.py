@@ -44,6 +44,13 @@ def port_number(text: str) -> int:
 
 
 def handle(args) -> int:
+    import importlib.util
+
+    from corescale.errors import UserError
+
+    missing = [m for m in ("fastapi", "uvicorn", "prometheus_client") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise UserError(f"corescale serve needs {', '.join(missing)}: pip install 'corescale[serve]'")
     from corescale.serve.service import Options, run
 
     return run(args.bundle, Options(args.host, args.port, args.api_key or None, args.max_queue, args.max_inputs,
