@@ -42,10 +42,12 @@ def measure_bundle(model: str, where: Path, *overrides: str) -> Path:
 class Service:
     """`corescale serve BUNDLE --port 0 OPTIONS` in its own process, its stderr in a file."""
 
-    def __init__(self, bundle: Path, log: Path, *options: str, env: dict | None = None):
+    def __init__(self, bundle: Path | str, log: Path, *options: str, env: dict | None = None):
+        """`bundle`: a folder, or overrides in one string (`model=bert-tiny backend=onnxruntime`)."""
         self.log = log
+        source = str(bundle).split() if "=" in str(bundle) else [str(bundle)]
         with open(log, "wb") as stderr:
-            self.process = subprocess.Popen([sys.executable, "-m", "corescale.cli", "serve", str(bundle), "--port",
+            self.process = subprocess.Popen([sys.executable, "-m", "corescale.cli", "serve", *source, "--port",
                                              "0", *options], stdout=subprocess.PIPE, stderr=stderr, text=True,
                                             cwd=ROOT, env=dict(os.environ, **(env or {})))
         self.url = self.wait_ready(180)

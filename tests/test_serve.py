@@ -280,3 +280,16 @@ def test_rerank_and_predict_serve_their_heads(tmp_path):
     probabilities = np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
     assert [p["label"] for p in one] == [labels[i] for i in np.argsort(-probabilities[0])]
     assert [p["score"] for p in both[1]] == pytest.approx(sorted(probabilities[1], reverse=True), abs=1e-4)
+
+
+def test_serve_a_layout_from_overrides(tmp_path):
+    layout = f"model=bert-tiny task=embed backend=onnxruntime sequence_length=32 batch_size=2 cache_dir={tmp_path}"
+    with Service(layout, tmp_path / "serve.log") as service:
+        answer = httpx.post(f"{service.url}/v1/embeddings", json={"input": ["one", "two", "three"]}, timeout=60)
+        too_long = httpx.post(f"{service.url}/embed", json={"inputs": "word " * 40}, timeout=60)
+        code, out = service.terminate()
+    assert answer.status_code == 200 and [len(d["embedding"]) for d in answer.json()["data"]] == [128] * 3
+    assert too_long.status_code == 413 and "sequence_length 32" in too_long.json()["error"]
+    assert code == 0 and "3 inputs served" in out
+    proc = corescale("serve", "model=no-such-model", "backend=onnxruntime", timeout=60)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "unknown model" in proc.stderr

@@ -13,7 +13,9 @@ API_KEY_ENV = "CORESCALE_API_KEY"
 def register(sub) -> None:
     parser = sub.add_parser("serve", help="serve a deployment bundle over HTTP (OpenAI and TEI APIs)")
     add_common(parser)
-    parser.add_argument("bundle", help="a bundle folder (corescale run --bundle DIR, or a tune's bundle/)")
+    parser.add_argument("source", nargs="+", metavar="BUNDLE | OVERRIDES",
+                        help="a bundle folder (corescale run --bundle DIR, or a tune's bundle/), or overrides as "
+                             "`run` takes them (a layout that was not measured)")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=port_number, default=8080, help="port (default 8080; 0: any free one)")
     parser.add_argument("--api-key", default=os.environ.get(API_KEY_ENV),
@@ -53,5 +55,7 @@ def handle(args) -> int:
         raise UserError(f"corescale serve needs {', '.join(missing)}: pip install 'corescale[serve]'")
     from corescale.serve.service import Options, run
 
-    return run(args.bundle, Options(args.host, args.port, args.api_key or None, args.max_queue, args.max_inputs,
+    if len(args.source) > 1 and not all("=" in word for word in args.source):
+        raise UserError(f"serve takes one bundle folder or overrides (key=value), not {' '.join(args.source)}")
+    return run(args.source, Options(args.host, args.port, args.api_key or None, args.max_queue, args.max_inputs,
                                     args.access_log))

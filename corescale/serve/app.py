@@ -112,18 +112,29 @@ class Front:
         return JSONResponse(body, headers=headers)
 
 
+class KeyCheck:
+    """Plain ASGI middleware (no per-request task group): every route but /health needs the key."""
+
+    def __init__(self, app, key: str, metrics) -> None:
+        self.app, self.expected, self.metrics = app, f"Bearer {key}".encode(), metrics
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["path"] != "/health":
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.expected):
+                self.metrics.answered(scope["path"], 401)
+                response = refusal(Refused(401, "a valid API key is required (Authorization: Bearer KEY)",
+                                           "Unauthorized"))
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 def create_app(front: Front, api_key: str | None) -> FastAPI:
     app = FastAPI(title="corescale serve", docs_url=None, redoc_url=None)
 
-    @app.middleware("http")
-    async def key_check(request: Request, call_next):
-        if api_key and request.url.path != "/health":
-            given = request.headers.get("authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
-                front.metrics.answered(request.url.path, 401)
-                return refusal(Refused(401, "a valid API key is required (Authorization: Bearer KEY)",
-                                       "Unauthorized"))
-        return await call_next(request)
+    if api_key:
+        app.add_middleware(KeyCheck, key=api_key, metrics=front.metrics)
 
     @app.exception_handler(Refused)
     async def refused(request: Request, exc: Refused):

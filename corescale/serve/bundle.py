@@ -11,6 +11,7 @@ the artifact's build steps). Written whole into a temporary folder, then renamed
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from corescale.backends import entry
+from corescale.config import BenchmarkConfig
 from corescale.errors import UserError
 from corescale.record.trial import TrialRecord
 from corescale.serve import examples
@@ -143,13 +145,18 @@ def layout(record: TrialRecord) -> dict[str, Any]:
     }
 
 
+def serving(cfg: BenchmarkConfig) -> BenchmarkConfig:
+    """A config as the service runs it: the server scenario's dynamic batching at its batch (a server config's
+    max_batch, else the per-instance batch), no reference, no calibration; the front tokenizes (the workers get
+    token ids)."""
+    batch = cfg.server.max_batch if cfg.scenario == "server" else cfg.instance_batch_size
+    return dataclasses.replace(cfg, scenario="server", target_qps=None, reference=None, calibrate=False, repeats=1,
+                               tokenize=False, server=dataclasses.replace(cfg.server, max_batch=batch))
+
+
 def serving_config(record: TrialRecord, folder: Path | None, has_tokenizer_dir: bool) -> dict[str, Any]:
-    """The measured config as the service runs it: the server scenario's dynamic batching at the measured
-    batch, the model from the bundle (paths relative to it), no reference, no calibration."""
-    cfg = record.config.to_dict()
-    batch = record.config.server.max_batch if record.config.scenario == "server" else record.config.instance_batch_size
-    cfg.update(scenario="server", target_qps=None, reference=None, calibrate=False, repeats=1, tokenize=False,
-               server={**cfg["server"], "max_batch": batch})  # the front tokenizes: the workers get token ids
+    """The measured config as the service runs it, the model from the bundle (paths relative to it)."""
+    cfg = serving(record.config).to_dict()
     if folder is not None:
         cfg["model"] = MODEL_DIR
     cfg["workload"] = {**cfg["workload"], "tokenizer": TOKENIZER_DIR if has_tokenizer_dir else MODEL_DIR}

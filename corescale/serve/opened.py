@@ -29,7 +29,7 @@ from corescale.serve import bundle
 
 @dataclass(frozen=True)
 class Bundle:
-    root: Path
+    root: Path | None  # None: a layout from overrides (`corescale serve OVERRIDES`), no bundle
     manifest: dict[str, Any]
     cfg: BenchmarkConfig  # the serving config: model and tokenizer paths inside the bundle, cache_dir runtime
     specs: list[InstanceSpec]
@@ -60,6 +60,29 @@ def open_bundle(path: str | Path, runtime: Path | None = None) -> Bundle:
     if manifest.get("artifact"):
         map_artifact(root, manifest["artifact"], cfg)
     return Bundle(root, manifest, cfg, specs, launches)
+
+
+def from_overrides(overrides: list[str]) -> Bundle:
+    """`corescale serve OVERRIDES`: the layout a config asks for, checked and placed as a run's trial is
+    (`prepare_trial`), started as a run starts it; the artifact is built or found in cache_dir as a run's is.
+    Nothing here was measured: a bundle is."""
+    import dataclasses
+
+    from corescale.measure.runner import prepare_trial
+    from corescale.overrides import compose
+    from corescale.workload.tokens import tokenizer_dir
+
+    trial = prepare_trial(compose(overrides))
+    cfg = bundle.serving(trial.cfg)
+    folder, _ = tokenizer_dir(cfg, trial.model)
+    if folder is None or not (folder / "tokenizer.json").is_file():
+        raise UserError(f"model '{cfg.model}' has no fast tokenizer (tokenizer.json) to serve text with: give "
+                        "workload.tokenizer=DIR")
+    cfg = dataclasses.replace(cfg, workload=dataclasses.replace(cfg.workload, tokenizer=str(folder)))
+    specs = trial.instance_specs()
+    preload = instance_env.preload_paths(cfg)
+    launches = [instance_env.Launch.of(cfg, spec, preload) for spec in specs]
+    return Bundle(None, {"model": cfg.model, "head": trial.model.head.to_json()}, cfg, specs, launches)
 
 
 def read_manifest(root: Path) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from pathlib import Path
 from corescale.errors import UserError
 from corescale.machine.cpulist import format_cpulist
 from corescale.measure.runner import housekeeping_cpus
-from corescale.serve.opened import open_bundle
+from corescale.serve.opened import from_overrides, open_bundle
 
 GRACEFUL_S = 60  # the longest SIGTERM waits for accepted requests
 
@@ -53,7 +53,8 @@ def say(text: str) -> None:
     print(f"corescale serve: {text}", flush=True)
 
 
-def run(bundle_path: str, options: Options) -> int:
+def run(source: list[str], options: Options) -> int:
+    """`source`: a bundle's path, or overrides (a layout that was not measured)."""
     import uvicorn
 
     from corescale.serve.app import Front, create_app
@@ -62,7 +63,7 @@ def run(bundle_path: str, options: Options) -> int:
     from corescale.serve.tokens import Tokens
 
     with tempfile.TemporaryDirectory(prefix="corescale-serve-") as work:
-        opened = open_bundle(bundle_path, Path(work) / "cache")
+        opened = from_overrides(source) if "=" in source[0] else open_bundle(source[0], Path(work) / "cache")
         cfg = opened.cfg
         tokens = Tokens(opened.tokenizer, cfg.sequence_length, options.max_inputs)
         sock = bind(options.host, options.port)
