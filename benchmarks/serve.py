@@ -21,15 +21,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import resource
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def cpu_seconds() -> float:
@@ -99,18 +96,6 @@ def search(step, start: float) -> tuple[float | None, list[dict]]:
     return (max(passed) if passed else None), steps
 
 
-def start_service(bundle: Path, log: Path) -> tuple[subprocess.Popen, str]:
-    with open(log, "wb") as stderr:
-        process = subprocess.Popen([sys.executable, "-m", "corescale.cli", "serve", str(bundle), "--port", "0",
-                                    "--max-queue", "100000", "--max-inputs", "1"], stdout=subprocess.PIPE,
-                                   stderr=stderr, text=True, cwd=ROOT)
-    assert process.stdout is not None
-    for line in process.stdout:
-        if "listening on http://" in line:
-            return process, "http://" + line.split("listening on http://", 1)[1].strip()
-    raise SystemExit(f"corescale serve did not start: {log.read_text()[-2000:]}")
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="all-minilm-l6-v2")
@@ -125,6 +110,7 @@ def main() -> int:
 
     from corescale.overrides import compose
     from corescale.serve import bundle as bundles
+    from corescale.serve.managed import started
     from corescale.trials.serving import max_valid_qps
     from corescale.workload.corpus import texts
 
@@ -139,13 +125,9 @@ def main() -> int:
         raise SystemExit(f"the in-process search found no valid rate: {outcome.record.reason or 'see its record'}")
     bundle = bundles.write(out / "bundle", outcome.record)
     parent = outcome.record.server.parent if outcome.record.server else None
-    process, url = start_service(bundle, out / "serve.log")
-    try:
+    with started([str(bundle)], out / "serve.log", "--max-queue", "100000", "--max-inputs", "1") as url:
         corpus = texts()
         remote, steps = search(lambda qps: http_step(url, corpus, qps, args, seed=len(corpus)), local)
-    finally:
-        process.terminate()
-        process.wait(timeout=120)
     best = max((s for s in steps if s["passed"]), key=lambda s: s["qps"], default=None)
     env = outcome.record.environment
     print(f"\n{args.model} on {env.cpu.model} ({env.topology.physical_cores} cores), {cfg.backend.name} "

