@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import uvloop
 
 
 def cpu_seconds() -> float:
@@ -42,19 +43,22 @@ def front_cpu(url: str) -> float:
 
 
 async def offered(url: str, texts: list[str], qps: float, count: int, seed: int) -> dict:
-    """`count` requests at Poisson arrivals of `qps`; latencies from their scheduled times."""
-    import httpx
+    """`count` requests at Poisson arrivals of `qps`; latencies from their scheduled times (aiohttp: a client
+    much lighter than httpx, so the load generator takes less of the CPUs it shares with the service)."""
+    import aiohttp
 
     loop = asyncio.get_running_loop()
     times = np.cumsum(np.random.default_rng(seed).exponential(1 / qps, count))
-    limits = httpx.Limits(max_connections=2000, max_keepalive_connections=2000)
-    async with httpx.AsyncClient(limits=limits, timeout=120) as client:
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=120)) as client:
         start = loop.time() + 0.2
 
         async def one(i: int) -> tuple[float, int]:
             await asyncio.sleep(max(start + times[i] - loop.time(), 0))
-            answer = await client.post(f"{url}/embed", json={"inputs": texts[i % len(texts)], "truncate": True})
-            return loop.time() - (start + times[i]), answer.status_code
+            body = {"inputs": texts[i % len(texts)], "truncate": True}
+            async with client.post(f"{url}/embed", json=body) as answer:
+                await answer.read()
+                return loop.time() - (start + times[i]), answer.status
 
         results = await asyncio.gather(*(one(i) for i in range(count)))
         wall = loop.time() - start
@@ -66,7 +70,7 @@ async def offered(url: str, texts: list[str], qps: float, count: int, seed: int)
 def http_step(url: str, texts: list[str], qps: float, args, seed: int) -> dict:
     count = max(args.min_queries, int(qps * args.duration))
     cpu_before, front_before, began = cpu_seconds(), front_cpu(url), time.monotonic()
-    found = asyncio.run(offered(url, texts, qps, count, seed))
+    found = uvloop.run(offered(url, texts, qps, count, seed))
     wall = time.monotonic() - began
     found.update(qps=qps, front_cores=(front_cpu(url) - front_before) / wall,
                  client_cores=(cpu_seconds() - cpu_before) / wall)
@@ -105,38 +109,47 @@ def main() -> int:
     parser.add_argument("--min-queries", type=int, default=500)
     parser.add_argument("--max-batch", type=int, default=4)
     parser.add_argument("--output", default=None)
+    parser.add_argument("--reuse", metavar="DIR", help="an earlier run's --output: its in-process figure and bundle "
+                        "(only the HTTP search runs again)")
     parser.add_argument("overrides", nargs="*", help="the layout: backend=, instances=, cores_per_instance=, ...")
     args = parser.parse_args()
 
     from corescale.overrides import compose
+    from corescale.record.files import read_result
     from corescale.serve import bundle as bundles
     from corescale.serve.managed import started
     from corescale.trials.serving import max_valid_qps
     from corescale.workload.corpus import texts
 
-    out = Path(args.output or tempfile.mkdtemp(prefix="corescale-serve-bench-"))
+    out = Path(args.reuse or args.output or tempfile.mkdtemp(prefix="corescale-serve-bench-"))
     cfg = compose([f"model={args.model}", f"sequence_length={args.sequence_length}", f"duration={args.duration}",
                    f"output_dir={out / 'results'}", "calibrate=false", "workload=builtin",
                    f"server.min_query_count={args.min_queries}", "server.search_precision=0.05", "timeout=900",
                    *(args.overrides or ["backend=onnxruntime", "instances=2", "cores_per_instance=1"])])
-    print(f"in process: {args.model}, p99 <= {args.slo:g} ms ...", file=sys.stderr, flush=True)
-    local, outcome = max_valid_qps(cfg, args.slo, max_batch=args.max_batch)
-    if local is None:
-        raise SystemExit(f"the in-process search found no valid rate: {outcome.record.reason or 'see its record'}")
-    bundle = bundles.write(out / "bundle", outcome.record)
-    parent = outcome.record.server.parent if outcome.record.server else None
+    if args.reuse:
+        record = read_result(out / "bundle" / bundles.RECORD)
+    else:
+        print(f"in process: {args.model}, p99 <= {args.slo:g} ms ...", file=sys.stderr, flush=True)
+        _, outcome = max_valid_qps(cfg, args.slo, max_batch=args.max_batch)
+        record = outcome.record
+        if record.server is None or record.server.max_valid_qps is None:
+            raise SystemExit(f"the in-process search found no valid rate: {record.reason or 'see its record'}")
+        bundles.write(out / "bundle", record)
+    bundle = out / "bundle"
+    assert record.server is not None and record.server.max_valid_qps is not None
+    local, parent = record.server.max_valid_qps, record.server.parent
     with started([str(bundle)], out / "serve.log", "--max-queue", "100000", "--max-inputs", "1") as url:
         corpus = texts()
-        remote, steps = search(lambda qps: http_step(url, corpus, qps, args, seed=len(corpus)), local)
+        _, steps = search(lambda qps: http_step(url, corpus, qps, args, seed=len(corpus)), local)
     best = max((s for s in steps if s["passed"]), key=lambda s: s["qps"], default=None)
-    env = outcome.record.environment
+    env = record.environment
     print(f"\n{args.model} on {env.cpu.model} ({env.topology.physical_cores} cores), {cfg.backend.name} "
           f"{cfg.precision}, {cfg.instances} instance(s), max_batch {args.max_batch}, sequence {args.sequence_length}, "
           f"p99 <= {args.slo:g} ms, built-in text\n")
     print("| | max QPS at the SLO | p99 there (ms) | front / parent cores |")
     print("|---|---:|---:|---:|")
-    print(f"| in process (LoadGen) | {local:.2f} | {outcome.record.server.latency_ms.get('p99', float('nan')):.1f} | "
-          f"{parent.cores_used if parent and parent.cores_used is not None else float('nan'):.3f} |")
+    print(f"| in process (LoadGen) | {local:.2f} | {record.server.latency_ms.get('p99', float('nan')):.1f} | "
+          f"{parent.cores_used if parent.cores_used is not None else float('nan'):.3f} |")
     if best is not None:
         print(f"| corescale serve over HTTP | {best['qps']:.2f} | {best['p99_ms']:.1f} | {best['front_cores']:.3f} |")
         print(f"\nP9 = {best['qps'] / local:.2f} (goal >= 0.85); the front at that rate: {best['front_cores']:.1%} of "
