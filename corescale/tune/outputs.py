@@ -106,7 +106,8 @@ def headline(tune: Tune, verdict: Verdict) -> list[str]:
                 f"memory {near.interval('memory_gb').mean:.2f} GB"]
     where = f" on node type {tune.node_type}" if tune.node_type else ""
     lines = [f"recommended{where}: {winner.label} — {objective.name} "
-             f"{winner.interval(objective.metric).text(objective.unit, 4 if objective.name == 'cost' else 2)}"]
+             f"{winner.interval(objective.metric).text(objective.unit, 4 if objective.name == 'cost' else 2)}"
+             + quality_words(winner)]
     if verdict.tie:
         lines.append(f"statistical tie (p = {verdict.tie_p:.2f}, Welch's t over repeats) between "
                      f"{' and '.join(verdict.tie)}: " + (
@@ -116,7 +117,18 @@ def headline(tune: Tune, verdict: Verdict) -> list[str]:
         ratio, low, high = verdict.speedup
         lines.append(f"{ratio:.2f}× the out-of-box throughput (95 % CI {low:.2f} – {high:.2f}×; out-of-box "
                      f"PyTorch {verdict.baseline.interval('throughput').mean:.2f} samples/s)")
+    withheld = [f for f in verdict.infeasible if f.quality_withheld]
+    if withheld:
+        lines.append(f"withheld (quality): {len(withheld)} configuration(s) whose outputs miss the gate, e.g. "
+                     f"{withheld[0].label} at {withheld[0].interval('throughput').mean:.2f} samples/s"
+                     + quality_words(withheld[0]))
     return lines
+
+
+def quality_words(f: Finalist) -> str:
+    """'; quality: cosine_p1 0.9990, recall_at_10 1.0000 vs pytorch fp32' from its first checked record."""
+    found = next((r.quality for r in f.records if r.quality is not None), None)
+    return f"; quality: {found.summary()} vs {found.reference}" if found else ""
 
 
 def document(tune: Tune, study, verdict: Verdict, finalists: list[Finalist], recipe: dict | None) -> TuneDocument:
@@ -146,7 +158,7 @@ def write_outputs(tune: Tune, study, verdict: Verdict, finalists: list[Finalist]
                              f"measured on {record.environment.cpu.model or '?'}, "
                              f"{tune.physical_cores} physical cores"
                              + (f" (Ray node type {tune.node_type})" if tune.node_type else "")])
-        paths = recipes.write(tune.tune_dir / "recipe", record, winner.overrides, summary)
+        paths = recipes.write(tune.tune_dir / recipes.RECIPE_DIR, record, winner.overrides, summary)
         recipe = {name: str(path) for name, path in paths.items()}  # and the run line (a list of words)
         recipe["run_line"] = recipes.run_line(winner.overrides)
         recipe["key"] = record.trial_key
