@@ -89,3 +89,26 @@ def test_the_front_refuses_inputs_over_the_limits():
     assert len(tokens.encode(["word " * 20], truncate=True).rows[0]) == 16
     pair = tokens.encode([("a query", "a document")], pairs=True)
     assert pair.types is not None and pair.types[0].tolist() == [0, 0, 0, 0, 1, 1, 1]
+
+
+def test_a_final_artifact_gets_no_build_step_again(tmp_path):
+    """What `corescale serve` files for a bundle's ONNX file: the backend's load finds it and derives nothing."""
+    from corescale.backends.artifact_cache import write_manifest
+    from corescale.backends.onnx_export import OnnxModel, cache_root, file_export, known_export
+    from corescale.config import BenchmarkConfig
+
+    cfg = BenchmarkConfig(cache_dir=str(tmp_path))
+    artifact = cache_root(cfg) / ("ab" * 12)
+    artifact.mkdir(parents=True)
+    (artifact / "model.onnx").write_bytes(b"the measured int8 graph")
+    write_manifest(artifact)
+    file_export(cfg, "source", OnnxModel(artifact / "model.onnx", artifact.name, False, True, final=True))
+    found = known_export(cfg, "source")
+    assert found is not None and found.final and found.path == artifact / "model.onnx"
+
+    def build(source, target, large):
+        raise AssertionError("a final artifact is not built again")
+    assert found.derived("int8-ort", build) is found
+    file_export(cfg, "other", OnnxModel(artifact / "model.onnx", artifact.name, False, True))
+    plain = known_export(cfg, "other")
+    assert plain is not None and not plain.final

@@ -4,7 +4,7 @@ The checks: the manifest is there and of a known format; every file it lists has
 features the bundle requires; the backend's libraries are the measured versions (they name the artifact's build
 steps: another version would build a different graph); the instances' CPUs are allowed here; the preloaded
 libraries exist. Then the runtime cache: the artifact is found by the backend's own load path (the ONNX export
-cache), every build step mapped to the bundle's one measured file, so nothing is exported or quantized again.
+cache), filed as final, so nothing is exported, fused or quantized again.
 """
 
 from __future__ import annotations
@@ -176,19 +176,20 @@ def launch_of(cfg: BenchmarkConfig, spec: InstanceSpec, recorded: dict[str, Any]
 
 
 def map_artifact(root: Path, chain: list[str], cfg: BenchmarkConfig) -> None:
-    """The runtime cache: the export cache's entry for this model's source, and each build step's folder a link
-    to the bundle's artifact, so the backend's load finds every step built and opens the measured file."""
+    """The runtime cache: the export cache's entry for this model's source names the bundle's artifact as final
+    (linked under its export key), so the backend's own load opens the measured file and applies no build step
+    (fusion, quantization) to it again."""
     from corescale.backends.onnx_export import OnnxModel, cache_root, file_export, source_key
     from corescale.workload.inputs import make_inputs
     from corescale.workload.models import resolve_model
 
     spec = resolve_model(cfg.model, cfg.trust_remote_code, cfg.task, cfg.cache_dir)
-    names = make_inputs(spec, 1, 8, cfg.seed)
-    source = source_key(spec, cfg, names)
+    source = source_key(spec, cfg, make_inputs(spec, 1, 8, cfg.seed))
     if source is None:
         raise UserError(f"bundle '{root}': the model's files cannot be listed")
-    artifacts = cache_root(cfg)
-    artifacts.mkdir(parents=True, exist_ok=True)
-    for step in chain:
-        os.symlink((root / bundle.ARTIFACT_DIR).resolve(), artifacts / step)
-    file_export(cfg, source, OnnxModel(artifacts / chain[0] / "model.onnx", chain[0], False, True))
+    artifact = (root / bundle.ARTIFACT_DIR).resolve()
+    key = chain[0]  # the export's key: the name the cache's entries take
+    cache_root(cfg).mkdir(parents=True, exist_ok=True)
+    os.symlink(artifact, cache_root(cfg) / key)
+    large = any(p.name != "model.onnx" and p.name.startswith("model.onnx") for p in artifact.iterdir())
+    file_export(cfg, source, OnnxModel(artifact / "model.onnx", key, large, True, final=True))
