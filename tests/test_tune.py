@@ -116,8 +116,8 @@ def test_the_winner_is_a_bundle_that_one_command_serves(tuned, tmp_path):
     assert record["trial_key"] == doc["recipe"]["key"] and manifest["backend"] == "pytorch"
     assert "tokenizer/tokenizer.json" in manifest["files"] and manifest["config"]["model"] == "bert-tiny"
     with Service(bundle, tmp_path / "serve.log") as service:
-        answer = httpx.post(f"{service.url}/embed", json={"inputs": ["a first text", "a second one"]}, timeout=60)
-        assert answer.status_code == 200 and np.array(answer.json()).shape == (2, 128)
+        answer = httpx.post(f"{service.url}/embed_all", json={"inputs": ["a first text", "a text"]}, timeout=60)
+        assert answer.status_code == 200 and [np.array(row).shape for row in answer.json()] == [(5, 128), (4, 128)]
         code, _ = service.terminate()
     assert code == 0
 

@@ -1,7 +1,7 @@
 """The HTTP front of `corescale serve`: FastAPI (Starlette underneath, pydantic for the request schemas).
 
-Routes: OpenAI's `POST /v1/embeddings`; Hugging Face text-embeddings-inference's `/embed`, `/rerank`,
-`/predict`, `/tokenize`; `GET /health`, `GET /metrics`. Every answer of a computed route carries TEI's timing
+Routes: OpenAI's `POST /v1/embeddings`; Hugging Face text-embeddings-inference's `/embed`, `/embed_all`,
+`/rerank`, `/predict`, `/tokenize`; `GET /health`, `GET /metrics`. Every answer of a computed route carries TEI's timing
 headers (milliseconds): X-Tokenization-Time, X-Queue-Time, X-Inference-Time, X-Total-Time.
 Statuses: 401 without the API key (when one is set), 413 an input over the measured length or too many inputs,
 422 malformed JSON or a field of the wrong type (named), 429 the queue is full (Retry-After), 400 a route the
@@ -102,7 +102,7 @@ class Front:
             raise Refused(503, str(exc), "Unhealthy") from None
         timings = {"tokenization": tokenized - began, "queue": request.queue_ns / 1e9,
                    "inference": request.inference_ns / 1e9, "total": time.perf_counter() - began,
-                   "tokens": encoded.tokens}
+                   "tokens": encoded.tokens, "lengths": [len(row) for row in encoded.rows]}
         return outputs, timings
 
     def answer(self, route: str, body: Any, timings: dict) -> JSONResponse:
@@ -167,6 +167,13 @@ def create_app(front: Front, api_key: str | None) -> FastAPI:
             raise Refused(422, "normalize: this bundle's head normalises inside the measured graph", "Validation")
         outputs, timings = await front.compute(as_list(body.inputs), body.truncate)
         return front.answer("/embed", [row.tolist() for row in outputs], timings)
+
+    @app.post("/embed_all")
+    async def embed_all(body: Embed):
+        front.needs("encode", "/embed_all")
+        outputs, timings = await front.compute(as_list(body.inputs), body.truncate)
+        return front.answer("/embed_all", [row[:length].tolist() for row, length in zip(outputs, timings["lengths"])],
+                            timings)
 
     @app.post("/rerank")
     async def rerank(body: Rerank):
