@@ -135,13 +135,17 @@ def export(module, spec, path: Path) -> None:
 class OnnxModel:
     """The exported model on disk, plus what later stages (fusion, quantization) need to know."""
 
-    def __init__(self, path: Path, key: str, large: bool, cache_hit: bool, root: Path | None = None):
+    def __init__(self, path: Path, key: str, large: bool, cache_hit: bool, root: Path | None = None,
+                 final: bool = False):
         self.path, self.key, self.large, self.cache_hit = path, key, large, cache_hit
         self.root = root or path.parent.parent  # where derived variants go: beside the artifact
+        self.final = final  # a deployment bundle's artifact, filed as built: no step is applied to it again
 
     def derived(self, variant: str, build: Callable[[Path, Path, bool], None]) -> "OnnxModel":
         """A cached transformation of this model: build(source_path, output_path, external_data). Its key: this
         model's, the variant, the tools' versions and the builder's code."""
+        if self.final:
+            return self
         tools = digest({"variant": variant, "libraries": versions(DERIVED_LIBRARIES), "code": code_of(build)})
         target = self.root / f"{self.key}-{variant}-{tools[:8]}"
 
@@ -228,13 +232,13 @@ def known_export(cfg, source: str) -> OnnxModel | None:
     try:
         with open(sources_root(cfg) / f"{source}.json", "rb") as handle:
             entry = json.loads(handle.read(1 << 16))
-        key, large = entry["key"], entry["large"]
-    except (OSError, ValueError, KeyError, TypeError):
+        key, large, final = entry["key"], entry["large"], entry.get("final", False)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
-    if not isinstance(key, str) or not KEY.fullmatch(key) or not isinstance(large, bool):
+    if not isinstance(key, str) or not KEY.fullmatch(key) or not isinstance(large, bool) or not isinstance(final, bool):
         return None  # not an entry this code wrote
     artifact = cache_root(cfg) / key
-    return OnnxModel(artifact / MODEL_FILE, key, large, cache_hit=True) if damage(artifact) is None else None
+    return OnnxModel(artifact / MODEL_FILE, key, large, True, final=final) if damage(artifact) is None else None
 
 
 def file_export(cfg, source: str, model: OnnxModel) -> None:
@@ -244,7 +248,7 @@ def file_export(cfg, source: str, model: OnnxModel) -> None:
     fd, tmp = tempfile.mkstemp(dir=root, prefix=".", suffix=".json")
     try:
         with os.fdopen(fd, "w") as handle:
-            json.dump({"key": model.key, "large": model.large}, handle)
+            json.dump({"key": model.key, "large": model.large, "final": model.final}, handle)
             handle.flush()
             os.fsync(handle.fileno())
         os.chmod(tmp, 0o644)  # readable by every user of a shared cache, as the artifacts are

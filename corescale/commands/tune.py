@@ -87,6 +87,11 @@ def conclude(tune, outcome: dict, args) -> TuneDocument:
     if doc.recipe:
         print_path("recipe", doc.recipe["recipe.sh"])
         console.print(f"reproduce it: bash {doc.recipe['recipe.sh']}", markup=False, soft_wrap=True)
+        if doc.recipe.get("bundle"):
+            print_path("bundle", doc.recipe["bundle"])
+            console.print(f"serve it: corescale serve {doc.recipe['bundle']}", markup=False, soft_wrap=True)
+        else:
+            console.print(f"no bundle: {doc.recipe.get('bundle_skipped')}", markup=False, soft_wrap=True)
     if report_path is not None:
         print_path("report", report_path)
     return doc

@@ -152,8 +152,12 @@ def recipe_html(doc: TuneDocument, root) -> str:
         script = read_text(Path(root) / RECIPE_DIR / RECIPE, "tune recipe")
     except UserError as exc:
         script = f"# {exc}"
-    return (f"<p>Written to <code>{e(str(recipe.get(RECIPE)))}</code> (with <code>snippet.py</code> and "
-            f"<code>config.yaml</code> beside it).</p><pre id=\"tune-recipe\">{e(script)}</pre>")
+    served = (f"<p>The deployment bundle: <code>{e(recipe['bundle'])}</code>; <code>corescale serve "
+              f"{e(recipe['bundle'])}</code> serves exactly what was measured over HTTP.</p>"
+              if recipe.get("bundle") else f"<p class=\"note\">No bundle: {e(recipe.get('bundle_skipped') or '')}</p>")
+    return (f"{served}<p>For serving with your own code: <code>{e(str(recipe.get(RECIPE)))}</code> (with "
+            f"<code>snippet.py</code> and <code>config.yaml</code> beside it).</p><pre id=\"tune-recipe\">"
+            f"{e(script)}</pre>")
 
 
 def sections(root, frame) -> list[tuple[str, str, str]]:

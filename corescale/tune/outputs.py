@@ -22,6 +22,7 @@ from corescale.tune.document import (
 from corescale.tune.plan import Tune
 from corescale.tune.verdict import PRACTICAL, Finalist, Verdict, closest, decide
 
+BUNDLE = "bundle"
 METRICS = ("throughput", "p50_ms", "p99_ms", "cost_per_1m", "cost_per_1m_tokens", "memory_gb", "drift", "quality")
 
 
@@ -172,9 +173,22 @@ def write_outputs(tune: Tune, study, verdict: Verdict, finalists: list[Finalist]
         recipe = {name: str(path) for name, path in paths.items()}  # and the run line (a list of words)
         recipe["run_line"] = recipes.run_line(winner.overrides)
         recipe["key"] = record.trial_key
+        recipe.update(winner_bundle(tune.tune_dir / BUNDLE, record))
     doc = document(tune, study, verdict, finalists, recipe)
     write_json_atomic(tune.tune_dir / TUNE_FILE, doc.to_dict())
     return doc
+
+
+def winner_bundle(directory: Path, record) -> dict[str, str]:
+    """The winner's deployment bundle (`corescale serve DIR`), replacing an earlier tune's; when it cannot be
+    written (a preset without a tokenizer, an artifact built on another node), why not."""
+    from corescale.errors import UserError
+    from corescale.serve import bundle
+
+    try:
+        return {"bundle": str(bundle.write(directory, record, replace=True))}
+    except UserError as exc:
+        return {"bundle_skipped": str(exc)}
 
 
 def write_verdict(tune: Tune, outcome: dict) -> TuneDocument:

@@ -37,6 +37,7 @@ class OpenVinoBackend(TimedStages):
                             f"this CPU offers {', '.join(self.capabilities)}")
         model = onnx_model(spec, cfg, inputs, self)
         self.cache_hits = {"export": model.cache_hit}
+        self.model_path = model.path  # the artifact a deployment bundle carries (serve/bundle.py)
         with self.stage("convert"):
             network = core.read_model(str(model.path))
         config = {
@@ -69,5 +70,6 @@ class OpenVinoBackend(TimedStages):
             "version": ov.get_version(),
             "cpu_capabilities": self.capabilities,
             "cache_hits": self.cache_hits,
+            "model_path": str(self.model_path),
             **{key.lower(): _plain(self.compiled.get_property(key)) for key in REPORTED},
         }
