@@ -136,13 +136,19 @@ def sign(fig: Figure, cpu: str) -> Figure:
     return fig
 
 
+class PlainLog(LogFormatter):
+    """Log-axis ticks as plain numbers (0.1, 20, 3000): mathtext is off in corescale's figures (see above)."""
+
+    def __call__(self, x, pos=None):
+        return f"{x:g}" if super().__call__(x, pos) else ""
+
+
 def log_scale(ax, which: str = "both") -> None:
-    """A log axis whose ticks read as plain numbers (mathtext is off in corescale's figures: see above)."""
     for name in ("x", "y") if which == "both" else (which,):
         getattr(ax, f"set_{name}scale")("log")
         axis = getattr(ax, f"{name}axis")
-        axis.set_major_formatter(LogFormatter(labelOnlyBase=False))
-        axis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(1, 0.4)))
+        axis.set_major_formatter(PlainLog(labelOnlyBase=False))
+        axis.set_minor_formatter(PlainLog(labelOnlyBase=False, minor_thresholds=(1, 0.4)))
 
 
 def png_bytes(fig: Figure, dpi: int = 110) -> bytes:
@@ -203,7 +209,7 @@ def backends_figure(rows: pd.DataFrame) -> Figure:
 def cost_figure(tables: dict[str, pd.DataFrame]) -> Figure:
     """Dollars per 1M inferences per layout; hatched bars are projections to another machine."""
     layouts = list(dict.fromkeys(label for t in tables.values() for label in t["layout"]))
-    fig = new_figure(9, max(3.0, 0.45 * len(layouts) * len(tables) + 1.5))
+    fig = new_figure(9, max(3.0, 0.3 * len(layouts) * len(tables) + 1.8))
     ax = fig.subplots()
     height = 0.8 / len(tables)
     y = np.arange(len(layouts))
@@ -221,7 +227,11 @@ def cost_figure(tables: dict[str, pd.DataFrame]) -> Figure:
     ax.set_yticks(y, layouts, fontsize=8)
     ax.invert_yaxis()
     ax.margins(x=0.12)  # room for the value labels
-    ax.set_xlabel("cost per 1M inferences (US$)")
+    every = pd.concat([t["cost_per_1m_usd"] for t in tables.values()]).replace([np.inf], np.nan).dropna()
+    wide = not every.empty and every.min() > 0 and every.max() / every.min() > 30
+    if wide:  # costs 30× apart: a log axis keeps the cheap ones visible
+        log_scale(ax, "x")
+    ax.set_xlabel("cost per 1M inferences (US$" + (", log scale)" if wide else ")"))
     ax.set_ylabel("measured layout")
     ax.set_title("Cost per 1M inferences (hatched: projection to that machine)", fontsize=10)
     ax.grid(axis="x", alpha=0.3)

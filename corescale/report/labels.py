@@ -11,18 +11,26 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.collections import PathCollection
 from matplotlib.figure import Figure
-from matplotlib.text import Text
+from matplotlib.text import Annotation, Text
 from matplotlib.transforms import Bbox
 
 # offsets (points) from the point to the label's anchor, and the label's alignment there: above, below, right, left
+# (far ones are drawn with a thin leader line to their point)
 POSITIONS = [((0, 7), "center", "bottom"), ((0, -7), "center", "top"), ((7, 0), "left", "center"),
              ((-7, 0), "right", "center"), ((7, 7), "left", "bottom"), ((-7, 7), "right", "bottom"),
-             ((7, -7), "left", "top"), ((-7, -7), "right", "top"), ((0, 20), "center", "bottom"),
-             ((0, -20), "center", "top")]
+             ((7, -7), "left", "top"), ((-7, -7), "right", "top"),
+             *[((dx, dy), ha, va) for distance in (22, 40, 60) for dx, dy, ha, va in (
+                 (0, distance, "center", "bottom"), (0, -distance, "center", "top"),
+                 (distance, distance, "left", "bottom"), (-distance, distance, "right", "bottom"),
+                 (distance, -distance, "left", "top"), (-distance, -distance, "right", "top"))]]
+MARKER = 5.0  # pixels around a plotted point that a label keeps clear of
 PAD = 2.0  # pixels kept free around every label
 GID = "corescale-label"
+BACKING = {"boxstyle": "square,pad=0.1", "facecolor": "white", "edgecolor": "none", "alpha": 0.8}  # over lines
 
 
 @dataclass
@@ -31,6 +39,13 @@ class Label:
     y: float
     text: str
     style: dict = field(default_factory=dict)  # Annotation keywords (color, fontsize, weight)
+
+
+def text_box(text: Text, renderer) -> Bbox:
+    """The box of a text's own letters (an annotation's get_window_extent also spans its leader line)."""
+    if isinstance(text, Annotation):
+        text.update_positions(renderer)
+    return Text.get_window_extent(text, renderer)
 
 
 def drawn_texts(fig: Figure, dpi: float | None = None) -> list[tuple[Text, Bbox]]:
@@ -55,7 +70,7 @@ def drawn_texts(fig: Figure, dpi: float | None = None) -> list[tuple[Text, Bbox]
             fig.draw(renderer)
         finally:
             del renderer.draw_text
-        return [(t, t.get_window_extent(renderer)) for t in seen.values()]
+        return [(t, text_box(t, renderer)) for t in seen.values()]
     finally:
         fig.set_dpi(original)
 
@@ -80,6 +95,23 @@ def _free(box: Bbox, taken: list[Bbox], inside: Bbox) -> bool:
     return not any(grown.overlaps(other) for other in taken)
 
 
+def _crosses(note: Annotation, box: Bbox, texts: list[Bbox]) -> bool:
+    """Whether the leader line from the point to the label passes through another text."""
+    start = note.axes.transData.transform(note.xy)  # type: ignore[union-attr]
+    end = np.array([(box.x0 + box.x1) / 2, (box.y0 + box.y1) / 2])
+    return any(other.contains(*(start + (end - start) * t)) for t in np.linspace(0, 1, 24) for other in texts)
+
+
+def _markers(ax) -> list[Bbox]:
+    """A small box around every plotted point (scatter points and line markers) of the axes, in pixels."""
+    points = [c.get_offset_transform().transform(c.get_offsets()) for c in ax.collections
+              if isinstance(c, PathCollection) and np.asarray(c.get_offsets()).size]
+    points += [line.get_transform().transform(line.get_xydata()) for line in ax.get_lines()
+               if line.get_marker() not in (None, "", "None", " ")]
+    return [Bbox.from_extents(x - MARKER, y - MARKER, x + MARKER, y + MARKER)
+            for group in points for x, y in group if np.isfinite(x) and np.isfinite(y)]
+
+
 def place(ax, labels: list[Label]) -> list[Label]:
     """Annotates the points, most important first, where each label is clear of every other text; returns the
     labels that found no free position (not drawn)."""
@@ -87,20 +119,23 @@ def place(ax, labels: list[Label]) -> list[Label]:
     canvas = fig.canvas if isinstance(fig.canvas, FigureCanvasAgg) else FigureCanvasAgg(fig)
     canvas.draw()  # the layout first: positions in pixels are final from here (labels stay out of the layout)
     renderer = canvas.get_renderer()
-    taken = [box for _, box in drawn_texts(fig)]
+    texts = [box for _, box in drawn_texts(fig)]
+    markers = _markers(ax)
     inside = ax.get_window_extent(renderer)
     left_out: list[Label] = []
     for rank, label in enumerate(labels):
         for offset, ha, va in POSITIONS:
+            leader = {"arrowprops": {"arrowstyle": "-", "color": "0.5", "lw": 0.6, "shrinkA": 1, "shrinkB": 3}} \
+                if max(map(abs, offset)) > 10 else {}
             note = ax.annotate(label.text, (label.x, label.y), xytext=offset, textcoords="offset points", ha=ha,
-                               va=va, fontsize=label.style.get("fontsize", 8),
+                               va=va, fontsize=label.style.get("fontsize", 8), **leader, bbox=BACKING,
                                **{k: v for k, v in label.style.items() if k != "fontsize"})
             note.set_in_layout(False)
             note.set_gid(GID)
             note.corescale_label, note.corescale_rank = label, rank
-            box = note.get_window_extent(renderer)
-            if _free(box, taken, inside):
-                taken.append(box)
+            box = text_box(note, renderer)
+            if _free(box, texts + markers, inside) and not (leader and _crosses(note, box, texts)):
+                texts.append(box)
                 break
             note.remove()
         else:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 from pathlib import Path
 
 from corescale.analysis import store
@@ -110,7 +111,15 @@ def pareto_figure(points: list[dict], marked: list[dict] | None = None):
     notes = [{"x": p["p50"], "y": p["throughput"], "text": e(p["name"]), "showarrow": True, "arrowhead": 0,
               "arrowcolor": "#888", "ax": 0, "ay": -34, "bgcolor": "rgba(255,255,255,0.85)", "font": {"size": 12}}
              for p in marked]
-    _layout(figure, 480, xaxis_title="latency p50 (ms)", yaxis_title="throughput (samples/s)", annotations=notes)
+    logs = {}
+    for axis, key, unit in (("x", "p50", "latency p50 (ms"), ("y", "throughput", "throughput (samples/s")):
+        values = [p[key] for p in points if p[key] > 0]
+        wide = bool(values) and max(values) / min(values) > 20  # 20× apart: a log axis spreads the crowd
+        logs[f"{axis}axis"] = {"type": "log" if wide else "linear", "title": {"text": unit + (", log)" if wide
+                                                                                               else ")")}}
+        for note in notes:  # plotly places annotations on a log axis by the log of the value
+            note[axis] = math.log10(note[axis]) if wide else note[axis]
+    _layout(figure, 480, annotations=notes, **logs)
     return figure
 
 
@@ -162,7 +171,8 @@ def importance_figure(doc: TuneDocument):
 DECLUTTER_JS = """
 function corescaleDeclutter(gd) {
   var OFFSETS = [[0, -34], [0, 34], [70, -26], [-70, -26], [70, 26], [-70, 26], [0, -66], [0, 66], [110, 0],
-                 [-110, 0], [120, -52], [-120, -52], [120, 52], [-120, 52]];
+                 [-110, 0], [120, -52], [-120, -52], [120, 52], [-120, 52], [0, -100], [0, 100], [160, -90],
+                 [-160, -90], [160, 90], [-160, 90]];
   var measure = document.createElement("canvas").getContext("2d");
   function meets(a, b) { return a[0] < b[2] && b[0] < a[2] && a[1] < b[3] && b[1] < a[3]; }
   function place() {
@@ -172,9 +182,17 @@ function corescaleDeclutter(gd) {
     var size = full._size, xa = full.xaxis, ya = full.yaxis, update = {};
     var area = [size.l, size.t, size.l + size.w, size.t + size.h];
     var points = notes.map(function (n) {
-      return [size.l + xa.l2p(xa.d2l(n.x)), size.t + ya.l2p(ya.d2l(n.y))];
+      return [size.l + xa.l2p(xa.type === "log" ? n.x : xa.d2l(n.x)),
+              size.t + ya.l2p(ya.type === "log" ? n.y : ya.d2l(n.y))];
     });
-    var taken = points.map(function (p) { return [p[0] - 8, p[1] - 8, p[0] + 8, p[1] + 8]; });
+    var taken = [];  // every plotted marker, then each label placed
+    gd.data.forEach(function (trace) {
+      if (String(trace.mode).indexOf("markers") < 0) { return; }
+      (trace.x || []).forEach(function (x, k) {
+        var px = size.l + xa.l2p(xa.d2l(x)), py = size.t + ya.l2p(ya.d2l(trace.y[k]));
+        taken.push([px - 6, py - 6, px + 6, py + 6]);
+      });
+    });
     notes.forEach(function (note, i) {
       var font = full.annotations[i].font;
       measure.font = font.size + "px " + font.family;
@@ -185,7 +203,7 @@ function corescaleDeclutter(gd) {
         var x = points[i][0] + o[0], y = points[i][1] + o[1];
         var box = [x - w / 2, y - h / 2, x + w / 2, y + h / 2];
         return box[0] >= area[0] && box[1] >= area[1] && box[2] <= area[2] && box[3] <= area[3] &&
-          !taken.some(function (t, j) { return j !== i && meets(box, t); });
+          !taken.some(function (t) { return meets(box, t); });
       });
       update["annotations[" + i + "].visible"] = !!found;
       if (found) {
