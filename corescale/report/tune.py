@@ -161,9 +161,11 @@ def importance_figure(doc: TuneDocument):
     if not values:
         return None
     names = list(values)[::-1]
-    figure = go.Figure(go.Bar(x=[values[n] for n in names], y=[e(n) for n in names], orientation="h"))
-    figure.update_layout(xaxis_title="importance (share of the objective's variance, fANOVA)",
-                         height=150 + 28 * len(names), margin={"t": 20, "r": 20}, yaxis={"automargin": True},
+    shown = [e(n).replace(".", ".<br>", 1) for n in names]  # backend.option on two lines: room on a phone
+    figure = go.Figure(go.Bar(x=[values[n] for n in names], y=shown, orientation="h", hovertext=[e(n) for n in names],
+                              hovertemplate="%{hovertext}: %{x:.3f}<extra></extra>"))
+    figure.update_layout(xaxis_title="importance<br>(share of variance, fANOVA)",
+                         height=170 + 34 * len(names), margin={"t": 20, "r": 20}, yaxis={"automargin": True},
                          font={"size": 12})
     return figure
 
