@@ -70,10 +70,8 @@ def test_the_report_reads_at_a_laptops_and_a_phones_width(reports, name, width):
         page.on("pageerror", lambda error: problems.append(f"page error: {error}"))
         page.goto(built.path.as_uri())
         page.wait_for_load_state("load")
-        charts = page.locator(".js-plotly-plot")
-        for i in range(charts.count()):
-            charts.nth(i).locator(".main-svg").first.wait_for()
-        page.wait_for_timeout(300)  # the labels' placement: one relayout after the first drawing
+        page.wait_for_function("""() => Array.from(document.querySelectorAll(".js-plotly-plot")).every(
+            d => d.getAttribute("data-labels-placed") === String(d._fullLayout.width))""")  # labels placed
         page.screenshot(path=str(ARTIFACTS / f"report-{name}-{width}.png"), full_page=True)
         body_width = page.evaluate("document.documentElement.scrollWidth")
         too_wide = page.evaluate(TOO_WIDE)

@@ -179,7 +179,8 @@ function corescaleDeclutter(gd) {
   function meets(a, b) { return a[0] < b[2] && b[0] < a[2] && a[1] < b[3] && b[1] < a[3]; }
   function place() {
     var full = gd._fullLayout, notes = gd.layout.annotations || [];
-    if (!full || !notes.length || gd._corescaleWidth === full.width) { return; }
+    if (!full || gd._corescaleWidth === full.width) { return; }
+    if (!notes.length) { gd.setAttribute("data-labels-placed", full.width); return; }
     gd._corescaleWidth = full.width;
     var size = full._size, xa = full.xaxis, ya = full.yaxis, update = {};
     var area = [size.l, size.t, size.l + size.w, size.t + size.h];
@@ -215,7 +216,7 @@ function corescaleDeclutter(gd) {
         taken.push([x - w / 2, y - h / 2, x + w / 2, y + h / 2]);
       }
     });
-    Plotly.relayout(gd, update);
+    Plotly.relayout(gd, update).then(function () { gd.setAttribute("data-labels-placed", full.width); });
   }
   gd.on("plotly_afterplot", place);
   place();
