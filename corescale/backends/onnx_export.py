@@ -34,7 +34,8 @@ from typing import Callable
 
 import numpy as np
 
-from corescale.backends.artifact_cache import cached, damage, fsync_dir
+from corescale.backends.artifact_cache import cached, damage
+from corescale.record.files import fsync_dir
 from corescale.workload.inputs import make_inputs
 from corescale.workload.models import source_files
 
