@@ -10,7 +10,6 @@ it. No external URL appears anywhere in the page.
 
 from __future__ import annotations
 
-import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -166,12 +165,9 @@ def cost_html(context: dict) -> str:
     return "".join(parts)
 
 
-def not_measured_html(missing: list[Chart], frame: pd.DataFrame) -> str:
+def not_measured_html(missing: list[tuple[str, str]]) -> str:
     """One line: each view these results cannot draw, with the command that measures it."""
-    models = frame["model"].dropna().astype(str)
-    model = shlex.quote(models.mode().iloc[0]) if not models.empty else "MODEL"
-    views = "; ".join(f"{e(chart.view or chart.title)}: <code>{e(chart.missing.format(model=model))}</code>"
-                      for chart in missing)
+    views = "; ".join(f"{e(view)}: <code>{e(command)}</code>" for view, command in missing)
     return f'<p class="note" id="not-measured-line">Not measured in these results — {views}.</p>'
 
 
@@ -207,14 +203,15 @@ def build(root, out: Path | None = None, machine: str | None = None, price: floa
     context = {"machines": machines, "slo": slo, "cpu": cpu,
                "cost_tables": {m.name: cost.cost_table(frame, m, slo) for m in machines},
                "recommended": frozenset(Path(p).name for p in winner.paths) if winner else frozenset()}
-    sections = tune_report.sections(doc, root, frame, cpu) if doc else [
+    missing: list[tuple[str, str]] = []  # (view, the command that measures it)
+    sections = tune_report.sections(doc, root, frame, cpu, missing) if doc else [
         ("answer", "The answer: the best configurations measured", highlights_html(frame))]
-    missing = []
+    model = tune_report.model_word(frame)
     for chart in CHARTS:
         figure = chart.build(frame, context)
         if figure is None:
             built.missing.append(chart.id)
-            missing.append(chart)
+            missing.append((chart.view or chart.title, chart.missing.format(model=model)))
             continue
         body = _drawn(chart, report_plots.sign(figure, cpu), out, built, cpu)
         sections.append((chart.id, chart.title, body + (cost_html(context) if chart.id == "cost" else "")))
@@ -226,7 +223,7 @@ def build(root, out: Path | None = None, machine: str | None = None, price: floa
         figure = report_plots.sign(report_plots.load_curve_figure(curves), cpu)
         sections.append((chart.id, chart.title, _drawn(chart, figure, out, built, cpu)))
     if missing:
-        sections.append(("not-measured", "Not measured", not_measured_html(missing, frame)))
+        sections.append(("not-measured", "Not measured", not_measured_html(missing)))
     sections.append(("environment", "Environment", environment_html(frame)))
     sections.append(("results", f"All results ({len(frame)})", html_table(frame, RESULT_COLUMNS, "results-table")))
     if table.problems or built.skipped:

@@ -48,6 +48,14 @@ def _number(value) -> float | None:
     return None if value is None or value != value else float(value)  # NaN: not measured
 
 
+def model_word(frame) -> str:
+    """The results' model as a command word takes it (the most frequent one)."""
+    import shlex
+
+    models = frame["model"].dropna().astype(str)
+    return shlex.quote(models.mode().iloc[0]) if not models.empty else "MODEL"
+
+
 def pareto(points: list[dict]) -> list[dict]:
     """The measurements no other one beats on both throughput (higher) and p50 (lower)."""
     front = [p for p in points if not any(q["throughput"] >= p["throughput"] and q["p50"] <= p["p50"] and
@@ -267,8 +275,10 @@ def recipe_html(doc: TuneDocument, root) -> str:
             f"<code>config.yaml</code> beside it).</p><pre id=\"tune-recipe\">{e(script)}</pre>")
 
 
-def sections(doc: TuneDocument, root, frame, cpu: str) -> list[tuple[str, str, str]]:
-    """(id, title, html) of a tune's sections: the answer, how the tuner searched, the recipe."""
+def sections(doc: TuneDocument, root, frame, cpu: str, missing: list[tuple[str, str]]
+             ) -> list[tuple[str, str, str]]:
+    """(id, title, html) of a tune's sections: the answer, how the tuner searched, the recipe; a chart without
+    data is added to `missing` as (view, the command that measures it)."""
     import plotly.offline
 
     on = f"Measured on {cpu}."
@@ -289,12 +299,17 @@ def sections(doc: TuneDocument, root, frame, cpu: str) -> list[tuple[str, str, s
                f"{(doc.elapsed_s or 0) / 60:.1f} min</p>")
     searched = [summary]
     trials, importance = trials_figure(doc), importance_figure(doc)
+    longer = f"corescale tune model={model_word(frame)} trials={max(10, 2 * len(doc.trials))}"
     if trials is not None:
         searched.append(_chart("tune-trials", "Trials over time", trials, "Each trial's objective in its screening "
                                f"and full windows, and the best so far. {on}"))
+    else:
+        missing.append(("trials over time (every trial failed)", longer))
     if importance is not None:
         searched.append(_chart("tune-importance", "Parameter importances", importance, "How much of the "
                                f"objective's variance each parameter explains (optuna, fANOVA). {on}"))
+    else:
+        missing.append(("parameter importances (two finished trials at least)", longer))
     return [("answer", "The answer: the recommended configuration", "".join(answer)),
             ("tuner", "How the tuner searched", "".join(searched)),
             ("recipe", "Deployment recipe", recipe_html(doc, root))]
