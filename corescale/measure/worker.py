@@ -199,7 +199,8 @@ class Instance:
         threads_cpus = instance_env.thread_affinities()
         real_tokens = self.real_tokens_per_sample()  # both over the timed calls: before the output check's call
         padded_tokens = tokens.per_sample(spec.batch_size, padded=True) if tokens.batches else None
-        output = self.backend.to_numpy(self.call())
+        # the drift check's inputs: the fixed batch the reference runs too (a query set's calls vary in shape)
+        output = self.backend.to_numpy(self.backend.forward(self.backend.prepare(self.inputs)))
         drift = self.drift(output)  # the reference loads here: before the libraries and threads are listed
         quality = self.quality()
         self.control.send(self.result(own_cpu, wall, threads_cpus, {

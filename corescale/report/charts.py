@@ -7,6 +7,7 @@ cores of one instance), whatever sweeps produced them. Figures are built on the 
 from __future__ import annotations
 
 import io
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import LogFormatter
 
 from corescale.analysis.store import config_columns, normalise_value, ok_rows
 from corescale.record.sections import ServerSummary
@@ -106,6 +108,49 @@ def new_figure(width: float = 6.4, height: float = 4.6) -> Figure:
     return fig
 
 
+def cpu_caption(frame: pd.DataFrame) -> str:
+    """The CPU the results were measured on, as every chart's caption names it: 'AMD EPYC 9R14, 2 physical cores
+    (2 logical CPUs)'; every one of them when the results come from several."""
+    columns = [c for c in ("cpu_model", "host_physical_cores", "host_logical_cpus") if c in frame]
+    if "cpu_model" not in columns:
+        return "an unnamed CPU"
+    parts = []
+    for values in frame[columns].drop_duplicates().itertuples(index=False):
+        facts = dict(zip(columns, values))
+        text = str(facts["cpu_model"]) if pd.notna(facts["cpu_model"]) else "an unnamed CPU"
+        cores, cpus = facts.get("host_physical_cores"), facts.get("host_logical_cpus")
+        if cores is not None and pd.notna(cores):
+            text += f", {cores:.0f} physical cores"
+            text += f" ({cpus:.0f} logical CPUs)" if cpus is not None and pd.notna(cpus) else ""
+        parts.append(text)
+    return " and ".join(dict.fromkeys(parts))
+
+
+def sign(fig: Figure, cpu: str) -> Figure:
+    """Names the CPU at the top of the figure (so a PNG says where it was measured on its own); a point label
+    that the heading pushes onto another text gives way (labels.tidy)."""
+    from corescale.report.labels import tidy
+
+    fig.suptitle(f"measured on {cpu}", fontsize=8, color="0.35")
+    tidy(fig)
+    return fig
+
+
+class PlainLog(LogFormatter):
+    """Log-axis ticks as plain numbers (0.1, 20, 3000): mathtext is off in corescale's figures (see above)."""
+
+    def __call__(self, x, pos=None):
+        return f"{x:g}" if super().__call__(x, pos) else ""
+
+
+def log_scale(ax, which: str = "both") -> None:
+    for name in ("x", "y") if which == "both" else (which,):
+        getattr(ax, f"set_{name}scale")("log")
+        axis = getattr(ax, f"{name}axis")
+        axis.set_major_formatter(PlainLog(labelOnlyBase=False))
+        axis.set_minor_formatter(PlainLog(labelOnlyBase=False, minor_thresholds=(1, 0.4)))
+
+
 def png_bytes(fig: Figure, dpi: int = 110) -> bytes:
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=dpi, metadata={"Software": None})  # no URL in the file
@@ -134,33 +179,37 @@ def heatmap_figure(grids: dict[str, pd.DataFrame]) -> Figure:
 
 
 def backends_figure(rows: pd.DataFrame) -> Figure:
-    """Latency and throughput of each backend, side by side, per configuration."""
-    fig = new_figure(11, 4.6)
-    left, right = fig.subplots(1, 2)
+    """Latency and throughput of each backend, side by side, per configuration: horizontal bars, so that each
+    configuration's name (wrapped) has a row of its own and no two names can cover each other."""
     groups = list(dict.fromkeys(rows["group"]))
+    names = [textwrap.fill(g or "all", 34) for g in groups]
     backends = sorted(rows["backend"].unique())
-    width = 0.8 / len(backends)
-    x = np.arange(len(groups))
+    step = max(0.45, 0.17 * max(n.count("\n") + 1 for n in names), 0.2 * len(backends))
+    fig = new_figure(11, 1.9 + step * len(groups))
+    left, right = fig.subplots(1, 2, sharey=True)
+    height = 0.8 / len(backends)
+    y = np.arange(len(groups))
     for i, backend in enumerate(backends):
         mine = rows[rows["backend"] == backend].set_index("group").reindex(groups)
-        offset = x - 0.4 + width * (i + 0.5)
-        left.bar(offset, mine["latency_p50_ms"], width, label=backend)
-        right.bar(offset, mine["throughput_samples_per_s"], width, label=backend)
-    for ax, ylabel, title in ((left, "latency p50 (ms)", "Latency by backend (lower is better)"),
+        offset = y - 0.4 + height * (i + 0.5)
+        left.barh(offset, mine["latency_p50_ms"], height, label=backend, color=f"C{i % 10}")
+        right.barh(offset, mine["throughput_samples_per_s"], height, color=f"C{i % 10}")
+    left.set_yticks(y, names, fontsize=8)
+    left.invert_yaxis()
+    left.set_ylabel("configuration")
+    for ax, xlabel, title in ((left, "latency p50 (ms)", "Latency by backend (lower is better)"),
                               (right, "throughput (samples/s)", "Throughput by backend (higher is better)")):
-        ax.set_xticks(x, [g or "all" for g in groups], rotation=20, ha="right", fontsize=8)
-        ax.set_xlabel("configuration")
-        ax.set_ylabel(ylabel)
+        ax.set_xlabel(xlabel)
         ax.set_title(title, fontsize=10)
-        ax.grid(axis="y", alpha=0.3)
-        ax.legend(fontsize=8)
+        ax.grid(axis="x", alpha=0.3)
+    fig.legend(*left.get_legend_handles_labels(), loc="outside lower center", ncols=len(backends), fontsize=8)
     return fig
 
 
 def cost_figure(tables: dict[str, pd.DataFrame]) -> Figure:
     """Dollars per 1M inferences per layout; hatched bars are projections to another machine."""
     layouts = list(dict.fromkeys(label for t in tables.values() for label in t["layout"]))
-    fig = new_figure(9, max(3.0, 0.45 * len(layouts) * len(tables) + 1.5))
+    fig = new_figure(9, max(3.0, 0.3 * len(layouts) * len(tables) + 1.8))
     ax = fig.subplots()
     height = 0.8 / len(tables)
     y = np.arange(len(layouts))
@@ -178,7 +227,11 @@ def cost_figure(tables: dict[str, pd.DataFrame]) -> Figure:
     ax.set_yticks(y, layouts, fontsize=8)
     ax.invert_yaxis()
     ax.margins(x=0.12)  # room for the value labels
-    ax.set_xlabel("cost per 1M inferences (US$)")
+    every = pd.concat([t["cost_per_1m_usd"] for t in tables.values()]).replace([np.inf], np.nan).dropna()
+    wide = not every.empty and every.min() > 0 and every.max() / every.min() > 30
+    if wide:  # costs 30× apart: a log axis keeps the cheap ones visible
+        log_scale(ax, "x")
+    ax.set_xlabel("cost per 1M inferences (US$" + (", log scale)" if wide else ")"))
     ax.set_ylabel("measured layout")
     ax.set_title("Cost per 1M inferences (hatched: projection to that machine)", fontsize=10)
     ax.grid(axis="x", alpha=0.3)
@@ -222,7 +275,7 @@ def load_curve_figure(curves: dict[str, ServerSummary]) -> Figure:
             ax.axvline(server.max_valid_qps, color="green", lw=1, label=f"max valid {server.max_valid_qps:.4g} QPS")
         if server.knee_qps:
             ax.axvline(server.knee_qps, color="orange", lw=1, ls="--", label=f"knee {server.knee_qps:.4g} QPS")
-        ax.set_yscale("log")
+        log_scale(ax, "y")
         ax.set_xlabel("offered load (queries/s, Poisson)")
         ax.set_ylabel("latency (ms, log)")
         ax.set_title(label, fontsize=8)

@@ -10,7 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from corescale.explain.opclasses import ALL_CLASSES, LABELS
-from corescale.report.charts import new_figure, png_bytes
+from corescale.report.charts import new_figure, png_bytes, sign
 
 OPS_SHOWN = 12
 
@@ -87,28 +87,32 @@ def stacked_figure(results: list[dict]):
     ax.scatter(x, [r["latency_ms"] for r in results], marker="_", s=900, color="black", zorder=3,
                label="measured latency (unprofiled p50)")
     ax.set_xticks(x, [f"{r['label']}\nbs{r['batch_size']} s{r['sequence_length']}" for r in results], fontsize=8)
-    ax.set_ylabel("ms per call")
+    ax.set_ylabel("time per call (ms)")
     ax.set_title(f"Where the time goes: {results[0]['model']}, {results[0]['threads']} thread(s)", fontsize=10)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     ax.grid(axis="y", alpha=0.3)
     return fig
 
 
-def figure_png(results: list[dict]) -> bytes:
-    return png_bytes(stacked_figure(results))
+def figure_png(results: list[dict], cpu: str = "") -> bytes:
+    figure = stacked_figure(results)
+    return png_bytes(sign(figure, cpu) if cpu else figure)
 
 
-SECTION_NOTE = '<p class="note">Profiling runs (corescale explain): not timing results, never in the tables above.</p>'
+SECTION_NOTE = '<p class="note">Profiling runs (corescale explain): not timing results, never in the results table.</p>'
 
 
-def entry_html(entry: dict) -> str:
+def entry_html(entry: dict, cpu: str = "") -> str:
     """One saved explanation in the report: its stacked bar and its findings. A value of the wrong shape raises
     KeyError, TypeError, ValueError or AttributeError (the caller skips that file with a note)."""
     import base64
 
     results = entry["configurations"]
-    png = base64.b64encode(figure_png(results)).decode()
+    png = base64.b64encode(figure_png(results, cpu)).decode()
     items = "".join(f"<li><b>{html.escape(str(r['label']))}</b>: {html.escape(str(f['text']))}</li>"
                     for r in results for f in r["findings"])
-    return (f'<figure class="explain"><img alt="time by op class" src="data:image/png;base64,{png}">'
-            f"<figcaption>{html.escape(entry['path'])}</figcaption></figure><ul>{items}</ul>")
+    return (f'<figure class="explain"><div class="frame"><img alt="time by op class" '
+            f'src="data:image/png;base64,{png}"></div>'
+            f"<figcaption>Milliseconds per call by op class, one bar per configuration; black line: the measured "
+            f"latency.{' Measured on ' + html.escape(cpu) + '.' if cpu else ''} "
+            f"<code>{html.escape(entry['path'])}</code></figcaption></figure><ul>{items}</ul>")

@@ -1,14 +1,15 @@
 """One self-contained HTML report over a results root (PNGs embedded as data URIs and written beside it).
 
-Every figure section is built by a function that takes the results table (store.load) and returns a figure,
-or None with a note saying which runs would produce it. No external URL appears anywhere in the page.
+Sections come in the order a reader asks (ORDER): the answer (a tune's recommendation, or the best configurations
+measured), quality, cost, why (explain, roofline), then the rest (how the tuner searched, the recipe, scaling,
+instances, batch split, backends side by side, load curves, the environment and the raw table). Only sections with
+data are drawn: every figure section is built by a function that takes the results table (store.load) and returns
+a figure, or None; the views that were not measured are one line at the end, each with the command that measures
+it. No external URL appears anywhere in the page.
 """
 
 from __future__ import annotations
 
-import base64
-import html
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -17,14 +18,18 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from corescale.analysis import cost
-from corescale.analysis.store import Table, describe_value, load, ok_rows
+from corescale.analysis.store import Table, load, ok_rows
 from corescale.errors import UserError
-from corescale.record.files import read_result, write_atomic
-from corescale.record.sections import HostEnvironment
+from corescale.record.files import write_atomic
 from corescale.report import charts as report_plots
 from corescale.report import plots
+from corescale.report.page import e, environment_html, figure_html, html_table, render
 
 STUDY_MACHINES = ("study-48-cores", "study-8-cores")  # the original study's cost comparison
+# Where each section goes (by id): answer, quality, cost, why, then the rest; an id not listed goes before
+# "not-measured".
+ORDER = ["answer", "quality", "cost", "machines", "explain", "roofline", "tuner", "recipe", "heatmap", "cores",
+         "instances", "batch", "backends", "load_curve", "not-measured", "environment", "results", "problems"]
 
 
 @dataclass
@@ -33,7 +38,8 @@ class Chart:
     title: str
     caption: str
     build: Callable[[pd.DataFrame, dict], Figure | None]  # (table, context) -> the figure, None: no data
-    missing: str  # what to run when the data is not there
+    missing: str  # the command that measures it when the data is not there ({model}: the results' model)
+    view: str = ""  # how the not-measured line names it (default: the title)
 
 
 @dataclass
@@ -69,14 +75,7 @@ def _roofline(frame, context):
     from corescale.report import roofline
 
     rows = roofline.roofline_rows(frame)
-    return roofline.roofline_figure(rows) if not rows.empty else None
-
-
-def _machines(frame, context):
-    ranked = context["ranking"]
-    if not ranked["rank"].notna().any():
-        return None
-    return report_plots.machine_size_figure(ranked, context["cpu"], context["here"], context["workload"])
+    return roofline.roofline_figure(rows, context["recommended"]) if not rows.empty else None
 
 
 def _cost(frame, context):
@@ -84,28 +83,39 @@ def _cost(frame, context):
     return report_plots.cost_figure(tables) if tables else None
 
 
+def _machines(frame, context):
+    ranked = context["ranking"]
+    if not ranked["rank"].notna().any():
+        return None
+    return report_plots.machine_size_figure(ranked, context["cpu_models"], context["here"], context["workload"])
+
+
 CHARTS = [
-    Chart("heatmap", "Latency by batch size × sequence length",
-          "Median latency of one forward call (ms), one panel per backend: the original study's figures 1 and 2.",
-          _heatmap, "corescale run -m batch_size=1,8,32 sequence_length=32,128"),
-    Chart("cores", "Latency vs cores", "Median latency of one instance on 1..N cores; dashed: ideal 1/cores "
-          "scaling; labels: scaling efficiency.", _cores, "corescale study cores"),
-    Chart("instances", "Throughput vs instances", "Total throughput of N pinned instances of the same size; "
-          "dashed: ideal linear scaling; labels: efficiency.", _instances,
-          "corescale study instances cores_per_instance=1"),
-    Chart("batch", "Batch split", "One total batch split over N instances sharing the machine: latency of the "
-          "slowest instance and total throughput.", _batch, "corescale study batch total_batch_size=8"),
-    Chart("backends", "Backends side by side", "The same configuration on each backend measured.", _backends,
-          "corescale run -m backend=pytorch,torchscript"),
-    Chart("roofline", "Roofline", "Achieved GFLOP/s against arithmetic intensity (log-log); the roofs are the best "
-          "measured GEMM and the triad bandwidth on the run's cores; labels: achieved ÷ attainable and the roof that "
-          "binds.", _roofline, "any run with calibrate=true (the default)"),
     Chart("cost", "Cost per 1M inferences", "US$ per one million inferences = $/h ÷ (samples/s × 3600) × 1e6; "
-          "hatched bars are projections (assumptions below).", _cost, "any successful run"),
+          "hatched bars are projections (assumptions below).", _cost, "corescale run model={model}"),
     Chart("machines", "Which machine: cost against machine size", "Every catalog kind at its cheapest measured "
           "layout (under the SLO when one is given), projected from the CPU named in the title: copies on its "
           "physical cores, capped by its memory bandwidth; a bar spans the range where its ISA differs; kinds of "
-          "another architecture are refused (table below).", _machines, "any successful run"),
+          "another architecture are refused (table below).", _machines, "corescale run model={model}",
+          "machines by cost"),
+    Chart("roofline", "Roofline", "Achieved GFLOP/s against arithmetic intensity (log-log); the roofs are the best "
+          "measured GEMM and the triad bandwidth on the run's cores (named in the legend); colour: backend, "
+          "marker: precision; labelled: the best run of each backend (and the recommended one) with achieved ÷ "
+          "attainable and the roof that binds — every run is in the results table.", _roofline,
+          "corescale run model={model} calibrate=true"),
+    Chart("heatmap", "Latency by batch size × sequence length",
+          "Median latency of one forward call (ms), one panel per backend: the original study's figures 1 and 2.",
+          _heatmap, "corescale run -m model={model} batch_size=1,8,32 sequence_length=32,128", "batch × sequence"),
+    Chart("cores", "Latency vs cores", "Median latency of one instance on 1..N cores; dashed: ideal 1/cores "
+          "scaling; labels: scaling efficiency.", _cores, "corescale study cores model={model}", "cores scaling"),
+    Chart("instances", "Throughput vs instances", "Total throughput of N pinned instances of the same size; "
+          "dashed: ideal linear scaling; labels: efficiency.", _instances,
+          "corescale study instances model={model} cores_per_instance=1", "instances"),
+    Chart("batch", "Batch split", "One total batch split over N instances sharing the machine: latency of the "
+          "slowest instance and total throughput.", _batch, "corescale study batch model={model} total_batch_size=8",
+          "batch split"),
+    Chart("backends", "Backends side by side", "The same configuration on each backend measured.", _backends,
+          "corescale run -m model={model} backend=pytorch,onnxruntime,openvino", "backends side by side"),
 ]
 
 
@@ -114,75 +124,6 @@ def cost_machines(machine: str | None, price: float | None, catalog=None) -> lis
         return [cost.choose_machine(machine, price, catalog)]
     known = cost.load_catalog(catalog)
     return [known[name] for name in STUDY_MACHINES if name in known]
-
-
-# --- HTML pieces ------------------------------------------------------------------------------------------------
-
-e = html.escape
-
-CSS = """
-body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0;color:#1d232a;background:#f6f7f9}
-header{background:#1d3557;color:#fff;padding:18px 32px}header h1{margin:0 0 4px;font-size:22px}
-header p{margin:2px 0;opacity:.85}nav{padding:8px 32px;background:#e9edf2;font-size:14px}
-nav a{margin-right:14px;color:#1d3557}main{padding:8px 32px 40px;max-width:1400px}
-section{background:#fff;border-radius:6px;padding:14px 20px;margin:16px 0;box-shadow:0 1px 2px rgba(0,0,0,.08)}
-h2{font-size:18px;margin:4px 0 10px}figure{margin:0}figure img{max-width:min(100%,1100px);height:auto}
-figcaption{color:#555;font-size:13px;margin-top:6px}.note{color:#7a5b00;background:#fff6d6;padding:8px 12px;
-border-radius:4px;font-size:14px}table{border-collapse:collapse;font-size:13px;margin:6px 0}
-tr.withheld td{background:#fde8e8}
-th,td{border-bottom:1px solid #e3e6ea;padding:4px 8px;text-align:right;white-space:nowrap}
-th{background:#f0f2f5;cursor:pointer;position:sticky;top:0}th[data-order=asc]::after{content:" \\25B2"}
-th[data-order=desc]::after{content:" \\25BC"}td.text,th.text{text-align:left}.scroll{overflow:auto;max-height:640px}
-.bad{color:#b00020}.warn{color:#9a6700}code{background:#f0f2f5;padding:1px 4px;border-radius:3px}
-"""
-
-SORT_JS = """
-(function () {
-  function cellValue(row, index) {
-    var cell = row.cells[index];
-    return cell.hasAttribute("data-value") ? cell.getAttribute("data-value") : cell.textContent;
-  }
-  document.querySelectorAll("table.sortable th").forEach(function (th) {
-    th.addEventListener("click", function () {
-      var table = th.closest("table");
-      var body = table.tBodies[0];
-      var index = Array.prototype.indexOf.call(th.parentNode.children, th);
-      var ascending = th.getAttribute("data-order") !== "asc";
-      th.parentNode.querySelectorAll("th").forEach(function (h) { h.removeAttribute("data-order"); });
-      th.setAttribute("data-order", ascending ? "asc" : "desc");
-      var rows = Array.prototype.slice.call(body.rows);
-      rows.sort(function (a, b) {
-        var x = cellValue(a, index), y = cellValue(b, index);
-        var nx = parseFloat(x), ny = parseFloat(y);
-        var order = (!isNaN(nx) && !isNaN(ny)) ? nx - ny : x.localeCompare(y);
-        return ascending ? order : -order;
-      });
-      rows.forEach(function (row) { body.appendChild(row); });
-    });
-  });
-})();
-"""
-
-
-def html_table(frame: pd.DataFrame, columns: list[tuple[str, str, str]], table_id: str) -> str:
-    """A sortable table; columns: (column, header, format) with format '' for text."""
-    head = "".join(f'<th class="{"text" if not fmt else ""}">{e(header)}</th>' for _, header, fmt in columns)
-    body = []
-    for _, row in frame.iterrows():
-        cells = []
-        for column, _, fmt in columns:
-            value = row.get(column)
-            missing = value is None or (pd.api.types.is_scalar(value) and pd.isna(value))
-            if fmt and not missing:
-                try:
-                    cells.append(f'<td data-value="{float(value)!r}">{e(fmt.format(value))}</td>')
-                    continue
-                except (TypeError, ValueError):
-                    pass
-            cells.append(f'<td class="text">{e(describe_value(value))}</td>')
-        body.append(f"<tr>{''.join(cells)}</tr>")
-    return (f'<div class="scroll"><table class="sortable" id="{e(table_id)}"><thead><tr>{head}</tr></thead>'
-            f"<tbody>{''.join(body)}</tbody></table></div>")
 
 
 RESULT_COLUMNS = [("status", "status", ""), ("model", "model", ""), ("backend", "backend", ""),
@@ -212,43 +153,7 @@ RANKING_COLUMNS = [("rank", "#", "{:.0f}"), ("machine", "machine", ""), ("cloud"
                    ("reason", "reason", "")]
 
 
-def _figure_html(chart: Chart, png: bytes, file_name: str) -> str:
-    data = base64.b64encode(png).decode("ascii")
-    return (f'<figure class="chart" id="chart-{chart.id}"><img alt="{e(chart.title)}" '
-            f'src="data:image/png;base64,{data}"><figcaption>{e(chart.caption)} '
-            f"(also saved as <code>{e(file_name)}</code>)</figcaption></figure>")
-
-
-def environment_html(frame: pd.DataFrame) -> str:
-    """The machine of the latest result, and a warning when results come from several machines."""
-    latest = frame.sort_values("finished_at").iloc[-1]
-    try:
-        env = read_result(latest["path"]).environment
-    except UserError:
-        env = HostEnvironment()
-    cpu, topo = env.cpu, env.topology
-    memory = env.memory_bytes
-    facts = [
-        ("host", env.hostname), ("CPU", f"{cpu.model or '?'} ({cpu.vendor or '?'})"),
-        ("ISA", " ".join(k for k, v in cpu.isa.items() if v) or "-"),
-        ("topology", topo.summary), ("allowed CPUs", topo.allowed_cpus),
-        ("cgroup CPU quota", env.cgroup_cpu_quota or "none"),
-        ("memory", f"{memory / 2**30:.1f} GiB" if memory else "-"), ("kernel", env.kernel),
-        ("governor / THP", f"{env.governor or 'unreadable'} / {env.transparent_hugepages or '?'}"),
-        ("python", env.python),
-        ("libraries", ", ".join(f"{k} {v}" for k, v in env.libraries.items())),
-        ("environment variables", " ".join(f"{k}={v}" for k, v in env.env.items()) or "-"),
-        ("corescale", f"{env.corescale.get('version')} ({env.corescale.get('commit') or 'no git'})"),
-        ("captured", env.captured_at),
-    ]
-    rows = "".join(f'<tr><th class="text">{e(k)}</th><td class="text">{e(str(v))}</td></tr>' for k, v in facts)
-    hosts = frame[["host", "cpu_model"]].drop_duplicates()
-    warning = ""
-    if len(hosts) > 1:
-        listed = "; ".join(f"{h} ({c})" for h, c in hosts.itertuples(index=False))
-        warning = f'<p class="note">These results come from {len(hosts)} machines: {e(listed)}.</p>'
-    return f"{warning}<table>{rows}</table>"
-
+# --- sections ---------------------------------------------------------------------------------------------------
 
 def highlights_html(frame: pd.DataFrame) -> str:
     ok = ok_rows(frame)
@@ -281,6 +186,12 @@ def cost_html(context: dict) -> str:
     return "".join(parts)
 
 
+def not_measured_html(missing: list[tuple[str, str]]) -> str:
+    """One line: each view these results cannot draw, with the command that measures it."""
+    views = "; ".join(f"{e(view)}: <code>{e(command)}</code>" for view, command in missing)
+    return f'<p class="note" id="not-measured-line">Not measured in these results — {views}.</p>'
+
+
 def machine_context(frame, slo: float | None) -> dict:
     """The catalog ranked on these results (analysis/ranking.py) and this machine's own measured point."""
     from corescale.analysis import pricing, ranking
@@ -292,7 +203,7 @@ def machine_context(frame, slo: float | None) -> dict:
     if here is not None:
         here["cores"] = int(ok["host_physical_cores"].iloc[0] or 1)
     cpus = sorted({str(c) for c in ok["cpu_model"].dropna()}) if not ok.empty else []
-    return {"ranking": ranking.rank(ok, catalog, slo), "here": here, "cpu": " + ".join(cpus) or "CPU unnamed",
+    return {"ranking": ranking.rank(ok, catalog, slo), "here": here, "cpu_models": " + ".join(cpus) or "CPU unnamed",
             "workload": workload, "workloads": [name for name, _ in groups]}
 
 
@@ -308,12 +219,23 @@ def ranking_html(context: dict) -> str:
     return f"<ul>{lines}</ul>" + html_table(context["ranking"], RANKING_COLUMNS, "machines")
 
 
+EXTRA_HTML = {"cost": cost_html, "machines": ranking_html}  # the tables below a chart
+
+
+def _ordered(sections: list[tuple[str, str, str]]) -> list[tuple[str, str, str]]:
+    rest = ORDER.index("not-measured")
+    return sorted(sections, key=lambda s: ORDER.index(s[0]) if s[0] in ORDER else rest - 0.5)  # stable
+
+
 # --- building ---------------------------------------------------------------------------------------------------
 
 def build(root, out: Path | None = None, machine: str | None = None, price: float | None = None,
           slo: float | None = None, where: list[str] | None = None, latest: bool = True,
           table: Table | None = None) -> Built:
     """Writes the report (and one PNG per chart beside it); returns what was drawn and what was missing."""
+    from corescale.report import tune as tune_report
+    from corescale.tune import document
+
     table = table or load(root, latest=latest, where=where)
     frame = table.frame
     if frame.empty:
@@ -321,61 +243,65 @@ def build(root, out: Path | None = None, machine: str | None = None, price: floa
     out = Path(out) if out else Path(root) / "report.html"
     out.parent.mkdir(parents=True, exist_ok=True)
     machines = cost_machines(machine, price)
-    context = {"machines": machines, "slo": slo,
-               "cost_tables": {m.name: cost.cost_table(frame, m, slo) for m in machines}, **machine_context(frame, slo)}
     built = Built(out)
-    sections = []
+    try:
+        doc = document.read(root)
+    except UserError as exc:  # a malformed tune.json: the rest of the report still stands
+        built.skipped.append(str(exc))
+        doc = None
+    winner = doc.winning if doc else None
+    cpu = report_plots.cpu_caption(ok_rows(frame) if not ok_rows(frame).empty else frame)
+    context = {"machines": machines, "slo": slo, "cpu": cpu,
+               "cost_tables": {m.name: cost.cost_table(frame, m, slo) for m in machines},
+               "recommended": frozenset(Path(p).name for p in winner.paths) if winner else frozenset(),
+               **machine_context(frame, slo)}
+    missing: list[tuple[str, str]] = []  # (view, the command that measures it)
+    sections = tune_report.sections(doc, root, frame, cpu, missing) if doc else [
+        ("answer", "The answer: the best configurations measured", highlights_html(frame))]
+    model = tune_report.model_word(frame)
     for chart in CHARTS:
         figure = chart.build(frame, context)
         if figure is None:
             built.missing.append(chart.id)
-            body = (f'<p class="note">Not enough data for this chart. Runs that produce it: '
-                    f"<code>{e(chart.missing)}</code></p>")
-        else:
-            png = report_plots.png_bytes(figure)
-            png_path = out.with_name(f"{out.stem}-{chart.id}.png")
-            write_atomic(png_path, png, "figure")
-            built.charts.append(chart.id)
-            built.pngs.append(png_path)
-            body = _figure_html(chart, png, png_path.name)
-        if chart.id == "cost":
-            body += cost_html(context)
-        if chart.id == "machines":
-            body += ranking_html(context)
-        sections.append((chart.id, chart.title, body))
-    sections.extend(_explain_sections(root, built.skipped))
-    from corescale.report import tune as tune_report
-
-    try:
-        sections[:0] = tune_report.sections(root, frame)  # a tune's directory: its section first
-    except UserError as exc:  # a malformed tune.json: the rest of the report still stands
-        built.skipped.append(str(exc))
+            missing.append((chart.view or chart.title, chart.missing.format(model=model)))
+            continue
+        body = _drawn(chart, report_plots.sign(figure, cpu), out, built, cpu)
+        extra = EXTRA_HTML.get(chart.id)
+        sections.append((chart.id, chart.title, body + (extra(context) if extra else "")))
+    sections.extend(_explain_sections(root, built.skipped, cpu))
     curves = report_plots.load_curves(frame)
-    if curves:  # only where server searches were run (no "missing" note otherwise)
+    if curves:  # only where server searches were run (never counted as missing)
         chart = Chart("load_curve", "Load curve (server scenario)", "Latency from LoadGen's scheduled issue time "
-                      "vs offered Poisson load; red x: the step missed the p99 SLO.",
-                      lambda _frame, _context: report_plots.load_curve_figure(curves), "")
-        png = report_plots.png_bytes(report_plots.load_curve_figure(curves))
-        png_path = out.with_name(f"{out.stem}-load_curve.png")
-        write_atomic(png_path, png, "figure")
-        built.charts.append(chart.id)
-        built.pngs.append(png_path)
-        sections.append((chart.id, chart.title, _figure_html(chart, png, png_path.name)))
+                      "vs offered Poisson load; red x: the step missed the p99 SLO.", lambda *_: None, "")
+        figure = report_plots.sign(report_plots.load_curve_figure(curves), cpu)
+        sections.append((chart.id, chart.title, _drawn(chart, figure, out, built, cpu)))
     from corescale.report import quality as quality_report
 
     judged = quality_report.section(frame)
     if judged is not None:  # only where some result checked its task's quality
         sections.append(judged)
+    if missing:
+        sections.append(("not-measured", "Not measured", not_measured_html(missing)))
     sections.append(("environment", "Environment", environment_html(frame)))
     sections.append(("results", f"All results ({len(frame)})", html_table(frame, RESULT_COLUMNS, "results-table")))
     if table.problems or built.skipped:
         items = "".join(f"<li>{e(reason)}</li>" for reason in [*(r for _, r in table.problems), *built.skipped])
         sections.append(("problems", "Skipped files", f"<ul>{items}</ul>"))
-    write_atomic(out, _page(root, frame, sections), "report")
+    write_atomic(out, render(root, frame, _ordered(sections)), "report")
     return built
 
 
-def _explain_sections(root, skipped: list[str]) -> list[tuple[str, str, str]]:
+def _drawn(chart: Chart, figure: Figure, out: Path, built: Built, cpu: str) -> str:
+    """The chart's PNG written beside the report and its figure element (the caption names the CPU)."""
+    png = report_plots.png_bytes(figure)
+    png_path = out.with_name(f"{out.stem}-{chart.id}.png")
+    write_atomic(png_path, png, "figure")
+    built.charts.append(chart.id)
+    built.pngs.append(png_path)
+    return figure_html(chart.id, chart.title, f"{chart.caption} Measured on {cpu}.", png, png_path.name)
+
+
+def _explain_sections(root, skipped: list[str], cpu: str = "") -> list[tuple[str, str, str]]:
     """`corescale explain` runs saved under the root: a stacked bar per backend (profiling runs, apart); a file
     that cannot be drawn is added to `skipped` with why."""
     from corescale.explain.analysis import load_saved
@@ -386,23 +312,7 @@ def _explain_sections(root, skipped: list[str]) -> list[tuple[str, str, str]]:
     parts = []
     for entry in saved:
         try:
-            parts.append(entry_html(entry))
+            parts.append(entry_html(entry, cpu))
         except (AttributeError, KeyError, TypeError, ValueError, IndexError) as exc:  # valid JSON, wrong shape
             skipped.append(f"malformed explain file '{entry['path']}': {type(exc).__name__}: {str(exc)[:160]}")
     return [("explain", "Where the time goes (corescale explain)", SECTION_NOTE + "".join(parts))] if parts else []
-
-
-def _page(root, frame: pd.DataFrame, sections: list[tuple[str, str, str]]) -> str:
-    ok = len(ok_rows(frame))
-    nav = "".join(f'<a href="#{e(sid)}">{e(title)}</a>' for sid, title, _ in sections)
-    body = "".join(f'<section id="{e(sid)}"><h2>{e(title)}</h2>{content}</section>' for sid, title, content in sections)
-    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
-            f'<meta name="viewport" content="width=device-width, initial-scale=1">'
-            f"<title>corescale report: {e(str(root))}</title><style>{CSS}</style></head><body>"
-            f"<header><h1>corescale report</h1><p>{e(str(root))} · {len(frame)} result(s), {ok} valid · "
-            f"generated {e(stamp)}</p></header><nav>{nav}</nav><main>"
-            f'<section id="highlights"><h2>Highlights</h2>{highlights_html(frame)}</section>{body}</main>'
-            f"<script>{SORT_JS}</script></body></html>")
-
-

@@ -15,6 +15,8 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, NullLocator
 
+from corescale.report.labels import Label, place
+
 SUBTITLE_COLUMNS = (("model", "{}"), ("backend", "{}"), ("batch_size", "batch {}"),
                     ("total_batch_size", "total batch {}"), ("sequence_length", "seq {}"))
 
@@ -63,13 +65,21 @@ def _count_axis(ax, values) -> None:
     ax.set_xticklabels([str(v) for v in values])
 
 
-def _annotate(ax, xs, ys, texts) -> None:
-    for x, y, text in zip(xs, ys, texts):
-        ax.annotate(text, (x, y), textcoords="offset points", xytext=(0, 7), ha="center", fontsize=8)
+def _labels(xs, ys, texts, colour) -> list[Label]:
+    return [Label(x, y, text, {"color": colour}) for x, y, text in zip(xs, ys, texts)]
 
 
-def _scaling_lines(ax, data: pd.DataFrame, group, x_col: str, y_col: str, ideal, efficiency) -> None:
-    """Measured line per group, its ideal (from the first point) dashed, efficiency labels on the points."""
+def _place_by_rank(ax, found: list[list[Label]]) -> None:
+    """Every line's labels, the first point of each line first, then the second of each, ...: where labels would
+    cover each other, the later points of later lines give way (their values are in the table)."""
+    ranked = [group[i] for i in range(max(map(len, found), default=0)) for group in found if i < len(group)]
+    place(ax, ranked)
+
+
+def _scaling_lines(ax, data: pd.DataFrame, group, x_col: str, y_col: str, ideal, efficiency) -> list[list[Label]]:
+    """Measured line per group, its ideal (from the first point) dashed; returns its efficiency labels per line
+    (placed once the axes are complete)."""
+    found = []
     for label, rows in _groups(data, group, x_col):
         x = rows[x_col].to_numpy(float)
         y = rows[y_col].to_numpy(float)
@@ -77,22 +87,24 @@ def _scaling_lines(ax, data: pd.DataFrame, group, x_col: str, y_col: str, ideal,
         best = ideal(x, y)
         ax.plot(x, best, linestyle="--", color=line.get_color(), alpha=0.6,
                 label=f"ideal (linear){' ' + label if label else ''}")
-        _annotate(ax, x, y, [f"{e:.0%}" for e in efficiency(best, y)])
+        found.append(_labels(x, y, [f"{e:.0%}" for e in efficiency(best, y)], line.get_color()))
     _count_axis(ax, data[x_col])
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
+    return found
 
 
 def cores_figure(frame: pd.DataFrame, group: str | None = "group") -> Figure:
     """Latency (p50) vs cores of one instance, a line per group, ideal 1/cores scaling dashed."""
     fig, (ax,) = _figure()
     data = _ok(frame)
-    _scaling_lines(ax, data, group, "total_cores", "latency_p50_ms",
-                   ideal=lambda x, y: y[0] * x[0] / x, efficiency=lambda ideal, y: ideal / y)
+    found = _scaling_lines(ax, data, group, "total_cores", "latency_p50_ms",
+                           ideal=lambda x, y: y[0] * x[0] / x, efficiency=lambda ideal, y: ideal / y)
     ax.set_xlabel("cores (one instance)")
     ax.set_ylabel("latency p50 (ms)")
     _title(ax, "Latency vs cores (labels: scaling efficiency)", data, skip=("total_batch_size",))
+    _place_by_rank(ax, found)
     return fig
 
 
@@ -100,13 +112,14 @@ def instances_figure(frame: pd.DataFrame, group: str | None = "group") -> Figure
     """Total throughput vs number of instances, ideal-linear line dashed, efficiency annotated."""
     fig, (ax,) = _figure()
     data = _ok(frame)
-    _scaling_lines(ax, data, group, "instances", "throughput_samples_per_s",
-                   ideal=lambda n, t: t[0] * n / n[0], efficiency=lambda ideal, t: t / ideal)
+    found = _scaling_lines(ax, data, group, "instances", "throughput_samples_per_s",
+                           ideal=lambda n, t: t[0] * n / n[0], efficiency=lambda ideal, t: t / ideal)
     ax.set_xlabel("instances (each pinned to its own cores)")
     ax.set_ylabel("total throughput (samples/s)")
     cores = sorted(set(data["cores_per_instance"].dropna().astype(int))) if "cores_per_instance" in data else []
     each = f", {cores[0]} core(s) each" if len(cores) == 1 else ""
     _title(ax, f"Throughput vs instances{each} (labels: scaling efficiency)", data, skip=("total_batch_size",))
+    _place_by_rank(ax, found)
     return fig
 
 
@@ -114,14 +127,16 @@ def batch_figure(frame: pd.DataFrame, group: str | None = "group") -> Figure:
     """One total batch split over N instances: max instance latency and total throughput per N."""
     fig, (left, right) = _figure(2)
     data = _ok(frame)
+    found: dict = {left: [], right: []}
     for label, rows in _groups(data, group, "instances"):
         n = rows["instances"].to_numpy(float)
         latency = rows["max_instance_p50_ms"].to_numpy(float)
         throughput = rows["throughput_samples_per_s"].to_numpy(float)
-        left.plot(n, latency, marker="o", label=label or None)
-        _annotate(left, n, latency, [f"{v:.1f}" for v in latency])
-        right.plot(n, throughput, marker="o", label=label or None)
-        _annotate(right, n, throughput, [f"{g:.2f}x" for g in throughput / throughput[0]])
+        line, = left.plot(n, latency, marker="o", label=label or None)
+        found[left].append(_labels(n, latency, [f"{v:.1f}" for v in latency], line.get_color()))
+        line, = right.plot(n, throughput, marker="o", label=label or None)
+        found[right].append(_labels(n, throughput, [f"{g:.2f}x" for g in throughput / throughput[0]],
+                                    line.get_color()))
     for ax in (left, right):
         _count_axis(ax, data["instances"])
         ax.set_xlabel("instances (sharing all cores equally)")
@@ -133,6 +148,8 @@ def batch_figure(frame: pd.DataFrame, group: str | None = "group") -> Figure:
     right.set_ylabel("total throughput (samples/s)")
     _title(left, "Batch split: latency = slowest instance", data, skip=("batch_size",))
     _title(right, "Batch split: throughput (labels: gain vs fewest)", data, skip=("batch_size",))
+    for ax, notes in found.items():
+        _place_by_rank(ax, notes)
     return fig
 
 
