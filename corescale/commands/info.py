@@ -65,7 +65,10 @@ def handle(args) -> int:
 
         raise UserError("--libraries needs --peak")
     if args.peak:
-        host["peak"] = measure_peaks(args, host)
+        from corescale.trials.local import interruptible
+
+        with interruptible():  # SIGTERM/SIGHUP stop it like Ctrl-C: its processes and temp directory go
+            host["peak"] = measure_peaks(args, host)
     host["analytic_peak"] = analytic_gflops(host["cpu"], len(Topology.from_sysfs().physical_cores))
     if args.json:
         print(json.dumps(host, indent=2, default=str))

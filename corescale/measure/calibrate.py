@@ -62,14 +62,20 @@ def _run_calibrations(specs: list[InstanceSpec], cfg, precision: str, work_dir: 
         return []
     preload = instance_env.preload_paths(cfg)
     with machine_lock():  # no other process measures meanwhile (held already inside a trial)
-        running = []
-        for spec in specs:
-            out = work_dir / f"peak-{precision}-{spec.id}.json"
-            process = instance_env.spawn(instance_env.Launch.of(cfg, spec, preload), "corescale.measure.calibrate",
-                                         str(spec.threads), precision, str(out), ",".join(libraries),
-                                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-            running.append((process, out))
-        outputs = [(process, out, _finish(process)) for process, out in running]
+        running: list[tuple[subprocess.Popen, Path]] = []
+        try:
+            for spec in specs:
+                out = work_dir / f"peak-{precision}-{spec.id}.json"
+                process = instance_env.spawn(instance_env.Launch.of(cfg, spec, preload),
+                                             "corescale.measure.calibrate", str(spec.threads), precision, str(out),
+                                             ",".join(libraries), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                running.append((process, out))
+            outputs = [(process, out, _finish(process)) for process, out in running]
+        except BaseException:  # interrupted: none outlives it
+            for process, _ in running:
+                process.kill()
+                process.wait()
+            raise
     entries = []
     for process, out, err in outputs:
         try:
