@@ -366,6 +366,43 @@ def test_resume_rerun_and_foreign_results_as_in_the_local_loop(cluster, tmp_path
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("second", ["ray", "local"])
+def test_two_sweeps_on_one_folder_commit_each_key_once(cluster, tmp_path, second):
+    """Started together, both plan every trial; whichever measures a (trial, repeat) second finds the first's
+    result under the commit lock (or before it submits) and commits nothing."""
+    import logging
+    import threading
+
+    from corescale.trials.ray import import_ray
+
+    out = tmp_path / "out"
+    ray = import_ray(loopback=True)
+    ray.init(address=cluster.address, logging_level=logging.WARNING, log_to_driver=False)  # shared by both
+    states, errors = [], []
+
+    def sweep(executor):
+        try:
+            where = ["executor=ray", f"executor.address={cluster.address}"] if executor == "ray" else []
+            planned = plan_sweep([[*QUICK, f"output_dir={out}", *where, f"batch_size={b}"] for b in (1, 2)])
+            states.append(sweep_on_cluster(planned)[0])
+        except BaseException as exc:
+            errors.append(exc)
+
+    try:
+        threads = [threading.Thread(target=sweep, args=(kind,)) for kind in ("ray", second)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(200)
+    finally:
+        ray.shutdown()
+    assert not errors, errors
+    keys = [(r["trial_key"], r["repeat"]) for r in stored(out)]
+    assert len(keys) == 2 and len(set(keys)) == 2, keys  # each key committed once
+    assert sum(state.count("skipped") for state in states) == 2  # the other sweep found each one
+
+
+@pytest.mark.slow
 def test_fail_fast_submits_nothing_after_the_first_failure(cluster, tmp_path):
     out = tmp_path / "out"
     bad = trials_for(cluster.address, out, ["threads=2", "executor.node_type=b"])  # fits the driver, not b

@@ -59,6 +59,23 @@ def machine_lock(path: Path | None = None, on_wait=None):
         os.close(fd)  # closing releases the lock
 
 
+@contextmanager
+def exclusive(path: Path, running: str, then: str):
+    """Holds `path` (an flock, created as the machine lock is) for the block, or refuses with one line: `running`
+    names what holds it ("the tune in DIR"), followed by its process, then what to do (`then`)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = _open_lock(path)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            who = holder(fd) or "another process"
+            raise UserError(f"{running} is already running ({who}); {then}") from None
+        yield
+    finally:
+        os.close(fd)  # closing releases it
+
+
 def holder(fd: int) -> str:
     """'pid N: its command line' of the process holding the lock on `fd`'s file ('' when the kernel hides it)."""
     info = os.fstat(fd)
