@@ -129,3 +129,20 @@ def test_resume_counts_only_this_machines_results_unless_asked(out_dir, tmp_path
     again = corescale("run", "-m", *FAST, f"output_dir={out_dir}", "--no-progress")
     assert again.returncode == 0 and "1 measured ok, 0 failed, 0 skipped" in again.stdout
     assert len(run_dirs(out_dir)) == 2
+
+
+def test_a_result_measured_under_another_inherited_environment_is_measured_again(out_dir):
+    """An allocator or OpenMP variable inherited from the shell changes what runs: its results resume only under
+    the same values (and results without any resume only without)."""
+    def sweep(**env):
+        proc = corescale("run", "-m", *FAST, f"output_dir={out_dir}", "--no-progress", env=env)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    assert "OMP_SCHEDULE" not in os.environ and "KMP_BLOCKTIME" not in os.environ
+    assert "1 measured ok, 0 failed, 0 skipped" in sweep()
+    assert "1 measured ok, 0 failed, 0 skipped" in sweep(OMP_SCHEDULE="static")
+    assert "0 measured ok, 0 failed, 1 skipped" in sweep(OMP_SCHEDULE="static")
+    assert "1 measured ok, 0 failed, 0 skipped" in sweep(OMP_SCHEDULE="dynamic")
+    assert "1 measured ok, 0 failed, 0 skipped" in sweep(OMP_SCHEDULE="static", KMP_BLOCKTIME="0")
+    assert "0 measured ok, 0 failed, 1 skipped" in sweep(OMP_NUM_THREADS="7")  # set per instance: no matter
