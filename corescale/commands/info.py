@@ -25,13 +25,13 @@ def register(sub) -> None:
 def measure_peaks(args, host: dict) -> list[dict]:
     """One row per (CPUs, threads, precision): every library's GFLOP/s and the winner, cached like a run's; under
     the machine lock (another process's trial or measurement first)."""
-    import tempfile
     from pathlib import Path
 
     from corescale.config import PRECISIONS, BenchmarkConfig
     from corescale.machine.lock import machine_lock
     from corescale.machine.peak import PeakCache, check_libraries, peak_precision
     from corescale.machine.placement import InstancePlacement, InstanceSpec
+    from corescale.machine.scratch import scratch
     from corescale.machine.topology import Topology
     from corescale.measure.calibrate import with_peaks
 
@@ -43,7 +43,7 @@ def measure_peaks(args, host: dict) -> list[dict]:
     specs = [InstanceSpec(InstancePlacement(i, c, (), len(c)), n, 1) for i, (c, n) in enumerate(layouts.items())]
     precisions = [p for p in PRECISIONS if peak_precision(p, host["cpu"]["isa"]) == p]
     rows = []
-    with machine_lock(on_wait=on_lock_wait), tempfile.TemporaryDirectory(prefix="corescale-peak-") as work:
+    with machine_lock(on_wait=on_lock_wait), scratch("peak") as work:
         for precision in precisions:
             for spec in specs:  # one at a time: the whole-machine row must not share its cores
                 (done,) = with_peaks([spec], cfg, host["cpu"]["isa"], Path(work), PeakCache(cfg.cache_dir),

@@ -6,13 +6,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import subprocess
-import tempfile
 from pathlib import Path
 
 from corescale.errors import UserError
 from corescale.machine import instance_env
 from corescale.machine.lock import machine_lock
 from corescale.machine.peak import PeakCache
+from corescale.machine.scratch import scratch
 from corescale.measure import protocol
 from corescale.measure.calibrate import with_peaks
 
@@ -21,7 +21,7 @@ def profile(trial, isa: dict, on_lock_wait=None) -> dict:
     """The worker's JSON (measured latencies, profiled calls) plus the instance it ran as (with its roofs), under
     the machine lock (on_lock_wait: as machine_lock's on_wait)."""
     cfg = trial.cfg
-    with machine_lock(on_wait=on_lock_wait), tempfile.TemporaryDirectory(prefix="corescale-explain-") as work:
+    with machine_lock(on_wait=on_lock_wait), scratch("explain") as work:
         (spec,) = trial.instance_specs(Path(work))
         if cfg.calibrate:
             (spec,) = with_peaks([spec], cfg, isa, Path(work), PeakCache(cfg.cache_dir))

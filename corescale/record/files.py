@@ -17,6 +17,7 @@ import pandas as pd
 import yaml
 
 from corescale.errors import UserError
+from corescale.machine import scratch
 from corescale.record.trial import TrialRecord
 from corescale.userfiles import read_json
 
@@ -74,13 +75,16 @@ def run_name(cfg) -> str:
 
 
 class PendingRun:
-    """A result directory being written; becomes visible only on commit()."""
+    """A result directory being written; becomes visible only on commit(). Those that killed writers left behind
+    are collected when the next one starts in the same root (machine/scratch.py)."""
 
     def __init__(self, root: Path, name: str):
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
+        scratch.collect(self.root, TMP_PREFIX)
         self.name = name
         self.tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{name}-", dir=self.root))
+        scratch.mark(self.tmp)
 
     def write_samples(self, frame: pd.DataFrame) -> None:
         frame.to_parquet(self.tmp / SAMPLES_FILE, index=False)
@@ -102,6 +106,7 @@ class PendingRun:
                 if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR):
                     raise
                 suffix += 1
+        scratch.unmark(final)  # after the rename: a killed writer's directory always names its owner
         _fsync_dir(self.root)
         return final
 
