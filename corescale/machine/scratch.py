@@ -64,7 +64,7 @@ def dead(recorded: dict) -> bool:
 
 def collect(folder: Path, prefix: str) -> list[Path]:
     """Removes the directories `prefix*` in `folder` that this user's dead processes left; returns them."""
-    removed = []
+    removed: list[Path] = []
     try:
         entries = list(os.scandir(folder))
     except OSError:
