@@ -230,3 +230,34 @@ def _unreadable_lock_as_nobody(path):
         pytest.skip(f"the checkout cannot be read as nobody: {out.stderr.strip().splitlines()[-1]}")
     assert out.stdout.count("\n") == 1, out.stderr
     assert "owner uid 0, mode 0600" in out.stdout and "chmod 644" in out.stdout and "CORESCALE_LOCK" in out.stdout
+
+
+@pytest.mark.slow
+def test_a_ray_nodes_trial_waits_for_that_machines_lock(tmp_path, monkeypatch):
+    """The Ray task (run_on_node, called here as Ray calls it) holds the node's machine lock while it measures: a
+    local run or `info --peak` there is never measured beside it."""
+    from helpers import FAST
+
+    from corescale.machine import lock
+    from corescale.measure.runner import prepare_trial
+    from corescale.overrides import compose
+    from corescale.trials.ray import run_on_node
+
+    path = tmp_path / "lock"
+    monkeypatch.setattr(lock, "LOCK_PATH", path)
+    trial = prepare_trial(compose([*FAST, f"output_dir={tmp_path / 'out'}"]))
+    holding = hold_in_another_process(path)
+    done = []
+    task = threading.Thread(target=lambda: done.append(run_on_node(trial, {})), daemon=True)
+    try:
+        task.start()
+        time.sleep(1.5)
+        assert task.is_alive() and not done  # waiting: nothing measured
+        release(holding)
+        task.join(240)
+    finally:
+        holding.kill()
+        holding.wait()
+    (measured,) = done
+    assert measured.record.ok, measured.record.reason
+    assert measured.record.lock_wait_s >= 1.0

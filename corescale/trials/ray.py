@@ -3,8 +3,9 @@
 A benchmark node declares the custom resource `corescale_node: 1` (and optionally a type label
 `corescale_type:<type>: 1`). The driver picks a free node for each trial and submits one Ray task pinned to
 it (corescale_node=1, a fresh worker per task) that reserves every CPU the node declares to Ray, so Ray
-schedules no other CPU work there while it measures. The task re-prepares the trial for its own topology, runs
-the normal launcher there and returns the UncommittedResult; the driver commits it to the store.
+schedules no other CPU work there while it measures, and holds that node's machine lock (machine/lock.py), so
+nothing else of corescale measures there meanwhile (a local run, `info --peak`). The task re-prepares the trial
+for its own topology, runs the normal launcher there and returns the UncommittedResult; the driver commits it.
 
 Faults: a dead worker or node is retried on another node (executor.max_retries times); an error inside the
 benchmark (bad input on that node) becomes a failed result at once. Ray is imported only here, lazily.
@@ -25,6 +26,7 @@ from typing import Any
 from corescale.config import RayExecutorConfig
 from corescale.errors import UserError
 from corescale.machine import environment
+from corescale.machine.lock import machine_lock
 from corescale.measure.runner import Trial, UncommittedResult, failed_result
 from corescale.record.sections import HostEnvironment
 from corescale.record.trial import Failure, machine_fingerprint
@@ -124,8 +126,10 @@ def run_on_node(trial: Trial, node: dict) -> UncommittedResult:
     node = {**node, "hostname": host["hostname"], "cpu_model": host["cpu"]["model"], "pid": os.getpid(),
             "reserved_cpus": reserved_cpus()}
     try:
-        here = prepare_trial(trial.cfg, on_node=True)
-        measured = run_instances(dataclasses.replace(here, key=trial.key), None, host)  # the driver's key: resume
+        with machine_lock() as waited:  # this node's: a local run or `info --peak` there waits, or this task does
+            here = prepare_trial(trial.cfg, on_node=True)
+            measured = run_instances(dataclasses.replace(here, key=trial.key), None, host)  # the driver's key
+        measured.record.lock_wait_s = waited
     except Exception as exc:  # everything raised here is the benchmark's, not the node's, fault
         measured = failed_result(trial, Failure.from_exception(exc), host, started)
     measured.record.node = node
