@@ -2,6 +2,7 @@
 holder's own nested measurements (a trial's calibration) take it again at once, another thread waits its turn."""
 
 import fcntl
+import json
 import os
 import pwd
 import shutil
@@ -100,7 +101,11 @@ def test_info_peak_waits_for_the_lock_instead_of_measuring(tmp_path):
         holding.kill()
         proc.kill()
     assert proc.returncode == 0, err
-    assert '"peak"' in out and any(cache.rglob("*.json"))
+    from corescale.measure.calibrate import disturbed
+
+    rows = json.loads(out)["peak"]  # cached, unless other processes used its CPUs meanwhile (a busy machine)
+    kept = [entry for row in rows for entry in (row, row.get("bandwidth")) if entry and disturbed(entry) is None]
+    assert any(cache.rglob("*.json")) is bool(kept)
 
 
 def test_holder_is_empty_when_nobody_holds_it(tmp_path):

@@ -76,8 +76,13 @@ def handle(args) -> int:
     console.print(host_table(host))
     if args.peak:
         print_wide(peak_table(host["peak"]))
+        from corescale.measure.calibrate import disturbed
+
         for row in host["peak"]:
             for name, why in row.get("errors", {}).items():
                 errors.print(f"{name} ({row['precision']}, {row['threads']} threads) not measured: {why}",
+                             soft_wrap=True, markup=False)
+            if disturbed(row):
+                errors.print(f"peak ({row['precision']}, {row['threads']} threads) not cached: {disturbed(row)}",
                              soft_wrap=True, markup=False)
     return 0
