@@ -167,3 +167,14 @@ def test_the_foreign_load_of_a_calibration_is_measured(tmp_path):
         busy.kill()
         busy.wait()
     assert entry["gflops"] == 1.0 and entry["foreign_load"] > 0.5
+
+
+@pytest.mark.parametrize("name, changes", [("MKL_ENABLE_INSTRUCTIONS", True), ("LD_PRELOAD", True),
+                                           ("OMP_WAIT_POLICY", True), ("OMP_NUM_THREADS", False)])
+def test_the_peak_cache_is_per_inherited_environment_too(monkeypatch, name, changes):
+    """A calibration runs under the inherited environment: a variable that changes its GEMMs (MKL's ISA, a
+    preloaded library) gives another cache; what every instance sets for itself does not."""
+    monkeypatch.delenv(name, raising=False)
+    before = peak.host_fingerprint()
+    monkeypatch.setenv(name, "AVX2")
+    assert (peak.host_fingerprint() != before) is changes

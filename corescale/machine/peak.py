@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import json
+import os
 import time
 from pathlib import Path
 from typing import Callable
@@ -178,12 +179,19 @@ def fingerprint(cpu: dict, topology: dict) -> str:
 
 
 def host_fingerprint() -> str:
-    from corescale.machine.environment import cpuinfo
-    from corescale.machine.topology import Topology
+    """This machine's: its CPU, topology, what sets its clock (governor, turbo, SMT: a peak taken under another
+    one is not this one's) and the inherited variables that change what a calibration runs (MKL_*, OMP_*,
+    LD_PRELOAD...: environment.measuring_variables)."""
+    from corescale.machine.environment import ENV_NAMES, ENV_PREFIXES, cpuinfo, measuring_variables
+    from corescale.machine.topology import Topology, read_text
 
     topology = Topology.from_sysfs()
+    state = {name: (read_text(f"/sys/devices/system/cpu/{path}") or "").strip() or None for name, path in
+             (("governor", "cpu0/cpufreq/scaling_governor"), ("no_turbo", "intel_pstate/no_turbo"),
+              ("boost", "cpufreq/boost"), ("smt", "smt/control"))}
+    env = measuring_variables({k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES) or k in ENV_NAMES})
     return fingerprint(cpuinfo(), {"logical_cpus": len(topology.cpu_ids), "physical_cores":
-                                   len(topology.physical_cores)})
+                                   len(topology.physical_cores), "clock": state, **({"env": env} if env else {})})
 
 
 class PeakCache:
