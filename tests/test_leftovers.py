@@ -249,3 +249,42 @@ def test_a_full_disk_during_a_real_commit_ends_the_run_with_one_line(tmp_path):
 def test_a_directory_from_before_a_reboot_of_this_host_is_collected(tmp_path):
     left = _left(tmp_path, "corescale-abc", boot="an earlier boot", pid=os.getpid())  # even a pid alive now
     assert scratch.collect(tmp_path, "corescale-") == [left]
+
+
+# --- durable commits ------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def fsynced(monkeypatch):
+    """The paths os.fsync is called on (the real fsync still runs): a power loss cannot be staged here."""
+    seen: list[Path] = []
+    real = os.fsync
+
+    def spy(fd):
+        seen.append(Path(os.readlink(f"/proc/self/fd/{fd}")))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", spy)
+    return seen
+
+
+@pytest.mark.parametrize("data", [b"bytes", "text", lambda path: path.write_text("by a callable")],
+                         ids=["bytes", "text", "callable"])
+def test_every_atomic_write_is_fsynced_with_its_rename(tmp_path, fsynced, data):
+    from corescale.record.files import write_atomic
+
+    target = write_atomic(tmp_path / "figure.png", data)
+    assert target.read_bytes() and tmp_path in fsynced  # the directory, after the rename
+    assert any(p.name.startswith(TMP_PREFIX) and p.suffix == ".png" for p in fsynced)  # the file, before it
+
+
+def test_a_committed_result_has_every_file_on_disk(tmp_path, fsynced):
+    import pandas as pd
+
+    pending = PendingRun(tmp_path, "run")
+    (pending.tmp / "instance-0.stderr.log").write_bytes(b"log")
+    pending.write_samples(pd.DataFrame({"latency_ms": [1.0, 2.0]}))
+    pending.write_config({"model": "bert-tiny"})
+    final = pending.commit({"status": "ok"})
+    names = {p.name for p in fsynced}
+    assert {"instance-0.stderr.log", "samples.parquet", "config.yaml", tmp_path.name} <= names
+    assert (final / "samples.parquet").is_file()

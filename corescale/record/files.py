@@ -52,12 +52,21 @@ def write_atomic(path: Path, data: str | bytes | Callable[[Path], None], what: s
             else:
                 handle.write(data.encode() if isinstance(data, str) else data)
                 handle.flush()
-                os.fsync(handle.fileno())
+        _fsync_file(tmp)  # what a callable wrote too (it may have replaced the file: fsync the path)
         os.replace(tmp, path)
+        _fsync_dir(path.parent)  # the rename itself survives a power loss
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
     return path
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def write_json_atomic(path: Path, data: Any) -> Path:
@@ -93,7 +102,11 @@ class PendingRun:
         (self.tmp / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
 
     def commit(self, record: dict) -> Path:
-        """`record` is TrialRecord.to_json(); the directory appears under its final name only now."""
+        """`record` is TrialRecord.to_json(); the directory appears under its final name only now, with every
+        file in it on disk (samples, config, logs: fsynced before the rename)."""
+        for file in self.tmp.iterdir():
+            if file.is_file() and file.name != scratch.OWNER_FILE:
+                _fsync_file(file)
         write_json_atomic(self.tmp / RESULT_FILE, record)
         _fsync_dir(self.tmp)
         suffix = 0
