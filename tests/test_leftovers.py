@@ -288,3 +288,21 @@ def test_a_committed_result_has_every_file_on_disk(tmp_path, fsynced):
     names = {p.name for p in fsynced}
     assert {"instance-0.stderr.log", "samples.parquet", "config.yaml", tmp_path.name} <= names
     assert (final / "samples.parquet").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("children", [0, 1, 3])
+def test_a_killed_child_takes_what_it_started_with_it(children):
+    """explain's worker on timeout or interrupt, a calibration on its timeout: the whole session goes."""
+    from corescale.machine import instance_env
+
+    script = "".join("sleep 600 & echo $!; " for _ in range(children)) + "echo ready; sleep 600"
+    process = subprocess.Popen(["sh", "-c", script], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    started = [int(process.stdout.readline()) for _ in range(children)]
+    assert process.stdout.readline() == "ready\n"
+    instance_env.kill(process)
+    assert process.returncode == -signal.SIGKILL
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(_state(p) not in (None, "Z") for p in started):
+        time.sleep(0.05)
+    assert all(_state(p) in (None, "Z") for p in started)  # killed (a zombie until init reaps it)

@@ -32,9 +32,8 @@ def profile(trial, isa: dict, on_lock_wait=None) -> dict:
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) as process:
             try:
                 _, err = process.communicate(timeout=cfg.timeout)
-            except subprocess.TimeoutExpired:
-                process.kill()  # as subprocess.run(timeout=) does: killed, waited for, the timeout raised
-                process.wait()
+            except BaseException:  # the timeout, or an interrupt: the worker and all it started go, then raised
+                instance_env.kill(process)
                 raise
         try:
             result = json.loads(out.read_text())

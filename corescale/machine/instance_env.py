@@ -167,6 +167,15 @@ def spawn(launch: Launch, module: str, *args: str, **popen) -> subprocess.Popen:
                             start_new_session=True, preexec_fn=pin_before_exec(launch.cpus), **popen)
 
 
+def kill(process: subprocess.Popen) -> None:
+    """Kills a spawned child's whole process group (its own session: whatever it started goes too) and waits."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        process.kill()
+    process.wait()
+
+
 def pin_before_exec(cpus):
     """preexec_fn for Popen: the child is pinned before the interpreter (and any framework) starts."""
     cpus = list(cpus)

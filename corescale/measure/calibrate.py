@@ -101,8 +101,7 @@ def _run_calibrations(specs: list[InstanceSpec], cfg, precision: str, work_dir: 
             outputs = [(process, out, _finish(process)) for process, out in running]
         except BaseException:  # interrupted: none outlives it
             for process, _ in running:
-                process.kill()
-                process.wait()
+                instance_env.kill(process)
             raise
     entries = []
     for process, out, err in outputs:
@@ -120,7 +119,7 @@ def _finish(process: subprocess.Popen) -> bytes:
     try:
         return process.communicate(timeout=TIMEOUT_S)[1]
     except subprocess.TimeoutExpired:
-        process.kill()
+        instance_env.kill(process)
         return process.communicate()[1]
 
 
