@@ -95,6 +95,22 @@ def test_two_sweeps_into_one_root_lose_nothing(out_dir):
     assert all(end <= next_start for (_, end), (next_start, _) in zip(spans, spans[1:]))
 
 
+def test_the_same_sweep_twice_at_once_commits_each_key_once(out_dir):
+    """Both plan every trial; the one that gets the machine lock second finds each result committed meanwhile
+    (re-checked under the lock, and again under the commit lock) and measures nothing."""
+    grid = [*FAST, "batch_size=1,2", f"output_dir={out_dir}"]
+    procs = [subprocess.Popen([sys.executable, "-m", "corescale.cli", "run", "-m", *grid, "--no-progress"], cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err
+        outs.append(out)
+    keys = [(r.trial_key, r.repeat) for r in map(read_result, run_dirs(out_dir))]
+    assert len(keys) == 2 and len(set(keys)) == 2, keys
+    assert "".join(outs).count("skipped (valid result exists") == 2
+
+
 def _commit_many(root, count):
     for number in range(count):
         pending = PendingRun(root, "same-name")

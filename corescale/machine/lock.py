@@ -60,17 +60,22 @@ def machine_lock(path: Path | None = None, on_wait=None):
 
 
 @contextmanager
-def exclusive(path: Path, running: str, then: str):
-    """Holds `path` (an flock, created as the machine lock is) for the block, or refuses with one line: `running`
-    names what holds it ("the tune in DIR"), followed by its process, then what to do (`then`)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = _open_lock(path)
+def folder_lock(folder: Path, running: str | None = None, then: str = ""):
+    """An exclusive flock on `folder` itself for the block (nothing is created in it; every thread and process
+    that takes it waits its turn). With `running`, never waits: refuses with one line naming what holds it
+    (`running`: "the tune in DIR") and its process, then what to do (`then`)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise UserError(f"cannot open the folder '{folder}': {exc.strerror or exc}") from None
     try:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_EX | (fcntl.LOCK_NB if running else 0))
         except BlockingIOError:
-            who = holder(fd) or "another process"
-            raise UserError(f"{running} is already running ({who}); {then}") from None
+            raise UserError(f"{running} is already running ({holder(fd) or 'another process'}); {then}") from None
+        except OSError:  # a file system that cannot lock a folder (NFS emulates flock for files only): unlocked
+            pass
         yield
     finally:
         os.close(fd)  # closing releases it

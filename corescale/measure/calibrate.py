@@ -43,10 +43,12 @@ def with_bandwidth(specs: list[InstanceSpec], cfg, work_dir: Path, cache: PeakCa
     known = {spec.id: None if force else cache.get_bandwidth(spec.cpus, spec.threads) for spec in specs}
     todo = [spec for spec in specs if known[spec.id] is None]
     for spec, entry in zip(todo, _run_calibrations(todo, cfg, BANDWIDTH, work_dir, ())):
-        if entry.get("gbps") and not disturbed(entry):
+        if not entry.get("gbps"):
+            continue
+        if not disturbed(entry):  # a disturbed one serves this run only
             cache.root.mkdir(parents=True, exist_ok=True)
             write_json_atomic(cache.bandwidth_path(spec.cpus, spec.threads), entry)
-            known[spec.id] = {**entry, "cached": False}
+        known[spec.id] = {**entry, "cached": False}
     return {i: None if entry is None else {"cached": True, **entry} for i, entry in known.items()}
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from corescale.machine import environment
-from corescale.machine.lock import machine_lock
+from corescale.machine.lock import folder_lock, machine_lock
 from corescale.measure.forkserver import ForkServers
 from corescale.measure.runner import Trial, TrialOutcome, UncommittedResult, commit, failed_result, run_instances
 from corescale.record.index import ResultIndex
@@ -29,7 +29,6 @@ from corescale.record.trial import Failure, TrialRecord, machine_fingerprint
 
 FORKSERVER_ENV = "CORESCALE_FORKSERVER"
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)  # stop a loop like Ctrl-C (interruptible)
-COMMIT_LOCK = ".corescale-commit.lock"  # in a results root: held while a result is re-checked and committed
 
 
 @dataclass
@@ -233,12 +232,11 @@ def run_trial(trial: Trial, host: dict | None = None, on_event=None, keep_going:
 
 
 def commit_once(measured: UncommittedResult, done_meanwhile=None) -> TrialOutcome | Path:
-    """Commits under the results root's commit lock, which every loop's commit takes (local and Ray, any
-    process): done_meanwhile(), checked again under it, returns a valid result of the same key and repeat that
-    another sweep committed meanwhile; then that path is returned and nothing is written (one key, one result)."""
-    root = measured.record.config.results_root
-    root.mkdir(parents=True, exist_ok=True)
-    with machine_lock(root / COMMIT_LOCK):  # the same safe flock, on a file of this folder
+    """Commits under the results root's commit lock (an flock on the folder), which every loop's commit takes
+    (local and Ray, any process): done_meanwhile(), checked again under it, returns a valid result of the same
+    key and repeat that another sweep committed meanwhile; then that path is returned and nothing is written
+    (one key, one result)."""
+    with folder_lock(measured.record.config.results_root):  # the results root's own flock: no file in it
         existing = done_meanwhile() if done_meanwhile else None
         if existing is not None:
             return existing

@@ -8,22 +8,20 @@ import math
 import warnings
 from contextlib import contextmanager
 
-from corescale.machine.lock import exclusive
+from corescale.machine.lock import folder_lock
 from corescale.tune import space as spaces
 from corescale.tune import verdict as verdicts
 from corescale.tune.plan import Tune
 from corescale.tune.settings import TuneSettings
 
-LOCK_FILE = ".tune.lock"
-
 
 @contextmanager
 def held(tune: Tune):
-    """The tune's folder for this process alone while it searches and concludes: a second tune on it (the same
-    command run twice) is refused with one line naming the first, which its recovery would otherwise break
-    (_recover marks every RUNNING Optuna trial failed, the live one's included)."""
-    with exclusive(tune.tune_dir / LOCK_FILE, f"the tune in {tune.tune_dir}",
-                   "wait for it to end (the same command then resumes it), or give another output_dir"):
+    """The tune's folder for this process alone while it searches and concludes (an flock on the folder): a second
+    tune on it (the same command run twice) is refused with one line naming the first, which its recovery would
+    otherwise break (_recover marks every RUNNING Optuna trial failed, the live one's included)."""
+    with folder_lock(tune.tune_dir, f"the tune in {tune.tune_dir}",
+                     "wait for it to end (the same command then resumes it), or give another output_dir"):
         yield
 
 
