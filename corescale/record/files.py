@@ -26,7 +26,8 @@ SAMPLES_FILE = "samples.parquet"
 TMP_PREFIX = ".tmp-"
 
 
-def _fsync_dir(path: Path) -> None:
+def _fsync(path: Path) -> None:
+    """A file's data, or a folder's entries (a rename in it), on disk."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -52,21 +53,13 @@ def write_atomic(path: Path, data: str | bytes | Callable[[Path], None], what: s
             else:
                 handle.write(data.encode() if isinstance(data, str) else data)
                 handle.flush()
-        _fsync_file(tmp)  # what a callable wrote too (it may have replaced the file: fsync the path)
+        _fsync(tmp)  # what a callable wrote too (it may have replaced the file: fsync the path)
         os.replace(tmp, path)
-        _fsync_dir(path.parent)  # the rename itself survives a power loss
+        _fsync(path.parent)  # the rename itself survives a power loss
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
     return path
-
-
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def write_json_atomic(path: Path, data: Any) -> Path:
@@ -106,9 +99,9 @@ class PendingRun:
         file in it on disk (samples, config, logs: fsynced before the rename)."""
         for file in self.tmp.iterdir():
             if file.is_file() and file.name != scratch.OWNER_FILE:
-                _fsync_file(file)
+                _fsync(file)
         write_json_atomic(self.tmp / RESULT_FILE, record)
-        _fsync_dir(self.tmp)
+        _fsync(self.tmp)
         suffix = 0
         while True:  # rename never replaces a committed (non-empty) dir: a concurrent writer gets the next name
             final = self.root / (f"{self.name}.{suffix}" if suffix else self.name)
@@ -120,7 +113,7 @@ class PendingRun:
                     raise
                 suffix += 1
         scratch.unmark(final)  # after the rename: a killed writer's directory always names its owner
-        _fsync_dir(self.root)
+        _fsync(self.root)
         return final
 
     def discard(self) -> None:
