@@ -61,10 +61,11 @@ def test_resumed_without_measuring_anything_twice(tuned):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # a whole (small) tune: minutes on a busy 2-core machine
 def test_a_second_tune_on_a_running_tunes_folder_is_one_line_and_the_first_finishes(tmp_path):
     """The same command twice at once: the second names the first (pid, command) and exits 2 before touching
     the study, whose recovery would mark the first's running trial failed; the first ends normally."""
-    words = [*FAST, "duration=0.6", "tune.screen=0.3", "trials=1", "tune.top_k=1", "tune.repeats=2",
+    words = [*FAST, "duration=0.3", "tune.screen=0.15", "trials=1", "tune.top_k=1", "tune.repeats=2",
              "space.backend=[pytorch]", "space.precision=[fp32]", "space.batch_size=[1,2]", "--no-progress",
              f"output_dir={tmp_path / 'out'}"]
     first = subprocess.Popen([sys.executable, "-m", "corescale.cli", "tune", *words], cwd=ROOT,
@@ -75,7 +76,7 @@ def test_a_second_tune_on_a_running_tunes_folder_is_one_line_and_the_first_finis
             assert first.poll() is None, first.stdout.read()
             time.sleep(0.2)
         seconds = [corescale("tune", *words, timeout=120) for _ in range(2)]  # refused every time, at once
-        out, _ = first.communicate(timeout=600)
+        out, _ = first.communicate(timeout=1000)
     finally:
         first.kill()
     for second in seconds:
