@@ -48,7 +48,8 @@ def affinity(cpus):
 def cluster():
     tmp = Path(tempfile.mkdtemp(prefix="ray", dir="/tmp"))  # short: Ray's unix socket paths are <= 107 chars
     patch = pytest.MonkeyPatch()
-    for name, value in {**RAY_ENV, "RAY_TMPDIR": str(tmp)}.items():
+    # the nodes' machine lock is the cluster's own: trials of other test sessions on this machine do not stall it
+    for name, value in {**RAY_ENV, "RAY_TMPDIR": str(tmp), "CORESCALE_LOCK": str(tmp / "machine.lock")}.items():
         patch.setenv(name, value)
     patch.delenv("OMP_NUM_THREADS", raising=False)
     from ray.cluster_utils import Cluster
@@ -363,6 +364,41 @@ def test_resume_rerun_and_foreign_results_as_in_the_local_loop(cluster, tmp_path
     assert len(foreign) == 1 and len(stored(out)) == 3
     accepted, nothing = sweep_on_cluster(trials, accept_foreign=True, resume=True)
     assert nothing == [] and accepted.count("skipped") == 1
+
+
+@pytest.mark.slow
+def test_two_sweeps_on_one_folder_commit_each_key_once(cluster, tmp_path):
+    """Two Ray sweeps started together both plan every trial; whichever measures a (trial, repeat) second finds
+    the first's result under the commit lock (or before it submits) and commits nothing. (A local sweep beside
+    them: test_sweep.py; this cluster's nodes are two machine kinds, whose results resume only on their kind.)"""
+    import logging
+    import threading
+
+    from corescale.trials.ray import import_ray
+
+    out = tmp_path / "out"
+    ray = import_ray(loopback=True)
+    ray.init(address=cluster.address, logging_level=logging.WARNING, log_to_driver=False)  # shared by both
+    states, errors = [], []
+
+    def sweep():
+        try:
+            states.append(sweep_on_cluster(trials_for(cluster.address, out, ["batch_size=1,2"]))[0])
+        except BaseException as exc:
+            errors.append(exc)
+
+    try:
+        threads = [threading.Thread(target=sweep) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(200)
+    finally:
+        ray.shutdown()
+    assert not errors, errors
+    keys = [(r["trial_key"], r["repeat"]) for r in stored(out)]
+    assert len(keys) == 2 and len(set(keys)) == 2, keys  # each key committed once
+    assert sum(state.count("skipped") for state in states) == 2  # the other sweep found each one
 
 
 @pytest.mark.slow

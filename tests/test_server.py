@@ -3,7 +3,10 @@ target_qps=auto; query sets from lengths and real text (tokenizer trained here);
 
 import csv
 import json
+import os
 import random
+import signal
+import threading
 import types
 
 import numpy as np
@@ -234,6 +237,36 @@ def test_cost_prices_server_results_under_the_slo(served, capsys):
     assert "no measured layout that meets p99 ≤ 100 ms" in capsys.readouterr().out
     assert main(["results", str(path.parent), "--csv", "-"]) == 0
     assert "VALID" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGSEGV])
+def test_a_failed_server_trial_leaves_no_loadgen_test_running_into_the_next(tmp_path, how):
+    """A worker killed 1.5 s into a test whose schedule lasts ~23 s (459 queries at 20 QPS): the trial fails, and
+    LoadGen's test (which cannot be stopped, only answered at once) has ended before the next trial starts its
+    own, whose summary and batches hold only its own queries."""
+    from corescale.measure.runner import prepare_trial
+
+    pids = {}
+
+    def kill_one(instance, event):
+        if instance >= 0 and "pid" in event:
+            pids[instance] = event["pid"]
+        if event.get("event") == "started":
+            threading.Timer(1.5, os.kill, (pids[0], how)).start()
+
+    slow = compose([*SERVE, "target_qps=20", "server.min_query_count=459", "timeout=120", f"output_dir={tmp_path}"])
+    failed = execute(prepare_trial(slow), on_event=kill_one)
+    assert not failed.ok and failed.record.failure.kind in ("signal", "crash"), failed.record.reason
+    assert not [t for t in threading.enumerate() if t.name.startswith("corescale-loadgen") and t.is_alive()]
+    quick = compose([*SERVE, "target_qps=120", "server.min_query_count=480", f"output_dir={tmp_path}"])
+    outcome = execute(prepare_trial(quick))
+    assert outcome.ok, outcome.record.reason
+    (step,) = outcome.record.server.steps
+    served = sum(r["queries_served"] for r in raw_record(outcome.path)["instance_reports"])
+    rows = list(csv.DictReader((outcome.path / "server-batches.csv").open()))
+    assert step.queries == served == sum(int(r["rows"]) for r in rows)  # its own queries, all of them, only them
+    assert "target_qps : 120" in (outcome.path / "loadgen-01-summary.txt").read_text()
 
 
 @pytest.mark.slow

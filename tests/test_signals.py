@@ -65,3 +65,36 @@ def test_workers_die_with_a_killed_parent(tmp_path):
     proc.wait()
     time.sleep(2)
     assert processes_with_env(marker) == []
+
+
+def test_nohup_keeps_sighup_ignored_and_sigterm_still_stops_the_run(tmp_path):
+    """Started with SIGHUP ignored (as `nohup` starts it): a SIGHUP mid-window changes nothing, SIGTERM stops it
+    as ever (exit 130, the trial recorded as interrupted by SIGTERM)."""
+    marker = f"CORESCALE_SIGNAL_TEST_{uuid.uuid4().hex}"
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    out = tmp_path / "out"
+    env = {**os.environ, marker: "1", "TMPDIR": str(tmp)}
+    proc = subprocess.Popen([sys.executable, "-m", "corescale.cli", "run", *FAST, "duration=60",
+                             f"output_dir={out}", "--no-progress"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    try:
+        deadline = time.monotonic() + 240
+        streams = []
+        while time.monotonic() < deadline and proc.poll() is None and not streams:
+            streams = [p for p in tmp.glob("corescale-*/samples-*.npz.stream") if p.stat().st_size > 0]
+            time.sleep(0.1)
+        assert streams, "the run never reached its window"
+        proc.send_signal(signal.SIGHUP)
+        time.sleep(2)
+        assert proc.poll() is None, proc.communicate()[1]  # still measuring
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()  # SIGHUP cannot end it: never left behind by a failed assertion
+        proc.wait()
+    assert proc.returncode == 130 and "Traceback" not in err, err
+    (run,) = [p for p in out.iterdir() if not p.name.startswith(".")]
+    assert "SIGTERM" in json.loads((run / "result.json").read_text())["reason"]
+    assert processes_with_env(marker) == []

@@ -95,6 +95,22 @@ def test_two_sweeps_into_one_root_lose_nothing(out_dir):
     assert all(end <= next_start for (_, end), (next_start, _) in zip(spans, spans[1:]))
 
 
+def test_the_same_sweep_twice_at_once_commits_each_key_once(out_dir):
+    """Both plan every trial; the one that gets the machine lock second finds each result committed meanwhile
+    (re-checked under the lock, and again under the commit lock) and measures nothing."""
+    grid = [*FAST, "batch_size=1,2", f"output_dir={out_dir}"]
+    procs = [subprocess.Popen([sys.executable, "-m", "corescale.cli", "run", "-m", *grid, "--no-progress"], cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err
+        outs.append(out)
+    keys = [(r.trial_key, r.repeat) for r in map(read_result, run_dirs(out_dir))]
+    assert len(keys) == 2 and len(set(keys)) == 2, keys
+    assert "".join(outs).count("skipped (valid result exists") == 2
+
+
 def _commit_many(root, count):
     for number in range(count):
         pending = PendingRun(root, "same-name")
@@ -129,3 +145,20 @@ def test_resume_counts_only_this_machines_results_unless_asked(out_dir, tmp_path
     again = corescale("run", "-m", *FAST, f"output_dir={out_dir}", "--no-progress")
     assert again.returncode == 0 and "1 measured ok, 0 failed, 0 skipped" in again.stdout
     assert len(run_dirs(out_dir)) == 2
+
+
+def test_a_result_measured_under_another_inherited_environment_is_measured_again(out_dir):
+    """An allocator or OpenMP variable inherited from the shell changes what runs: its results resume only under
+    the same values (and results without any resume only without)."""
+    def sweep(**env):
+        proc = corescale("run", "-m", *FAST, f"output_dir={out_dir}", "--no-progress", env=env)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    assert "OMP_SCHEDULE" not in os.environ and "KMP_BLOCKTIME" not in os.environ
+    assert "1 measured ok, 0 failed, 0 skipped" in sweep()
+    assert "1 measured ok, 0 failed, 0 skipped" in sweep(OMP_SCHEDULE="static")
+    assert "0 measured ok, 0 failed, 1 skipped" in sweep(OMP_SCHEDULE="static")
+    assert "1 measured ok, 0 failed, 0 skipped" in sweep(OMP_SCHEDULE="dynamic")
+    assert "1 measured ok, 0 failed, 0 skipped" in sweep(OMP_SCHEDULE="static", KMP_BLOCKTIME="0")
+    assert "0 measured ok, 0 failed, 1 skipped" in sweep(OMP_NUM_THREADS="7")  # set per instance: no matter

@@ -64,6 +64,35 @@ def test_resumed_without_measuring_anything_twice(tuned):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # a whole (small) tune: minutes on a busy 2-core machine
+def test_a_second_tune_on_a_running_tunes_folder_is_one_line_and_the_first_finishes(tmp_path):
+    """The same command twice at once: the second names the first (pid, command) and exits 2 before touching
+    the study, whose recovery would mark the first's running trial failed; the first ends normally."""
+    words = [*FAST, "duration=0.3", "tune.screen=0.15", "trials=1", "tune.top_k=1", "tune.repeats=2",
+             "space.backend=[pytorch]", "space.precision=[fp32]", "space.batch_size=[1,2]", "--no-progress",
+             f"output_dir={tmp_path / 'out'}"]
+    first = subprocess.Popen([sys.executable, "-m", "corescale.cli", "tune", *words], cwd=ROOT,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and not list((tmp_path / "out").glob("tune-*/*/result.json")):
+            assert first.poll() is None, first.stdout.read()
+            time.sleep(0.2)
+        seconds = [corescale("tune", *words, timeout=120) for _ in range(2)]  # refused every time, at once
+        out, _ = first.communicate(timeout=1000)
+    finally:
+        first.kill()
+    for second in seconds:
+        (line,) = second.stderr.splitlines()
+        assert second.returncode == 2 and second.stdout == "", second.stdout + second.stderr
+        assert "is already running (pid " + str(first.pid) + ": " in line and " tune " in line, line
+    assert first.returncode == 0 and "Traceback" not in out, out
+    (tune_dir,) = (tmp_path / "out").glob("tune-*")
+    doc = json.loads((tune_dir / "tune.json").read_text())
+    assert not [t for t in doc["trials"] if t["state"] == "FAIL"], doc["trials"]
+
+
+@pytest.mark.slow
 def test_study_is_a_sqlite_file_in_wal_mode(tuned):
     path = tuned["dir"] / "study.db"
     with sqlite3.connect(path) as db:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Callable
 
 from corescale.errors import UserError
-from corescale.record.files import fsync_dir
+from corescale.record.files import fsync_path
 
 LOCK_DIR = ".locks"  # beside the artifacts: one lock file per artifact
 MANIFEST = "manifest.json"  # in each artifact: its files' sizes, modification times and hashes
@@ -62,7 +62,7 @@ def cached(target: Path, build: Callable[[Path], None]) -> bool:
             write_manifest(tmp)  # every file fsynced, then the manifest and the directory
             os.chmod(tmp, 0o755)  # mkdtemp's 0700 would hide the cache from other users
             os.rename(tmp, target)
-            fsync_dir(target.parent)
+            fsync_path(target.parent)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return False
@@ -88,7 +88,7 @@ def write_manifest(directory: Path) -> None:
         json.dump({"files": files}, handle, indent=1)
         handle.flush()
         os.fsync(handle.fileno())
-    fsync_dir(directory)
+    fsync_path(directory)
 
 
 def damage(artifact: Path) -> str | None:

@@ -35,7 +35,7 @@ from typing import Callable
 import numpy as np
 
 from corescale.backends.artifact_cache import cached, damage
-from corescale.record.files import fsync_dir
+from corescale.record.files import fsync_path
 from corescale.workload.inputs import make_inputs
 from corescale.workload.models import source_files
 
@@ -253,7 +253,7 @@ def file_export(cfg, source: str, model: OnnxModel) -> None:
             os.fsync(handle.fileno())
         os.chmod(tmp, 0o644)  # readable by every user of a shared cache, as the artifacts are
         os.replace(tmp, root / f"{source}.json")
-        fsync_dir(root)
+        fsync_path(root)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)

@@ -59,15 +59,17 @@ def handle(args) -> int:
     from corescale.record.files import write_atomic
     from corescale.report import explain as draw
     from corescale.report.console import console, errors, print_path, print_wide
+    from corescale.trials.local import interruptible
 
     classes = check_filter([c.strip() for c in args.op_class.split(",") if c.strip()]) if args.op_class else ()
     trials = [prepare(overrides) for overrides in configurations(args)]  # every check before any process starts
     host = environment.capture()
     results = []
-    for trial in trials:
-        errors.print(f"profiling {analysis.label(trial.cfg)} ...", markup=False)
-        raw = profile(trial, host["cpu"]["isa"], on_lock_wait)
-        results.append(analysis.explain(raw, trial.cfg, trial.model))
+    with interruptible():  # SIGTERM/SIGHUP stop it like Ctrl-C: the worker and the temp directory go
+        for trial in trials:
+            errors.print(f"profiling {analysis.label(trial.cfg)} ...", markup=False)
+            raw = profile(trial, host["cpu"]["isa"], on_lock_wait)
+            results.append(analysis.explain(raw, trial.cfg, trial.model))
     path = analysis.save(results, trials[0].cfg.results_root)
     png = write_atomic(path.with_suffix(".png"), draw.figure_png(results), "figure")
     if args.json:

@@ -26,13 +26,13 @@ def register(sub) -> None:
 def measure_peaks(args, host: dict) -> list[dict]:
     """One row per (CPUs, threads, precision): every library's GFLOP/s and the winner, cached like a run's; under
     the machine lock (another process's trial or measurement first)."""
-    import tempfile
     from pathlib import Path
 
     from corescale.config import PRECISIONS, BenchmarkConfig
     from corescale.machine.lock import machine_lock
     from corescale.machine.peak import PeakCache, check_libraries, peak_precision
     from corescale.machine.placement import InstancePlacement, InstanceSpec
+    from corescale.machine.scratch import scratch
     from corescale.machine.topology import Topology
     from corescale.measure.calibrate import with_peaks
 
@@ -44,7 +44,7 @@ def measure_peaks(args, host: dict) -> list[dict]:
     specs = [InstanceSpec(InstancePlacement(i, c, (), len(c)), n, 1) for i, (c, n) in enumerate(layouts.items())]
     precisions = [p for p in PRECISIONS if peak_precision(p, host["cpu"]["isa"]) == p]
     rows = []
-    with machine_lock(on_wait=on_lock_wait), tempfile.TemporaryDirectory(prefix="corescale-peak-") as work:
+    with machine_lock(on_wait=on_lock_wait), scratch("peak") as work:
         for precision in precisions:
             for spec in specs:  # one at a time: the whole-machine row must not share its cores
                 (done,) = with_peaks([spec], cfg, host["cpu"]["isa"], Path(work), PeakCache(cfg.cache_dir),
@@ -66,7 +66,10 @@ def handle(args) -> int:
 
         raise UserError("--libraries needs --peak")
     if args.peak:
-        host["peak"] = measure_peaks(args, host)
+        from corescale.trials.local import interruptible
+
+        with interruptible():  # SIGTERM/SIGHUP stop it like Ctrl-C: its processes and temp directory go
+            host["peak"] = measure_peaks(args, host)
     host["analytic_peak"] = analytic_gflops(host["cpu"], len(Topology.from_sysfs().physical_cores))
     if args.json:
         print(json.dumps(host, indent=2, default=str))
@@ -74,8 +77,13 @@ def handle(args) -> int:
     console.print(host_table(host))
     if args.peak:
         print_wide(peak_table(host["peak"]))
+        from corescale.measure.calibrate import disturbed
+
         for row in host["peak"]:
             for name, why in row.get("errors", {}).items():
                 errors.print(f"{name} ({row['precision']}, {row['threads']} threads) not measured: {why}",
+                             soft_wrap=True, markup=False)
+            if disturbed(row):
+                errors.print(f"peak ({row['precision']}, {row['threads']} threads) not cached: {disturbed(row)}",
                              soft_wrap=True, markup=False)
     return 0

@@ -3,6 +3,7 @@ OpenMP) for the objective under constraints; ends in a recommendation, a recipe 
 
 from __future__ import annotations
 
+from contextlib import ExitStack
 from typing import TYPE_CHECKING
 
 from corescale.commands import add_common
@@ -38,10 +39,13 @@ def run_tune(words: list[str], args) -> int:
     from corescale.trials import local
     from corescale.tune import fanout, fleet
     from corescale.tune import settings as tune_settings
+    from corescale.tune import study as studies
 
     settings = tune_settings.parse(words)
-    with fleet.connected(settings) as ray:
+    with fleet.connected(settings) as ray, ExitStack() as held:
         tunes = fleet.plan(settings, ray)  # every type probed and checked before any trial
+        for tune in tunes:  # each tune's folder ours alone, or one line naming the tune already there
+            held.enter_context(studies.held(tune))
         print_shared(fleet.sharing(tunes))
         with local.interruptible():
             outcomes = fanout.search_all(tunes, lambda tune, beside: search(tune, args, beside))

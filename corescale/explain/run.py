@@ -3,19 +3,16 @@ measured like a run's), then the explain worker pinned and configured exactly li
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
-import os
-import signal
 import subprocess
-import tempfile
 from pathlib import Path
 
 from corescale.errors import UserError
 from corescale.machine import instance_env
 from corescale.machine.lock import machine_lock
 from corescale.machine.peak import PeakCache
+from corescale.machine.scratch import scratch
 from corescale.measure import protocol
 from corescale.measure.calibrate import with_peaks
 
@@ -24,7 +21,7 @@ def profile(trial, isa: dict, on_lock_wait=None) -> dict:
     """The worker's JSON (measured latencies, profiled calls) plus the instance it ran as (with its roofs), under
     the machine lock (on_lock_wait: as machine_lock's on_wait)."""
     cfg = trial.cfg
-    with machine_lock(on_wait=on_lock_wait), tempfile.TemporaryDirectory(prefix="corescale-explain-") as work:
+    with machine_lock(on_wait=on_lock_wait), scratch("explain") as work:
         (spec,) = trial.instance_specs(Path(work))
         if cfg.calibrate:
             (spec,) = with_peaks([spec], cfg, isa, Path(work), PeakCache(cfg.cache_dir))
@@ -36,11 +33,12 @@ def profile(trial, isa: dict, on_lock_wait=None) -> dict:
             try:
                 _, err = process.communicate(timeout=cfg.timeout)
             except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGKILL)  # its own session (spawn): every process it started
-                process.wait()
+                instance_env.kill(process)  # the worker and every process it started
                 raise UserError(f"the explain worker did not finish within timeout={cfg.timeout:g} s (loading, "
                                 "warm-up, the timed calls and the profiled ones); give a larger timeout=") from None
+            except BaseException:  # an interrupt: the worker and all it started go, then raised
+                instance_env.kill(process)
+                raise
         try:
             result = json.loads(out.read_text())
         except (OSError, ValueError):

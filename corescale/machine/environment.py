@@ -15,9 +15,21 @@ from corescale.machine.topology import read_text
 
 ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8",
              "asimd", "sve", "sve2", "i8mm", "bf16")  # the last five: aarch64's `Features`
+# The inherited variables recorded with every result: threading, allocators, the frameworks' switches, the loader.
 ENV_PREFIXES = ("OMP_", "KMP_", "MKL_", "GOMP_", "OPENBLAS_", "TF_NUM_", "TF_ENABLE_", "TF_XLA", "ORT_", "OV_",
-                "DNNL_", "ONEDNN_")
-ENV_NAMES = ("MALLOC_CONF", "LD_PRELOAD", "HF_HUB_OFFLINE", "CUDA_VISIBLE_DEVICES")
+                "DNNL_", "ONEDNN_", "MALLOC_", "JE_MALLOC_", "TCMALLOC_")
+ENV_NAMES = ("LD_PRELOAD", "LD_LIBRARY_PATH", "GLIBC_TUNABLES", "HF_HUB_OFFLINE", "CUDA_VISIBLE_DEVICES",
+             "CORESCALE_NUMACTL", "CORESCALE_LIB_PATH")
+# Recorded, but no part of what is measured: a CPU run ignores the GPU list; the hub is never needed.
+ENV_NOT_MEASURED = ("HF_HUB_OFFLINE", "CUDA_VISIBLE_DEVICES")
+
+
+def measuring_variables(env: dict[str, str]) -> dict[str, str]:
+    """The recorded variables that change what an instance runs (the fingerprint's): all but those every instance
+    sets for itself whatever was inherited (instance_env.SET_PER_INSTANCE) and those that change nothing."""
+    from corescale.machine.instance_env import SET_PER_INSTANCE
+
+    return {k: v for k, v in sorted(env.items()) if k not in SET_PER_INSTANCE and k not in ENV_NOT_MEASURED}
 TOOL_LIBRARIES = ("numpy", "hydra-core", "ray", "pandas", "pyarrow")  # corescale's own; each backend names its own
 WATCHED_LIBS = {"jemalloc": "libjemalloc", "tcmalloc": "libtcmalloc", "intel-openmp": "libiomp5",
                 "gnu-openmp": "libgomp", "llvm-openmp": "libomp."}

@@ -39,6 +39,11 @@ ALLOCATORS = {
 INTEL_OPENMP = Library("intel-openmp", ("libiomp5.so",), "the pip package intel-openmp (pip install intel-openmp)")
 GNU_OPENMP_LABEL = "gnu-openmp"  # GNU libgomp comes with the framework: never preloaded, only verified
 
+# Set for every instance whatever the user's environment holds (instance_variables; OMP_PROC_BIND and OMP_PLACES are
+# set, or dropped for Intel's runtime): an inherited value of these changes nothing that is measured.
+SET_PER_INSTANCE = frozenset({"OMP_NUM_THREADS", "MKL_NUM_THREADS", "TF_NUM_INTRAOP_THREADS",
+                              "TF_NUM_INTEROP_THREADS", "OMP_PROC_BIND", "OMP_PLACES"})
+
 # Tuning defaults (Intel's published practice); a value already in the user's environment wins.
 JEMALLOC_CONF = "oversize_threshold:1,background_thread:true,metadata_thp:auto"
 KMP_BLOCKTIME = "1"
@@ -160,6 +165,15 @@ def spawn(launch: Launch, module: str, *args: str, **popen) -> subprocess.Popen:
     process group to stop whole), killed when this process dies. `popen`: the streams and pass_fds."""
     return subprocess.Popen([*launch.prefix, sys.executable, "-m", module, *args], env=launch.env,
                             start_new_session=True, preexec_fn=pin_before_exec(launch.cpus), **popen)
+
+
+def kill(process: subprocess.Popen) -> None:
+    """Kills a spawned child's whole process group (its own session: whatever it started goes too) and waits."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        process.kill()
+    process.wait()
 
 
 def pin_before_exec(cpus):

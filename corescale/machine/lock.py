@@ -8,15 +8,20 @@ still waits its turn. The kernel releases it if its holder dies.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
+import stat
 import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from corescale.errors import UserError
+
 # One machine-wide lock in a fixed place (not TMPDIR, which differs per user and process); CORESCALE_LOCK moves it.
-LOCK_PATH = Path(os.environ.get("CORESCALE_LOCK", "/tmp/corescale-trials.lock"))
+LOCK_ENV = "CORESCALE_LOCK"
+LOCK_PATH = Path(os.environ.get(LOCK_ENV, "/tmp/corescale-trials.lock"))
 
 _held = threading.local()  # per thread: the lock paths this thread holds and how deeply
 
@@ -54,6 +59,28 @@ def machine_lock(path: Path | None = None, on_wait=None):
         os.close(fd)  # closing releases the lock
 
 
+@contextmanager
+def folder_lock(folder: Path, running: str | None = None, then: str = ""):
+    """An exclusive flock on `folder` itself for the block (nothing is created in it; every thread and process
+    that takes it waits its turn). With `running`, never waits: refuses with one line naming what holds it
+    (`running`: "the tune in DIR") and its process, then what to do (`then`)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise UserError(f"cannot open the folder '{folder}': {exc.strerror or exc}") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (fcntl.LOCK_NB if running else 0))
+        except BlockingIOError:
+            raise UserError(f"{running} is already running ({holder(fd) or 'another process'}); {then}") from None
+        except OSError:  # a file system that cannot lock a folder (NFS emulates flock for files only): unlocked
+            pass
+        yield
+    finally:
+        os.close(fd)  # closing releases it
+
+
 def holder(fd: int) -> str:
     """'pid N: its command line' of the process holding the lock on `fd`'s file ('' when the kernel hides it)."""
     info = os.fstat(fd)
@@ -75,14 +102,60 @@ def holder(fd: int) -> str:
 
 
 def _open_lock(path: Path) -> int:
-    """The lock file, shared by every user: made 0666 by whoever creates it; flock needs no write access, so
-    another user's read-only file works as well."""
+    """The lock file, shared by every user. Created here (O_EXCL): made 0666, since the umask took write access
+    from the others. Found there: opened read-only (flock needs no write access, so another user's file works as
+    well) and never changed; a symlink, a FIFO or a directory in its place is refused with one line (anyone may
+    plant one in /tmp: following it would hand them this user's file)."""
+    for _ in range(10):  # created and removed by another process meanwhile: try again
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            raise _lock_error(path, exc) from None
+        else:
+            os.fchmod(fd, 0o666)  # ours, just made: shared with every user
+            return fd
+        try:  # O_NONBLOCK: a FIFO would block the open until someone writes to it
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            raise _lock_error(path, exc) from None
+        info = os.fstat(fd)
+        if stat.S_ISREG(info.st_mode):
+            return fd
+        os.close(fd)
+        raise _not_a_file(path, info)
+    raise UserError(f"the machine lock {path} keeps appearing and disappearing: set {LOCK_ENV} to another path")
+
+
+def _lock_error(path: Path, exc: OSError) -> UserError:
+    """One line saying what is at the lock's path and what to do."""
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-    except PermissionError:
-        return os.open(path, os.O_RDONLY)
-    try:
-        os.fchmod(fd, 0o666)  # the umask took write access from the others
-    except PermissionError:
-        pass  # someone else's file: it is theirs to change
-    return fd
+        info = os.lstat(path)
+    except OSError:
+        info = None
+    if info is not None and stat.S_ISLNK(info.st_mode):
+        return UserError(f"the machine lock {path} is a symbolic link (owner uid {info.st_uid}), which corescale "
+                         f"never follows: remove it or set {LOCK_ENV} to another path")
+    if info is not None and not stat.S_ISREG(info.st_mode):  # a socket cannot even be opened
+        return _not_a_file(path, info)
+    if exc.errno in (errno.EACCES, errno.EPERM) and info is not None:
+        return UserError(f"cannot open the machine lock {path} (owner uid {info.st_uid}, mode "
+                         f"{stat.S_IMODE(info.st_mode):04o}): ask its owner to `chmod 644 {path}`, or set "
+                         f"{LOCK_ENV} to a path every user of this machine can read")
+    return UserError(f"cannot open the machine lock {path}: {exc.strerror or exc}; set {LOCK_ENV} to another path")
+
+
+def _not_a_file(path: Path, info: os.stat_result) -> UserError:
+    return UserError(f"the machine lock {path} is {_kind(info.st_mode)}, not a regular file: remove it (owner uid "
+                     f"{info.st_uid}) or set {LOCK_ENV} to another path")
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return name
+    return "something else"

@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import json
+import os
 import time
 from pathlib import Path
 from typing import Callable
@@ -182,25 +183,20 @@ def fingerprint(cpu: dict, topology: dict, clocks: dict | None = None) -> str:
 
 
 def host_fingerprint() -> str:
-    from corescale.machine.environment import cpuinfo
-    from corescale.machine.topology import Topology
+    """This machine's: its CPU, topology, what sets its clock (governor, turbo, SMT: a peak taken under another
+    one is not this one's) and the inherited variables that change what a calibration runs (MKL_*, OMP_*,
+    LD_PRELOAD...: environment.measuring_variables)."""
+    from corescale.machine.environment import ENV_NAMES, ENV_PREFIXES, cpuinfo, measuring_variables
+    from corescale.machine.topology import Topology, read_text
 
     topology = Topology.from_sysfs()
+    state = {name: (read_text(f"/sys/devices/system/cpu/{path}") or "").strip() or None for name, path in
+             (("governor", "cpu0/cpufreq/scaling_governor"), ("no_turbo", "intel_pstate/no_turbo"),
+              ("boost", "cpufreq/boost"), ("smt", "smt/control"))}
+    env = measuring_variables({k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES) or k in ENV_NAMES})
     return fingerprint(cpuinfo(), {"logical_cpus": len(topology.cpu_ids), "physical_cores":
-                                   len(topology.physical_cores)}, clock_settings())
-
-
-CLOCK_FILES = {"governor": "cpufreq/policy0/scaling_governor", "boost": "cpufreq/boost",
-               "no_turbo": "intel_pstate/no_turbo", "smt": "smt/control"}
-
-
-def clock_settings() -> dict[str, str]:
-    """What changes a peak without changing the CPU: the frequency governor, turbo/boost, SMT control (those this
-    machine exposes under /sys/devices/system/cpu)."""
-    from corescale.machine.topology import read_text
-
-    found = {name: read_text(f"/sys/devices/system/cpu/{path}") for name, path in CLOCK_FILES.items()}
-    return {name: value for name, value in found.items() if value is not None}
+                                   len(topology.physical_cores), **({"env": env} if env else {})},
+                       {name: value for name, value in state.items() if value is not None})
 
 
 class PeakCache:

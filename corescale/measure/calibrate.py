@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ from corescale.machine import instance_env
 from corescale.machine.lock import machine_lock
 from corescale.machine.peak import PeakCache, peak_precision
 from corescale.machine.placement import InstanceSpec
+from corescale.measure.contamination import CONTAMINATION_THRESHOLD, foreign_fraction, foreign_seconds, read_cpu_times
 from corescale.record.files import write_json_atomic
 
 TIMEOUT_S = 180.0
@@ -41,19 +43,47 @@ def with_bandwidth(specs: list[InstanceSpec], cfg, work_dir: Path, cache: PeakCa
     known = {spec.id: None if force else cache.get_bandwidth(spec.cpus, spec.threads) for spec in specs}
     todo = [spec for spec in specs if known[spec.id] is None]
     for spec, entry in zip(todo, _run_calibrations(todo, cfg, BANDWIDTH, work_dir, ())):
-        if entry.get("gbps"):
+        if not entry.get("gbps"):
+            continue
+        if not disturbed(entry):  # a disturbed one serves this run only
             cache.root.mkdir(parents=True, exist_ok=True)
             write_json_atomic(cache.bandwidth_path(spec.cpus, spec.threads), entry)
-            known[spec.id] = {**entry, "cached": False}
+        known[spec.id] = {**entry, "cached": False}
     return {i: None if entry is None else {"cached": True, **entry} for i, entry in known.items()}
 
 
 def store(cache: PeakCache, spec: InstanceSpec, entry: dict) -> None:
-    """Caches a measured peak, written whole; a failed calibration is never cached."""
-    if not entry.get("gflops"):
+    """Caches a measured peak, written whole; a failed or disturbed calibration is never cached."""
+    if not entry.get("gflops") or disturbed(entry):
         return
     cache.root.mkdir(parents=True, exist_ok=True)
     write_json_atomic(cache.path(spec.cpus, spec.threads, entry["precision"]), entry)
+
+
+def disturbed(entry: dict) -> str | None:
+    """Why a measured entry must not be cached: other processes used its CPUs meanwhile (what is measured then is
+    not the machine's peak, and the cache would hand it to every later run); None when it ran alone."""
+    foreign = entry.get("foreign_load")
+    if isinstance(foreign, (int, float)) and foreign > CONTAMINATION_THRESHOLD:
+        return f"other processes used {foreign:.0%} of its CPUs while it was measured"
+    return None
+
+
+def measured_alone(measure) -> dict:
+    """measure()'s entry, with the share of this process's CPUs that other processes used meanwhile."""
+    import resource
+    import time
+
+    cpus = sorted(os.sched_getaffinity(0))
+
+    def own() -> float:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return usage.ru_utime + usage.ru_stime
+
+    before, own_before, started = read_cpu_times(cpus), own(), time.monotonic()
+    entry = measure()
+    foreign = foreign_seconds(before, read_cpu_times(cpus), own() - own_before, cpus)
+    return {**entry, "foreign_load": foreign_fraction(foreign, time.monotonic() - started, len(cpus))}
 
 
 def _run_calibrations(specs: list[InstanceSpec], cfg, precision: str, work_dir: Path,
@@ -62,14 +92,19 @@ def _run_calibrations(specs: list[InstanceSpec], cfg, precision: str, work_dir: 
         return []
     preload = instance_env.preload_paths(cfg)
     with machine_lock():  # no other process measures meanwhile (held already inside a trial)
-        running = []
-        for spec in specs:
-            out = work_dir / f"peak-{precision}-{spec.id}.json"
-            process = instance_env.spawn(instance_env.Launch.of(cfg, spec, preload), "corescale.measure.calibrate",
-                                         str(spec.threads), precision, str(out), ",".join(libraries),
-                                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-            running.append((process, out))
-        outputs = [(process, out, _finish(process)) for process, out in running]
+        running: list[tuple[subprocess.Popen, Path]] = []
+        try:
+            for spec in specs:
+                out = work_dir / f"peak-{precision}-{spec.id}.json"
+                process = instance_env.spawn(instance_env.Launch.of(cfg, spec, preload),
+                                             "corescale.measure.calibrate", str(spec.threads), precision, str(out),
+                                             ",".join(libraries), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                running.append((process, out))
+            outputs = [(process, out, _finish(process)) for process, out in running]
+        except BaseException:  # interrupted: none outlives it
+            for process, _ in running:
+                instance_env.kill(process)
+            raise
     entries = []
     for process, out, err in outputs:
         try:
@@ -86,7 +121,7 @@ def _finish(process: subprocess.Popen) -> bytes:
     try:
         return process.communicate(timeout=TIMEOUT_S)[1]
     except subprocess.TimeoutExpired:
-        process.kill()
+        instance_env.kill(process)
         return process.communicate()[1]
 
 
@@ -99,10 +134,10 @@ def main(argv: list[str]) -> int:
     if precision == BANDWIDTH:
         from corescale.machine.bandwidth import triad
 
-        write_json_atomic(out, triad(threads))
+        write_json_atomic(out, measured_alone(lambda: triad(threads)))
         return 0
     libraries = tuple(name for name in (argv[3] if len(argv) > 3 else "").split(",") if name) or None
-    write_json_atomic(out, gemm_peak(threads, precision, libraries))
+    write_json_atomic(out, measured_alone(lambda: gemm_peak(threads, precision, libraries)))
     return 0
 
 

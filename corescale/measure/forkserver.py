@@ -25,7 +25,6 @@ import os
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ from typing import IO
 
 from corescale.backends import entry
 from corescale.machine import instance_env
+from corescale.machine.scratch import scratch
 from corescale.measure import imports
 
 LIMIT = 4  # fork servers kept at once (least recently used goes); each holds its frameworks in memory
@@ -54,6 +54,27 @@ def become_subreaper(on: bool = True) -> bool:
         return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) == 0
     except (OSError, AttributeError):
         return False
+
+
+def reap_orphans(keep: set[int]) -> list[int]:
+    """Waits for this process's children that have exited and that nobody waits for: orphans of killed workers
+    (a compile worker pool, a helper a framework started) that the kernel re-parented to this subreaper. Only
+    zombies are touched, never a pid in `keep` (children that a Popen still waits for). Returns the pids reaped."""
+    from corescale.machine.topology import read_text
+
+    me, reaped = os.getpid(), []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) in keep:
+            continue
+        stat = read_text(f"/proc/{name}/stat") or ""
+        fields = stat.rsplit(")", 1)[-1].split()
+        if len(fields) > 1 and fields[0] == "Z" and fields[1] == str(me):
+            try:
+                os.waitpid(int(name), os.WNOHANG)
+                reaped.append(int(name))
+            except ChildProcessError:
+                pass
+    return reaped
 
 
 class AdoptedProcess:
@@ -142,7 +163,7 @@ class ForkServers:
     @contextlib.contextmanager
     def temporary(cls):
         """Fork servers whose logs live in a temporary directory, all stopped at the end of the block."""
-        with tempfile.TemporaryDirectory(prefix="corescale-forkservers-") as work, cls(Path(work)) as servers:
+        with scratch("forkservers") as work, cls(work) as servers:
             yield servers
 
     def __enter__(self) -> ForkServers:
@@ -152,11 +173,19 @@ class ForkServers:
         self.close()
 
     def for_repeat(self, repeat: int) -> RepeatServers:
+        """The servers of the next trial (every earlier trial's workers have been waited for)."""
         for key in [key for key in self.servers if key[0] < repeat]:  # earlier repeats are over
             server = self.servers.pop(key)
             if server is not None:
                 server.close()
+        self.reap()
         return RepeatServers(self, repeat)
+
+    def reap(self) -> list[int]:
+        """Orphans adopted since the last trial (reap_orphans), the servers' own pids left to their Popen."""
+        if not self.enabled:
+            return []
+        return reap_orphans({server.process.pid for server in self.servers.values() if server is not None})
 
     def prepare(self, prefix: list[str], env: dict[str, str], cpus, backend: str, model_type: str,
                 repeat: int = 0) -> tuple | None:
@@ -215,6 +244,7 @@ class ForkServers:
                 server.close()
         self.servers.clear()
         if self.enabled:
+            self.reap()
             become_subreaper(False)
 
 

@@ -137,6 +137,8 @@ class Launcher:
                                if p.result is not None}
             outcome.states = {str(i): {"state": p.state, "calls_done": p.done, "pid": p.process.pid}
                               for i, p in self.instances.items()}
+            if self.server is not None:
+                self.server.wait_ended()  # last: the instances are stopped whatever happens here
         return outcome
 
     def _supervise(self, outcome: LaunchOutcome) -> None:

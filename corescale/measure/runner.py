@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from corescale.errors import UserError
 from corescale.machine import environment, instance_env
 from corescale.machine.peak import PeakCache
 from corescale.machine.placement import InstanceSpec, Plan, instance_specs, plan
+from corescale.machine.scratch import scratch
 from corescale.machine.topology import Topology
 from corescale.measure.aggregate import InstanceSamples, run_metrics, samples_frame
 from corescale.measure.calibrate import with_peaks
@@ -225,7 +225,7 @@ def run_instances(trial: Trial, on_event=None, host: dict | None = None, forkser
     host = host or environment.capture()
     record = new_record(trial, host, started)
     samples = None
-    with tempfile.TemporaryDirectory(prefix="corescale-") as work:
+    with scratch() as work:
         specs = trial.instance_specs(Path(work))
         if trial.cfg.calibrate:  # the yardstick of "% of peak", measured once per CPUs, threads and precision
             specs = with_peaks(specs, trial.cfg, host["cpu"]["isa"], Path(work), PeakCache(trial.cfg.cache_dir))
@@ -288,9 +288,13 @@ def housekeeping_cpus(specs: list[InstanceSpec]):
 
 
 def commit(measured: UncommittedResult) -> TrialOutcome:
-    """Writes the result directory atomically under the config's results root."""
+    """Writes the result directory atomically under the config's results root. A write that fails (a full disk,
+    a quota, a read-only or vanished folder) leaves nothing behind and is one line (UserError)."""
     cfg = measured.record.config
-    pending = PendingRun(cfg.results_root, run_name(cfg))
+    try:
+        pending = PendingRun(cfg.results_root, run_name(cfg))
+    except OSError as exc:
+        raise _unwritable(cfg, exc) from None
     try:
         for name, data in measured.logs.items():
             (pending.tmp / log_name(name)).write_bytes(data)
@@ -298,9 +302,18 @@ def commit(measured: UncommittedResult) -> TrialOutcome:
             pending.write_samples(measured.samples)
         pending.write_config(cfg.to_dict())
         return TrialOutcome(pending.commit(measured.record.to_json()), measured.record)
+    except OSError as exc:
+        pending.discard()
+        raise _unwritable(cfg, exc) from None
     except BaseException:
         pending.discard()
         raise
+
+
+def _unwritable(cfg: BenchmarkConfig, exc: OSError) -> UserError:
+    return UserError(f"cannot write the result of this trial under '{cfg.results_root}': "
+                     f"{exc.strerror or exc}; nothing of it was written (free space, or give another output_dir, "
+                     "then run the same command again: what was committed before resumes)")
 
 
 def streamed_samples(specs: list[InstanceSpec], outcome: LaunchOutcome) -> pd.DataFrame | None:

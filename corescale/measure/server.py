@@ -13,6 +13,7 @@ the SLO, early stopping, minimum duration and query count), the instances stayin
 from __future__ import annotations
 
 import json
+import logging
 import queue
 import re
 import resource
@@ -31,6 +32,21 @@ from corescale.record.trial import Failure
 NO_SLO_NS = 3_600 * 10**9  # fixed target_qps without slo_p99_ms: LoadGen needs a bound; an hour judges nothing
 PERCENTILES = ("50.00", "90.00", "95.00", "97.00", "99.00", "99.90")
 LOG_FILES = ("summary", "detail")
+
+
+_ONE_TEST = threading.Lock()
+_RUNNING: list[threading.Thread] = []  # the controller of this process's latest LoadGen test
+log = logging.getLogger(__name__)
+
+
+def _wait_for(thread: threading.Thread, timeout_s: float) -> None:
+    """Joins a controller thread, at most its LoadGen test's max_duration (timeout_s / 2) and a margin; says so
+    when that takes more than a moment."""
+    thread.join(2.0)
+    if thread.is_alive():
+        log.warning("waiting for the stopped trial's LoadGen test to end (it issues the rest of its schedule, up to "
+                    "%.0f s)", timeout_s / 2)
+        thread.join(timeout_s / 2 + 30)
 
 
 @dataclass
@@ -85,20 +101,33 @@ class Server:
     def begin(self, launcher, start_ns: int) -> None:
         self.launcher = launcher
         self.replies = {i: queue.Queue() for i in launcher.instances}
-        self.thread = threading.Thread(target=self._control, args=(start_ns,), name="corescale-loadgen",
-                                       daemon=True)
-        self.thread.start()
+        thread = threading.Thread(target=self._control, args=(start_ns,), name="corescale-loadgen", daemon=True)
+        with _ONE_TEST:  # LoadGen's logger is process-wide: never two tests at once
+            if _RUNNING and _RUNNING[0].is_alive():
+                _wait_for(_RUNNING[0], self.cfg.timeout)
+            if _RUNNING and _RUNNING[0].is_alive():
+                self.failure = Failure("error", "the LoadGen test of an earlier trial in this process is still "
+                                       "running; run this trial again")
+                return
+            _RUNNING[:] = [thread]
+            self.thread = thread
+            thread.start()
 
     def served(self, instance: int, reply: Served) -> None:
         self.replies[instance].put(reply)
 
     def abort(self) -> None:
-        """The trial failed or was interrupted: dispatchers answer LoadGen at once so its test ends."""
+        """The trial failed or was interrupted: dispatchers answer LoadGen at once so its test ends (wait_ended)."""
         self.aborted = True
         for replies in self.replies.values():
             replies.put(None)
+
+    def wait_ended(self) -> None:
+        """Returns once LoadGen's test has returned: an aborted test still issues the rest of its schedule (LoadGen
+        cannot be stopped), at most its max_duration (half the timeout), answered at once. A next trial's test
+        must not start beside it (mixed latencies in its summary)."""
         if self.thread is not None:
-            self.thread.join(timeout=self.cfg.duration + 10)
+            _wait_for(self.thread, self.cfg.timeout)
 
     # --- the controller thread ---
     def _control(self, start_ns: int) -> None:

@@ -17,6 +17,7 @@ import pandas as pd
 import yaml
 
 from corescale.errors import UserError
+from corescale.machine import scratch
 from corescale.record.trial import TrialRecord
 from corescale.userfiles import read_json
 
@@ -26,18 +27,13 @@ CONFIG_FILE = "config.yaml"
 TMP_PREFIX = ".tmp-"
 
 
-def fsync_dir(path: Path) -> None:
-    """A directory's entries (a rename into it) on disk."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+def fsync_path(path: Path) -> None:
+    """A file's data, or a folder's entries (a rename in it), on disk."""
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def _fsync_file(path: Path) -> None:
-    with open(path, "rb") as handle:
-        os.fsync(handle.fileno())
 
 
 def umask() -> int:
@@ -69,13 +65,13 @@ def write_atomic(path: Path, data: str | bytes | Callable[[Path], None], what: s
         with os.fdopen(fd, "wb") as handle:
             if callable(data):
                 data(tmp)
-                _fsync_file(tmp)  # what the function wrote, through its own handle
+                fsync_path(tmp)  # what the function wrote, through its own handle
             else:
                 handle.write(data.encode() if isinstance(data, str) else data)
                 handle.flush()
-                os.fsync(handle.fileno())
+        fsync_path(tmp)  # what a callable wrote too (it may have replaced the file: fsync the path)
         os.replace(tmp, path)
-        fsync_dir(path.parent)  # the rename itself survives a crash
+        fsync_path(path.parent)  # the rename itself survives a power loss
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -104,14 +100,17 @@ def run_name(cfg) -> str:
 
 
 class PendingRun:
-    """A result directory being written; becomes visible only on commit()."""
+    """A result directory being written; becomes visible only on commit(). Those that killed writers left behind
+    are collected when the next one starts in the same root (machine/scratch.py)."""
 
     def __init__(self, root: Path, name: str):
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
+        scratch.collect(self.root, TMP_PREFIX)
         self.name = name
         self.tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{name}-", dir=self.root))
         os.chmod(self.tmp, 0o777 & ~umask())  # mkdtemp's 0700: as readable as any directory the user makes
+        scratch.mark(self.tmp)
 
     def write_samples(self, frame: pd.DataFrame) -> None:
         frame.to_parquet(self.tmp / SAMPLES_FILE, index=False)
@@ -120,11 +119,13 @@ class PendingRun:
         (self.tmp / CONFIG_FILE).write_text(yaml.safe_dump(config, sort_keys=False))
 
     def commit(self, record: dict) -> Path:
-        """`record` is TrialRecord.to_json(); the directory appears under its final name only now."""
-        for item in self.tmp.iterdir():  # samples, config and logs reach the disk before the directory is renamed
-            if item.is_file():
-                _fsync_file(item)
+        """`record` is TrialRecord.to_json(); the directory appears under its final name only now, with every
+        file in it on disk (samples, config, logs: fsynced before the rename)."""
+        for file in self.tmp.iterdir():
+            if file.is_file() and file.name != scratch.OWNER_FILE:
+                fsync_path(file)
         write_json_atomic(self.tmp / RESULT_FILE, record)
+        fsync_path(self.tmp)
         suffix = 0
         while True:  # rename never replaces a committed (non-empty) dir: a concurrent writer gets the next name
             final = self.root / (f"{self.name}.{suffix}" if suffix else self.name)
@@ -135,7 +136,8 @@ class PendingRun:
                 if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR):
                     raise
                 suffix += 1
-        fsync_dir(self.root)
+        scratch.unmark(final)  # after the rename: a killed writer's directory always names its owner
+        fsync_path(self.root)
         return final
 
     def discard(self) -> None:

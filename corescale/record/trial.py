@@ -288,12 +288,19 @@ def measuring_libraries() -> tuple[str, ...]:
 
 def machine_fingerprint(environment: HostEnvironment) -> str:
     """Which machine and software a result was measured on: CPU model and ISA, core counts, the frameworks'
-    versions. Resume counts only results with this machine's fingerprint (unless asked to accept any)."""
+    versions, and the inherited environment that changes what runs (LD_PRELOAD, allocator, OpenMP and
+    framework variables: machine/environment.measuring_variables). Resume counts only results with this
+    machine's fingerprint (unless asked to accept any)."""
+    from corescale.machine.environment import measuring_variables
+
     cpu, topology = environment.cpu, environment.topology
-    blob = json.dumps({"cpu": cpu.model, "isa": cpu.isa or None,
-                       "cores": [topology.physical_cores, topology.logical_cpus],
-                       "libraries": {name: environment.libraries.get(name) for name in measuring_libraries()}},
-                      sort_keys=True, default=str)
+    identity: dict[str, Any] = {
+        "cpu": cpu.model, "isa": cpu.isa or None, "cores": [topology.physical_cores, topology.logical_cpus],
+        "libraries": {name: environment.libraries.get(name) for name in measuring_libraries()}}
+    variables = measuring_variables(environment.env)
+    if variables:  # none set: the fingerprint of every earlier result measured that way stays what it was
+        identity["env"] = variables
+    blob = json.dumps(identity, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from corescale.machine import environment
-from corescale.machine.lock import machine_lock
+from corescale.machine.lock import folder_lock, machine_lock
 from corescale.measure.forkserver import ForkServers
 from corescale.measure.runner import Trial, TrialOutcome, UncommittedResult, commit, failed_result, run_instances
 from corescale.record.index import ResultIndex
@@ -28,6 +28,7 @@ from corescale.record.sections import HostEnvironment
 from corescale.record.trial import Failure, TrialRecord, machine_fingerprint
 
 FORKSERVER_ENV = "CORESCALE_FORKSERVER"
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)  # stop a loop like Ctrl-C (interruptible)
 
 
 @dataclass
@@ -186,14 +187,16 @@ class Interrupted(KeyboardInterrupt):
 @contextmanager
 def interruptible():
     """While trials run, SIGTERM and SIGHUP stop them like Ctrl-C: the launcher stops every instance, the trial is
-    recorded as interrupted, temp directories go, and the machine lock is released only after all that."""
+    recorded as interrupted, temp directories go, and the machine lock is released only after all that. A signal
+    that this process inherited as ignored (`nohup` ignores SIGHUP) is left ignored, as Python does for SIGINT."""
     def stop(signum, frame):
         raise Interrupted(signum)
 
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    previous = {sig: signal.signal(sig, stop) for sig in STOP_SIGNALS
+                if signal.getsignal(sig) != signal.SIG_IGN}  # ignored when we started (nohup): it stays ignored
     try:
         yield
     finally:
@@ -222,10 +225,22 @@ def run_trial(trial: Trial, host: dict | None = None, on_event=None, keep_going:
             measured = failed_result(trial, Failure.from_exception(exc), host, started)
         # still holding the lock: no other trial ran before this instant
         stamp(measured, lock_wait_s=waited, executor={"name": "local"}, repeat=repeat, repeats=trial.cfg.repeats)
-        outcome = commit(measured)
+        outcome = commit_once(measured, done_meanwhile)
     if measured.interrupted is not None:
         raise measured.interrupted  # the interrupted trial is on disk; the loop ends here
     return outcome
+
+
+def commit_once(measured: UncommittedResult, done_meanwhile=None) -> TrialOutcome | Path:
+    """Commits under the results root's commit lock (an flock on the folder), which every loop's commit takes
+    (local and Ray, any process): done_meanwhile(), checked again under it, returns a valid result of the same
+    key and repeat that another sweep committed meanwhile; then that path is returned and nothing is written
+    (one key, one result)."""
+    with folder_lock(measured.record.config.results_root):  # the results root's own flock: no file in it
+        existing = done_meanwhile() if done_meanwhile else None
+        if existing is not None:
+            return existing
+        return commit(measured)
 
 
 def run_trials(planned: list[Planned], listener: Listener | None = None, resume: bool = True,

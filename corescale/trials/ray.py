@@ -3,8 +3,9 @@
 A benchmark node declares the custom resource `corescale_node: 1` (and optionally a type label
 `corescale_type:<type>: 1`). The driver picks a free node for each trial and submits one Ray task pinned to
 it (corescale_node=1, a fresh worker per task) that reserves every CPU the node declares to Ray, so Ray
-schedules no other CPU work there while it measures. The task re-prepares the trial for its own topology, runs
-the normal launcher there and returns the UncommittedResult; the driver commits it to the store.
+schedules no other CPU work there while it measures, and holds that node's machine lock (machine/lock.py), so
+nothing else of corescale measures there meanwhile (a local run, `info --peak`). The task re-prepares the trial
+for its own topology, runs the normal launcher there and returns the UncommittedResult; the driver commits it.
 
 Faults: a dead worker or node is retried on another node (executor.max_retries times); an error inside the
 benchmark (bad input on that node) becomes a failed result at once. Ray is imported only here, lazily.
@@ -25,10 +26,11 @@ from typing import Any
 from corescale.config import RayExecutorConfig
 from corescale.errors import UserError
 from corescale.machine import environment
-from corescale.measure.runner import Trial, UncommittedResult, commit, failed_result
+from corescale.machine.lock import machine_lock
+from corescale.measure.runner import Trial, UncommittedResult, failed_result
 from corescale.record.sections import HostEnvironment
 from corescale.record.trial import Failure, machine_fingerprint
-from corescale.trials.local import Listener, LoopState, Planned, Resume, schedule, stamp
+from corescale.trials.local import Listener, LoopState, Planned, Resume, commit_once, schedule, stamp
 
 NODE_RESOURCE = "corescale_node"
 TYPE_PREFIX = "corescale_type:"
@@ -124,8 +126,10 @@ def run_on_node(trial: Trial, node: dict) -> UncommittedResult:
     node = {**node, "hostname": host["hostname"], "cpu_model": host["cpu"]["model"], "pid": os.getpid(),
             "reserved_cpus": reserved_cpus()}
     try:
-        here = prepare_trial(trial.cfg, on_node=True)
-        measured = run_instances(dataclasses.replace(here, key=trial.key), None, host)  # the driver's key: resume
+        with machine_lock() as waited:  # this node's: a local run or `info --peak` there waits, or this task does
+            here = prepare_trial(trial.cfg, on_node=True)
+            measured = run_instances(dataclasses.replace(here, key=trial.key), None, host)  # the driver's key
+        measured.record.lock_wait_s = waited
     except Exception as exc:  # everything raised here is the benchmark's, not the node's, fault
         measured = failed_result(trial, Failure.from_exception(exc), host, started)
     measured.record.node = node
@@ -134,7 +138,9 @@ def run_on_node(trial: Trial, node: dict) -> UncommittedResult:
 
 
 def node_fingerprint() -> str:
-    """The Ray task of resume: the machine and software fingerprint a trial measured on this node gets."""
+    """The Ray task of resume: the machine and software fingerprint a trial measured on this node gets (in the
+    environment run_on_node measures in: Ray's thread variables undone)."""
+    restore_thread_env()
     return machine_fingerprint(HostEnvironment.from_dict(environment.capture(), "environment"))
 
 
@@ -272,7 +278,7 @@ class RayExecutor:
             if ray is None:
                 ray, started_here = self._start()
             self._check_types(ray, queue)
-            self._loop(ray, queue, in_flight, state, listener, fail_fast)
+            self._loop(ray, queue, in_flight, state, listener, done, fail_fast)
             return state
         finally:
             for ref in in_flight if ray is not None else ():
@@ -352,13 +358,20 @@ class RayExecutor:
                 raise no_node_error(node_type, nodes)
 
     def _loop(self, ray, queue: list[Attempt], in_flight: dict, state: LoopState, listener: Listener,
-              fail_fast: bool = False) -> None:
+              done: Resume, fail_fast: bool = False) -> None:
+        """Submits and collects; another sweep on the same results root (Ray or local) may commit a (trial,
+        repeat) meanwhile: looked up again before each submit, and under the commit lock before each commit."""
         remote = ray.remote(num_cpus=0, resources={NODE_RESOURCE: 1}, max_calls=1, max_retries=0,
                             retry_exceptions=False)(run_on_node)
         while queue or in_flight:
             nodes = benchmark_nodes(ray)
             busy = {a.node.id for a in in_flight.values()}
             for attempt in list(queue):
+                existing = done.find(attempt.item, attempt.repeat)
+                if existing is not None:
+                    queue.remove(attempt)
+                    state.skip(attempt.item, existing, attempt.repeat, listener)
+                    continue
                 node = pick_node(nodes, attempt, busy)
                 if node is not None:
                     queue.remove(attempt)
@@ -372,8 +385,12 @@ class RayExecutor:
             for ref in ready:
                 attempt = in_flight.pop(ref)
                 measured = self._collect(ray, ref, attempt, queue)
-                if measured is not None and state.finish(attempt.item, commit(measured), attempt.repeat, listener,
-                                                         fail_fast):
+                if measured is None:
+                    continue
+                outcome = commit_once(measured, lambda a=attempt: done.find(a.item, a.repeat))
+                if isinstance(outcome, Path):  # another sweep committed it while this one measured
+                    state.skip(attempt.item, outcome, attempt.repeat, listener)
+                elif state.finish(attempt.item, outcome, attempt.repeat, listener, fail_fast):
                     queue.clear()  # --fail-fast: nothing more is submitted
 
     @staticmethod

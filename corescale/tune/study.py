@@ -6,11 +6,23 @@ from __future__ import annotations
 import json
 import math
 import warnings
+from contextlib import contextmanager
 
+from corescale.machine.lock import folder_lock
 from corescale.tune import space as spaces
 from corescale.tune import verdict as verdicts
 from corescale.tune.plan import Tune
 from corescale.tune.settings import TuneSettings
+
+
+@contextmanager
+def held(tune: Tune):
+    """The tune's folder for this process alone while it searches and concludes (an flock on the folder): a second
+    tune on it (the same command run twice) is refused with one line naming the first, which its recovery would
+    otherwise break (_recover marks every RUNNING Optuna trial failed, the live one's included)."""
+    with folder_lock(tune.tune_dir, f"the tune in {tune.tune_dir}",
+                     "wait for it to end (the same command then resumes it), or give another output_dir"):
+        yield
 
 
 def open_study(tune: Tune):
@@ -42,8 +54,9 @@ def open_study(tune: Tune):
 
 
 def _recover(study, tune: Tune) -> None:
-    """A trial left RUNNING by a killed tune: asked again with the same parameters (its committed measurements
-    are found in the store), the stale one marked failed. New study: one trial per backend first."""
+    """A trial left RUNNING by a killed tune (none runs now: `held`): asked again with the same parameters (its
+    committed measurements are found in the store), the stale one marked failed.
+    New study: one trial per backend first."""
     from optuna.trial import TrialState
 
     trials = study.get_trials(deepcopy=False)
