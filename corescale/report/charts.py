@@ -305,8 +305,10 @@ def machine_size_figure(ranked: pd.DataFrame, cpu_model: str, here: dict | None,
     if here is not None:
         ax.plot([here["cores"]], [here["cost_per_1m_usd"]], "*", color="black", markersize=14,
                 label=f"this machine (measured, {here['cores']} cores)")
+    log_scale(ax, "y")
     ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
+    ax.xaxis.set_major_formatter(PlainLog(base=2, labelOnlyBase=True))
+    ax.xaxis.set_minor_formatter(PlainLog(base=2, labelOnlyBase=True))
     ax.set_xlabel("machine size (physical cores, log2)")
     ax.set_ylabel("US$ per 1M inferences (log)")
     ax.set_title(f"Cost against machine size, {workload}: projected from {cpu_model}\n(dots: the cost a "
