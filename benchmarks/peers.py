@@ -228,8 +228,15 @@ class Bench:
                 "batch": self.args.batch, "texts": str(self.out / "texts.json"),
                 "embeddings": str(folder / "embeddings.npy"), "result": str(folder / "result.json"), **spec}
         (folder / "spec.json").write_text(json.dumps(spec))
-        rc = run_pinned([self.python_of(peer), str(Path(__file__).resolve()), "--worker", str(folder / "spec.json")],
-                        self.cores, self.threads, folder / "log.txt", self.args.timeout)
+        from contextlib import nullcontext
+
+        from corescale.machine.lock import machine_lock
+
+        # a measured encode() holds corescale's machine lock, as a corescale trial does: no trial runs beside it
+        with machine_lock() if name.startswith("round") else nullcontext():
+            rc = run_pinned([self.python_of(peer), str(Path(__file__).resolve()), "--worker",
+                             str(folder / "spec.json")], self.cores, self.threads, folder / "log.txt",
+                            self.args.timeout)
         result = folder / "result.json"
         found = json.loads(result.read_text()) if result.is_file() else {
             "status": "failed", "error": f"exit {rc}: " + tail(folder / "log.txt")}
@@ -350,7 +357,8 @@ class Bench:
                 if peer in self.errors:
                     continue
                 print(f"[round {round_number + 1}/{self.args.repeats}] {peer} ...", file=sys.stderr, flush=True)
-                found = self.corescale_run() if peer == "corescale" else self.st_process(peer, f"r{round_number}")
+                found = self.corescale_run() if peer == "corescale" else \
+                    self.st_process(peer, f"round{round_number + 1}")
                 if peer != "corescale" and found["status"] == "ok":
                     import numpy as np
 
