@@ -54,6 +54,9 @@ CALIBRATION = 300  # corpus texts after the measured ones calibrate the static i
 # would lift huggingface-hub past what the transformers that optimum pins accepts
 PEER_PACKAGES = ["sentence-transformers[onnx,openvino]", "datasets", "huggingface-hub<1.0", "torch==2.13.0"]
 WARMUP_BATCHES = 2
+MODEL_FILES = {"st-onnx": "onnx/model.onnx", "st-onnx-int8": "onnx/model_qint8_{isa}.onnx",
+               "st-openvino": "openvino/openvino_model.xml",
+               "st-openvino-int8": "openvino/openvino_model_qint8_quantized.xml"}  # made by the exports
 
 
 # --- the worker: runs in either virtualenv, imports nothing of corescale ----------------------------------------
@@ -63,42 +66,31 @@ def worker_model(peer: str, folder: str, isa: str):
 
     if peer == "st-torch":
         return SentenceTransformer(folder, device="cpu")
-    if peer == "st-onnx":
-        return SentenceTransformer(folder, device="cpu", backend="onnx",
-                                   model_kwargs={"file_name": "onnx/model.onnx"})
-    if peer == "st-onnx-int8":
-        return SentenceTransformer(folder, device="cpu", backend="onnx",
-                                   model_kwargs={"file_name": f"onnx/model_qint8_{isa}.onnx"})
-    if peer == "st-openvino":
-        return SentenceTransformer(folder, device="cpu", backend="openvino",
-                                   model_kwargs={"file_name": "openvino/openvino_model.xml"})
-    if peer == "st-openvino-int8":
-        return SentenceTransformer(folder, device="cpu", backend="openvino",
-                                   model_kwargs={"file_name": "openvino/openvino_model_qint8_quantized.xml"})
-    raise ValueError(f"unknown peer {peer}")
+    backend = "onnx" if "onnx" in peer else "openvino"
+    return SentenceTransformer(folder, device="cpu", backend=backend,
+                               model_kwargs={"file_name": MODEL_FILES[peer].format(isa=isa)})
 
 
 def worker_export(peer: str, folder: str, isa: str, calibration: list[str]) -> None:
     """The peer's model file, made once in DIR/st-model by sentence-transformers' own export functions."""
     from sentence_transformers import SentenceTransformer
 
-    if peer in ("st-onnx", "st-onnx-int8") and not (Path(folder) / "onnx" / "model.onnx").is_file():
+    if peer in ("st-onnx", "st-onnx-int8") and not (Path(folder) / MODEL_FILES["st-onnx"]).is_file():
         SentenceTransformer(folder, device="cpu", backend="onnx").save_pretrained(folder)
-    if peer == "st-onnx-int8":
+    if peer == "st-onnx-int8" and not (Path(folder) / MODEL_FILES[peer].format(isa=isa)).is_file():
         from sentence_transformers import export_dynamic_quantized_onnx_model
 
-        model = SentenceTransformer(folder, device="cpu", backend="onnx", model_kwargs={"file_name": "onnx/model.onnx"})
+        model = worker_model("st-onnx", folder, isa)
         export_dynamic_quantized_onnx_model(model, isa, folder)
-    if peer in ("st-openvino", "st-openvino-int8") and not (Path(folder) / "openvino" / "openvino_model.xml").is_file():
+    if peer in ("st-openvino", "st-openvino-int8") and not (Path(folder) / MODEL_FILES["st-openvino"]).is_file():
         SentenceTransformer(folder, device="cpu", backend="openvino").save_pretrained(folder)
-    if peer == "st-openvino-int8":
+    if peer == "st-openvino-int8" and not (Path(folder) / MODEL_FILES[peer]).is_file():
         from sentence_transformers import export_static_quantized_openvino_model
 
         data = Path(folder).parent / "calibration"  # a local dataset folder: the hub's default (glue) is offline
         data.mkdir(exist_ok=True)
         (data / "train.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in calibration))
-        model = SentenceTransformer(folder, device="cpu", backend="openvino",
-                                    model_kwargs={"file_name": "openvino/openvino_model.xml"})
+        model = worker_model("st-openvino", folder, isa)
         export_static_quantized_openvino_model(model, None, folder, dataset_name=str(data),
                                                dataset_config_name="default", dataset_split="train",
                                                column_name="text")
@@ -215,7 +207,7 @@ class Bench:
         self.isa = isa_preset(self.cpu["flags"])
         self.errors: dict[str, str] = {}  # peer -> why it has no figures
         self.runs: dict[str, list[dict]] = {p: [] for p in args.peers}
-        self.count = 0
+        self.count = len(list((out / "runs").glob("*")))  # a rerun into the same --output adds its processes
 
     def python_of(self, peer: str) -> str:
         return sys.executable if peer == BASELINE else str(Path(self.args.peer_venv) / "bin" / "python")
@@ -285,7 +277,8 @@ class Bench:
             self.ensure_venv()
         calibration = corpus.texts(self.args.texts + CALIBRATION)[self.args.texts:]
         for peer in self.args.peers:
-            if peer in ST_PEERS and peer != BASELINE and peer not in self.errors:
+            if peer in ST_PEERS and peer != BASELINE and peer not in self.errors and \
+                    not (self.out / "st-model" / MODEL_FILES[peer].format(isa=self.isa)).is_file():
                 print(f"exporting {peer} ...", file=sys.stderr, flush=True)
                 found = self.st_process(peer, "export", export=True, calibration=calibration)
                 if found["status"] != "ok":
