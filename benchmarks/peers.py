@@ -43,6 +43,7 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
+from typing import Any
 
 ST_PEERS = ("st-torch", "st-onnx", "st-onnx-int8", "st-openvino", "st-openvino-int8")
 PEERS = (*ST_PEERS, "corescale")
@@ -66,8 +67,7 @@ def worker_model(peer: str, folder: str, isa: str):
 
     if peer == "st-torch":
         return SentenceTransformer(folder, device="cpu")
-    backend = "onnx" if "onnx" in peer else "openvino"
-    return SentenceTransformer(folder, device="cpu", backend=backend,
+    return SentenceTransformer(folder, device="cpu", backend="onnx" if "onnx" in peer else "openvino",
                                model_kwargs={"file_name": MODEL_FILES[peer].format(isa=isa)})
 
 
@@ -413,7 +413,7 @@ def verdict(rows: dict) -> dict:
     keeping = [p for p in measured if rows[p]["quality"].get("cosine_p1", 0) >= GOAL_P1]
     best = max(keeping, key=mean) if keeping else None
     fastest = max(measured, key=mean) if measured else None
-    found = {"st_best_backend": best, "st_fastest_any_quality": fastest}
+    found: dict[str, Any] = {"st_best_backend": best, "st_fastest_any_quality": fastest}
     if mean("corescale") and mean(BASELINE) and best:
         p1 = rows["corescale"]["quality"].get("cosine_p1", float("nan"))
         top = {p: rows[p]["texts_per_s"]["best"] for p in ("corescale", BASELINE, best)}
