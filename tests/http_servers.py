@@ -31,6 +31,7 @@ class TinyHandler(BaseHTTPRequestHandler):
     what the embedding routes do: None (answer), "500" (every request), "mixed" (500, drop, answer in turn)."""
 
     protocol_version = "HTTP/1.1"  # keep-alive, as a real server
+    disable_nagle_algorithm = True  # headers and body go out as separate writes: no 40 ms delayed-ACK stall
 
     def log_message(self, *args) -> None:  # quiet
         pass

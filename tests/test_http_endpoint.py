@@ -153,7 +153,7 @@ def test_a_search_stops_at_a_step_where_every_request_failed(tmp_path):
     assert proc.returncode == 0, proc.stderr
     _, record = _result(tmp_path)
     server = record["server"]
-    assert len(server["steps"]) == 1 and server["max_valid_qps"] is None
+    assert len(server["steps"]) == 1 and server["max_valid_qps"] is None and server["steps"][0]["broken"]
     assert server["steps"][0]["http"]["errors"] == {"http_500": server["steps"][0]["queries"]}
     assert server["endpoint"]["warmup_errors"] == server["endpoint"]["warmup_requests"]
 

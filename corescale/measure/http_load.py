@@ -2,7 +2,7 @@
 
 The same LoadGen tests, search and validity as the in-process server scenario (measure/server.py), with the system
 under test swapped: each query LoadGen issues becomes one POST carrying that query's text, sent by one async HTTP
-client (httpx) on its own event-loop thread; LoadGen's issue callback hands the queries to that loop thread-safely,
+client (aiohttp) on its own event-loop thread; LoadGen's issue callback hands the queries to that loop thread-safely,
 and the query is reported complete to LoadGen the moment its answer is read (LoadGen counts latency from the query's
 scheduled issue). Every request's outcome is kept: a non-2xx answer, a reset or refused connection, a timeout or an
 answer without its embedding is an error, counted by kind, and a test with any error is not valid. The server's
@@ -67,6 +67,7 @@ class HttpServer(Server):
     def __init__(self, cfg, bodies: list[bytes], warm: Warm, work_dir: Path):
         super().__init__(cfg, np.ones(len(bodies), dtype=np.int64), work_dir)
         self.api, self.bodies, self.warm = APIS[cfg.http_api], bodies, warm
+        self.url = cfg.endpoint.rstrip("/") + self.api.path
         self.loop = asyncio.new_event_loop()
         self.tasks: set[asyncio.Task] = set()
         self.log = StepLog()
@@ -75,13 +76,9 @@ class HttpServer(Server):
     def run(self) -> None:
         """Every LoadGen test (search or one rate) on a thread of their own while this one waits: Ctrl-C (or
         SIGTERM through the trial loop) reaches here, answers what is in flight and ends the test."""
-        import httpx
-
         loop_thread = threading.Thread(target=self.loop.run_forever, name="corescale-http", daemon=True)
         loop_thread.start()
-        limits = httpx.Limits(max_connections=MAX_CONNECTIONS, max_keepalive_connections=MAX_CONNECTIONS)
-        self.client = httpx.AsyncClient(base_url=self.cfg.endpoint.rstrip("/"), headers=headers(), limits=limits,
-                                        timeout=self.cfg.request_timeout)
+        self.session = asyncio.run_coroutine_threadsafe(self._open_session(), self.loop).result()
         control = threading.Thread(target=self._control, args=(time.perf_counter_ns(),), daemon=True,
                                    name="corescale-loadgen")
         try:
@@ -92,9 +89,17 @@ class HttpServer(Server):
             self.abort()
             raise
         finally:
-            asyncio.run_coroutine_threadsafe(self.client.aclose(), self.loop).result(timeout=10)
+            asyncio.run_coroutine_threadsafe(self.session.close(), self.loop).result(timeout=10)
             self.loop.call_soon_threadsafe(self.loop.stop)
             loop_thread.join(timeout=10)
+
+    async def _open_session(self):
+        """aiohttp's client (a C parser, a pool that stays cheap with many connections), made on the loop."""
+        import aiohttp
+
+        connector = aiohttp.TCPConnector(limit=MAX_CONNECTIONS, limit_per_host=MAX_CONNECTIONS)
+        return aiohttp.ClientSession(headers=headers(), connector=connector,
+                                     timeout=aiohttp.ClientTimeout(total=self.cfg.request_timeout))
 
     def abort(self) -> None:
         self.aborted = True
@@ -118,26 +123,27 @@ class HttpServer(Server):
 
     async def _send(self, sample, issued_ns: int) -> None:
         """One query: POST its text; complete it to LoadGen as soon as the answer is read; log the outcome."""
-        import httpx
+        import aiohttp
         import mlperf_loadgen as lg
 
         log = self.log
         log.in_flight += 1
         log.max_in_flight = max(log.max_in_flight, log.in_flight)
         sent = time.perf_counter_ns()
-        status, kind, message, answer = None, "", "", None
+        status, kind, message, content, answered = None, "", "", b"", {}
         try:
             if self.aborted:
                 raise asyncio.CancelledError
-            async with asyncio.timeout(self.cfg.request_timeout):
-                answer = await self.client.post(self.api.path, content=self.bodies[sample.index])
-        except (TimeoutError, httpx.TimeoutException) as exc:
-            kind, message = "timeout", f"no answer within request_timeout={self.cfg.request_timeout:g} s {exc}"
-        except httpx.ConnectError as exc:
+            async with self.session.post(self.url, data=self.bodies[sample.index]) as answer:
+                content = await answer.read()
+                status, answered = answer.status, answer.headers
+        except TimeoutError:
+            kind, message = "timeout", f"no answer within request_timeout={self.cfg.request_timeout:g} s"
+        except aiohttp.ClientConnectorError as exc:
             kind, message = "connect", str(exc)
-        except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, aiohttp.ClientPayloadError) as exc:
             kind, message = "reset", f"{type(exc).__name__}: {exc}"
-        except httpx.HTTPError as exc:
+        except aiohttp.ClientError as exc:
             kind, message = type(exc).__name__, str(exc)
         except asyncio.CancelledError:
             kind, message = "aborted", "the trial was stopped"
@@ -145,16 +151,14 @@ class HttpServer(Server):
         lg.QuerySamplesComplete([lg.QuerySampleResponse(sample.id, 0, 0)])
         log.in_flight -= 1
         times: dict[str, float] = {}
-        if answer is not None:
-            status = answer.status_code
-            if not answer.is_success:
-                kind, message = f"http_{status}", answer.text[:120]
-            else:
-                times = timings(answer.headers)
-                try:
-                    self.api.dimension(answer.content)
-                except BadAnswer as exc:
-                    kind, message = "bad_answer", str(exc)
+        if status is not None and not 200 <= status < 300:
+            kind, message = f"http_{status}", content[:120].decode(errors="replace")
+        elif status is not None:
+            times = timings(answered)
+            try:
+                self.api.dimension(content)
+            except BadAnswer as exc:
+                kind, message = "bad_answer", str(exc)
         if kind:
             log.failed(kind, message)
         log.rows.append((sample.index, issued_ns, sent, done, status, kind, *(times.get(n) for n in TIMING_HEADERS)))
@@ -176,7 +180,8 @@ class HttpServer(Server):
         step = len(self.outcome.steps) + 1
         self.request_rows.extend((step, *row) for row in self.log.rows)
         errors = sum(http["errors"].values())
-        judged = dataclasses.replace(result, errors=errors, http=http, batches={})
+        broken = errors >= max(result.queries, 1) and not http["errors"].get("timeout")
+        judged = dataclasses.replace(result, errors=errors, http=http, batches={}, broken=broken)
         if errors:
             judged = dataclasses.replace(judged, validity="INVALID", meets_slo=False)
         return judged
@@ -194,8 +199,8 @@ class HttpServer(Server):
         return float(np.median(recent)) if recent else 10.0
 
     def _first_guess(self) -> float:
-        """What one request at a time would sustain: the bracket corrects it either way."""
-        return float(f"{max(1000 / self._single_ms(), 0.1):.3g}")
+        """Half what one request at a time would sustain: the bracket corrects it either way."""
+        return float(f"{max(500 / self._single_ms(), 0.1):.3g}")
 
     def _expected_latency_ns(self) -> int:
         return int(self._single_ms() * 1e6)

@@ -53,6 +53,7 @@ class StepResult:
     log_prefix: str
     errors: int = 0  # queries the system under test failed (over HTTP: non-2xx, reset, timeout, bad answer)
     http: dict | None = None  # over HTTP: the step's errors by kind and the server's timing breakdown
+    broken: bool = False  # every query failed, none for lack of time (refused, 5xx): lower rates cannot help
 
     def to_json(self) -> dict:
         return dict(self.__dict__)

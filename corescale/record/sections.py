@@ -152,6 +152,7 @@ class ServerStep(Section):
     log_prefix: str = ""
     errors: int = 0  # queries the system under test failed (a step with any is not valid)
     http: HttpStep | None = None  # endpoint=: the requests of this test
+    broken: bool = False  # every query failed, none for lack of time: the search stops there
 
 
 @dataclass(frozen=True)
