@@ -1,0 +1,139 @@
+"""Servers over HTTP on this machine: max QPS under one p99 SLO, each driven by `scenario=server endpoint=URL`.
+
+    python benchmarks/http_peers.py [--slo-p99-ms 100] [--duration 5] [--min-queries 600]
+        [--st-model DIR]                       start benchmarks/peer_servers/st_fastapi.py with this model
+        [--infinity BIN --infinity-model DIR]  start `BIN v2 --model-id DIR` (infinity-emb, its own virtualenv)
+        [--peer NAME=URL[@openai|@tei] ...]    and/or servers already running (corescale serve, TEI, ...)
+
+Servers the script starts run one at a time (only the measured one is up) on every CPU this process may use; the
+load generator (LoadGen + the aiohttp client) shares them, and its CPU is reported. For each: `target_qps=auto` at
+p99 <= the SLO on the built-in corpus, one text per request, the same LoadGen rules as the in-process server
+scenario. Prints a markdown table: max valid QPS, its p99, the server's breakdown where it sends timing headers,
+errors, the client's CPU, and the CPU it ran on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from contextlib import contextmanager
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextmanager
+def started(command: list[str], port: int, health: str, wait_s: float = 300.0):
+    """A server process until the block ends; its URL once `health` answers."""
+    url = f"http://127.0.0.1:{port}"
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                urllib.request.urlopen(url + health, timeout=5).read()
+                break
+            except OSError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise SystemExit(f"{command[0]} did not start: {process.stderr.read()[-1500:]!r}") from None
+                time.sleep(1)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=60)
+
+
+def measure_one(name: str, url: str, api: str, args) -> dict:
+    from _loop import measure
+
+    overrides = ["scenario=server", "target_qps=auto", f"slo_p99_ms={args.slo_p99_ms}", f"endpoint={url}",
+                 f"api={api}", f"duration={args.duration}", f"server.min_query_count={args.min_queries}",
+                 f"server.search_precision={args.precision}", f"server.max_steps={args.max_steps}",
+                 f"model={args.model_field}", f"output_dir={args.output}"]
+    record = measure({name: overrides})[name][0]
+    return row(name, record)
+
+
+def row(name: str, record) -> dict:
+    s = record.server
+    best = [st for st in s.steps if st.target_qps == s.max_valid_qps] or s.steps[-1:]
+    step = best[-1]
+    breakdown = "-"
+    if step.http and step.http.server_ms:
+        breakdown = " / ".join(f"{k} {v.mean:.1f}" for k, v in step.http.server_ms.items() if k != "total")
+    response = step.http.client_ms.get("response") if step.http else None
+    return {"server": name, "url": s.endpoint.url if s.endpoint else "", "qps": s.max_valid_qps,
+            "p99": step.latency_ms.get("p99"), "p50": step.latency_ms.get("p50"),
+            "response": response.mean if response else None, "breakdown": breakdown, "errors": s.errors,
+            "steps": len(s.steps), "client": s.parent.cores_used, "cpu": record.environment.cpu.model,
+            "single": s.endpoint.single_ms if s.endpoint else None}
+
+
+def table(rows: list[dict], args) -> str:
+    def num(value, spec=".1f") -> str:
+        return "-" if value is None else format(value, spec)
+
+    lines = [f"max QPS at p99 <= {args.slo_p99_ms:g} ms, built-in corpus, one text per request "
+             f"(CPU: {rows[0]['cpu'] if rows else '?'}, {len(os.sched_getaffinity(0))} CPUs)", "",
+             "| server | max valid QPS | p50 / p99 (ms) | one request alone (ms) | response, client (ms) | "
+             "server breakdown, mean ms | errors | LoadGen tests | client CPU (cores) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['server']} | {num(r['qps'], '.4g')} | {num(r['p50'])} / {num(r['p99'])} | "
+                     f"{num(r['single'])} | {num(r['response'])} | {r['breakdown']} | {r['errors']} | {r['steps']} | "
+                     f"{num(r['client'], '.2f')} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--slo-p99-ms", type=float, default=100.0)
+    parser.add_argument("--duration", type=float, default=5.0, help="LoadGen's minimum duration per test (s)")
+    parser.add_argument("--min-queries", type=int, default=600, help="LoadGen's minimum query count per test")
+    parser.add_argument("--precision", type=float, default=0.1, help="server.search_precision")
+    parser.add_argument("--max-steps", type=int, default=8, help="server.max_steps")
+    parser.add_argument("--model-field", default="all-MiniLM-L6-v2", help="the `model` OpenAI requests carry")
+    parser.add_argument("--st-model", help="start the sentence-transformers FastAPI peer with this model dir")
+    parser.add_argument("--infinity", help="the infinity_emb executable (in its own virtualenv)")
+    parser.add_argument("--infinity-model", help="the model directory infinity serves")
+    parser.add_argument("--peer", action="append", default=[], help="NAME=URL[@openai|@tei], already running")
+    parser.add_argument("--output", default="outputs/http-peers")
+    args = parser.parse_args()
+
+    sys.path.insert(0, str(HERE))
+    rows = []
+    if args.st_model:
+        port = free_port()
+        command = [sys.executable, str(HERE / "peer_servers" / "st_fastapi.py"), "--model", args.st_model,
+                   "--port", str(port)]
+        with started(command, port, "/health") as url:
+            rows.append(measure_one("sentence-transformers + FastAPI", url, "openai", args))
+    if args.infinity:
+        port = free_port()
+        command = [args.infinity, "v2", "--model-id", args.infinity_model or args.st_model, "--port", str(port),
+                   "--host", "127.0.0.1", "--url-prefix", "/v1", "--served-model-name", args.model_field,
+                   "--device", "cpu"]
+        with started(command, port, "/v1/health") as url:
+            rows.append(measure_one("infinity-emb", url, "openai", args))
+    for peer in args.peer:
+        name, _, target = peer.partition("=")
+        url, _, api = target.partition("@")
+        rows.append(measure_one(name, url, api or "openai", args))
+    print(table(rows, args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
