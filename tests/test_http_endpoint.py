@@ -70,7 +70,8 @@ def test_a_request_the_server_refuses_names_the_api_to_try(tmp_path):
 # --- servers driven through the CLI ----------------------------------------------------------------------------
 
 def _run(url, *overrides, out):
-    return corescale("run", *QUICK, f"endpoint={url}", f"output_dir={out}", "--no-progress", *overrides)
+    given = dict(item.split("=", 1) for item in [*QUICK, f"endpoint={url}", f"output_dir={out}", *overrides])
+    return corescale("run", *(f"{key}={value}" for key, value in given.items()), "--no-progress")
 
 
 def _result(out):
@@ -117,7 +118,7 @@ def test_timing_headers_give_the_breakdown_and_the_search_runs_over_http(tmp_pat
         proc = _run(url, "api=tei", "target_qps=auto", "slo_p99_ms=500", "server.max_steps=3",
                     "server.search_precision=0.5", out=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    _, record = _result(tmp_path)
+    path, record = _result(tmp_path)
     server = record["server"]
     assert len(server["steps"]) >= 2 and server["max_valid_qps"], server["steps"]
     assert server["endpoint"]["reports"]["/info"]["model_id"] == "tiny"
@@ -128,6 +129,24 @@ def test_timing_headers_give_the_breakdown_and_the_search_runs_over_http(tmp_pat
             assert breakdown[name]["count"] == step["queries"]
             assert breakdown[name]["mean"] == breakdown[name]["p99"] == float(TIMES[header])
     assert "inference (ms, server)" in proc.stdout
+    from corescale.record.files import read_result
+    from corescale.record.sections import Endpoint, HttpStep
+
+    typed = read_result(path).server  # the typed sections, checked on reading
+    assert isinstance(typed.endpoint, Endpoint) and isinstance(typed.steps[0].http, HttpStep)
+    assert typed.steps[0].http.server_ms["inference"].mean == 5.0 and typed.batching is None
+
+
+@pytest.mark.slow
+def test_single_stream_over_http(tmp_path):
+    with tiny_server() as url:
+        proc = _run(url, "api=openai", "scenario=single_stream", "server.min_query_count=64", out=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    _, record = _result(tmp_path)
+    server = record["server"]
+    assert server["scenario"] == "single_stream" and server["validity"] == "VALID", server["steps"]
+    step = server["steps"][0]
+    assert step["http"]["max_in_flight"] == 1 and step["errors"] == 0 and step["queries"] >= 64
 
 
 @pytest.mark.slow
