@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, List, Optional
 
 from corescale.backends import BACKENDS, DEFAULT_BACKEND, OPTIONS, PRECISIONS, BackendOptions, named
+from corescale.backends.options import TASKS
 from corescale.errors import UserError
 from corescale.machine.placement import LAYOUTS as NAMED_LAYOUTS
 
@@ -138,6 +139,11 @@ class BenchmarkConfig:
     server: ServerConfig = field(default_factory=ServerConfig)
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     pad: str = "max"  # max: to the batch's longest | bucket: to a length bucket | sorted: length-sorted batches
+    # the task and its quality (docs/tasks.md)
+    task: Optional[str] = None  # embed | rerank | classify | encode; None = what the model's directory declares
+    tokenize: bool = False  # the model's fast tokenizer inside the timed call (end to end; needs text queries)
+    min_quality: Optional[str] = None  # e.g. "cosine_p1>=0.99,recall_at_10>=0.95"; None = the task's defaults
+    quality_samples: int = 256  # real texts (rerank: queries) the quality check runs on
 
     def __post_init__(self) -> None:
         if isinstance(self.backend, str):  # Python API: BenchmarkConfig(backend="openvino")
@@ -185,6 +191,7 @@ class BenchmarkConfig:
         if node_type:
             flat["executor.node_type"] = node_type
         flat.update(scenario_key_fields(self))
+        flat.update(task_key_fields(self))
         return flat
 
     def key(self) -> str:
@@ -205,6 +212,13 @@ def scenario_key_fields(cfg: BenchmarkConfig) -> dict[str, Any]:
     if cfg.workload != WorkloadConfig() or cfg.pad != "max":
         flat.update(flatten({"workload": dataclasses.asdict(cfg.workload)}), pad=cfg.pad)
     return flat
+
+
+def task_key_fields(cfg: BenchmarkConfig) -> dict[str, Any]:
+    """The task's fields, only where they differ from their defaults (the keys of earlier results hold)."""
+    defaults = BenchmarkConfig.__dataclass_fields__
+    return {name: getattr(cfg, name) for name in ("task", "tokenize", "min_quality", "quality_samples")
+            if getattr(cfg, name) != defaults[name].default}
 
 
 def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -307,7 +321,20 @@ def validate(cfg: BenchmarkConfig) -> BenchmarkConfig:
     _check_seed(cfg.seed)
     _check_timeout(cfg)
     _validate_scenario(cfg)
+    _validate_task(cfg)
     return cfg
+
+
+def _validate_task(cfg: BenchmarkConfig) -> None:
+    if cfg.task is not None:
+        _one_of("task", cfg.task, TASKS)
+        tasks = BACKENDS[cfg.backend.name].tasks
+        if cfg.task not in tasks:
+            raise UserError(f"backend={cfg.backend.name} computes task {', '.join(tasks)} only (got task={cfg.task}): "
+                            "its graph has no place for a head; use another backend")
+    if isinstance(cfg.quality_samples, bool) or not isinstance(cfg.quality_samples, int) or \
+            not 10 <= cfg.quality_samples <= 10_000:
+        raise UserError(f"quality_samples must be a whole number in [10, 10000] (got {cfg.quality_samples})")
 
 
 def _check_precision(cfg: BenchmarkConfig) -> None:
@@ -389,6 +416,13 @@ def _validate_endpoint(cfg: BenchmarkConfig) -> None:
                         "are added to it: /v1/embeddings, /embed, /health)")
     if port == 0:
         raise UserError(f"endpoint={url}: port 0 is not a port a server listens on")
+    for name in ("tokenize", "min_quality"):
+        if getattr(cfg, name):
+            raise UserError(f"{name}= applies to local instances; a server measured over HTTP (endpoint=) "
+                            "tokenizes and computes on its own: leave it out")
+    if cfg.task not in (None, "embed"):
+        raise UserError(f"endpoint= sends embedding requests (task=embed); task={cfg.task} is not driven over HTTP "
+                        "yet")
     if cfg.workload.lengths:
         raise UserError("workload.lengths draws random token ids, which cannot be sent to a server as text: give "
                         "workload=FILE with real text, or leave it out (the built-in corpus)")

@@ -290,7 +290,7 @@ CASES += [
     ("workload-no-field-named", [*RUN, "workload={base}/texts.jsonl"], "say which field holds the text"),
     ("workload-no-column", [*RUN, "workload={base}/texts.csv:body"], "has no column 'body'; its columns: id, text"),
     ("workload-not-json", [*RUN, "workload={base}/broken.jsonl:text"], "broken.jsonl:2 is not a JSON line"),
-    ("workload-preset-no-tokenizer", [*RUN, TEXTS], "is a preset without a tokenizer"),
+    ("workload-preset-no-tokenizer", [*RUN, TEXTS, "model=qwen3-tiny"], "is a preset without a tokenizer"),
     ("workload-tokenizer-missing", [*RUN, TEXTS, "workload.tokenizer={base}/no-tokenizer"],
      "tokenizer directory '"),
     ("workload-tokenizer-not-one", [*RUN, TEXTS, "workload.tokenizer={base}/big_hidden"], "cannot be found"),

@@ -30,6 +30,12 @@ QUICK = ["scenario=server", "duration=0.5", "server.min_query_count=459", "warmu
      "cannot be sent to a server as text"),
     (["scenario=server", "target_qps=5", "endpoint=http://127.0.0.1:8080", "request_timeout=0"],
      "request_timeout must be > 0"),
+    (["scenario=server", "target_qps=5", "endpoint=http://127.0.0.1:8080", "tokenize=true"],
+     "tokenize= applies to local instances"),
+    (["scenario=server", "target_qps=5", "endpoint=http://127.0.0.1:8080", "task=rerank"],
+     "task=rerank is not driven over HTTP"),
+    (["scenario=server", "target_qps=5", "endpoint=http://127.0.0.1:8080", "executor=ray"],
+     "measured from this machine"),
 ])
 def test_bad_endpoint_settings_are_one_line(overrides, message):
     assert_one_line_error(compose, overrides, message)
@@ -107,7 +113,7 @@ def test_sentence_transformers_server_over_each_api(minilm_server, api, tmp_path
     rows = list(csv.DictReader(io.StringIO((path / "http-requests.csv").read_text())))
     assert len(rows) == step["queries"] and {r["status"] for r in rows} == {"200"}
     assert all(int(r["issued_ns"]) <= int(r["sent_ns"]) < int(r["done_ns"]) for r in rows)
-    assert server["queries"]["origin"].startswith("the built-in corpus")
+    assert server["queries"]["origin"].startswith("built-in corpus")
     assert f"{minilm_server}" in proc.stdout and "VALID" in proc.stdout
     assert "Traceback" not in proc.stderr
 

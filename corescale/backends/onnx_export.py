@@ -69,7 +69,7 @@ def parameter_bytes(module) -> int:
 
 def export_key(spec, module, input_names) -> str:
     identity = {"config": spec.config, "weights": weights_hash(module), "opset": OPSET, "exporter": exporter(),
-                "inputs": list(input_names)}
+                "inputs": list(input_names), **spec.head.identity()}
     return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
 
@@ -119,16 +119,19 @@ def private_view(source: Path, where: Path) -> Path:
 
 
 def export(module, spec, path: Path) -> None:
-    """Dynamic batch and sequence axes; traced on a fixed small example so the graph is shape-independent."""
+    """The model with its head (one output, named by the task); dynamic batch and sequence axes; traced on a
+    fixed small example so the graph is shape-independent."""
     import torch
 
     example = make_inputs(spec, 2, 16, seed=0)
     names = list(example)
-    axes = {name: {0: "batch", 1: "sequence"} for name in [*names, "last_hidden_state"]}
+    output = spec.head.output_name
+    axes = {name: {0: "batch", 1: "sequence"} for name in names}
+    axes[output] = {0: "batch", 1: "sequence"} if spec.task == "encode" else {0: "batch"}
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")  # tracer and deprecation warnings about the legacy exporter
         torch.onnx.export(module, tuple(torch.from_numpy(example[n]) for n in names), str(path),
-                          input_names=names, output_names=["last_hidden_state"], dynamic_axes=axes,
+                          input_names=names, output_names=[output], dynamic_axes=axes,
                           opset_version=OPSET, dynamo=False)
 
 
@@ -166,10 +169,10 @@ def onnx_model(spec, cfg, inputs: dict[str, np.ndarray], stages) -> OnnxModel:
 
 def exported_model(spec, cfg, inputs: dict[str, np.ndarray], stages) -> OnnxModel:
     """Built in torch and hashed; exported only when the cache does not have it."""
-    from corescale.backends.pytorch.backend import wrapped_torch_model
+    from corescale.backends.pytorch.task import task_module
 
     with stages.stage("build_model"):
-        module = wrapped_torch_model(spec, cfg, inputs)
+        module = task_module(spec, cfg, inputs)
     with stages.stage("hash_weights"):
         key = export_key(spec, module, inputs)
     large = parameter_bytes(module) > EXTERNAL_DATA_BYTES

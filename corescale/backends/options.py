@@ -17,6 +17,7 @@ from corescale.errors import UserError
 
 DEFAULT_BACKEND = "pytorch"  # `backend=` when none is given; also the tune's baseline and its drift reference
 PRECISIONS = ("fp32", "bf16", "int8")  # every precision a backend may compute in
+TASKS = ("embed", "rerank", "classify", "encode")  # every task a backend's measured call may compute
 
 
 @dataclass
@@ -124,6 +125,8 @@ class BackendEntry:
     # artifact with the chosen options, written beside the tune's recipe.sh
     onednn_linear: bool = _REQUIRED  # its linears can run as torch's prepacked oneDNN linear: explain measures both
     # on the model's shapes and the findings offer backend.linear=onednn
+    tasks: tuple[str, ...] = _REQUIRED  # what its measured call can compute: embed, rerank, classify, encode (the
+    # head inside the graph); config validation refuses the others
 
     def check(self, name: str) -> None:
         """Raises RegistrationError naming every missing or malformed fact."""
@@ -142,13 +145,15 @@ class BackendEntry:
         for fact, value in named.items():
             if not isinstance(value, str) or value.count(":") != 1:
                 problems.append(f"{fact} is not 'module:attribute' (got {value!r})")
-        for fact in ("requires", "precisions", "worker_modules", "libraries", "recorded"):
+        for fact in ("requires", "precisions", "worker_modules", "libraries", "recorded", "tasks"):
             value = getattr(self, fact)
             if not isinstance(value, tuple) or not all(isinstance(v, str) for v in value):
                 problems.append(f"{fact} is not a tuple of names (got {value!r})")
         unknown = [p for p in self.precisions if p not in PRECISIONS] if isinstance(self.precisions, tuple) else []
         if not self.precisions or unknown:
             problems.append(f"precisions must be some of {', '.join(PRECISIONS)} (got {self.precisions!r})")
+        if isinstance(self.tasks, tuple) and (not self.tasks or not set(self.tasks) <= set(TASKS)):
+            problems.append(f"tasks must be some of {', '.join(TASKS)} (got {self.tasks!r})")
         for fact in ("openmp", "forkable", "onednn_linear"):
             if not isinstance(getattr(self, fact), bool):
                 problems.append(f"{fact} is not True or False")

@@ -62,10 +62,10 @@ def stats(values: np.ndarray) -> dict:
 
 
 class HttpServer(Server):
-    """The server scenario against a running server: `run()` runs every LoadGen test on the calling thread."""
+    """The server scenario against a running server: `run()` returns once every LoadGen test is done."""
 
     def __init__(self, cfg, bodies: list[bytes], warm: Warm, work_dir: Path):
-        super().__init__(cfg, np.ones(len(bodies), dtype=np.int64), work_dir)
+        super().__init__(cfg, np.ones(len(bodies), dtype=np.int64), work_dir)  # lengths: only their count (the QSL)
         self.api, self.bodies, self.warm = APIS[cfg.http_api], bodies, warm
         self.url = cfg.endpoint.rstrip("/") + self.api.path
         self.loop = asyncio.new_event_loop()

@@ -34,6 +34,7 @@ from corescale.record.sections import HostEnvironment, InstanceReport, ServerSum
 from corescale.record.trial import Failure, Partial, Roofline, RunMetrics, TrialRecord, spec_key, trial_key
 from corescale.workload.flops import forward_flops
 from corescale.workload.models import ModelSpec, resolve_model
+from corescale.workload.quality import build_quality_set
 from corescale.workload.samples import QuerySet, build_query_set, query_texts, text_summary, uses_query_set
 
 
@@ -44,6 +45,7 @@ class Trial:
     plan: Plan
     key: str  # the trial key resume looks up (config key + model identity)
     queries: QuerySet | None = None  # the queries' token ids, when they are not one fixed random batch
+    quality: QuerySet | None = None  # the real text the task's quality is judged on (None: task=encode)
     texts: list[str] | None = None  # endpoint=: the queries' texts, sent as they are
 
     def instance_specs(self, work_dir: Path | None = None) -> list[InstanceSpec]:
@@ -67,7 +69,8 @@ def prepare_trial(cfg: BenchmarkConfig, topology: Topology | None = None, on_nod
     check_available(cfg.backend.name)
     if cfg.reference:
         check_available(cfg.reference)
-    model = resolve_model(cfg.model, cfg.trust_remote_code)
+    model = resolve_model(cfg.model, cfg.trust_remote_code, cfg.task, cfg.cache_dir)
+    check_task(cfg, model)
     if cfg.sequence_length > model.max_positions:
         raise UserError(f"sequence_length={cfg.sequence_length} exceeds the maximum of {model.max_positions} "
                         f"positions of model '{cfg.model}'")
@@ -83,6 +86,7 @@ def prepare_trial(cfg: BenchmarkConfig, topology: Topology | None = None, on_nod
     if on_node or cfg.executor.name == "local":  # a Ray driver's memory says nothing about its nodes'
         check_memory(cfg, model)
     queries = build_query_set(cfg, model) if uses_query_set(cfg) else None  # files, fields, tokenizer
+    quality = build_quality_set(cfg, model) if model.task != "encode" else None  # real text, its tokenizer
     check_places(cfg, results=not on_node)  # last: every other check has passed
     key = spec_key(cfg, model)
     if cfg.workload.source and queries is not None:  # the text file's tokens, not only its name
@@ -90,7 +94,32 @@ def prepare_trial(cfg: BenchmarkConfig, topology: Topology | None = None, on_nod
 
         digest = hashlib.sha256(b"".join(q.tobytes() for q in queries.ids)).hexdigest()[:16]
         key = trial_key(key, {"queries": digest})
-    return Trial(cfg, model, placement, key, queries)
+    return Trial(cfg, model, placement, key, queries, quality)
+
+
+def check_task(cfg: BenchmarkConfig, model: ModelSpec) -> None:
+    """The task the model computes is one the backend can run, and min_quality speaks of that task's metrics."""
+    from corescale.workload.quality import parse_gate
+
+    tasks = entry(cfg.backend.name).tasks
+    if model.task not in tasks:
+        raise UserError(f"backend={cfg.backend.name} computes task {', '.join(tasks)} only; model '{cfg.model}' is "
+                        f"task={model.task} ({model.head.summary()}): give task=encode to measure its encoder alone, "
+                        "or use another backend")
+    parse_gate(cfg.min_quality, model.task)
+    if cfg.tokenize and cfg.scenario != "offline":
+        raise UserError(f"tokenize=true applies to the offline closed loop (got scenario={cfg.scenario}); a served "
+                        "trial's queries arrive as token ids")
+    if cfg.tokenize and not cfg.workload.source:
+        raise UserError("tokenize=true times the tokenizer on text: give workload=builtin (the built-in corpus) or "
+                        "workload=FILE")
+    if cfg.tokenize:
+        from corescale.workload.tokens import tokenizer_dir
+
+        folder, _ = tokenizer_dir(cfg, model)
+        if folder is None or not (folder / "tokenizer.json").is_file():
+            raise UserError(f"tokenize=true needs the model's fast tokenizer (tokenizer.json); model '{cfg.model}' "
+                            "has none: give workload.tokenizer=DIR holding tokenizer.json")
 
 
 def prepare_endpoint(cfg: BenchmarkConfig) -> Trial:
@@ -218,9 +247,14 @@ def run_instances(trial: Trial, on_event=None, host: dict | None = None, forkser
             specs = with_peaks(specs, trial.cfg, host["cpu"]["isa"], Path(work), PeakCache(trial.cfg.cache_dir))
         record.specs = list(specs)
         job, server = {}, None
-        if trial.queries is not None:
-            trial.queries.save(Path(work) / "queries.npz")
-            job["queries"] = str(Path(work) / "queries.npz")
+        if trial.cfg.tokenize:
+            from corescale.workload.tokens import tokenizer_dir
+
+            job["tokenizer"] = str(tokenizer_dir(trial.cfg, trial.model)[0])
+        for name, found in (("queries", trial.queries), ("quality", trial.quality)):
+            if found is not None:
+                found.save(Path(work) / f"{name}.npz")
+                job[name] = str(Path(work) / f"{name}.npz")
         if trial.cfg.scenario != "offline":
             assert trial.queries is not None, "a served trial has its query set (uses_query_set)"
             server = Server(trial.cfg, trial.queries.lengths, Path(work))
@@ -247,7 +281,7 @@ def run_instances(trial: Trial, on_event=None, host: dict | None = None, forkser
             record.fail(outcome.failure)
         else:
             assert metrics is not None, "a launch without a failure measured every instance"
-            _finish(record, metrics, [outcome.results[spec.id] for spec in specs])
+            _finish(record, trial, metrics, [outcome.results[spec.id] for spec in specs])
         if trial.queries is not None and metrics is not None and metrics.padded_tokens_per_s:
             record.workload = {**trial.queries.summary(), "pad": trial.cfg.pad, "padding_waste":
                                1 - metrics.throughput_tokens_per_s / metrics.padded_tokens_per_s}
@@ -384,9 +418,11 @@ def _finish_server(record: TrialRecord, trial: Trial, server: Server, outcome: L
         record.fail(outcome.failure)
     elif not server.outcome.steps and not server.outcome.unreachable:
         record.fail(Failure("error", "LoadGen ran no test"))
+    else:
+        judge_quality(record, trial)
 
 
-def _finish(record: TrialRecord, metrics: RunMetrics, reports: list[dict]) -> None:
+def _finish(record: TrialRecord, trial: Trial, metrics: RunMetrics, reports: list[dict]) -> None:
     record.metrics = metrics
     record.instance_reports = [_report(r, i) for i, r in enumerate(reports)]
     drift = [r.drift for r in record.instance_reports if r.drift is not None]
@@ -394,6 +430,23 @@ def _finish(record: TrialRecord, metrics: RunMetrics, reports: list[dict]) -> No
     over = [d for d in drift if not d.within_tolerance]
     if over:  # the figures are real (valid), the outputs are wrong (failed)
         record.fail(Failure("drift", over[0].failure_message()), valid=True)
+    judge_quality(record, trial)
+
+
+def judge_quality(record: TrialRecord, trial: Trial) -> None:
+    """Instance 0's quality check, judged by min_quality (or the task's defaults): a configuration that misses it
+    keeps its (valid) figures and fails as withheld (quality)."""
+    from corescale.workload.quality import parse_gate
+
+    checked = [r.quality for r in record.instance_reports if r.quality is not None]
+    if not checked:
+        return
+    gate = parse_gate(trial.cfg.min_quality, trial.model.task)
+    found = checked[0]
+    failed = [b.text() for b in gate if not b.holds(found.metrics[b.metric])]
+    record.quality = dataclasses.replace(found, gate=[b.text() for b in gate], failed=failed, passed=not failed)
+    if failed and record.ok:
+        record.fail(Failure("quality", record.quality.failure_message()), valid=True)
 
 
 def _report(result: dict, instance: int) -> InstanceReport:

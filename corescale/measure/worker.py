@@ -141,10 +141,21 @@ class Instance:
 
         self.call = call
         if self.queries is not None and not self.serving:  # the closed loop cycles over the query set's batches
-            self.call = self.tokens.cycle(backend, self.model, self.queries, spec.batch_size, cfg)
+            self.call = self.tokens.cycle(backend, self.model, self.queries, spec.batch_size, cfg,
+                                          self.tokenizer())
         gc.collect()  # what loading left behind (an exporter's PyTorch model) is not the backend's memory
         self.hwm_reset = reset_peak_rss()
         self.imports = imports.report(self.imported)
+
+    def tokenizer(self):
+        """tokenize=true: the model's fast tokenizer, run inside every timed call."""
+        if not self.cfg.tokenize:
+            return None
+        from pathlib import Path
+
+        from corescale.workload.tokens import fast_tokenizer
+
+        return fast_tokenizer(Path(self.job["tokenizer"]), self.cfg.sequence_length)
 
     def warm(self) -> int | None:
         """Warm-up under the siblings' load, then warm calls until the start instant (None: aborted)."""
@@ -188,6 +199,7 @@ class Instance:
         padded_tokens = tokens.per_sample(spec.batch_size, padded=True) if tokens.batches else None
         output = self.backend.to_numpy(self.call())
         drift = self.drift(output)  # the reference loads here: before the libraries and threads are listed
+        quality = self.quality()
         self.control.send(self.result(own_cpu, wall, threads_cpus, {
             **foreign,
             "peak_rss_bytes": memory.get("VmHWM") if self.hwm_reset else
@@ -197,7 +209,7 @@ class Instance:
             "real_tokens_per_sample": real_tokens,
             "padded_tokens_per_sample": padded_tokens,
         }, output_shape=list(output.shape), output_checksum=float(np.abs(output).astype(np.float64).sum()),
-            drift=drift))
+            drift=drift, quality=quality))
 
     def real_tokens_per_sample(self) -> float:
         if self.tokens.batches:
@@ -212,6 +224,16 @@ class Instance:
         from corescale.measure.drift import compare_with_reference
 
         return compare_with_reference(self.cfg, self.model, self.spec.threads, self.inputs, output)
+
+    def quality(self) -> dict | None:
+        """Instance 0 checks the task's outputs on the quality set against the fp32 reference (after the window:
+        the reference may load in this process)."""
+        if not self.job.get("quality") or self.spec.id != 0:
+            return None
+        from corescale.measure import quality
+        from corescale.workload.samples import QuerySet
+
+        return quality.check(self.cfg, self.model, self.spec.threads, self.backend, QuerySet.load(self.job["quality"]))
 
     def serve(self) -> None:
         """Answers the parent's batches until `stop`; then its result (no timed window of its own)."""
@@ -240,9 +262,10 @@ class Instance:
         wall = (time.perf_counter_ns() - began) / 1e9
         memory = memory_now()
         threads_cpus = instance_env.thread_affinities()
-        control.send(self.result(process_cpu_seconds() - cpu_before, wall, threads_cpus, {
+        cpu_seconds = process_cpu_seconds() - cpu_before
+        control.send(self.result(cpu_seconds, wall, threads_cpus, {
             "busy_seconds": busy_ns / 1e9, "batches_served": served, "queries_served": rows,
-            "peak_rss_bytes": memory.get("VmHWM"), "rss_bytes": memory.get("VmRSS")}))
+            "peak_rss_bytes": memory.get("VmHWM"), "rss_bytes": memory.get("VmRSS")}, quality=self.quality()))
 
     def result(self, cpu_seconds: float, wall: float, threads_cpus: dict, measured: dict, **after) -> protocol.Result:
         """The report: the fields every scenario has, around what `measured` holds, then `after`."""
@@ -268,19 +291,26 @@ class TokenCount:
         self.calls = 0
         self.first = 0
 
-    def cycle(self, backend, model, queries, batch: int, cfg):
-        from corescale.workload.samples import batch_inputs, offline_batches, pad_id, padded_length
+    def cycle(self, backend, model, queries, batch: int, cfg, tokenizer=None):
+        """The calls over the query set's batches, prepared before timing; with a tokenizer, each call tokenizes
+        its batch's texts first (end to end, as a service computes)."""
+        from corescale.workload.samples import offline_batches, pad_id, padded_length
 
         prepared = []
         for rows in offline_batches(queries.lengths, batch, cfg.pad, cfg.seed):  # in a seeded random order
-            chosen = [queries.ids[i] for i in rows]
-            length = padded_length([len(q) for q in chosen], cfg.pad, cfg.sequence_length)
-            prepared.append(backend.prepare(batch_inputs(chosen, length, pad_id(model), model.takes_token_type_ids)))
-            self.batches.append((sum(len(q) for q in chosen), len(chosen) * length))
+            length = padded_length([int(queries.lengths[i]) for i in rows], cfg.pad, cfg.sequence_length)
+            if tokenizer is None:
+                prepared.append(backend.prepare(queries.rows(rows, length, pad_id(model), model.takes_token_type_ids)))
+            else:
+                prepared.append(queries.items(rows))
+            self.batches.append((int(queries.lengths[rows].sum()), len(rows) * length))
 
         def call():
             self.calls += 1
-            return backend.forward(prepared[(self.calls - 1) % len(prepared)])
+            item = prepared[(self.calls - 1) % len(prepared)]
+            if tokenizer is not None:
+                item = backend.prepare(tokenized(tokenizer, item, model, cfg))
+            return backend.forward(item)
         return call
 
     def begin(self) -> None:
@@ -291,6 +321,19 @@ class TokenCount:
         n = len(self.batches)
         done = [self.batches[i % n][1 if padded else 0] for i in range(self.first, self.calls)]
         return sum(done) / (len(done) * batch) if done else 0.0
+
+
+def tokenized(tokenizer, items: list, model, cfg):
+    """A batch of texts (or pairs) through the fast tokenizer, padded as the pad policy says."""
+    import numpy as np
+
+    from corescale.workload.samples import batch_inputs, pad_id, padded_length
+
+    encoded = tokenizer.encode_batch(items)
+    ids = [np.asarray(e.ids, dtype=np.int64) for e in encoded]
+    length = padded_length([len(i) for i in ids], cfg.pad, cfg.sequence_length)
+    types = [np.asarray(e.type_ids, dtype=np.int64) for e in encoded]
+    return batch_inputs(ids, length, pad_id(model), model.takes_token_type_ids, types)
 
 
 def warm_shapes(backend, model, cfg, max_batch: int) -> int | None:

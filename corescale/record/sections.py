@@ -52,6 +52,33 @@ class Drift(Section):
 
 
 @dataclass(frozen=True)
+class Quality(Section):
+    """The task's outputs on real text against the fp32 reference's (measure/quality.py), and the gate's verdict
+    (`min_quality`, or the task's defaults: workload/quality.py)."""
+
+    task: str
+    metrics: dict[str, float]
+    rows: int
+    origin: str
+    reference: str
+    reference_cached: bool = False
+    seconds: float | None = None
+    gate: list[str] = field(default_factory=list)  # the bounds applied, e.g. "cosine_p1>=0.99"
+    failed: list[str] = field(default_factory=list)  # the bounds not met
+    passed: bool | None = None  # None: not judged yet (an instance's own report)
+
+    def failure_message(self) -> str:
+        shown = ", ".join(f"{b} (measured {self.metrics.get(b.split('>')[0].split('<')[0], float('nan')):.4f})"
+                          for b in self.failed)
+        return f"withheld (quality): {self.task} outputs vs {self.reference} miss {shown}"
+
+    def summary(self) -> str:
+        """The headline figures: the gate's metrics, or every metric when there is no gate."""
+        names = [b.split(">")[0].split("<")[0] for b in self.gate] or list(self.metrics)
+        return ", ".join(f"{n} {self.metrics[n]:.4f}" for n in names if n in self.metrics)
+
+
+@dataclass(frozen=True)
 class WorkerImports(Section):
     """What a worker imported before it loaded its backend (measure/imports.py), each module's seconds: its own,
     and its fork server's when it was forked from one; the frameworks it held once its backend was loaded."""
@@ -80,6 +107,7 @@ class InstanceReport(Section):
     rss_bytes: int | None = None
     framework: dict[str, Any] = field(default_factory=dict)  # backend.info(): each backend's own facts
     drift: Drift | None = None
+    quality: Quality | None = None  # instance 0's check of the task's outputs (None: encode, or other instances)
     launch: dict[str, Any] = field(default_factory=dict)  # the command prefix and variables it was started with
     imports: WorkerImports | None = None  # None in records before corescale 0.2's worker imports
     extra: dict[str, Any] = field(default_factory=dict)

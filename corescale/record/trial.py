@@ -22,12 +22,19 @@ from typing import Any
 from corescale.config import BenchmarkConfig, migrate_config_v1
 from corescale.errors import UserError
 from corescale.machine.placement import InstancePlacement, InstanceSpec
-from corescale.record.sections import Drift, HostEnvironment, InstanceReport, LatencySummary, ServerSummary
+from corescale.record.sections import (
+    Drift,
+    HostEnvironment,
+    InstanceReport,
+    LatencySummary,
+    Quality,
+    ServerSummary,
+)
 from corescale.record.typed import Section, plain
 
 SCHEMA_VERSION = 3
 READS = (1, 2, 3)  # schema 2 -> 3: the same JSON, now typed
-FAILURE_KINDS = ("user", "crash", "timeout", "signal", "error", "drift", "interrupted")
+FAILURE_KINDS = ("user", "crash", "timeout", "signal", "error", "drift", "quality", "interrupted")
 
 
 @dataclass(frozen=True)
@@ -176,6 +183,7 @@ class TrialRecord:
     metrics: RunMetrics | None = None
     partial: Partial | None = None
     drift: Drift | None = None
+    quality: Quality | None = None  # the task's outputs on real text vs the fp32 reference, and the gate's verdict
     instance_reports: list[InstanceReport] = field(default_factory=list)  # each worker's own (schema <= 2: `instances`)
     specs: list[InstanceSpec] = field(default_factory=list)  # each instance as it ran
     elapsed_s: float | None = None
@@ -236,6 +244,8 @@ class TrialRecord:
         data["environment"] = HostEnvironment.from_dict(data.get("environment") or {}, "environment")
         if data.get("drift") is not None:
             data["drift"] = Drift.from_dict(data["drift"], "drift")
+        if data.get("quality") is not None:
+            data["quality"] = Quality.from_dict(data["quality"], "quality")
         if data.get("server") is not None:
             data["server"] = ServerSummary.from_dict(data["server"], "server")
         data["instance_reports"] = [InstanceReport.from_dict(r, f"instance_reports[{i}]") for i, r in
@@ -289,7 +299,8 @@ def machine_fingerprint(environment: HostEnvironment) -> str:
 
 def spec_key(cfg: BenchmarkConfig, spec) -> str:
     """The trial key of a config and a resolved ModelSpec."""
-    return trial_key(cfg.key(), spec.identity(), model_files(spec.path) if spec.source == "local" else None)
+    local = spec.source in ("local", "packaged")
+    return trial_key(cfg.key(), spec.identity(), model_files(spec.path) if local else None)
 
 
 # --- migrations -------------------------------------------------------------------------------------------------

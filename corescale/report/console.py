@@ -41,7 +41,7 @@ def result_table(record: TrialRecord) -> Table:
     table.add_column("value", justify="right")
     table.add_column("95 % CI / detail", justify="right")
     metrics = record.metrics
-    if record.server is not None and record.ok:
+    if record.server is not None and (record.ok or record.valid):
         return server_table(table, record)
     if metrics is None:
         table.add_row("status", "[red]failed[/red]", escape(record.reason or ""))
@@ -86,9 +86,20 @@ def result_table(record: TrialRecord) -> Table:
         d = record.drift
         table.add_row(f"drift vs {d.reference}", f"{d.max_abs_error:.2e}",
                       f"cos {d.cosine_similarity:.6f} · {'ok' if d.within_tolerance else 'OVER tolerance'}")
+    quality_row(table, record)
     if not record.ok:
         table.add_row("status", "[red]failed[/red]", escape(record.reason or ""))
     return table
+
+
+def quality_row(table: Table, record: TrialRecord) -> None:
+    """The task's quality on real text vs the fp32 reference, and the gate's verdict."""
+    q = record.quality
+    if q is None:
+        return
+    verdict = "[green]passes[/green]" if q.passed else "[red]withheld[/red]"
+    table.add_row(f"quality ({q.task})", verdict, escape(f"{q.summary()} vs {q.reference} on {q.rows} rows of "
+                                                          f"{q.origin}; gate {', '.join(q.gate) or 'none'}"))
 
 
 def server_table(table: Table, record: TrialRecord) -> Table:
@@ -122,6 +133,9 @@ def server_table(table: Table, record: TrialRecord) -> Table:
     if s.parent.cores_used is not None:
         what = "LoadGen + HTTP client" if s.endpoint else "LoadGen + queue + dispatch threads"
         table.add_row("parent CPU", f"{s.parent.cores_used:.2f} cores", what)
+    quality_row(table, record)
+    if not record.ok:
+        table.add_row("status", "[red]failed[/red]", escape(record.reason or ""))
     return table
 
 

@@ -38,7 +38,7 @@ class TunedFinalist(Section):
     """One configuration of the final stage (or the out-of-box baseline), measured `tune.repeats` times."""
 
     label: str
-    role: str  # winner | tie | runner-up | infeasible | baseline
+    role: str  # winner | tie | runner-up | infeasible | withheld (quality) | baseline
     overrides: list[str]
     baseline: bool
     paths: list[str]  # its result directories
@@ -52,6 +52,8 @@ class TunedFinalist(Section):
     cost_per_1m: Figure
     memory_gb: Figure
     drift: Figure
+    quality: Figure = field(default_factory=Figure)  # the quality gate's first metric (embed: cosine p1)
+    quality_metric: str | None = None  # its name
 
     def figure(self, metric: str) -> Figure:
         """The figure an objective names (TuneObjective.metric)."""

@@ -22,7 +22,7 @@ from corescale.tune.document import (
 from corescale.tune.plan import Tune
 from corescale.tune.verdict import PRACTICAL, Finalist, Verdict, closest, decide
 
-METRICS = ("throughput", "p50_ms", "p99_ms", "cost_per_1m", "memory_gb", "drift")
+METRICS = ("throughput", "p50_ms", "p99_ms", "cost_per_1m", "memory_gb", "drift", "quality")
 
 
 def interval_json(interval: Interval) -> Figure:
@@ -39,14 +39,25 @@ def role(f: Finalist, verdict: Verdict) -> str:
         return "baseline"
     if f.label in verdict.tie:
         return "tie"
-    return "runner-up" if f in verdict.ranked else "infeasible"
+    if f in verdict.ranked:
+        return "runner-up"
+    return "withheld (quality)" if f.quality_withheld else "infeasible"
 
 
 def finalist_json(f: Finalist, verdict: Verdict, settings) -> TunedFinalist:
     return TunedFinalist(label=f.label, role=role(f, verdict), overrides=list(f.overrides), baseline=f.baseline,
                          paths=list(f.paths), cores=f.cores, complexity=f.complexity,
                          feasible=bool(f in verdict.ranked or (f.baseline and f.feasible(settings))),
-                         tied=f.label in verdict.tie, **{m: interval_json(f.interval(m)) for m in METRICS})
+                         tied=f.label in verdict.tie, quality_metric=quality_metric(f),
+                         **{m: interval_json(f.interval(m)) for m in METRICS})
+
+
+def quality_metric(f: Finalist) -> str | None:
+    """The name of the quality figure shown (the gate's first metric), from any of its records."""
+    for record in f.records:
+        if record.quality is not None and record.quality.gate:
+            return record.quality.gate[0].split(">")[0].split("<")[0]
+    return None
 
 
 def trials_json(study) -> list[TuneTrial]:

@@ -79,6 +79,7 @@ class Tune:
     nodes: int = 1  # trials in flight at once (one per node of the type)
     cpu_model: str = ""
     cpus: frozenset = frozenset()  # executor=ray: the (host, CPU) pairs the type's nodes measure on
+    task: str = "encode"  # what the model computes (its head): encode is judged by drift, the others by quality
 
     @property
     def on_ray(self) -> bool:
@@ -91,7 +92,8 @@ class Tune:
     def trial_overrides(self, suggested: list[str], duration: float) -> list[str]:
         extra = [f"duration={duration:g}"]
         values = {override_key(o): o.split("=", 1)[1] for o in suggested}
-        if values.get("precision") in REDUCED:  # drift checked against PyTorch fp32 on the same inputs
+        if values.get("precision") in REDUCED and self.task == "encode":  # drift vs PyTorch fp32, same inputs
+            # (a task with a head is judged by its quality on real text in every trial: min_quality)
             extra.append(f"reference={DEFAULT_BACKEND}")
             if self.settings.max_drift is not None:
                 extra.append(f"drift_tolerance={self.settings.max_drift:g}")
@@ -148,11 +150,23 @@ def plan_tune(settings: TuneSettings, topology=None, kind=None, name: str | None
     placed = [assignment("executor.node_type", node_type)] if node_type else []
     base = merge([o for o in settings.overrides if override_key(o) != "output_dir"], scenario_overrides(settings),
                  placed, [assignment("output_dir", tune_dir)])
+    task = model_task(cfg, settings)
     tune = Tune(settings, cfg, space, tune_dir, cores, screen, machine, spaces.baseline_overrides(base), base,
                 topology, node_type, kind.nodes if kind is not None else 1,
-                kind.cpu_model if kind is not None else "", kind.cpus if kind is not None else frozenset())
+                kind.cpu_model if kind is not None else "", kind.cpus if kind is not None else frozenset(), task)
     plan_sweep([merge(tune.baseline, [f"duration={cfg.duration:g}"])], topology)  # the baseline can run here
     return tune
+
+
+def model_task(cfg: BenchmarkConfig, settings: TuneSettings) -> str:
+    """The task the tuned model computes; max_drift judges only a plain encoder (a head is judged by quality)."""
+    from corescale.workload.models import resolve_model
+
+    task = resolve_model(cfg.model, cfg.trust_remote_code, cfg.task, cfg.cache_dir).task
+    if settings.max_drift is not None and task != "encode":
+        raise UserError(f"max_drift judges a plain encoder's hidden state; model '{cfg.model}' is task={task}, "
+                        "judged by its quality on real text: use min_quality= (docs/tasks.md)")
+    return task
 
 
 def tune_machine(settings: TuneSettings, kind):

@@ -31,6 +31,8 @@ def figures(record: TrialRecord, cost_of=None) -> dict:
         "ok": record.ok,  # a drift failure is valid (real figures) but not ok (wrong outputs)
         "drift": drift.max_rel_error if drift else None,
         "drift_ok": drift.within_tolerance if drift else True,
+        "quality": quality_figure(record),
+        "quality_ok": record.quality.passed is not False if record.quality else True,
         "cost_per_1m": cost_of(record) if cost_of else None,
     }
     if served is not None:  # LoadGen's figures at the highest rate that met the SLO (none met it: no value)
@@ -43,6 +45,14 @@ def figures(record: TrialRecord, cost_of=None) -> dict:
     rss = sum((inst.rss_bytes or inst.peak_rss_bytes) for inst in m.per_instance)
     return {**figs, "throughput": m.throughput_samples_per_s, "p50_ms": m.latency_s.p50 * 1e3,
             "p99_ms": m.latency_s.p99 * 1e3, "memory_gb": rss / 1e9}
+
+
+def quality_figure(record: TrialRecord) -> float | None:
+    """The first metric of the quality gate (embed: cosine p1), the one a table shows."""
+    q = record.quality
+    if q is None or not q.gate:
+        return None
+    return q.metrics.get(q.gate[0].split(">")[0].split("<")[0])
 
 
 def samples_per_s(record: TrialRecord) -> float | None:
@@ -62,6 +72,7 @@ def violations(figs: dict, settings: TuneSettings) -> dict[str, float]:
         if limit is not None and key != "max_drift":
             out[key] = (value - limit) if value is not None else math.inf
     out["drift_check"] = 0.0 if figs.get("drift_ok", True) else 1.0
+    out["quality_check"] = 0.0 if figs.get("quality_ok", True) else 1.0  # min_quality: a withheld configuration
     return out
 
 
@@ -93,7 +104,13 @@ class Finalist:
             return False
         mean = {k: self.interval(k).mean for k in ("p99_ms", "memory_gb")}
         mean["valid"], mean["drift_ok"] = True, all(f.get("drift_ok", True) for f in self.figures)
+        mean["quality_ok"] = all(f.get("quality_ok", True) for f in self.figures)
         return feasible(mean, settings)
+
+    @property
+    def quality_withheld(self) -> bool:
+        """Measured, but its outputs miss the quality gate on real text: never recommended."""
+        return any(f.get("valid") and not f.get("quality_ok", True) for f in self.figures)
 
 
 @dataclass
@@ -167,7 +184,8 @@ def closest(finalists: list[Finalist], settings: TuneSettings) -> Finalist | Non
             if limit is not None and key != "max_drift":
                 value = f.interval(metric).mean
                 total += max(0.0, (value - limit) / limit) if math.isfinite(value) else math.inf
-        return total + (0 if all(x.get("drift_ok", True) for x in f.figures) else 1e6)
+        wrong = not all(x.get("drift_ok", True) and x.get("quality_ok", True) for x in f.figures)
+        return total + (1e6 if wrong else 0)
 
     measured = [f for f in finalists if f.figures and any(x.get("valid") for x in f.figures)]
     return min(measured, key=miss) if measured else None

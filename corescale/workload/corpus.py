@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+RERANK_CANDIDATES = 16  # documents per rerank query
+BUILTIN = "builtin"  # `workload=builtin`: these texts as the measured queries
 CORPUS_FILE = Path(__file__).resolve().parent.parent / "data" / "corpus.jsonl"
 SIZE = 2000
 MIN_CHARS, MAX_CHARS = 20, 1200
@@ -50,6 +52,17 @@ def texts(count: int | None = None) -> list[str]:
 class RerankSet:
     query: str
     documents: tuple[str, ...]
+
+
+def workload_items(task: str, count: int) -> tuple[list, str]:
+    """`workload=builtin`: the texts (rerank: (query, document) pairs) and their origin."""
+    if task == "rerank":
+        sets = rerank_sets(max(count // RERANK_CANDIDATES, 2), RERANK_CANDIDATES)
+        return [(s.query, d) for s in sets for d in s.documents], (
+            f"built-in rerank pairs ({len(sets)} queries x {RERANK_CANDIDATES} candidates: one-line package "
+            "descriptions as queries; their own and the most word-sharing texts as candidates)")
+    chosen = texts(count)
+    return chosen, f"built-in corpus ({len(chosen)} texts: Debian package descriptions, PyPI summaries)"
 
 
 def _words(text: str) -> list[str]:
@@ -108,7 +121,7 @@ def _pypi() -> list[Text]:
     from importlib import metadata
 
     return [Text(str(d.metadata["Summary"]).strip(), f"pypi:{d.metadata['Name']}")
-            for d in metadata.distributions() if d.metadata.get("Summary")]
+            for d in metadata.distributions() if d.metadata["Summary"]]
 
 
 def build(out: Path, status: Path = Path("/var/lib/dpkg/status")) -> int:

@@ -1,11 +1,14 @@
-"""Model presets (hyperparameters written here, weights random and seeded), local directories and hub ids.
+"""Model presets (hyperparameters written here, weights random and seeded), the packaged trained model, local
+directories (Transformers and Sentence-Transformers) and hub ids.
 
-`resolve_model` is light (no torch): it turns the `model` key into a ModelSpec the parent process can
-validate against; `source_files` tells a model's files apart, as light. `build_torch_model` runs inside the worker.
+`resolve_model` is light (no torch): it turns the `model` key (and `task`) into a ModelSpec the parent process can
+validate against, its head included (workload/heads.py); `source_files` tells a model's files apart, as light.
+`build_torch_model` runs inside the worker.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,6 +16,8 @@ from typing import Any
 
 from corescale.errors import UserError
 from corescale.userfiles import read_json
+from corescale.workload.heads import HeadSpec, head_for_task, model_head
+from corescale.workload.packaged import PACKAGED, packaged_model
 
 _BERT = dict(model_type="bert", vocab_size=30522, max_position_embeddings=512, type_vocab_size=2,
              hidden_act="gelu", layer_norm_eps=1e-12)
@@ -27,8 +32,35 @@ PRESETS: dict[str, dict[str, Any]] = {
     "roberta-base": dict(model_type="roberta", vocab_size=50265, max_position_embeddings=514, type_vocab_size=1,
                          num_hidden_layers=12, hidden_size=768, num_attention_heads=12, intermediate_size=3072,
                          hidden_act="gelu", layer_norm_eps=1e-5, pad_token_id=1, bos_token_id=0, eos_token_id=2),
+    "xlm-roberta-base": dict(model_type="xlm-roberta", vocab_size=250002, max_position_embeddings=514,
+                             type_vocab_size=1, num_hidden_layers=12, hidden_size=768, num_attention_heads=12,
+                             intermediate_size=3072, hidden_act="gelu", layer_norm_eps=1e-5, pad_token_id=1,
+                             bos_token_id=0, eos_token_id=2),
+    "mpnet-base": dict(model_type="mpnet", vocab_size=30527, max_position_embeddings=514, num_hidden_layers=12,
+                       hidden_size=768, num_attention_heads=12, intermediate_size=3072, hidden_act="gelu",
+                       layer_norm_eps=1e-5, relative_attention_num_buckets=32, pad_token_id=1, bos_token_id=0,
+                       eos_token_id=2),
+    "modernbert-base": dict(model_type="modernbert", vocab_size=50368, max_position_embeddings=8192,
+                            num_hidden_layers=22, hidden_size=768, num_attention_heads=12, intermediate_size=1152,
+                            pad_token_id=50283, bos_token_id=50281, eos_token_id=50282, cls_token_id=50281,
+                            sep_token_id=50282),
+    # a decoder embedder: Qwen3-Embedding-0.6B's shape (last-token pooling, L2-normalised)
+    "qwen3-embedding-0.6b": dict(model_type="qwen3", vocab_size=151669, max_position_embeddings=32768,
+                                 num_hidden_layers=28, hidden_size=1024, num_attention_heads=16, num_key_value_heads=8,
+                                 head_dim=128, intermediate_size=3072, rope_theta=1000000.0, rms_norm_eps=1e-6,
+                                 tie_word_embeddings=True, pad_token_id=151643, eos_token_id=151643),
+    "qwen3-tiny": dict(model_type="qwen3", vocab_size=151669, max_position_embeddings=32768, num_hidden_layers=2,
+                       hidden_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                       intermediate_size=384, rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
+                       pad_token_id=151643, eos_token_id=151643),
 }
+DECODER_TYPES = ("qwen2", "qwen3", "llama", "mistral", "gemma", "gemma2", "gemma3")
+NO_TOKEN_TYPES = ("distilbert", "mpnet", "modernbert", *DECODER_TYPES)  # their forward takes no token_type_ids
+# presets whose own head is not the plain encoder's (the rest: task=encode unless task= says otherwise)
+PRESET_HEADS = {name: HeadSpec(task="embed", pooling="lasttoken", normalize=True, source="preset")
+                for name in ("qwen3-embedding-0.6b", "qwen3-tiny")}
 
+LOCAL_SOURCES = ("local", "packaged")  # a directory on this machine
 _SAFE_WEIGHTS = ("model.safetensors", "model.safetensors.index.json")
 _PICKLE_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json")
 
@@ -38,9 +70,22 @@ class ModelSpec:
     """What the model is, known before loading any framework."""
 
     name: str
-    source: str  # preset | local | hub
+    source: str  # preset | local | hub | packaged
     config: dict[str, Any] = field(hash=False)
     path: str | None = None
+    head_json: dict[str, Any] = field(default_factory=lambda: HeadSpec().to_json(), hash=False)
+
+    @property
+    def head(self) -> HeadSpec:
+        return HeadSpec.from_json(self.head_json)
+
+    @property
+    def task(self) -> str:
+        return str(self.head_json.get("task", "encode"))
+
+    @property
+    def decoder(self) -> bool:
+        return self.model_type in DECODER_TYPES
 
     @property
     def model_type(self) -> str:
@@ -63,6 +108,23 @@ class ModelSpec:
         return int(self.config.get("num_attention_heads", self.config.get("n_heads", 0)))
 
     @property
+    def query_width(self) -> int:
+        """Attention heads x head size (the hidden size, except where head_dim says otherwise: Qwen3)."""
+        head_dim = self.config.get("head_dim")
+        return self.heads * int(head_dim) if head_dim else self.hidden
+
+    @property
+    def key_value_width(self) -> int:
+        """Key/value heads x head size (grouped-query attention shares them among query heads)."""
+        groups = self.config.get("num_key_value_heads") or self.heads
+        return self.query_width * int(groups) // max(self.heads, 1)
+
+    @property
+    def gated_ffn(self) -> bool:
+        """A gated FFN (GeGLU, SwiGLU): three matrices of d x f, not two."""
+        return self.model_type in ("modernbert", *DECODER_TYPES)
+
+    @property
     def vocab_size(self) -> int:
         return int(self.config.get("vocab_size", 30522))
 
@@ -74,33 +136,53 @@ class ModelSpec:
 
     @property
     def takes_token_type_ids(self) -> bool:
-        return self.model_type not in ("distilbert",) and int(self.config.get("type_vocab_size", 2)) > 0
+        return self.model_type not in NO_TOKEN_TYPES and int(self.config.get("type_vocab_size", 2)) > 0
+
+    @property
+    def encoder_path(self) -> str | None:
+        """Where the encoder's weights are (a Sentence-Transformers model may keep them in a subfolder)."""
+        return self.head.encoder_path or self.path
 
     def identity(self) -> dict[str, Any]:
-        """Model identity for result keys: the name plus its hyperparameters."""
-        return {"name": self.name, "source": self.source, "config": self.config}
+        """Model identity for result keys: the name plus its hyperparameters (and its head, when it has one)."""
+        return {"name": self.name, "source": self.source, "config": self.config, **self.head.identity()}
 
 
-def resolve_model(name: str, trust_remote_code: bool = False) -> ModelSpec:
+def resolve_model(name: str, trust_remote_code: bool = False, task: str | None = None,
+                  cache_dir: str = "~/.cache/corescale") -> ModelSpec:
+    """The model and the head `task` asks for (None: the model's own); one line for anything it cannot be."""
     if name in PRESETS:
-        return ModelSpec(name=name, source="preset", config=dict(PRESETS[name]))
-    path = Path(os.path.expanduser(name))
-    if path.exists() or name.startswith((".", "/", "~")):
-        return _local_spec(name, path)
-    if name.count("/") <= 1 and all(part and " " not in part for part in name.split("/")):
-        return _hub_spec(name, trust_remote_code)
-    raise UserError(f"unknown model '{name}'; use a preset ({', '.join(PRESETS)}), a local directory or a hub id")
+        spec = ModelSpec(name=name, source="preset", config=dict(PRESETS[name]))
+        declared = PRESET_HEADS.get(name, HeadSpec())
+    elif name in PACKAGED:
+        spec = _local_spec(name, packaged_model(name, cache_dir), source="packaged")
+        declared = spec.head
+    else:
+        path = Path(os.path.expanduser(name))
+        if path.exists() or name.startswith((".", "/", "~")):
+            spec = _local_spec(name, path)
+        elif name.count("/") <= 1 and all(part and " " not in part for part in name.split("/")):
+            spec = _hub_spec(name, trust_remote_code)
+        else:
+            raise UserError(f"unknown model '{name}'; use a preset ({', '.join(PRESETS)}), a packaged model "
+                            f"({', '.join(PACKAGED)}), a local directory or a hub id")
+        declared = spec.head
+    head = head_for_task(declared, task, spec.source, name, spec.model_type in DECODER_TYPES)
+    return dataclasses.replace(spec, head_json=head.to_json())
 
 
-def _local_spec(name: str, path: Path) -> ModelSpec:
+def _local_spec(name: str, path: Path, source: str = "local") -> ModelSpec:
     if not path.is_dir():
         raise UserError(f"model directory '{name}' does not exist")
-    config_file = path / "config.json"
+    head = model_head(path, {}, name) if (path / "modules.json").is_file() else None
+    folder = Path(head.encoder_path) if head and head.encoder_path else path
+    config_file = folder / "config.json"
     if not config_file.is_file():
         raise UserError(f"model directory '{name}' has no config.json")
     config = read_json(config_file, f"model directory '{name}': config.json")
     check_config(config, f"model directory '{name}': config.json")
-    return ModelSpec(name=name, source="local", config=config, path=str(path.resolve()))
+    head = head or model_head(None, config, name)
+    return ModelSpec(name=name, source=source, config=config, path=str(path.resolve()), head_json=head.to_json())
 
 
 # config.json fields ModelSpec reads, with the least value each may take (BERT spellings, then DistilBERT's)
@@ -149,7 +231,9 @@ def _hub_spec(name: str, trust_remote_code: bool) -> ModelSpec:
     for local_only in attempts:
         try:
             config = AutoConfig.from_pretrained(name, trust_remote_code=trust_remote_code, local_files_only=local_only)
-            return ModelSpec(name=name, source="hub", config=config.to_dict(), path=name)
+            found = config.to_dict()
+            return ModelSpec(name=name, source="hub", config=found, path=name,
+                             head_json=model_head(hub_snapshot(name), found, name).to_json())
         except Exception as exc:  # not cached, unknown id, no network: all the same to the user
             error = exc
     why = "HF_HUB_OFFLINE is set" if offline else ("the hub is unreachable" if len(attempts) == 1 else "")
@@ -176,7 +260,7 @@ def source_files(spec: ModelSpec) -> list[tuple[str, str, int, int]] | None:
         return []
     if spec.path is None:
         return None
-    folder = Path(spec.path) if spec.source == "local" else hub_snapshot(spec.path)
+    folder = Path(spec.path) if spec.source in LOCAL_SOURCES else hub_snapshot(spec.path)
     if folder is None or not folder.is_dir():
         return None
     found = []
@@ -199,20 +283,26 @@ def hub_snapshot(repo_id: str) -> Path | None:
 
 
 def build_torch_model(spec: ModelSpec, seed: int, trust_remote_code: bool = False, allow_pickle: bool = False):
-    """The PyTorch model in eval mode (eager attention, so every exporter sees the same graph)."""
+    """The PyTorch model in eval mode (eager attention, so every exporter sees the same graph): the encoder, or
+    for a reranker or classifier the sequence classifier with its head (workload/heads.py)."""
     import torch
-    from transformers import AutoConfig, AutoModel
+    from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification
 
+    head = spec.head
+    classifier = head.task in ("rerank", "classify")
+    auto = AutoModelForSequenceClassification if classifier else AutoModel
     if spec.source == "preset":
         config = dict(spec.config)
         model_type = config.pop("model_type")
+        if classifier:
+            config.update(num_labels=len(head.labels), id2label=dict(enumerate(head.labels)))
         hf_config = AutoConfig.for_model(model_type, **config)
         hf_config._attn_implementation = "eager"
         torch.manual_seed(seed)
-        model = AutoModel.from_config(hf_config)
+        model = auto.from_config(hf_config)
     else:
-        path = spec.path or spec.name  # a local or hub spec names where its weights are
-        if spec.source == "local":
+        path = spec.encoder_path or spec.name  # a local or hub spec names where its weights are
+        if spec.source in LOCAL_SOURCES:
             kind = weights_file_kind(Path(path))
             if kind is None:
                 raise UserError(f"model directory '{spec.name}' has no model.safetensors (or pytorch_model.bin)")
@@ -221,7 +311,7 @@ def build_torch_model(spec: ModelSpec, seed: int, trust_remote_code: bool = Fals
                     f"model directory '{spec.name}' holds pickle weights (pytorch_model.bin), which can run code; "
                     "convert them to safetensors or set allow_pickle=true"
                 )
-        model = AutoModel.from_pretrained(
+        model = auto.from_pretrained(
             path, trust_remote_code=trust_remote_code, use_safetensors=None if allow_pickle else True,
             attn_implementation="eager",
         )

@@ -13,6 +13,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -26,19 +27,45 @@ LOW_ID = 5  # random ids keep clear of special tokens
 class QuerySet:
     ids: list[np.ndarray]  # one int64 array per query, unpadded
     origin: str  # what they came from, for the record
+    type_ids: list[np.ndarray] | None = None  # segment ids of text pairs (a cross-encoder's query and document)
+    groups: np.ndarray | None = None  # rerank: the query each row belongs to
+    texts: list[str] | None = None  # the texts themselves, for tokenize=true (the tokenizer runs in the timed call)
+    pairs: list[str] | None = None  # the second text of each (query, document) pair
 
     @property
     def lengths(self) -> np.ndarray:
         return np.array([len(q) for q in self.ids], dtype=np.int64)
 
     def save(self, path: Path) -> None:
-        np.savez(path, flat=np.concatenate(self.ids), lengths=self.lengths, origin=np.array(self.origin))
+        extra: dict[str, Any] = {}
+        if self.type_ids is not None:
+            extra["type_flat"] = np.concatenate(self.type_ids)
+        if self.groups is not None:
+            extra["groups"] = self.groups
+        for name in ("texts", "pairs"):
+            if getattr(self, name) is not None:
+                extra[name] = np.array(getattr(self, name), dtype=str)
+        np.savez(path, flat=np.concatenate(self.ids), lengths=self.lengths, origin=np.array(self.origin), **extra)
 
     @classmethod
     def load(cls, path) -> QuerySet:
         data = np.load(path)
-        ends = np.cumsum(data["lengths"])
-        return cls(list(np.split(data["flat"], ends[:-1])), str(data["origin"]))
+        ends = np.cumsum(data["lengths"])[:-1]
+        types = list(np.split(data["type_flat"], ends)) if "type_flat" in data else None
+        texts, pairs = ([str(t) for t in data[n]] if n in data else None for n in ("texts", "pairs"))
+        return cls(list(np.split(data["flat"], ends)), str(data["origin"]), types, data.get("groups"), texts, pairs)
+
+    def items(self, chosen: list[int]) -> list:
+        """The texts (or (query, document) pairs) of these rows, as a tokenizer takes them."""
+        assert self.texts is not None, "tokenize=true needs a query set of texts (checked before any worker)"
+        if self.pairs is not None:
+            return [(self.texts[i], self.pairs[i]) for i in chosen]
+        return [self.texts[i] for i in chosen]
+
+    def rows(self, chosen: list[int], length: int, pad: int, token_types: bool) -> dict[str, np.ndarray]:
+        """The model inputs of these rows, padded to `length`."""
+        types = [self.type_ids[i] for i in chosen] if self.type_ids is not None else None
+        return batch_inputs([self.ids[i] for i in chosen], length, pad, token_types, types)
 
     def summary(self) -> dict:
         lengths = self.lengths
@@ -57,15 +84,19 @@ def build_query_set(cfg, model) -> QuerySet:
     rng = np.random.default_rng(cfg.seed)
     count, limit = cfg.workload.samples, cfg.sequence_length
     if cfg.workload.source:
-        texts = read_texts(cfg.workload.source)
-        tokenizer = load_tokenizer(cfg, model)
-        encoded = tokenizer(texts[:count], truncation=True, max_length=limit)["input_ids"]
-        ids = [np.asarray(row, dtype=np.int64) for row in encoded]
-        top = max(int(row.max()) for row in ids)
-        if top >= model.vocab_size:
-            raise UserError(f"the tokenizer gives token id {top}, beyond the {model.vocab_size} embeddings of model "
-                            f"'{cfg.model}'; use the model's own tokenizer (workload.tokenizer=DIR)")
-        return QuerySet(ids, f"{cfg.workload.source} ({len(ids)} of {len(texts)} texts)")
+        from corescale.workload import corpus
+        from corescale.workload.tokens import text_encoder
+
+        if cfg.workload.source == corpus.BUILTIN:
+            items, origin = corpus.workload_items(model.task, count)
+        else:
+            everything = read_texts(cfg.workload.source)
+            items, origin = everything[:count], f"{cfg.workload.source} ({min(count, len(everything))} of " \
+                f"{len(everything)} texts)"
+        ids, types = text_encoder(cfg, model)(items)
+        pairs = bool(items) and isinstance(items[0], tuple)
+        return QuerySet(ids, origin, types if pairs else None, None, [i[0] if pairs else i for i in items],
+                        [i[1] for i in items] if pairs else None)
     if cfg.workload.lengths:
         lengths = draw_lengths(cfg.workload.lengths, rng, count, limit)
         origin = f"random ids, lengths {cfg.workload.lengths}"
@@ -152,15 +183,15 @@ def read_texts(source: str) -> list[str]:
 
 def query_texts(cfg) -> tuple[list[str], str]:
     """The texts queries carry as text (endpoint=): the workload file's first workload.samples, or the built-in
-    corpus's; and where they came from."""
-    from corescale.workload.corpus import texts as corpus_texts
+    corpus's (no workload, or workload=builtin); and where they came from."""
+    from corescale.workload import corpus
 
     count = cfg.workload.samples
-    if cfg.workload.source:
+    if cfg.workload.source and cfg.workload.source != corpus.BUILTIN:
         found = read_texts(cfg.workload.source)
         return found[:count], f"{cfg.workload.source} ({min(count, len(found))} of {len(found)} texts)"
-    found = corpus_texts(count)
-    return found, f"the built-in corpus ({len(found)} texts)"
+    chosen, origin = corpus.workload_items("embed", count)
+    return chosen, origin
 
 
 def text_summary(texts: list[str], origin: str) -> dict:
@@ -194,29 +225,6 @@ def _csv_column(path: Path, text: str, name: str) -> list[str]:
     return [row[name] or "" for row in reader]
 
 
-def load_tokenizer(cfg, model):
-    """The model's tokenizer (a local directory or a hub id already cached; HF_HUB_OFFLINE is respected)."""
-    name = cfg.workload.tokenizer or (model.path if model.source == "local" else None) or (
-        cfg.model if model.source == "hub" else None)
-    if name is None:
-        raise UserError(f"model '{cfg.model}' is a preset without a tokenizer: give workload.tokenizer=DIR "
-                        "(a directory with tokenizer files) or a hub id in the local cache")
-    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
-    local = Path(os.path.expanduser(name))
-    if not local.is_dir() and (name.startswith(("/", ".", "~")) or local.exists()):
-        raise UserError(f"tokenizer directory '{name}' does not exist (or is not a directory); give a directory "
-                        "holding tokenizer.json or tokenizer_config.json, or a hub id in the local cache")
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(str(local) if local.is_dir() else name,
-                                             local_files_only=offline or local.is_dir())
-    except Exception as exc:  # transformers raises many kinds for a directory it cannot read
-        where = "offline (HF_HUB_OFFLINE is set)" if offline else "as a local directory or on the hub"
-        raise UserError(f"tokenizer '{name}' cannot be found {where}: {str(exc).splitlines()[0][:160]}; give a "
-                        "directory holding tokenizer.json or tokenizer_config.json") from None
-
-
 # --- padding ----------------------------------------------------------------------------------------------------
 
 def padded_length(lengths, pad: str, limit: int) -> int:
@@ -227,15 +235,19 @@ def padded_length(lengths, pad: str, limit: int) -> int:
     return min([edge for edge in BUCKET_EDGES if edge >= longest] + [limit])
 
 
-def batch_inputs(queries: list[np.ndarray], length: int, pad_id: int, token_types: bool) -> dict[str, np.ndarray]:
+def batch_inputs(queries: list[np.ndarray], length: int, pad_id: int, token_types: bool,
+                 types: list[np.ndarray] | None = None) -> dict[str, np.ndarray]:
     ids = np.full((len(queries), length), pad_id, dtype=np.int64)
     mask = np.zeros((len(queries), length), dtype=np.int64)
+    segments = np.zeros_like(ids)
     for row, query in enumerate(queries):
         ids[row, :len(query)] = query
         mask[row, :len(query)] = 1
+        if types is not None:
+            segments[row, :len(query)] = types[row]
     inputs = {"input_ids": ids, "attention_mask": mask}
     if token_types:
-        inputs["token_type_ids"] = np.zeros_like(ids)
+        inputs["token_type_ids"] = segments
     return inputs
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from corescale.backends.options import ONNX_EXPORT, BackendEntry, BackendOptions, Profiler
+from corescale.backends.options import ONNX_EXPORT, TASKS, BackendEntry, BackendOptions, Profiler
 
 GRAPH_OPTIMIZATION_LEVELS = ("disable", "basic", "extended", "all")
 EXECUTION_MODES = ("sequential", "parallel")
@@ -31,4 +31,4 @@ ONNXRUNTIME = BackendEntry(
     profiler=Profiler("ONNX Runtime profiling (SessionOptions.enable_profiling)",
                       "corescale.backends.onnxruntime.profiler:OnnxRuntimeProfiler"),
     libraries=("onnxruntime", "onnx"), recorded=(), snippet="corescale.backends.onnxruntime.recipe:snippet",
-    onednn_linear=False)
+    onednn_linear=False, tasks=TASKS)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from corescale.backends.options import ONNX_EXPORT, BackendEntry, BackendOptions, Profiler
+from corescale.backends.options import ONNX_EXPORT, TASKS, BackendEntry, BackendOptions, Profiler
 
 PERFORMANCE_HINTS = ("LATENCY", "THROUGHPUT", "CUMULATIVE_THROUGHPUT")
 
@@ -37,4 +37,4 @@ OPENVINO = BackendEntry(
     profiler=Profiler("OpenVINO per-layer performance counters (PERF_COUNT)",
                       "corescale.backends.openvino.profiler:OpenVinoProfiler"),
     libraries=("openvino", "onnx"), recorded=(), snippet="corescale.backends.openvino.recipe:snippet",
-    onednn_linear=False)
+    onednn_linear=False, tasks=TASKS)

@@ -8,28 +8,8 @@ import numpy as np
 import torch
 
 from corescale.backends.base import TimedStages
+from corescale.backends.pytorch.task import task_module
 from corescale.errors import UserError
-from corescale.workload.models import build_torch_model
-
-
-class LastHiddenState(torch.nn.Module):
-    """Keyword-call wrapper returning only the last hidden state (what tracers and exporters want)."""
-
-    def __init__(self, model: torch.nn.Module, input_names: tuple[str, ...]):
-        super().__init__()
-        self.model = model
-        self.input_names = input_names
-
-    def forward(self, input_ids, attention_mask, token_type_ids=None):
-        kwargs = {"input_ids": input_ids, "attention_mask": attention_mask}
-        if "token_type_ids" in self.input_names:
-            kwargs["token_type_ids"] = token_type_ids
-        return self.model(**kwargs).last_hidden_state
-
-
-def wrapped_torch_model(spec, cfg, inputs) -> LastHiddenState:
-    return LastHiddenState(build_torch_model(spec, cfg.seed, cfg.trust_remote_code, cfg.allow_pickle),
-                           tuple(inputs)).eval()
 
 
 def set_torch_threads(threads: int, interop_threads: int) -> None:
@@ -46,7 +26,7 @@ class EagerBackend(TimedStages):
         set_torch_threads(threads, cfg.interop_threads)
         self.precision = cfg.precision
         with self.stage("build_model"):
-            self.module = wrapped_torch_model(spec, cfg, inputs)
+            self.module = task_module(spec, cfg, inputs)
         if cfg.precision == "int8":
             with self.stage("quantize"):
                 self.module = torch.ao.quantization.quantize_dynamic(self.module, {torch.nn.Linear}, torch.qint8)

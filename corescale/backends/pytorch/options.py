@@ -13,7 +13,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
-from corescale.backends.options import BackendEntry, BackendOptions, Profiler
+from corescale.backends.options import TASKS, BackendEntry, BackendOptions, Profiler
 from corescale.errors import UserError
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
@@ -55,6 +55,11 @@ class TorchCompileOptions(BackendOptions):
     RENAMED: ClassVar[dict[str, str]] = {"compile_mode": "mode"}
     PRECISION_BOUND: ClassVar[dict[tuple[str, str], tuple[str, ...]]] = {("linear", "onednn"): ONEDNN_PRECISIONS}
 
+    @classmethod
+    def tune_values(cls) -> dict[str, list[str]]:
+        """The tuner never draws linear=onednn here (check() refuses it)."""
+        return {k: v for k, v in super().tune_values().items() if k != "linear"}
+
     def check(self, cfg) -> None:
         if self.linear == "onednn":
             raise UserError("backend.linear=onednn does not compose with torch_compile (inductor cannot lower a "
@@ -69,6 +74,6 @@ PYTORCH = BackendEntry(
     worker_modules=("torch", "transformers", "transformers.models.{model}.modeling_{model}", _BACKEND),
     artifacts=(), profiler=Profiler("torch.profiler", "corescale.backends.pytorch.profiler:TorchProfiler"),
     libraries=("torch", "transformers"), recorded=(), snippet="corescale.backends.pytorch.recipe:snippet",
-    onednn_linear=True)
+    onednn_linear=True, tasks=TASKS)
 TORCHSCRIPT = dataclasses.replace(PYTORCH, options=TorchScriptOptions, backend=f"{_BACKEND}:TorchScriptBackend")
 TORCH_COMPILE = dataclasses.replace(PYTORCH, options=TorchCompileOptions, backend=f"{_BACKEND}:CompileBackend")

@@ -1,0 +1,170 @@
+"""The quality check of one trial, in its worker after the timed window: the measured backend's task outputs on
+the quality set (workload/quality.py) against the fp32 PyTorch reference's, in the task's own terms.
+
+The reference outputs are cached (`cache_dir/reference/<key>.npy`, keyed by the model, its head, the set's tokens,
+the seed and the libraries that compute it), so a worker whose reference was computed before loads no PyTorch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import tempfile
+from importlib import metadata
+from pathlib import Path
+
+import numpy as np
+
+from corescale.workload.quality import METRICS, set_digest
+from corescale.workload.samples import QuerySet, pad_id
+
+BATCH = 16  # rows per call: padded to the longest in each length-sorted group, as a service would
+
+
+def outputs(backend, model, queries: QuerySet) -> np.ndarray:
+    """The backend's task output for every row, in row order."""
+    order = np.argsort(queries.lengths, kind="stable")
+    found: dict[int, np.ndarray] = {}
+    for start in range(0, len(order), BATCH):
+        chosen = [int(i) for i in order[start:start + BATCH]]
+        length = int(max(queries.lengths[chosen]))
+        inputs = queries.rows(chosen, length, pad_id(model), model.takes_token_type_ids)
+        result = backend.to_numpy(backend.forward(backend.prepare(inputs)))
+        for row, index in enumerate(chosen):
+            found[index] = result[row]
+    return np.stack([found[i] for i in range(len(order))]).astype(np.float32)
+
+
+def reference_key(cfg, model, queries: QuerySet) -> str:
+    from corescale.workload.models import source_files
+
+    identity = {"model": model.identity(), "files": source_files(model), "seed": cfg.seed, "set": set_digest(queries),
+                "libraries": {n: _version(n) for n in ("torch", "transformers")}, "version": 1}
+    return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:24]
+
+
+def _version(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def reference_outputs(cfg, model, threads: int, queries: QuerySet) -> tuple[np.ndarray, bool]:
+    """(the fp32 PyTorch reference's outputs, whether they came from the cache)."""
+    from corescale.backends import DEFAULT_BACKEND, OPTIONS, create_backend
+
+    file = Path(os.path.expanduser(cfg.cache_dir)) / "reference" / f"{reference_key(cfg, model, queries)}.npy"
+    if file.is_file():
+        try:
+            return np.load(file), True
+        except (OSError, ValueError):
+            pass  # unreadable: computed again, and replaced
+    ref_cfg = dataclasses.replace(cfg, backend=OPTIONS[DEFAULT_BACKEND](), precision="fp32", reference=None)
+    reference = create_backend(DEFAULT_BACKEND)
+    reference.load(model, ref_cfg, threads, queries.rows([0], int(queries.lengths[0]), pad_id(model),
+                                                          model.takes_token_type_ids))
+    found = outputs(reference, model, queries)
+    file.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=file.parent, prefix=".", suffix=".npy")
+    with os.fdopen(fd, "wb") as handle:
+        np.save(handle, found)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, file)
+    return found, False
+
+
+# --- metrics ----------------------------------------------------------------------------------------------------
+
+def _rows_cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a, b = a.astype(np.float64), b.astype(np.float64)
+    norms = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
+    return (a * b).sum(1) / np.where(norms == 0, 1.0, norms)
+
+
+def embed_metrics(out: np.ndarray, ref: np.ndarray, k: int = 10) -> dict[str, float]:
+    cosine = _rows_cosine(out, ref)
+    return {"cosine_min": float(cosine.min()), "cosine_p1": float(np.percentile(cosine, 1)),
+            "cosine_mean": float(cosine.mean()), "recall_at_10": neighbour_recall(out, ref, k)}
+
+
+def neighbour_recall(out: np.ndarray, ref: np.ndarray, k: int = 10) -> float:
+    """Mean share of each row's k nearest neighbours (cosine, itself excluded) under the reference that the
+    measured outputs find too."""
+    def neighbours(x: np.ndarray) -> np.ndarray:
+        unit = x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+        sim = unit @ unit.T
+        np.fill_diagonal(sim, -np.inf)
+        return np.argsort(-sim, axis=1, kind="stable")[:, :k]
+
+    k = min(k, len(out) - 1)
+    a, b = neighbours(out.astype(np.float64)), neighbours(ref.astype(np.float64))
+    return float(np.mean([len(set(x) & set(y)) / k for x, y in zip(a, b)]))
+
+
+def ndcg_at(scores: np.ndarray, reference: np.ndarray, k: int = 10) -> float:
+    """NDCG@k of the measured order, each document's gain graded by its reference rank (n for the first, 1 for
+    the last): 1.0 exactly when the top k keep the reference's order."""
+    n = len(reference)
+    gain = np.empty(n)
+    gain[np.argsort(-reference, kind="stable")] = np.arange(n, 0, -1)
+    discount = 1.0 / np.log2(np.arange(2, min(k, n) + 2))
+    measured = gain[np.argsort(-scores, kind="stable")][:k]
+    ideal = np.sort(gain)[::-1][:k]
+    return float((measured * discount).sum() / (ideal * discount).sum())
+
+
+def rerank_metrics(out: np.ndarray, ref: np.ndarray, groups: np.ndarray) -> dict[str, float]:
+    from scipy.stats import kendalltau
+
+    out, ref = out.reshape(len(out), -1)[:, 0], ref.reshape(len(ref), -1)[:, 0]
+    ndcg, tau, top = [], [], []
+    for query in np.unique(groups):
+        rows = groups == query
+        a, b = out[rows], ref[rows]
+        ndcg.append(ndcg_at(a, b))
+        statistic = kendalltau(a, b).statistic
+        tau.append(1.0 if np.isnan(statistic) and np.array_equal(a, b) else float(statistic))
+        top.append(float(np.argmax(a) == np.argmax(b)))
+    return {"ndcg_at_10_mean": float(np.mean(ndcg)), "ndcg_at_10_min": float(np.min(ndcg)),
+            "kendall_tau_mean": float(np.mean(tau)), "kendall_tau_min": float(np.min(tau)),
+            "top1_agreement": float(np.mean(top))}
+
+
+def _softmax(logits: np.ndarray) -> np.ndarray:
+    shifted = np.exp(logits - logits.max(axis=1, keepdims=True))
+    return shifted / shifted.sum(axis=1, keepdims=True)
+
+
+def classify_metrics(out: np.ndarray, ref: np.ndarray) -> dict[str, float]:
+    out, ref = out.astype(np.float64), ref.astype(np.float64)
+    return {"label_agreement": float(np.mean(out.argmax(1) == ref.argmax(1))),
+            "max_probability_diff": float(np.abs(_softmax(out) - _softmax(ref)).max())}
+
+
+def task_metrics(task: str, out: np.ndarray, ref: np.ndarray, groups: np.ndarray | None) -> dict[str, float]:
+    if task == "embed":
+        found = embed_metrics(out, ref)
+    elif task == "rerank":
+        assert groups is not None, "a rerank quality set names each row's query"
+        found = rerank_metrics(out, ref, groups)
+    else:
+        found = classify_metrics(out, ref)
+    assert set(found) == set(METRICS[task]), "every metric the task declares is measured"
+    return found
+
+
+def check(cfg, model, threads: int, backend, queries: QuerySet) -> dict:
+    """The quality section of an instance's report (the parent applies the gate)."""
+    import time
+
+    from corescale.backends import DEFAULT_BACKEND
+
+    began = time.perf_counter()
+    measured = outputs(backend, model, queries)
+    reference, cached = reference_outputs(cfg, model, threads, queries)
+    return {"task": model.task, "metrics": task_metrics(model.task, measured, reference, queries.groups),
+            "rows": len(queries.ids), "origin": queries.origin, "reference": f"{DEFAULT_BACKEND} fp32",
+            "reference_cached": cached, "seconds": time.perf_counter() - began}

@@ -1,0 +1,194 @@
+"""What a model computes on top of its encoder (its head), and which task that serves, read from its directory
+without loading any framework.
+
+- A Sentence-Transformers directory (`modules.json`): Transformer -> Pooling (`1_Pooling/config.json`: cls, mean,
+  max, lasttoken) -> optional Dense layers -> optional Normalize: task `embed`.
+- A `*ForSequenceClassification` model (`config.json` architectures): one label is a cross-encoder (`rerank`),
+  several are a classifier (`classify`, its labels from `id2label`).
+- Anything else is a plain encoder (`encode`: the last hidden state, as corescale measured before tasks).
+
+`task=` may ask for another task where the model can do it: a plain encoder or a preset can be measured as an
+embedder (mean pooling, L2 normalisation) and a preset as a reranker or classifier (a seeded random head).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from corescale.config import TASKS
+from corescale.errors import UserError
+from corescale.userfiles import read_json
+
+POOLING_MODES = ("cls", "mean", "max", "lasttoken")
+# 1_Pooling/config.json's flags -> our mode (sentence-transformers' names)
+_POOLING_FLAGS = {"pooling_mode_cls_token": "cls", "pooling_mode_mean_tokens": "mean",
+                  "pooling_mode_max_tokens": "max", "pooling_mode_lasttoken": "lasttoken"}
+_UNSUPPORTED_FLAGS = ("pooling_mode_mean_sqrt_len_tokens", "pooling_mode_weightedmean_tokens")
+_ST = "sentence_transformers.models."
+KNOWN_MODULES = tuple(_ST + name for name in ("Transformer", "Pooling", "Dense", "Normalize"))
+_ACTIVATIONS = {"torch.nn.modules.activation.Tanh": "tanh", "torch.nn.modules.linear.Identity": "identity",
+                "torch.nn.modules.activation.ReLU": "relu", "torch.nn.modules.activation.GELU": "gelu"}
+PRESET_LABELS = ("negative", "neutral", "positive")  # a preset classifier's labels (its head is random)
+
+
+@dataclass(frozen=True)
+class DenseLayer:
+    """A Sentence-Transformers Dense module: Linear(in, out, bias) then an activation; weights in `path`."""
+
+    path: str
+    in_features: int
+    out_features: int
+    bias: bool = True
+    activation: str = "tanh"
+
+
+@dataclass(frozen=True)
+class HeadSpec:
+    task: str = "encode"
+    pooling: str | None = None  # embed: how token states become one vector
+    normalize: bool = False  # embed: L2-normalise the vector
+    dense: tuple[DenseLayer, ...] = ()
+    labels: tuple[str, ...] = ()  # rerank: one score; classify: the classes, in logit order
+    encoder_path: str | None = None  # the Transformer module's folder (Sentence-Transformers: often the root)
+    source: str = "model"  # where the head comes from: "sentence-transformers", "classification", "task=", "model"
+
+    @property
+    def output_name(self) -> str:
+        return {"embed": "sentence_embedding", "encode": "last_hidden_state"}.get(self.task, "logits")
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> HeadSpec:
+        data = dict(data)
+        data["dense"] = tuple(DenseLayer(**d) for d in data.get("dense", ()))
+        data["labels"] = tuple(data.get("labels", ()))
+        return cls(**data)
+
+    def identity(self) -> dict[str, Any]:
+        """What enters the trial key (only for a head other than the plain encoder's, so old keys hold)."""
+        return {} if self.task == "encode" else {"head": self.to_json()}
+
+    def summary(self) -> str:
+        if self.task == "embed":
+            parts = [f"{self.pooling} pooling", *(f"dense {d.in_features}->{d.out_features}" for d in self.dense)]
+            return ", ".join(parts + (["L2-normalised"] if self.normalize else []))
+        if self.task in ("rerank", "classify"):
+            return f"{len(self.labels)} logit(s)" + (f": {', '.join(self.labels)}" if self.task == "classify" else "")
+        return "last hidden state"
+
+
+def model_head(path: Path | None, config: dict[str, Any], name: str) -> HeadSpec:
+    """The head the model's own files declare (a preset or hub config without a directory: the plain encoder,
+    or its classification head from `architectures`)."""
+    if path is not None and (path / "modules.json").is_file():
+        return sentence_transformers_head(path, name)
+    architectures = config.get("architectures") or []
+    if any(str(a).endswith("ForSequenceClassification") for a in architectures):
+        labels = classification_labels(config, name)
+        return HeadSpec(task="rerank" if len(labels) == 1 else "classify", labels=labels, source="classification")
+    return HeadSpec()
+
+
+def classification_labels(config: dict[str, Any], name: str) -> tuple[str, ...]:
+    id2label = config.get("id2label")
+    if isinstance(id2label, dict) and id2label:
+        try:
+            return tuple(str(id2label[k]) for k in sorted(id2label, key=int))
+        except ValueError:
+            raise UserError(f"model '{name}': config.json's id2label keys must be class numbers") from None
+    count = config.get("num_labels")
+    if isinstance(count, int) and count >= 1:
+        return tuple(f"LABEL_{i}" for i in range(count))
+    raise UserError(f"model '{name}' is a sequence classifier without labels: config.json has neither id2label "
+                    "nor num_labels")
+
+
+def sentence_transformers_head(path: Path, name: str) -> HeadSpec:
+    modules = read_json(path / "modules.json", f"model '{name}': modules.json")
+    if not isinstance(modules, list) or not all(isinstance(m, dict) and isinstance(m.get("type"), str)
+                                                for m in modules):
+        raise UserError(f"model '{name}': modules.json must be a list of modules, each with a \"type\"")
+    kinds = [m["type"] for m in modules]
+    unknown = [k for k in kinds if k not in KNOWN_MODULES]
+    if unknown:
+        raise UserError(f"model '{name}': modules.json names module '{unknown[0]}', which corescale cannot run; "
+                        f"known: {', '.join(k.rsplit('.', 1)[1] for k in KNOWN_MODULES)}")
+    if not kinds or kinds[0] != KNOWN_MODULES[0]:
+        raise UserError(f"model '{name}': modules.json must start with a Transformer module")
+    folder = lambda m: path / str(m.get("path") or "")  # noqa: E731 - one name for a module's folder
+    pooling, dense, normalize = None, [], False
+    for module in modules[1:]:
+        kind = module["type"].rsplit(".", 1)[1]
+        if kind == "Pooling":
+            pooling = pooling_mode(folder(module) / "config.json", name)
+        elif kind == "Dense":
+            dense.append(dense_layer(folder(module), name))
+        elif kind == "Normalize":
+            normalize = True
+    if pooling is None:
+        raise UserError(f"model '{name}': modules.json has no Pooling module, so its embedding is undefined")
+    encoder = folder(modules[0])
+    return HeadSpec(task="embed", pooling=pooling, normalize=normalize, dense=tuple(dense),
+                    encoder_path=str(encoder.resolve()), source="sentence-transformers")
+
+
+def pooling_mode(config_file: Path, name: str) -> str:
+    config = read_json(config_file, f"model '{name}': {config_file.parent.name}/config.json")
+    if not isinstance(config, dict):
+        raise UserError(f"model '{name}': {config_file} must hold a JSON object")
+    chosen = [mode for flag, mode in _POOLING_FLAGS.items() if config.get(flag) is True]
+    other = [flag for flag in _UNSUPPORTED_FLAGS if config.get(flag) is True]
+    if other:
+        raise UserError(f"model '{name}': pooling {other[0].removeprefix('pooling_mode_')} is not supported; "
+                        f"supported: {', '.join(POOLING_MODES)}")
+    if not chosen:
+        raise UserError(f"model '{name}': {config_file.parent.name}/config.json sets no pooling mode; set one of "
+                        f"{', '.join(_POOLING_FLAGS)} to true")
+    if len(chosen) > 1:
+        raise UserError(f"model '{name}': {config_file.parent.name}/config.json sets several pooling modes "
+                        f"({', '.join(chosen)}); corescale runs exactly one")
+    return chosen[0]
+
+
+def dense_layer(folder: Path, name: str) -> DenseLayer:
+    config = read_json(folder / "config.json", f"model '{name}': {folder.name}/config.json")
+    try:
+        activation = _ACTIVATIONS[config.get("activation_function", "torch.nn.modules.activation.Tanh")]
+        layer = DenseLayer(str(folder.resolve()), int(config["in_features"]), int(config["out_features"]),
+                           bool(config.get("bias", True)), activation)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        raise UserError(f"model '{name}': {folder.name}/config.json needs in_features, out_features and a known "
+                        f"activation_function ({', '.join(_ACTIVATIONS)})") from None
+    if not any((folder / f).is_file() for f in ("model.safetensors", "pytorch_model.bin")):
+        raise UserError(f"model '{name}': the Dense module {folder.name}/ has no weights (model.safetensors)")
+    return layer
+
+
+def head_for_task(declared: HeadSpec, task: str | None, source: str, name: str, decoder: bool) -> HeadSpec:
+    """The head to measure: the model's own, or `task=`'s where the model can do it (one line where not)."""
+    if task is None or task == declared.task:
+        return declared
+    if task not in TASKS:
+        raise UserError(f"unknown task '{task}'; allowed: {', '.join(TASKS)}")
+    if task == "encode":  # every model has a last hidden state
+        return dataclasses.replace(declared, task="encode", pooling=None, normalize=False, dense=(), labels=())
+    if declared.task != "encode":
+        raise UserError(f"model '{name}' is a {_NOUNS[declared.task]} (task={declared.task}); it cannot do "
+                        f"task={task}")
+    if task == "embed":
+        pooling = "lasttoken" if decoder else "mean"
+        return HeadSpec(task="embed", pooling=pooling, normalize=True, source="task=")
+    if source != "preset":
+        raise UserError(f"model '{name}' has no {_NOUNS[task]} head (config.json's architectures name no "
+                        f"*ForSequenceClassification); task={task} needs one, or use a preset (its head is random)")
+    labels = ("score",) if task == "rerank" else PRESET_LABELS
+    return HeadSpec(task=task, labels=labels, source="task=")
+
+
+_NOUNS = {"embed": "sentence embedder", "rerank": "cross-encoder (reranker)", "classify": "sequence classifier",
+          "encode": "plain encoder"}
