@@ -3,6 +3,7 @@ line and exit 2 if not), then warmed up and asked what it is (what the record sa
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import time
@@ -15,6 +16,7 @@ from corescale.measure.timing import warm_up
 PROBE_TIMEOUT_S = 10.0
 OUR_MISTAKES = (400, 401, 403, 404, 405, 413, 415, 422)  # the request is wrong for this server: refused, not measured
 REPORT_LIMIT = 20_000  # characters of a self-description kept in the record
+WARM_MIN_REQUESTS = 16  # a server's first requests (lazy loading, first shapes) and a moment's noise settle
 
 
 @dataclass(frozen=True)
@@ -81,7 +83,8 @@ class Warm:
 
 
 def warm(cfg, bodies: list[bytes], api: HttpApi) -> Warm:
-    """One request at a time, cycling over the queries, until the latency settles (the warmup.* keys)."""
+    """One request at a time, cycling over the queries, until the latency settles (the warmup.* keys, at least
+    WARM_MIN_REQUESTS requests)."""
     import httpx
 
     texts = itertools.cycle(bodies)
@@ -99,8 +102,9 @@ def warm(cfg, bodies: list[bytes], api: HttpApi) -> Warm:
         except (httpx.HTTPError, BadAnswer):
             errors += 1
 
+    settle = dataclasses.replace(cfg.warmup, min_iterations=max(cfg.warmup.min_iterations, WARM_MIN_REQUESTS))
     with client(cfg, cfg.request_timeout) as http:
-        done = warm_up(call, cfg.warmup)
+        done = warm_up(call, settle)
     return Warm(len(done.durations_ns), errors, good, dimension)
 
 
