@@ -108,7 +108,7 @@ def warm(cfg, bodies: list[bytes], api: HttpApi) -> Warm:
     return Warm(len(done.durations_ns), errors, good, dimension)
 
 
-def describe(cfg, api: HttpApi) -> tuple[int | None, dict]:
+def self_description(cfg, api: HttpApi) -> tuple[int | None, dict]:
     """GET /health's status now (None: the server has none), and what the server says about itself at the API's
     paths (JSON answers only, each kept up to a size)."""
     import httpx

@@ -291,7 +291,7 @@ def run_instances(trial: Trial, on_event=None, host: dict | None = None, forkser
 
 def run_endpoint(trial: Trial, record: TrialRecord, started: float) -> UncommittedResult:
     """endpoint=: warm the server up, ask what it is, then LoadGen's tests through the HTTP client."""
-    from corescale.measure.endpoint import describe, warm
+    from corescale.measure.endpoint import self_description, warm
     from corescale.measure.http_api import APIS
     from corescale.measure.http_load import HttpServer, requests_csv
 
@@ -299,7 +299,7 @@ def run_endpoint(trial: Trial, record: TrialRecord, started: float) -> Uncommitt
     assert trial.texts is not None, "an endpoint trial carries its texts"
     bodies = [api.body(text, cfg.model) for text in trial.texts]
     warmed = warm(cfg, bodies, api)
-    health, reports = describe(cfg, api)
+    health, reports = self_description(cfg, api)
     endpoint = {"url": cfg.endpoint, "api": api.name, "path": api.path, "health": health,
                 "model_field": cfg.model if api.name == "openai" else None, "reports": reports,
                 "single_ms": min(warmed.durations_ms, default=None), "warmup_requests": warmed.requests,
