@@ -17,43 +17,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
-import time
-import urllib.request
-from contextlib import contextmanager
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-@contextmanager
-def started(command: list[str], port: int, health: str, wait_s: float = 300.0):
-    """A server process until the block ends; its URL once `health` answers."""
-    url = f"http://127.0.0.1:{port}"
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        deadline = time.monotonic() + wait_s
-        while True:
-            try:
-                urllib.request.urlopen(url + health, timeout=5).read()
-                break
-            except OSError:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit(f"{command[0]} did not start: {process.stderr.read()[-1500:]!r}") from None
-                time.sleep(1)
-        yield url
-    finally:
-        process.terminate()
-        process.wait(timeout=60)
 
 
 def measure_one(name: str, url: str, api: str, args) -> dict:
@@ -115,7 +82,9 @@ def main() -> int:
     parser.add_argument("--output", default="outputs/http-peers")
     args = parser.parse_args()
 
-    sys.path.insert(0, str(HERE))
+    sys.path[:0] = [str(HERE), str(HERE / "peer_servers")]
+    from peer_launch import free_port, started
+
     if args.model is None:
         from corescale.workload.packaged import packaged_model
 

@@ -6,24 +6,17 @@ from __future__ import annotations
 
 import itertools
 import json
-import socket
-import subprocess
 import sys
 import threading
-import time
-import urllib.request
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+PEERS = Path(__file__).resolve().parent.parent / "benchmarks" / "peer_servers"
+sys.path.insert(0, str(PEERS))
+from peer_launch import free_port, started  # noqa: E402  (the peers' own launcher: benchmarks/peer_servers/peer_launch.py)
+
 TIMES = {"X-Queue-Time": "2", "X-Tokenization-Time": "1", "X-Inference-Time": "5", "X-Total-Time": "8"}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class TinyHandler(BaseHTTPRequestHandler):
@@ -92,27 +85,12 @@ def tiny_server(fail: str | None = None):
 
 
 @contextmanager
-def st_fastapi(model_dir: Path, wait_s: float = 180.0):
+def st_fastapi(model_dir: Path):
     """The sentence-transformers FastAPI peer in its own process (1 torch thread); its URL once /health answers."""
     port = free_port()
-    process = subprocess.Popen([sys.executable, str(ROOT / "benchmarks" / "peer_servers" / "st_fastapi.py"),
-                                "--model", str(model_dir), "--port", str(port), "--threads", "1"],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + wait_s
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/health", timeout=5).read()
-                break
-            except OSError:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"st_fastapi did not start: {process.stderr.read()[-2000:]!r}") from None
-                time.sleep(0.5)
+    with started([sys.executable, str(PEERS / "st_fastapi.py"), "--model", str(model_dir), "--port", str(port),
+                  "--threads", "1"], port) as url:
         yield url
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
 
 
 def extract_minilm(base: Path) -> Path:
