@@ -25,6 +25,9 @@ from corescale.measure.http_api import APIS, TIMING_HEADERS, BadAnswer, headers,
 from corescale.measure.server import Server, StepResult
 
 MAX_CONNECTIONS = 1024  # open loop: a query never waits for another's connection below this many in flight
+# an idle connection is dropped here before servers drop theirs (uvicorn after 5 s): a request sent on a connection
+# the server is closing fails with "Server disconnected", the client's race, not the server's error
+KEEPALIVE_S = 2.0
 ERROR_EXAMPLES = 3
 REQUEST_COLUMNS = ("step", "query", "issued_ns", "sent_ns", "done_ns", "status", "error", *TIMING_HEADERS)
 
@@ -97,7 +100,8 @@ class HttpServer(Server):
         """aiohttp's client (a C parser, a pool that stays cheap with many connections), made on the loop."""
         import aiohttp
 
-        connector = aiohttp.TCPConnector(limit=MAX_CONNECTIONS, limit_per_host=MAX_CONNECTIONS)
+        connector = aiohttp.TCPConnector(limit=MAX_CONNECTIONS, limit_per_host=MAX_CONNECTIONS,
+                                         keepalive_timeout=KEEPALIVE_S)
         return aiohttp.ClientSession(headers=headers(), connector=connector,
                                      timeout=aiohttp.ClientTimeout(total=self.cfg.request_timeout))
 
@@ -199,8 +203,9 @@ class HttpServer(Server):
         return float(np.median(recent)) if recent else 10.0
 
     def _first_guess(self) -> float:
-        """Half what one request at a time would sustain: the bracket corrects it either way."""
-        return float(f"{max(500 / self._single_ms(), 0.1):.3g}")
+        """What one request at a time would sustain (a server that overlaps requests sustains more): the bracket
+        corrects it either way, and a low first guess costs the longest test (min_query_count at a low rate)."""
+        return float(f"{max(1000 / self._single_ms(), 0.1):.3g}")
 
     def _expected_latency_ns(self) -> int:
         return int(self._single_ms() * 1e6)
