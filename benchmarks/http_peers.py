@@ -101,7 +101,7 @@ def main() -> int:
         command = [args.infinity, "v2", "--model-id", args.model, "--port", str(port),
                    "--host", "127.0.0.1", "--url-prefix", "/v1", "--served-model-name", args.model_field,
                    "--device", "cpu"]
-        with started(command, port, "/v1/health") as url:
+        with started(command, port, "/health") as url:
             rows.append(measure_one("infinity-emb", url, "openai", args))
     for peer in args.peer:
         name, _, target = peer.partition("=")
