@@ -12,8 +12,10 @@ from typing import Any, List, Optional
 
 from corescale.backends import BACKENDS, DEFAULT_BACKEND, OPTIONS, PRECISIONS, BackendOptions, named
 from corescale.backends.options import TASKS
+from corescale.bounds import LOAD_MARGIN_S, check_bounded
 from corescale.errors import UserError
 from corescale.machine.placement import LAYOUTS as NAMED_LAYOUTS
+from corescale.userfiles import require_path
 
 SCHEMA_NAME = "corescale"
 ALLOCATORS = ("default", "jemalloc", "tcmalloc")
@@ -142,7 +144,9 @@ class BenchmarkConfig:
     # the task and its quality (docs/tasks.md)
     task: Optional[str] = None  # embed | rerank | classify | encode; None = what the model's directory declares
     tokenize: bool = False  # the model's fast tokenizer inside the timed call (end to end; needs text queries)
-    min_quality: Optional[str] = None  # e.g. "cosine_p1>=0.99,recall_at_10>=0.95"; None = the task's defaults
+    # the quality gate: "cosine_p1:0.995", "cosine_p1>=0.99,recall_at_10>=0.95" or {cosine_p1:0.99,...} (a bound's
+    # direction is its metric's); None = the task's defaults (workload/quality.py)
+    min_quality: Any = None
     quality_samples: int = 256  # real texts (rerank: queries) the quality check runs on
 
     def __post_init__(self) -> None:
@@ -322,6 +326,18 @@ def validate(cfg: BenchmarkConfig) -> BenchmarkConfig:
     _check_timeout(cfg)
     _validate_scenario(cfg)
     _validate_task(cfg)
+    check_bounded(cfg, MAX_TARGET_QPS)
+    for key in PATH_KEYS:
+        require_path(_get(cfg, key), key)
+    return cfg
+
+
+PATH_KEYS = ("model", "output_dir", "cache_dir", "workload.source", "workload.tokenizer", "workload.lengths")
+
+
+def _get(cfg: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        cfg = getattr(cfg, part)
     return cfg
 
 
@@ -332,6 +348,11 @@ def _validate_task(cfg: BenchmarkConfig) -> None:
         if cfg.task not in tasks:
             raise UserError(f"backend={cfg.backend.name} computes task {', '.join(tasks)} only (got task={cfg.task}): "
                             "its graph has no place for a head; use another backend")
+    gate = cfg.min_quality
+    if not (gate is None or isinstance(gate, str) or isinstance(gate, dict) and all(
+            isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) for k, v in gate.items())):
+        raise UserError(f"min_quality must be METRIC:BOUND terms (\"cosine_p1:0.99\", comma-separated) or "
+                        f"{{METRIC:BOUND,...}} (got {gate!r})")
     if isinstance(cfg.quality_samples, bool) or not isinstance(cfg.quality_samples, int) or \
             not 10 <= cfg.quality_samples <= 10_000:
         raise UserError(f"quality_samples must be a whole number in [10, 10000] (got {cfg.quality_samples})")
@@ -456,7 +477,7 @@ def _check_seed(seed: int) -> None:
 def _check_timeout(cfg: BenchmarkConfig) -> None:
     """The timeout covers loading, warm-up and the timed window: it must leave room for at least the window and
     the quickest load."""
-    load_margin_s = 5.0
+    load_margin_s = LOAD_MARGIN_S
     if cfg.timeout <= cfg.duration + load_margin_s:
         raise UserError(
             f"timeout={cfg.timeout:g} s leaves no time to measure: each instance needs duration={cfg.duration:g} s "

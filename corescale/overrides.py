@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import threading
+from typing import Any
 
 from omegaconf import OmegaConf
 
@@ -87,7 +88,7 @@ def shorthand(overrides: list[str]) -> list[str]:
     out = []
     for override in overrides:
         key, _, value = override.partition("=")
-        if key == "workload" and value:
+        if key == "workload" and "=" in override:
             override = f"workload.source={value}"
         elif key == "workload.lengths" and value[:1] not in ("'", '"') and "(" in value:
             override = assignment(key, value)
@@ -148,9 +149,23 @@ def compose(overrides: list[str]) -> BenchmarkConfig:
     parse_overrides(overrides)
     with _HYDRA:  # Hydra's state is global: one compose at a time (node types tune in threads)
         composed = _hydra_compose(overrides)
-    data = OmegaConf.to_container(composed, resolve=True)
+    data = _resolved(composed)
     assert isinstance(data, dict), "a composed structured config is a mapping"
     return validate(BenchmarkConfig.from_dict({str(k): v for k, v in data.items()}))
+
+
+def _resolved(composed) -> Any:
+    """The composed config as plain values; an interpolation (`${...}`) that cannot be resolved to a value of its
+    key's type is one line naming the key."""
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        return OmegaConf.to_container(composed, resolve=True)
+    except OmegaConfBaseException as exc:
+        key = getattr(exc, "full_key", None) or "a value"
+        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise UserError(f"cannot resolve the interpolation in {key}: {message[:200]}; a `${{...}}` refers "
+                        "to another key or a resolver; write \\${ for a literal ${") from None
 
 
 def _hydra_compose(overrides: list[str]):

@@ -4,20 +4,72 @@ one UserError line that names what it is for."""
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
 from typing import Any
 
 from corescale.errors import UserError
 
+MAX_TEXT_BYTES = 64 * 2**20  # a document corescale reads whole: configs, results, catalogs, histograms
+MAX_CORPUS_BYTES = 1 << 30  # a workload's texts
 
-def read_json(path: Path, what: str) -> Any:
-    """A JSON file a user handed us; unreadable or invalid JSON is a UserError naming `what` and the file."""
+
+def read_text(path: Path | str, what: str, limit: int = MAX_TEXT_BYTES) -> str:
+    """A text file a user named, read whole and bounded: a regular file (not a directory, FIFO or device such as
+    /dev/zero), at most `limit` bytes, UTF-8 without NUL bytes. Anything else is one UserError naming `what` and
+    the file; nothing blocks (a FIFO is opened without waiting for a writer) and nothing reads without end."""
+    if not str(path).strip():
+        raise UserError(f"{what} is an empty path; give a file")
+    path = Path(os.path.expanduser(str(path)))
     try:
-        return json.loads(Path(path).read_text())
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
-        raise UserError(f"cannot read {what} '{path}': {exc.strerror}") from None
-    except ValueError as exc:
+        raise UserError(f"cannot read {what} '{path}': {exc.strerror or exc}") from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        kind = "a directory" if stat.S_ISDIR(info.st_mode) else "not a regular file (a FIFO, socket or device)"
+        raise UserError(f"{what} '{path}' is {kind}; give a text file")
+    with os.fdopen(fd, "rb") as handle:
+        if info.st_size > limit:
+            raise UserError(f"{what} '{path}' is {_size(info.st_size)}, more than the {_size(limit)} corescale "
+                            "reads; give a smaller file")
+        try:
+            data = handle.read(limit + 1)
+        except OSError as exc:
+            raise UserError(f"cannot read {what} '{path}': {exc.strerror or exc}") from None
+    if len(data) > limit:
+        raise UserError(f"{what} '{path}' grew beyond {_size(limit)} while it was read; give a smaller file")
+    if b"\0" in data:
+        raise UserError(f"{what} '{path}' is a binary file (it holds NUL bytes at byte {data.index(0)}); give a "
+                        "UTF-8 text file")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{what} '{path}' is not UTF-8 text (byte {exc.start}: {data[exc.start:exc.start + 1]!r}); "
+                        "give a UTF-8 text file") from None
+
+
+def _size(count: int) -> str:
+    return f"{count / 2**20:.1f} MiB" if count >= 2**20 else f"{count} bytes"
+
+
+def read_json(path: Path, what: str, limit: int = MAX_TEXT_BYTES) -> Any:
+    """A JSON file a user handed us (through read_text); invalid JSON is a UserError naming `what` and the file."""
+    text = read_text(path, what, limit)
+    try:
+        return json.loads(text)
+    except ValueError as exc:  # also a number too large to convert (Python's int digit limit)
         raise UserError(f"corrupted {what} '{path}': not valid JSON ({exc})") from None
+    except RecursionError:
+        raise UserError(f"corrupted {what} '{path}': nested too deeply to be a corescale document") from None
+
+
+def require_path(value: str | None, what: str) -> None:
+    """A path a user gave is not empty (an empty one would silently mean the working directory)."""
+    if value is not None and not str(value).strip():
+        raise UserError(f"{what} is empty; give a path (or leave it out for its default)")
 
 
 def check_writable(path: Path | str, what: str, directory: bool = False, parents: bool = True) -> Path:

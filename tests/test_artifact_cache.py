@@ -5,7 +5,7 @@ cache per artifact kind."""
 import pytest
 from helpers import run_record
 
-from corescale.backends.onnx_export import LOCK_DIR
+from corescale.backends.artifact_cache import LOCK_DIR, MANIFEST, damage
 
 pytestmark = pytest.mark.slow  # every test here starts processes
 
@@ -34,4 +34,5 @@ def test_two_instances_on_a_cold_cache(kind, tmp_path):
     artifacts = sorted(p.name for p in onnx.iterdir() if p.name != LOCK_DIR)
     assert len(artifacts) == len(STAGES[kind]) and not [a for a in artifacts if a.startswith(".")], artifacts
     for artifact in artifacts:  # complete, and no scratch file of a tool (quantize_dynamic's *-inferred.onnx)
-        assert sorted(p.name for p in (onnx / artifact).iterdir()) == ["model.onnx"], artifact
+        assert sorted(p.name for p in (onnx / artifact).iterdir()) == [MANIFEST, "model.onnx"], artifact
+        assert damage(onnx / artifact) is None

@@ -15,7 +15,7 @@ from helpers import (  # noqa: E402
     needs_two_cpus,
 )
 
-from corescale.backends.onnx_export import LOCK_DIR  # noqa: E402
+from corescale.backends.artifact_cache import LOCK_DIR  # noqa: E402
 from corescale.errors import UserError  # noqa: E402
 
 

@@ -23,8 +23,9 @@ def test_demo_tunes_and_ends_with_the_report_and_recipe(tmp_path):
 
 def test_demo_defaults_give_way_to_the_users_words():
     words = demo_words([])
-    assert {"model=bert-base", "sequence_length=128", "batch_size=1", "budget=5m"} <= set(words)
+    assert {"model=all-minilm-l6-v2", "workload=builtin", "tokenize=true", "sequence_length=128", "batch_size=1",
+            "budget=5m"} <= set(words)
     assert "space.backend=[pytorch,onnxruntime,openvino]" in words
-    mine = demo_words(["model=bert-tiny", "backend=onnxruntime", "space.batch_size=[1,2]"])
-    assert "model=bert-base" not in mine and "model=bert-tiny" in mine
+    mine = demo_words(["model=bert-tiny", "backend=onnxruntime", "space.batch_size=[1,2]", "workload=my.txt"])
+    assert "model=all-minilm-l6-v2" not in mine and "model=bert-tiny" in mine and "workload=builtin" not in mine
     assert not any(w.startswith(("space.backend=", "batch_size=")) for w in mine)

@@ -180,6 +180,8 @@ def test_report_section_draws_a_stacked_bar_per_saved_explanation(compared):
     from corescale.report.html import _explain_sections
 
     out, _ = compared
-    ((section_id, title, body),) = _explain_sections(out)
+    skipped: list[str] = []
+    ((section_id, title, body),) = _explain_sections(out, skipped)
+    assert skipped == []
     assert section_id == "explain" and "Where the time goes" in title
     assert body.count('src="data:image/png;base64,') == 1 and "not timing results" in body

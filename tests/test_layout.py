@@ -6,10 +6,11 @@ from collections import defaultdict
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "corescale"
-TOP_LEVEL = {"__init__.py", "__main__.py", "cli.py", "errors.py", "userfiles.py", "config.py", "overrides.py"}
+TOP_LEVEL = {"__init__.py", "__main__.py", "cli.py", "errors.py", "userfiles.py", "bounds.py", "config.py",
+             "overrides.py"}
 # each stage may import the ones before it, never one after it (commands and cli sit on top)
-ORDER = ["errors", "userfiles", "machine", "backends.options", "config", "overrides", "workload", "record", "measure",
-         "backends", "trials", "analysis", "explain", "tune", "report", "commands", "cli", "__main__"]
+ORDER = ["errors", "userfiles", "bounds", "machine", "backends.options", "config", "overrides", "workload", "record",
+         "measure", "backends", "trials", "analysis", "explain", "tune", "report", "commands", "cli", "__main__"]
 
 
 def imports() -> dict[str, set[str]]:

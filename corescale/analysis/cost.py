@@ -12,16 +12,17 @@ import math
 import re
 from dataclasses import dataclass, replace
 from importlib import resources
-from pathlib import Path
 
 import pandas as pd
 import yaml
 
 from corescale.analysis.store import ok_rows
 from corescale.errors import UserError
+from corescale.userfiles import read_text
 
 FIELDS = ("price_per_hour", "vcpus", "physical_cores")
 MEASURED, PROJECTION = "measured", "projection"
+MAX_CPUS = 1 << 20  # vCPUs or cores of one catalog machine: more is a typo
 
 
 @dataclass(frozen=True)
@@ -38,13 +39,12 @@ class Machine:
 def load_catalog(path=None) -> dict[str, Machine]:
     """Machines from the packaged catalog, or from a YAML file with the same layout."""
     where = f"machine catalog '{path}'" if path else "the packaged machine catalog"
+    text = read_text(path, "machine catalog") if path is not None else (
+        resources.files("corescale") / "data" / "machines.yaml").read_text()
     try:
-        text = Path(path).read_text() if path else (
-            resources.files("corescale") / "data" / "machines.yaml").read_text()
         document = yaml.safe_load(text)
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else " ".join(str(exc).split())
-        raise UserError(f"cannot read {where}: {detail}") from None
+    except (yaml.YAMLError, ValueError, RecursionError) as exc:  # ValueError: an int of too many digits
+        raise UserError(f"cannot read {where}: {' '.join(str(exc).split())[:300]}") from None
     entries = document.get("machines") if isinstance(document, dict) else None
     if not isinstance(entries, dict) or not entries:
         raise UserError(f"{where} holds no machines: expected a mapping `machines: {{NAME: {{price_per_hour: "
@@ -55,11 +55,12 @@ def load_catalog(path=None) -> dict[str, Machine]:
 def _machine(name: str, entry, where: str) -> Machine:
     """One catalog entry, checked: a mapping with a finite price > 0 and whole vCPU and core counts >= 1."""
     if not isinstance(entry, dict):
-        raise UserError(f"machine '{name}' in {where} must be a mapping of {', '.join(FIELDS)} (got {entry!r})")
-    wrong = [f"{f}={entry.get(f)!r}" for f in FIELDS if not _usable(f, entry.get(f))]
+        raise UserError(f"machine '{name}' in {where} must be a mapping of {', '.join(FIELDS)} "
+                        f"(got {str(entry)[:80]})")
+    wrong = [f"{f}={repr(entry.get(f))[:40]}" for f in FIELDS if not _usable(f, entry.get(f))]
     if wrong:
         raise UserError(f"machine '{name}' in {where} has unusable {', '.join(wrong)}: price_per_hour must be a "
-                        "finite number > 0, vcpus and physical_cores whole numbers >= 1")
+                        f"finite number > 0, vcpus and physical_cores whole numbers from 1 to {MAX_CPUS}")
     if entry["physical_cores"] > entry["vcpus"]:
         raise UserError(f"machine '{name}' in {where} has more physical_cores ({entry['physical_cores']}) than "
                         f"vcpus ({entry['vcpus']})")
@@ -71,8 +72,11 @@ def _usable(field: str, value) -> bool:
     if isinstance(value, bool):
         return False
     if field == "price_per_hour":
-        return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
-    return isinstance(value, int) and value >= 1
+        try:
+            return isinstance(value, (int, float)) and math.isfinite(float(value)) and value > 0
+        except OverflowError:  # an int beyond any float
+            return False
+    return isinstance(value, int) and 1 <= value <= MAX_CPUS
 
 
 def find_machine(name: str, catalog: dict[str, Machine]) -> Machine:

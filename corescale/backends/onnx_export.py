@@ -1,43 +1,50 @@
 """ONNX export of the PyTorch model, cached on disk so sweeps export each model once.
 
-Key: model config + hash of the weights + opset + exporter (and its torch version). Each artifact (the export
-and every variant derived from it: fusion, quantization) is built once: under an inter-process lock
-(`<cache>/onnx/.locks/<artifact>.lock`, fcntl, released by the kernel if its holder dies), in a private temporary
-directory renamed into place when complete. Instances that start together on a cold cache wait for the one
-building it, then use its result; none ever sees a half-written file. A derived variant reads its input through
-a private view (links in its own temporary directory), because tools such as quantize_dynamic write scratch
-files beside their input.
+Each artifact (the export and every variant derived from it: fusion, quantization) is built once and verified
+before each use by the artifact cache (backends/artifact_cache.py: a lock per artifact, a private temporary
+directory renamed into place, a manifest of sizes and hashes). Instances that start together on a cold cache wait
+for the one building it, then use its result. A derived variant reads its input through a private view (links in
+its own temporary directory), because tools such as quantize_dynamic write scratch files beside their input.
+
+The keys cover what changes an artifact: the model (config, weights, files), the input names, the opset, the
+exporter's code and options, the versions of torch, Transformers and ONNX, and for a derived variant its tools'
+versions and its builder's code.
 
 The key needs the model built in torch, so each export is also filed under its source
-(`<cache>/onnx-sources/<source>.json`; the source: the model's identity and files, seed, inputs, opset, torch's
-and Transformers' versions, all known without importing either): a worker whose source was exported before
-opens the artifact with neither torch nor Transformers imported (torch is imported here only to build and
-export).
+(`<cache>/onnx-sources/<source>.json`; the source: the model's identity and files, seed, inputs, opset, the
+exporter's code, torch's, Transformers' and ONNX's versions, all known without importing any): a worker whose
+source was exported before opens the artifact with neither torch nor Transformers imported (torch is imported
+here only to build and export).
 """
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
+import importlib.util
+import inspect
 import json
 import os
+import re
 import shutil
 import tempfile
 import warnings
-from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
+from corescale.backends.artifact_cache import cached, damage, fsync_dir
 from corescale.workload.inputs import make_inputs
 from corescale.workload.models import source_files
 
 OPSET = 17
 MODEL_FILE = "model.onnx"
 SOURCES_DIR = "onnx-sources"  # beside the artifacts' folder: source -> artifact, see the module's docstring
-LOCK_DIR = ".locks"  # beside the artifacts: one lock file per artifact
+EXPORT_LIBRARIES = ("torch", "transformers", "onnx")  # what the export is made with
+DERIVED_LIBRARIES = ("onnx", "onnxruntime", "openvino")  # what a derived variant (fusion, int8) may be made with
+WRAPPER_MODULE = "corescale.backends.pytorch.task"  # the torch module the export traces (its file is hashed)
+KEY = re.compile(r"[0-9a-f]{24}")
 EXTERNAL_DATA_BYTES = 3 << 29  # 1.5 GiB: derived models keep weights in model.onnx.data (protobuf limit 2 GiB;
 # the exporter itself switches to external data files at that limit)
 
@@ -69,43 +76,32 @@ def parameter_bytes(module) -> int:
 
 def export_key(spec, module, input_names) -> str:
     identity = {"config": spec.config, "weights": weights_hash(module), "opset": OPSET, "exporter": exporter(),
-                "inputs": list(input_names), **spec.head.identity()}
+                "inputs": list(input_names), "libraries": versions(EXPORT_LIBRARIES), "code": exporter_code(),
+                **spec.head.identity()}
+    return digest(identity)
+
+
+def digest(identity: dict) -> str:
     return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
 
-@contextmanager
-def build_lock(target: Path):
-    """Exclusive, across processes, while `target` is built (opened read-only: flock needs no write access, so
-    a lock file another user created works too)."""
-    locks = target.parent / LOCK_DIR
-    locks.mkdir(parents=True, exist_ok=True)
-    fd = os.open(locks / f"{target.name}.lock", os.O_RDONLY | os.O_CREAT, 0o666)
+def versions(names: tuple[str, ...]) -> dict[str, str | None]:
+    return {name: _version(name) for name in names}
+
+
+def exporter_code() -> str:
+    """The code that shapes the exported graph (export() with its options, and the torch wrapper it traces),
+    hashed without importing torch: a change to either is a new artifact."""
+    found = importlib.util.find_spec(WRAPPER_MODULE)
+    wrapper = Path(found.origin).read_bytes() if found and found.origin else WRAPPER_MODULE.encode()
+    return hashlib.sha256(code_of(export).encode() + wrapper).hexdigest()[:16]
+
+
+def code_of(function: Callable) -> str:
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # closing releases the lock
-
-
-def cached(target: Path, build: Callable[[Path], None]) -> bool:
-    """Makes `target` (a directory) with build(tmp_dir) unless it exists; True when it was already there
-    (also when another process built it while this one waited for the lock)."""
-    if target.is_dir():
-        return True
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with build_lock(target):
-        if target.is_dir():
-            return True
-        for stale in target.parent.glob(f".{target.name}.*"):  # left by a builder that was killed: we hold the lock
-            shutil.rmtree(stale, ignore_errors=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-        try:
-            build(tmp)
-            os.chmod(tmp, 0o755)  # mkdtemp's 0700 would hide the cache from other users
-            os.rename(tmp, target)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    return False
+        return inspect.getsource(function)
+    except (OSError, TypeError):  # no source file (a frozen or generated function): its name then
+        return f"{function.__module__}.{function.__qualname__}"
 
 
 def private_view(source: Path, where: Path) -> Path:
@@ -142,8 +138,10 @@ class OnnxModel:
         self.path, self.key, self.large, self.cache_hit = path, key, large, cache_hit
 
     def derived(self, variant: str, build: Callable[[Path, Path, bool], None]) -> "OnnxModel":
-        """A cached transformation of this model: build(source_path, output_path, external_data)."""
-        target = self.path.parent.parent / f"{self.key}-{variant}"
+        """A cached transformation of this model: build(source_path, output_path, external_data). Its key: this
+        model's, the variant, the tools' versions and the builder's code."""
+        tools = digest({"variant": variant, "libraries": versions(DERIVED_LIBRARIES), "code": code_of(build)})
+        target = self.path.parent.parent / f"{self.key}-{variant}-{tools[:8]}"
 
         def build_variant(tmp: Path) -> None:
             view = tmp / ".input"
@@ -151,7 +149,7 @@ class OnnxModel:
             shutil.rmtree(view)  # the links (and the tool's scratch files) are not part of the artifact
 
         hit = cached(target, build_variant)
-        return OnnxModel(target / MODEL_FILE, f"{self.key}-{variant}", self.large, hit)
+        return OnnxModel(target / MODEL_FILE, target.name, self.large, hit)
 
 
 def onnx_model(spec, cfg, inputs: dict[str, np.ndarray], stages) -> OnnxModel:
@@ -196,8 +194,8 @@ def source_key(spec, cfg, inputs) -> str | None:
         return None
     identity = {"model": spec.identity(), "files": files, "seed": cfg.seed, "trust_remote_code": cfg.trust_remote_code,
                 "allow_pickle": cfg.allow_pickle, "inputs": list(inputs), "opset": OPSET,
-                "libraries": {name: _version(name) for name in ("torch", "transformers")}}
-    return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:24]
+                "libraries": versions(EXPORT_LIBRARIES), "code": exporter_code()}
+    return digest(identity)
 
 
 def _version(distribution: str) -> str | None:
@@ -212,14 +210,17 @@ def sources_root(cfg) -> Path:
 
 
 def known_export(cfg, source: str) -> OnnxModel | None:
-    """The artifact filed under `source`, when both are still there."""
+    """The artifact filed under `source`, when both are still there and intact (else it is built again)."""
     try:
-        entry = json.loads((sources_root(cfg) / f"{source}.json").read_text())
-        key, large = str(entry["key"]), bool(entry["large"])
+        with open(sources_root(cfg) / f"{source}.json", "rb") as handle:
+            entry = json.loads(handle.read(1 << 16))
+        key, large = entry["key"], entry["large"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    path = cache_root(cfg) / key / MODEL_FILE
-    return OnnxModel(path, key, large, cache_hit=True) if path.is_file() else None
+    if not isinstance(key, str) or not KEY.fullmatch(key) or not isinstance(large, bool):
+        return None  # not an entry this code wrote
+    artifact = cache_root(cfg) / key
+    return OnnxModel(artifact / MODEL_FILE, key, large, cache_hit=True) if damage(artifact) is None else None
 
 
 def file_export(cfg, source: str, model: OnnxModel) -> None:
@@ -230,8 +231,11 @@ def file_export(cfg, source: str, model: OnnxModel) -> None:
     try:
         with os.fdopen(fd, "w") as handle:
             json.dump({"key": model.key, "large": model.large}, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
         os.chmod(tmp, 0o644)  # readable by every user of a shared cache, as the artifacts are
         os.replace(tmp, root / f"{source}.json")
+        fsync_dir(root)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)

@@ -55,6 +55,16 @@ def _number(text: str, minimum: float, inclusive: bool) -> float:
     return value
 
 
+def path_arg(text: str) -> str:
+    """argparse type= of every option that names a file or directory: an empty one is refused (it would mean
+    the working directory, or nothing)."""
+    import argparse
+
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a path, got an empty string")
+    return text
+
+
 def positive_number(text: str) -> float:
     """argparse type= of options such as --price-per-hour and --slo-p99-ms: a finite number > 0."""
     return _number(text, 0.0, inclusive=False)

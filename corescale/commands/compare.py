@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from corescale.commands import add_common
-from corescale.commands._common import add_selection, check_csv_dest, fraction_number, load_table, write_csv
+from corescale.commands._common import add_selection, check_csv_dest, fraction_number, load_table, path_arg, write_csv
 
 ORDER = 70
 
@@ -13,15 +13,15 @@ def register(sub) -> None:
 
     parser = sub.add_parser("compare", help="compare two result roots: faster/slower, with significance")
     add_common(parser)
-    parser.add_argument("before", help="results root of the baseline")
-    parser.add_argument("after", help="results root to compare with it")
+    parser.add_argument("before", type=path_arg, help="results root of the baseline")
+    parser.add_argument("after", type=path_arg, help="results root to compare with it")
     parser.add_argument("--threshold", type=fraction_number, default=DEFAULT_THRESHOLD,
                         help=f"flag only changes larger than this fraction (default {DEFAULT_THRESHOLD:g})")
     parser.add_argument("--ignore", action="append", default=[], metavar="KEY",
                         help="config key that may differ between matched trials (repeatable), e.g. threads")
     parser.add_argument("--fail-on-regression", action="store_true",
                         help="exit 1 when any trial got significantly slower beyond the threshold (for CI)")
-    parser.add_argument("--csv", metavar="PATH", help="write the comparison as CSV ('-' for stdout)")
+    parser.add_argument("--csv", metavar="PATH", type=path_arg, help="write the comparison as CSV ('-' for stdout)")
     add_selection(parser)
     parser.set_defaults(handler=handle)
 

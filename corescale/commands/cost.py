@@ -7,6 +7,7 @@ from corescale.commands._common import (
     add_selection,
     check_csv_dest,
     load_table,
+    path_arg,
     positive_number,
     write_csv,
 )
@@ -17,14 +18,14 @@ ORDER = 60
 def register(sub) -> None:
     parser = sub.add_parser("cost", help="cost per 1M inferences; cheapest layout that meets a p99 SLO")
     add_common(parser)
-    parser.add_argument("root", nargs="?", help="results root, e.g. outputs/")
+    parser.add_argument("root", nargs="?", type=path_arg, help="results root, e.g. outputs/")
     parser.add_argument("--machine", help="instance type from the price catalog (see --list-machines)")
     parser.add_argument("--price-per-hour", type=positive_number, help="$/h of the machine you measured on (or, with "
                         "--machine, that machine's price)")
     parser.add_argument("--slo-p99-ms", type=positive_number, help="latency bound: p99 must be at most this many ms")
-    parser.add_argument("--catalog", help="YAML price catalog to use instead of the packaged one")
+    parser.add_argument("--catalog", type=path_arg, help="YAML price catalog to use instead of the packaged one")
     parser.add_argument("--list-machines", action="store_true", help="print the price catalog and exit")
-    parser.add_argument("--csv", metavar="PATH", help="write the cost table as CSV ('-' for stdout)")
+    parser.add_argument("--csv", metavar="PATH", type=path_arg, help="write the cost table as CSV ('-' for stdout)")
     add_selection(parser)
     parser.set_defaults(handler=handle)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from corescale.commands import add_common
-from corescale.commands._common import on_lock_wait
+from corescale.commands._common import on_lock_wait, path_arg
 
 ORDER = 20
 
@@ -18,7 +18,8 @@ def register(sub) -> None:
                         help="measure the GEMM peak again with every library, side by side (1 core and all cores; "
                              "fp32, and bf16/int8 where the ISA has them); the result is cached for runs")
     parser.add_argument("--libraries", metavar="LIST", help="with --peak: only these, e.g. torch_mm,numpy")
-    parser.add_argument("--cache-dir", default=None, help="where peaks are cached (default: the config's cache_dir)")
+    parser.add_argument("--cache-dir", type=path_arg, default=None,
+                        help="where peaks are cached (default: the config's cache_dir)")
     parser.set_defaults(handler=handle)
 
 

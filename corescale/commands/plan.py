@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from corescale.commands import add_common
+from corescale.commands._common import path_arg
 
 ORDER = 15
 
@@ -12,7 +13,7 @@ ORDER = 15
 def register(sub) -> None:
     parser = sub.add_parser("plan", help="show the placement of instances on cores (no benchmark runs)")
     add_common(parser)
-    parser.add_argument("--lscpu", metavar="FILE",
+    parser.add_argument("--lscpu", metavar="FILE", type=path_arg,
                         help="plan for the machine whose `lscpu -p=CPU,CORE,SOCKET,NODE` output is in FILE")
     parser.add_argument("--allowed-cpus", metavar="LIST", help="only these CPUs, e.g. 0-23,48-71")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
@@ -22,21 +23,16 @@ def register(sub) -> None:
 
 def load_topology(lscpu: str | None, allowed_cpus: str | None):
     """The topology to plan on; CPUs asked for with --allowed-cpus must all be usable there."""
-    from pathlib import Path
-
     from corescale.errors import UserError
     from corescale.machine.cpulist import format_cpulist, parse_cpulist
     from corescale.machine.topology import Topology, default_allowed
+    from corescale.userfiles import read_text
 
     allowed = parse_cpulist(allowed_cpus) if allowed_cpus is not None else None
     if allowed_cpus is not None and not allowed:
         raise UserError("--allowed-cpus is empty: give a CPU list such as 0-3,8")
     if lscpu is not None:
-        try:
-            text = Path(lscpu).read_text()
-        except OSError as exc:
-            raise UserError(f"cannot read --lscpu file '{lscpu}': {exc.strerror or exc}") from None
-        whole = Topology.from_lscpu(text)
+        whole = Topology.from_lscpu(read_text(lscpu, "--lscpu file"))
     else:
         whole = Topology.from_sysfs(allowed=default_allowed())
     if allowed is None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from corescale.commands import add_common
-from corescale.commands._common import add_selection, check_csv_dest, load_table, write_csv
+from corescale.commands._common import add_selection, check_csv_dest, load_table, path_arg, write_csv
 
 ORDER = 40
 
@@ -11,12 +11,13 @@ ORDER = 40
 def register(sub) -> None:
     parser = sub.add_parser("results", help="one table of every result under a results root")
     add_common(parser)
-    parser.add_argument("root", help="results root, e.g. outputs/")
+    parser.add_argument("root", type=path_arg, help="results root, e.g. outputs/")
     add_selection(parser)
     parser.add_argument("--columns", help="comma-separated columns to show (default: a summary); 'all' for every one")
     parser.add_argument("--sort", metavar="COLUMN", help="sort by this column")
     parser.add_argument("--desc", action="store_true", help="with --sort: largest first")
-    parser.add_argument("--csv", metavar="PATH", help="write the table (all columns) as CSV; '-' for stdout")
+    parser.add_argument("--csv", metavar="PATH", type=path_arg,
+                        help="write the table (all columns) as CSV; '-' for stdout")
     parser.set_defaults(handler=handle)
 
 

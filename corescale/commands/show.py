@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from corescale.commands import add_common
+from corescale.commands._common import path_arg
 
 ORDER = 30
 
@@ -12,7 +13,7 @@ ORDER = 30
 def register(sub) -> None:
     parser = sub.add_parser("show", help="re-print a saved result")
     add_common(parser)
-    parser.add_argument("path")
+    parser.add_argument("path", type=path_arg)
     parser.add_argument("--json", action="store_true")
     parser.set_defaults(handler=handle)
 

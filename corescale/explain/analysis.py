@@ -94,19 +94,24 @@ def save(results: list[dict], root: Path) -> Path:
                                                          "configurations": results})
 
 
-def load_saved(root: Path) -> list[dict]:
-    """Every saved explanation under <root>/explain/ (unreadable files skipped), oldest first."""
-    import json
+def load_saved(root: Path) -> tuple[list[dict], list[str]]:
+    """Every saved explanation under <root>/explain/, oldest first, and why each other file there was skipped
+    (unreadable, not JSON, not an explanation)."""
+    from corescale.errors import UserError
+    from corescale.userfiles import read_json
 
-    found = []
+    found, skipped = [], []
     for path in sorted((Path(root) / EXPLAIN_DIR).glob("*.json")):
         try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError):
+            data = read_json(path, "explain file")
+        except UserError as exc:
+            skipped.append(str(exc))
             continue
-        if isinstance(data, dict) and data.get("kind") == "explain":
+        if isinstance(data, dict) and data.get("kind") == "explain" and isinstance(data.get("configurations"), list):
             found.append({**data, "path": str(path)})
-    return found
+        else:
+            skipped.append(f"'{path}' is not a corescale explanation (an object of kind explain with configurations)")
+    return found, skipped
 
 
 __all__ = ["OP_CLASSES", "explain", "facts", "save", "load_saved", "label"]

@@ -3,8 +3,11 @@ measured like a run's), then the explain worker pinned and configured exactly li
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import os
+import signal
 import subprocess
 import tempfile
 from pathlib import Path
@@ -33,9 +36,11 @@ def profile(trial, isa: dict, on_lock_wait=None) -> dict:
             try:
                 _, err = process.communicate(timeout=cfg.timeout)
             except subprocess.TimeoutExpired:
-                process.kill()  # as subprocess.run(timeout=) does: killed, waited for, the timeout raised
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)  # its own session (spawn): every process it started
                 process.wait()
-                raise
+                raise UserError(f"the explain worker did not finish within timeout={cfg.timeout:g} s (loading, "
+                                "warm-up, the timed calls and the profiled ones); give a larger timeout=") from None
         try:
             result = json.loads(out.read_text())
         except (OSError, ValueError):

@@ -164,16 +164,20 @@ def gemm_peak(threads: int, precision: str, libraries: tuple[str, ...] | None = 
 
 # --- the cache (light: no framework import) ---------------------------------------------------------------------
 
-def fingerprint(cpu: dict, topology: dict) -> str:
-    """Machine + software: CPU model and ISA, topology, and the versions of the libraries measured."""
+def fingerprint(cpu: dict, topology: dict, clocks: dict | None = None) -> str:
+    """Machine + software: CPU model and ISA, topology (SMT shows in its logical CPUs), what sets the clock
+    (governor, turbo) and the versions of the libraries measured."""
     versions: dict[str, str | None] = {}
     for name in SOFTWARE:
         try:
             versions[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
             versions[name] = None
-    blob = json.dumps({"cpu": cpu.get("model"), "isa": cpu.get("isa"), "topology": topology, "versions": versions,
-                       "method": METHOD_VERSION}, sort_keys=True, default=str)
+    identity = {"cpu": cpu.get("model"), "isa": cpu.get("isa"), "topology": topology, "versions": versions,
+                "method": METHOD_VERSION}
+    if clocks:  # only when known: entries of machines without cpufreq keep their fingerprint
+        identity["clocks"] = clocks
+    blob = json.dumps(identity, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -183,7 +187,20 @@ def host_fingerprint() -> str:
 
     topology = Topology.from_sysfs()
     return fingerprint(cpuinfo(), {"logical_cpus": len(topology.cpu_ids), "physical_cores":
-                                   len(topology.physical_cores)})
+                                   len(topology.physical_cores)}, clock_settings())
+
+
+CLOCK_FILES = {"governor": "cpufreq/policy0/scaling_governor", "boost": "cpufreq/boost",
+               "no_turbo": "intel_pstate/no_turbo", "smt": "smt/control"}
+
+
+def clock_settings() -> dict[str, str]:
+    """What changes a peak without changing the CPU: the frequency governor, turbo/boost, SMT control (those this
+    machine exposes under /sys/devices/system/cpu)."""
+    from corescale.machine.topology import read_text
+
+    found = {name: read_text(f"/sys/devices/system/cpu/{path}") for name, path in CLOCK_FILES.items()}
+    return {name: value for name, value in found.items() if value is not None}
 
 
 class PeakCache:
@@ -196,11 +213,14 @@ class PeakCache:
         return self.root / f"{format_cpulist(sorted(cpus)) or 'none'}-t{threads}-{precision}.json"
 
     def get(self, cpus, threads: int, precision: str) -> dict | None:
-        try:
-            entry = json.loads(self.path(cpus, threads, precision).read_text())
-        except (OSError, ValueError):
-            return None
-        ok = isinstance(entry, dict) and entry.get("method_version") == METHOD_VERSION and entry.get("gflops")
+        """The cached peak; None (measure again) when absent, another method's, malformed or out of range."""
+        entry = _read_entry(self.path(cpus, threads, precision))
+        ok = (entry is not None and entry.get("method_version") == METHOD_VERSION
+              and entry.get("precision", precision) == precision
+              and _in_range(entry.get("gflops"), threads * MAX_GFLOPS_PER_THREAD)
+              and isinstance(entry.get("library"), (str, type(None)))
+              and isinstance(entry.get("libraries", {}), dict)
+              and all(isinstance(rate, (int, float)) for rate in entry.get("libraries", {}).values()))
         return entry if ok else None
 
     def bandwidth_path(self, cpus, threads: int) -> Path:
@@ -210,12 +230,29 @@ class PeakCache:
     def get_bandwidth(self, cpus, threads: int) -> dict | None:
         from corescale.machine.bandwidth import METHOD_VERSION as BANDWIDTH_VERSION
 
-        try:
-            entry = json.loads(self.bandwidth_path(cpus, threads).read_text())
-        except (OSError, ValueError):
-            return None
-        ok = isinstance(entry, dict) and entry.get("method_version") == BANDWIDTH_VERSION and entry.get("gbps")
+        entry = _read_entry(self.bandwidth_path(cpus, threads))
+        ok = (entry is not None and entry.get("method_version") == BANDWIDTH_VERSION
+              and _in_range(entry.get("gbps"), MAX_GBPS))
         return entry if ok else None
+
+
+MAX_GFLOPS_PER_THREAD = 50_000.0  # beyond any CPU core (AMX int8 peaks near 15 TOP/s a core): a corrupt entry
+MAX_GBPS = 50_000.0  # beyond any memory system a CPU has (HBM parts: a few TB/s)
+
+
+def _read_entry(path: Path) -> dict | None:
+    """A cache file's JSON object; None when missing, unreadable, not JSON or not an object."""
+    try:
+        with open(path, "rb") as handle:
+            entry = json.loads(handle.read(1 << 20))
+    except (OSError, ValueError, RecursionError):
+        return None
+    return entry if isinstance(entry, dict) else None
+
+
+def _in_range(value, limit: float) -> bool:
+    """A real, finite number in (0, limit]."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= limit
 
 
 

@@ -156,8 +156,8 @@ class Topology:
             value = fields[col[name]]
             if value == "" and default is not None:
                 return default
-            if not re.fullmatch(r"[0-9]+", value):
-                raise UserError(f"lscpu line {lineno}: bad {name.upper()} value '{value}': {LSCPU_HINT}")
+            if not re.fullmatch(r"[0-9]{1,6}", value):  # a whole number of at most 6 digits (Linux: < 8192 CPUs)
+                raise UserError(f"lscpu line {lineno}: bad {name.upper()} value '{value[:20]}': {LSCPU_HINT}")
             return int(value)
 
         width = max(col["cpu"], col["core"], col["socket"], col["node"]) + 1

@@ -12,7 +12,10 @@ Only what cannot differ between the worker's own start and a fork is shared: the
 (command prefix, environment, CPUs, backend) and the repeat. Repeats never share a server: their spread is the
 measurement's uncertainty, and a fresh start randomises what forks of one server share (library addresses, the
 interpreter's heap). A backend whose registry entry says it may not be forked (TensorFlow starts threads on import)
-never forks from here.
+never forks from here; nor does a server whose imports left threads running that are not known to be fork-safe
+(a fork copies a lock such a thread holds, never the thread: the worker could deadlock). Known fork-safe: OpenBLAS's
+workers (its pthread_atfork handler stops them around a fork), counted from threadpoolctl's view of each OpenBLAS,
+and jemalloc's background threads (by name; its fork handlers restart them).
 """
 
 from __future__ import annotations
@@ -85,8 +88,10 @@ class Server:
     process: subprocess.Popen
     channel: socket.socket
     threads: int | None = None  # known once its imports are done (the "ready" line)
+    unknown_threads: int = 0  # of those, how many are not known to be fork-safe
 
     def wait_ready(self) -> bool:
+        """Its imports are done and forking it is safe (no thread running that a fork could break)."""
         if self.threads is None:
             self.channel.settimeout(READY_TIMEOUT_S)
             try:
@@ -94,10 +99,11 @@ class Server:
             except OSError:
                 reply = ""
             self.channel.settimeout(None)
-            if not reply.startswith("ready "):
+            words = reply.split()
+            if len(words) != 3 or words[0] != "ready" or not all(w.isdigit() for w in words[1:]):
                 return False
-            self.threads = int(reply.split()[1])
-        return True
+            self.threads, self.unknown_threads = int(words[1]), int(words[2])
+        return self.unknown_threads == 0
 
     def fork(self, job_path: Path, stderr_path: Path) -> AdoptedProcess:
         stdin_r, stdin_w = os.pipe()
@@ -309,8 +315,25 @@ def main(argv: list[str]) -> int:
     channel = socket.socket(fileno=int(argv[0]))
     supervisor = os.getppid()
     imports.PREIMPORTED.update(imports.timed_imports(argv[1:]))  # the forked workers report them
-    channel.sendall(f"ready {len(os.listdir('/proc/self/task'))}\n".encode())
+    threads = len(os.listdir("/proc/self/task"))
+    channel.sendall(f"ready {threads} {max(threads - 1 - fork_safe_threads(), 0)}\n".encode())
     return serve(channel, supervisor)
+
+
+FORK_SAFE_THREAD_NAMES = ("jemalloc_bg_thd",)  # jemalloc's background threads: its atfork handlers restart them
+
+
+def fork_safe_threads() -> int:
+    """Threads of this process known to survive a fork: each OpenBLAS's workers (num_threads - 1, started when
+    it loads; its atfork handler stops them before a fork) and those named in FORK_SAFE_THREAD_NAMES."""
+    from threadpoolctl import threadpool_info
+
+    named = 0
+    for task in os.listdir("/proc/self/task"):
+        with contextlib.suppress(OSError):
+            named += Path(f"/proc/self/task/{task}/comm").read_text().strip() in FORK_SAFE_THREAD_NAMES
+    return named + sum(max(int(pool.get("num_threads") or 1) - 1, 0) for pool in threadpool_info()
+                       if pool.get("internal_api") == "openblas")
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ from corescale.measure.calibrate import with_peaks
 from corescale.measure.launcher import Launcher, LaunchOutcome
 from corescale.measure.server import Server, batches_csv, summarise
 from corescale.measure.timing import read_pairs
-from corescale.record.files import PendingRun, run_name
+from corescale.record.files import PendingRun, log_name, run_name
 from corescale.record.sections import HostEnvironment, InstanceReport, ServerSummary
 from corescale.record.trial import Failure, Partial, Roofline, RunMetrics, TrialRecord, spec_key, trial_key
 from corescale.workload.flops import forward_flops
@@ -344,7 +344,7 @@ def commit(measured: UncommittedResult) -> TrialOutcome:
     pending = PendingRun(cfg.results_root, run_name(cfg))
     try:
         for name, data in measured.logs.items():
-            (pending.tmp / name).write_bytes(data)
+            (pending.tmp / log_name(name)).write_bytes(data)
         if measured.samples is not None:
             pending.write_samples(measured.samples)
         pending.write_config(cfg.to_dict())

@@ -22,6 +22,7 @@ from corescale.userfiles import read_json
 
 RESULT_FILE = "result.json"
 SAMPLES_FILE = "samples.parquet"
+CONFIG_FILE = "config.yaml"
 TMP_PREFIX = ".tmp-"
 
 
@@ -31,6 +32,24 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb") as handle:
+        os.fsync(handle.fileno())
+
+
+def umask() -> int:
+    """The process's umask, read without changing it (Linux: /proc/self/status; else set and restored)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def write_atomic(path: Path, data: str | bytes | Callable[[Path], None], what: str = "") -> Path:
@@ -45,14 +64,17 @@ def write_atomic(path: Path, data: str | bytes | Callable[[Path], None], what: s
         raise UserError(f"cannot write {what + ' ' if what else ''}'{path}': {exc.strerror}") from None
     tmp = Path(name)
     try:
+        os.fchmod(fd, 0o666 & ~umask())  # mkstemp's 0600: as readable as any file the user makes
         with os.fdopen(fd, "wb") as handle:
             if callable(data):
                 data(tmp)
+                _fsync_file(tmp)  # what the function wrote, through its own handle
             else:
                 handle.write(data.encode() if isinstance(data, str) else data)
                 handle.flush()
                 os.fsync(handle.fileno())
         os.replace(tmp, path)
+        _fsync_dir(path.parent)  # the rename itself survives a crash
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -65,6 +87,13 @@ def write_json_atomic(path: Path, data: Any) -> Path:
 
 def slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_")[:40] or "model"
+
+
+def log_name(name: object) -> str:
+    """A log file's name as it is written into a result directory: one plain name (a Ray node chooses these:
+    no path, no hidden or reserved name), whatever it was sent as."""
+    plain = re.sub(r"[^A-Za-z0-9._-]+", "_", str(name)).lstrip(".")[:120] or "log"
+    return f"log-{plain}" if plain in (RESULT_FILE, SAMPLES_FILE, CONFIG_FILE) else plain
 
 
 def run_name(cfg) -> str:
@@ -83,17 +112,20 @@ class PendingRun:
         self.root.mkdir(parents=True, exist_ok=True)
         self.name = name
         self.tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{name}-", dir=self.root))
+        os.chmod(self.tmp, 0o777 & ~umask())  # mkdtemp's 0700: as readable as any directory the user makes
 
     def write_samples(self, frame: pd.DataFrame) -> None:
         frame.to_parquet(self.tmp / SAMPLES_FILE, index=False)
 
     def write_config(self, config: dict) -> None:
-        (self.tmp / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+        (self.tmp / CONFIG_FILE).write_text(yaml.safe_dump(config, sort_keys=False))
 
     def commit(self, record: dict) -> Path:
         """`record` is TrialRecord.to_json(); the directory appears under its final name only now."""
+        for item in self.tmp.iterdir():  # samples, config and logs reach the disk before the directory is renamed
+            if item.is_file():
+                _fsync_file(item)
         write_json_atomic(self.tmp / RESULT_FILE, record)
-        _fsync_dir(self.tmp)
         suffix = 0
         while True:  # rename never replaces a committed (non-empty) dir: a concurrent writer gets the next name
             final = self.root / (f"{self.name}.{suffix}" if suffix else self.name)

@@ -10,6 +10,7 @@ import io
 from collections.abc import Sequence
 from pathlib import Path
 
+import matplotlib
 import numpy as np
 import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -17,6 +18,9 @@ from matplotlib.figure import Figure
 
 from corescale.analysis.store import config_columns, normalise_value, ok_rows
 from corescale.record.sections import ServerSummary
+
+# Text in corescale's figures is drawn as written: a `$` in a model name, a label or a price is not mathtext
+matplotlib.rcParams["text.parse_math"] = False
 
 # How a trial was measured, not what: never splits a series.
 PROCEDURE = {"output_dir", "cache_dir", "duration", "min_iterations", "timeout", "calibrate", "seed",

@@ -98,17 +98,17 @@ def figure_png(results: list[dict]) -> bytes:
     return png_bytes(stacked_figure(results))
 
 
-def section_html(saved: list[dict]) -> str:
-    """The report's explain section: per saved explanation its stacked bar and its findings."""
+SECTION_NOTE = '<p class="note">Profiling runs (corescale explain): not timing results, never in the tables above.</p>'
+
+
+def entry_html(entry: dict) -> str:
+    """One saved explanation in the report: its stacked bar and its findings. A value of the wrong shape raises
+    KeyError, TypeError, ValueError or AttributeError (the caller skips that file with a note)."""
     import base64
 
-    parts = ['<p class="note">Profiling runs (corescale explain): not timing results, never in the tables above.'
-             "</p>"]
-    for entry in saved:
-        results = entry["configurations"]
-        png = base64.b64encode(figure_png(results)).decode()
-        items = "".join(f"<li><b>{html.escape(r['label'])}</b>: {html.escape(f['text'])}</li>"
-                        for r in results for f in r["findings"])
-        parts.append(f'<figure class="explain"><img alt="time by op class" src="data:image/png;base64,{png}">'
-                     f"<figcaption>{html.escape(entry['path'])}</figcaption></figure><ul>{items}</ul>")
-    return "".join(parts)
+    results = entry["configurations"]
+    png = base64.b64encode(figure_png(results)).decode()
+    items = "".join(f"<li><b>{html.escape(str(r['label']))}</b>: {html.escape(str(f['text']))}</li>"
+                    for r in results for f in r["findings"])
+    return (f'<figure class="explain"><img alt="time by op class" src="data:image/png;base64,{png}">'
+            f"<figcaption>{html.escape(entry['path'])}</figcaption></figure><ul>{items}</ul>")

@@ -41,6 +41,7 @@ class Built:
     path: Path
     charts: list[str] = field(default_factory=list)  # ids of the charts drawn
     missing: list[str] = field(default_factory=list)  # ids left out for lack of data
+    skipped: list[str] = field(default_factory=list)  # why a tune or explain document was left out
     pngs: list[Path] = field(default_factory=list)
 
 
@@ -292,10 +293,13 @@ def build(root, out: Path | None = None, machine: str | None = None, price: floa
         if chart.id == "cost":
             body += cost_html(context)
         sections.append((chart.id, chart.title, body))
-    sections.extend(_explain_sections(root))
+    sections.extend(_explain_sections(root, built.skipped))
     from corescale.report import tune as tune_report
 
-    sections[:0] = tune_report.sections(root, frame)  # a tune's directory: its section first
+    try:
+        sections[:0] = tune_report.sections(root, frame)  # a tune's directory: its section first
+    except UserError as exc:  # a malformed tune.json: the rest of the report still stands
+        built.skipped.append(str(exc))
     curves = report_plots.load_curves(frame)
     if curves:  # only where server searches were run (no "missing" note otherwise)
         chart = Chart("load_curve", "Load curve (server scenario)", "Latency from LoadGen's scheduled issue time "
@@ -309,20 +313,28 @@ def build(root, out: Path | None = None, machine: str | None = None, price: floa
         sections.append((chart.id, chart.title, _figure_html(chart, png, png_path.name)))
     sections.append(("environment", "Environment", environment_html(frame)))
     sections.append(("results", f"All results ({len(frame)})", html_table(frame, RESULT_COLUMNS, "results-table")))
-    if table.problems:
-        items = "".join(f"<li>{e(reason)}</li>" for _, reason in table.problems)
-        sections.append(("problems", "Skipped result files", f"<ul>{items}</ul>"))
+    if table.problems or built.skipped:
+        items = "".join(f"<li>{e(reason)}</li>" for reason in [*(r for _, r in table.problems), *built.skipped])
+        sections.append(("problems", "Skipped files", f"<ul>{items}</ul>"))
     write_atomic(out, _page(root, frame, sections), "report")
     return built
 
 
-def _explain_sections(root) -> list[tuple[str, str, str]]:
-    """`corescale explain` runs saved under the root: a stacked bar per backend (profiling runs, apart)."""
+def _explain_sections(root, skipped: list[str]) -> list[tuple[str, str, str]]:
+    """`corescale explain` runs saved under the root: a stacked bar per backend (profiling runs, apart); a file
+    that cannot be drawn is added to `skipped` with why."""
     from corescale.explain.analysis import load_saved
-    from corescale.report.explain import section_html
+    from corescale.report.explain import SECTION_NOTE, entry_html
 
-    saved = load_saved(root)
-    return [("explain", "Where the time goes (corescale explain)", section_html(saved))] if saved else []
+    saved, unreadable = load_saved(root)
+    skipped.extend(unreadable)
+    parts = []
+    for entry in saved:
+        try:
+            parts.append(entry_html(entry))
+        except (AttributeError, KeyError, TypeError, ValueError, IndexError) as exc:  # valid JSON, wrong shape
+            skipped.append(f"malformed explain file '{entry['path']}': {type(exc).__name__}: {str(exc)[:160]}")
+    return [("explain", "Where the time goes (corescale explain)", SECTION_NOTE + "".join(parts))] if parts else []
 
 
 def _page(root, frame: pd.DataFrame, sections: list[tuple[str, str, str]]) -> str:

@@ -10,8 +10,11 @@ import json
 from pathlib import Path
 
 from corescale.analysis import store
+from corescale.errors import UserError
 from corescale.tune import document
 from corescale.tune.document import Figure, TuneDocument
+from corescale.tune.recipe import RECIPE, RECIPE_DIR
+from corescale.userfiles import read_text
 
 e = html.escape
 PLOT_CONFIG = {"displaylogo": False, "responsive": True}
@@ -34,7 +37,7 @@ def _measurements(frame) -> list[dict]:
             continue  # a server search where no rate met the SLO: nothing to place
         rows.append({"p50": p50, "p99": row["latency_p99_ms"], "throughput": rate, "finished": row["finished_at"],
                      "duration": config.get("duration"), "run": row["run"],
-                     "config": "<br>".join(f"{k}={v}" for k, v in shown.items() if v is not None)})
+                     "config": "<br>".join(e(f"{k}={v}") for k, v in shown.items() if v is not None)})
     return rows
 
 
@@ -83,7 +86,7 @@ def trials_figure(doc: TuneDocument):
         shown = [(t, finished, value) for t, finished, value in measured if value is not None]
         figure.add_trace(go.Scatter(
             x=[finished - start for _, finished, _ in shown], y=[value for _, _, value in shown],
-            mode="markers", name=name, text=[f"#{t.number} {t.label} ({t.state.lower()})" for t, _, _ in shown],
+            mode="markers", name=name, text=[e(f"#{t.number} {t.label} ({t.state.lower()})") for t, _, _ in shown],
             hovertemplate="%{text}<br>%{y:.4g}<extra></extra>"))
     best: float | None = None
     line = []
@@ -107,7 +110,7 @@ def importance_figure(doc: TuneDocument):
     if not values:
         return None
     names = list(values)[::-1]
-    figure = go.Figure(go.Bar(x=[values[n] for n in names], y=names, orientation="h"))
+    figure = go.Figure(go.Bar(x=[values[n] for n in names], y=[e(n) for n in names], orientation="h"))
     figure.update_layout(xaxis_title="importance (optuna.importance, fANOVA)", height=120 + 28 * len(names),
                          margin={"t": 20})
     return figure
@@ -138,15 +141,16 @@ def recommendation_html(doc: TuneDocument) -> str:
             f"</thead><tbody>{''.join(body)}</tbody></table></div>")
 
 
-def recipe_html(doc: TuneDocument) -> str:
+def recipe_html(doc: TuneDocument, root) -> str:
+    """The recipe the tune wrote into its directory (read there: the document's path is only shown)."""
     recipe = doc.recipe
     if not recipe:
         return '<p class="note">No recipe: no configuration met the constraints.</p>'
     try:
-        script = Path(recipe["recipe.sh"]).read_text()
-    except OSError:
-        script = ""
-    return (f"<p>Written to <code>{e(recipe['recipe.sh'])}</code> (with <code>snippet.py</code> and "
+        script = read_text(Path(root) / RECIPE_DIR / RECIPE, "tune recipe")
+    except UserError as exc:
+        script = f"# {exc}"
+    return (f"<p>Written to <code>{e(str(recipe.get(RECIPE)))}</code> (with <code>snippet.py</code> and "
             f"<code>config.yaml</code> beside it).</p><pre id=\"tune-recipe\">{e(script)}</pre>")
 
 
@@ -157,9 +161,9 @@ def sections(root, frame) -> list[tuple[str, str, str]]:
     doc = document.read(root)
     if doc is None:
         return []
-    summary = (f"<p>objective <b>{e(doc.objective.name)}</b> · {doc.space_size} configurations in the "
+    summary = (f"<p>objective <b>{e(doc.objective.name)}</b> · {e(str(doc.space_size))} configurations in the "
                f"space · {len(doc.trials)} Optuna trials · screening {doc.screen_s:g} s, full "
-               f"{doc.duration_s:g} s windows · final repeats {doc.settings.get('repeats')} · elapsed "
+               f"{doc.duration_s:g} s windows · final repeats {e(str(doc.settings.get('repeats')))} · elapsed "
                f"{(doc.elapsed_s or 0) / 60:.1f} min</p>")
     parts = [f"<script>{plotly.offline.get_plotlyjs()}</script>", summary, recommendation_html(doc)]
     charts = [("tune-trials", "Trials over time", trials_figure(doc)),
@@ -170,4 +174,4 @@ def sections(root, frame) -> list[tuple[str, str, str]]:
         parts.append(f"<h3>{e(title)}</h3>")
         parts.append(_div(figure, div_id) if figure is not None else
                      '<p class="note">Not enough finished trials for this chart.</p>')
-    return [("tuner", "Tuner", "".join(parts)), ("recipe", "Deployment recipe", recipe_html(doc))]
+    return [("tuner", "Tuner", "".join(parts)), ("recipe", "Deployment recipe", recipe_html(doc, root))]

@@ -145,7 +145,7 @@ def write_outputs(tune: Tune, study, verdict: Verdict, finalists: list[Finalist]
                              f"measured on {record.environment.cpu.model or '?'}, "
                              f"{tune.physical_cores} physical cores"
                              + (f" (Ray node type {tune.node_type})" if tune.node_type else "")])
-        paths = recipes.write(tune.tune_dir / "recipe", record, winner.overrides, summary)
+        paths = recipes.write(tune.tune_dir / recipes.RECIPE_DIR, record, winner.overrides, summary)
         recipe = {name: str(path) for name, path in paths.items()}  # and the run line (a list of words)
         recipe["run_line"] = recipes.run_line(winner.overrides)
         recipe["key"] = record.trial_key

@@ -7,6 +7,7 @@ launcher really used: machine/instance_env.py), never derived again."""
 
 from __future__ import annotations
 
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -14,12 +15,15 @@ from pathlib import Path
 import yaml
 
 from corescale.backends import attribute, entry
+from corescale.errors import UserError
 from corescale.machine.cpulist import format_cpulist
 from corescale.overrides import override_key
 from corescale.record.files import write_atomic
 from corescale.record.trial import TrialRecord
 
+RECIPE_DIR = "recipe"  # in the tune's directory
 RECIPE, SNIPPET, CONFIG = "recipe.sh", "snippet.py", "config.yaml"
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # what a shell takes as a variable name, and nothing else
 INDEX_ENV, COUNT_ENV = "CORESCALE_INSTANCE_INDEX", "CORESCALE_INSTANCES"
 
 
@@ -35,7 +39,7 @@ def instance_lines(record: TrialRecord) -> list[str]:
     count = len(record.specs)
     unset = " -u OMP_PROC_BIND -u OMP_PLACES" if record.config.openmp == "intel" else ""
     for spec, report in zip(record.specs, record.instance_reports):
-        env = dict(report.launch.get("env") or {})
+        env = checked_env(report.launch.get("env") or {}, record.trial_key)
         env.update({INDEX_ENV: str(spec.id), COUNT_ENV: str(count)})
         assigned = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
         cpus, nodes = format_cpulist(spec.cpus), format_cpulist(spec.numa_nodes)
@@ -44,6 +48,19 @@ def instance_lines(record: TrialRecord) -> list[str]:
         lines.append(f"env{unset} {assigned} $(bind {shlex.quote(cpus)} {shlex.quote(nodes)}) \"$@\" &")
         lines.append("pids+=($!)")
     return lines
+
+
+def checked_env(env: object, key: str) -> dict[str, str]:
+    """An instance's recorded environment, safe to write into a shell line: each name a shell variable name,
+    each value a string (a result file edited by hand could hold anything)."""
+    if not isinstance(env, dict):
+        raise UserError(f"the record of trial {key} holds an instance environment that is not a mapping")
+    for name, value in env.items():
+        if not isinstance(name, str) or not ENV_NAME.fullmatch(name) or not isinstance(value, str):
+            raise UserError(f"the record of trial {key} holds an environment entry {str(name)[:40]!r}="
+                            f"{str(value)[:40]!r} that is not NAME=text with NAME a shell variable name; the "
+                            "recipe is not written")
+    return dict(env)
 
 
 def recipe_script(record: TrialRecord, overrides: list[str], summary: str) -> str:

@@ -206,6 +206,33 @@ def check_config(config: Any, where: str) -> None:
     heads = config.get("num_attention_heads", config.get("n_heads"))
     if hidden and heads and hidden % heads:
         raise UserError(f"{where}: the hidden size {hidden} is not a multiple of the {heads} attention heads")
+    check_special_tokens(config, where)
+
+
+SPECIAL_TOKENS = ("pad_token_id", "bos_token_id", "eos_token_id", "sep_token_id", "cls_token_id")
+FIRST_ORDINARY_ID = 5  # random query ids are drawn from here up (below: a model's special tokens)
+
+
+def check_special_tokens(config: dict, where: str) -> None:
+    """The vocabulary holds the special token ids the config names and some ordinary ids after the first
+    FIRST_ORDINARY_ID (random queries draw from those)."""
+    vocab = config.get("vocab_size", 30522)
+    if not isinstance(vocab, int):
+        return  # a size field of the wrong type: check_config's
+    if vocab <= FIRST_ORDINARY_ID:
+        raise UserError(f"{where}: vocab_size={vocab} leaves no ordinary token ids (random queries use ids "
+                        f"{FIRST_ORDINARY_ID} and up, below the vocabulary size); allowed: vocab_size > "
+                        f"{FIRST_ORDINARY_ID}")
+    for key in SPECIAL_TOKENS:
+        value = config.get(key)
+        ids = value if isinstance(value, list) and value else [value]  # some configs list several eos ids
+        if value is not None and not all(_token_id(v, vocab) for v in ids):
+            raise UserError(f"{where}: {key}={str(value)[:40]} is not a token id of the vocabulary (a whole number "
+                            f"from 0 to vocab_size-1 = {vocab - 1})")
+
+
+def _token_id(value: Any, vocab: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < vocab
 
 
 def _hub_reachable(host: str = "huggingface.co") -> bool:
@@ -231,11 +258,13 @@ def _hub_spec(name: str, trust_remote_code: bool) -> ModelSpec:
     for local_only in attempts:
         try:
             config = AutoConfig.from_pretrained(name, trust_remote_code=trust_remote_code, local_files_only=local_only)
-            found = config.to_dict()
-            return ModelSpec(name=name, source="hub", config=found, path=name,
-                             head_json=model_head(hub_snapshot(name), found, name).to_json())
         except Exception as exc:  # not cached, unknown id, no network: all the same to the user
             error = exc
+            continue
+        found = config.to_dict()
+        check_special_tokens(found, f"hub model '{name}': config.json")
+        return ModelSpec(name=name, source="hub", config=found, path=name,
+                         head_json=model_head(hub_snapshot(name), found, name).to_json())
     why = "HF_HUB_OFFLINE is set" if offline else ("the hub is unreachable" if len(attempts) == 1 else "")
     hint = f" ({why} and it is not in the local cache)" if why else ""
     raise UserError(

@@ -37,7 +37,7 @@ DEFAULT_GATES = {
     "classify": "label_agreement>=0.99,max_probability_diff<=0.05",
     "encode": "",  # raw drift (reference=, drift_tolerance=) judges a plain encoder, as before tasks
 }
-_TERM = re.compile(r"\s*([a-z0-9_]+)\s*(>=|<=)\s*([0-9.eE+-]+)\s*")
+_TERM = re.compile(r"\s*([a-z0-9_]+)\s*(>=|<=|:)\s*([0-9.eE+-]+)\s*")
 
 
 @dataclass(frozen=True)
@@ -53,14 +53,17 @@ class Bound:
         return f"{self.metric}{self.op}{self.value:g}"
 
 
-def parse_gate(text: str | None, task: str) -> list[Bound]:
-    """`min_quality` (None: the task's default) as bounds; one line for a metric of another task or bad syntax."""
-    spec = DEFAULT_GATES[task] if text is None else text
+def parse_gate(gate: str | dict | None, task: str) -> list[Bound]:
+    """`min_quality` (None: the task's default) as bounds: "m>=v,m<=v", "m:v" (the direction is the metric's) or a
+    {metric: bound} mapping; one line for a metric of another task or bad syntax."""
+    spec = DEFAULT_GATES[task] if gate is None else gate
+    if isinstance(spec, dict):
+        spec = ",".join(f"{k}:{v}" for k, v in spec.items())
     bounds = []
     for term in filter(str.strip, spec.split(",")):
         match = _TERM.fullmatch(term)
         if not match:
-            raise UserError(f"min_quality term '{term.strip()}' is not METRIC>=VALUE or METRIC<=VALUE")
+            raise UserError(f"min_quality term '{term.strip()}' is not METRIC:BOUND, METRIC>=BOUND or METRIC<=BOUND")
         metric, op, raw = match.groups()
         if not METRICS[task]:
             raise UserError(f"min_quality applies to tasks {', '.join(t for t in METRICS if METRICS[t])}; task=encode "
@@ -77,6 +80,7 @@ def parse_gate(text: str | None, task: str) -> list[Bound]:
         if not np.isfinite(value):
             raise UserError(f"min_quality term '{term.strip()}': the bound must be finite")
         wanted = ">=" if METRICS[task][metric] == "higher" else "<="
+        op = wanted if op == ":" else op
         if op != wanted:
             raise UserError(f"min_quality: {metric} is better {METRICS[task][metric]}, so bound it with {wanted}")
         bounds.append(Bound(metric, op, value))

@@ -8,6 +8,7 @@ instances read; draws are seeded by the config's seed.
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
 import re
@@ -18,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from corescale.errors import UserError
+from corescale.userfiles import MAX_CORPUS_BYTES, read_text
 
 BUCKET_EDGES = (16, 32, 64, 128, 256, 384, 512)
 LOW_ID = 5  # random ids keep clear of special tokens
@@ -118,15 +120,16 @@ def draw_lengths(spec: str, rng: np.random.Generator, count: int, limit: int) ->
             raise UserError(f"workload.lengths={spec}: need 1 <= A <= B <= sequence_length={limit}")
         return rng.integers(low, high + 1, size=count)
     lengths, weights = read_histogram(spec, limit)
+    weights = weights / weights.max()  # first to at most 1: counts near the float limit cannot sum to inf
     return rng.choice(lengths, size=count, p=weights / weights.sum())
 
 
 def read_histogram(path: str, limit: int) -> tuple[np.ndarray, np.ndarray]:
     file = Path(os.path.expanduser(path))
-    if not file.is_file():
+    if not file.exists():
         raise UserError(f"workload.lengths='{path}' is neither uniform(A,B) nor a histogram file that exists")
     pairs = []
-    for number, line in enumerate(file.read_text().splitlines(), 1):
+    for number, line in enumerate(read_text(file, "histogram file (workload.lengths)").split("\n"), 1):
         fields = [f for f in re.split(r"[,\s]+", line.strip()) if f]
         if not fields or fields[0].startswith("#") or not fields[0].isdigit() and number == 1:
             continue  # blank, comment or header
@@ -158,23 +161,20 @@ def split_source(source: str) -> tuple[Path, str | None]:
 def read_texts(source: str) -> list[str]:
     path, name = split_source(source)
     kind = path.suffix.lower()
-    if not path.is_file():
+    if not path.exists():
         raise UserError(f"workload file '{path}' does not exist; give file.txt, file.jsonl:FIELD or file.csv:COLUMN")
     if kind in (".jsonl", ".csv") and not name:
         raise UserError(f"workload={source}: say which {'field' if kind == '.jsonl' else 'column'} holds the text "
                         f"(workload={path}:NAME)")
     if kind not in (".jsonl", ".csv") and name:
         raise UserError(f"workload={source}: a field applies to .jsonl and .csv files only")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UserError(f"cannot read workload file '{path}': {exc}") from None
+    text = read_text(path, "workload file", MAX_CORPUS_BYTES)
     if kind == ".jsonl" and name:
         texts = _jsonl_field(path, text, name)
     elif kind == ".csv" and name:
         texts = _csv_column(path, text, name)
     else:
-        texts = [line for line in text.splitlines() if line.strip()]
+        texts = [line.removesuffix("\r") for line in text.split("\n") if line.strip()]
     texts = [t for t in texts if t.strip()]
     if not texts:
         raise UserError(f"workload file '{path}' holds no text" + (f" in '{name}'" if name else ""))
@@ -204,25 +204,32 @@ def text_summary(texts: list[str], origin: str) -> dict:
 
 def _jsonl_field(path: Path, text: str, name: str) -> list[str]:
     texts = []
-    for number, line in enumerate(text.splitlines(), 1):
+    for number, line in enumerate(text.split("\n"), 1):  # JSON Lines end at \n only (U+2028 is text)
         if not line.strip():
             continue
         try:
             row = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
             raise UserError(f"{path}:{number} is not a JSON line") from None
         if not isinstance(row, dict) or name not in row:
             keys = ", ".join(row) if isinstance(row, dict) else "none"
             raise UserError(f"{path}:{number} lacks the field '{name}'; its fields: {keys}")
-        texts.append(str(row[name]))
+        if not isinstance(row[name], str):
+            raise UserError(f"{path}:{number}: field '{name}' is {type(row[name]).__name__} "
+                            f"{json.dumps(row[name])[:40]}, not a text (a JSON string)")
+        texts.append(row[name])
     return texts
 
 
 def _csv_column(path: Path, text: str, name: str) -> list[str]:
-    reader = csv.DictReader(text.splitlines())
-    if reader.fieldnames is None or name not in reader.fieldnames:
-        raise UserError(f"{path} has no column '{name}'; its columns: {', '.join(reader.fieldnames or []) or 'none'}")
-    return [row[name] or "" for row in reader]
+    reader = csv.DictReader(io.StringIO(text, newline=""))  # newlines inside quoted fields stay in them
+    try:
+        if reader.fieldnames is None or name not in reader.fieldnames:
+            columns = ", ".join(reader.fieldnames or []) or "none"
+            raise UserError(f"{path} has no column '{name}'; its columns: {columns}")
+        return [row[name] or "" for row in reader]
+    except csv.Error as exc:  # e.g. a field beyond the csv module's size limit
+        raise UserError(f"{path}:{reader.line_num}: not a CSV row ({exc})") from None
 
 
 # --- padding ----------------------------------------------------------------------------------------------------

@@ -1,0 +1,83 @@
+"""Tasks end to end: the trained model's published similarities through every backend that runs it, quality in
+real runs (a passing fp32 reranker, a withheld int8 embedder), the tokenizer inside the timed call."""
+
+import json
+
+import numpy as np
+import pytest
+from helpers import FAST, corescale, raw_record
+
+pytestmark = pytest.mark.slow
+
+SENTENCES = ["The weather is lovely today.", "It's so sunny outside!", "He drove to the stadium."]
+PUBLISHED = {(0, 1): 0.6660, (0, 2): 0.1046, (1, 2): 0.1411}  # the model card's, to 4 decimals
+
+
+@pytest.mark.parametrize("backend", ["pytorch", "torchscript", "onnxruntime", "openvino"])
+def test_the_model_cards_similarities_through_each_backend(backend, tmp_path):
+    from corescale.backends import create_backend
+    from corescale.config import BenchmarkConfig
+    from corescale.workload.models import resolve_model
+    from corescale.workload.samples import QuerySet
+    from corescale.workload.tokens import text_encoder
+
+    cfg = BenchmarkConfig(model="all-minilm-l6-v2", backend=backend, cache_dir=str(tmp_path))
+    spec = resolve_model(cfg.model, cache_dir=cfg.cache_dir)
+    ids, types = text_encoder(cfg, spec)(SENTENCES)
+    inputs = QuerySet(ids, "model card", types).rows([0, 1, 2], max(map(len, ids)), 0, spec.takes_token_type_ids)
+    model = create_backend(backend)
+    model.load(spec, cfg, 1, inputs)
+    vectors = model.to_numpy(model.forward(model.prepare(inputs)))
+    assert vectors.shape == (3, 384)
+    assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)  # the Normalize module
+    for (a, b), published in PUBLISHED.items():
+        assert round(float(vectors[a] @ vectors[b]), 4) == published
+
+
+def test_tensorflow_refuses_a_head_in_one_line(tmp_path):
+    proc = corescale("run", *FAST, "model=all-minilm-l6-v2", "backend=tensorflow", f"output_dir={tmp_path}")
+    assert proc.returncode == 2 and "computes task encode only" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and not list(tmp_path.iterdir())
+
+
+def run_result(tmp_path, *overrides):
+    proc = corescale("run", "--no-progress", *FAST, f"output_dir={tmp_path}", "quality_samples=64", *overrides)
+    runs = list(tmp_path.iterdir())
+    assert len(runs) == 1, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return proc, raw_record(runs[0])
+
+
+def test_a_reranker_head_is_judged_in_the_tasks_terms(tmp_path):
+    proc, record = run_result(tmp_path, "task=rerank", "backend=onnxruntime")
+    assert proc.returncode == 0 and record["status"] == "ok", record.get("reason")
+    quality = record["quality"]
+    assert quality["task"] == "rerank" and quality["passed"] is True and quality["rows"] == 64
+    assert quality["metrics"]["ndcg_at_10_mean"] > 0.999 and quality["metrics"]["top1_agreement"] == 1.0
+    assert "built-in rerank pairs" in quality["origin"]
+    assert quality["gate"] == ["ndcg_at_10_mean>=0.98", "top1_agreement>=0.95"]
+    assert record["instance_reports"][0]["framework"]["operators"]  # the head is in the graph it ran
+    assert "quality (rerank)" in proc.stdout
+
+
+def test_dynamic_int8_of_the_trained_embedder_is_withheld_with_its_numbers(tmp_path):
+    proc, record = run_result(tmp_path, "model=all-minilm-l6-v2", "backend=onnxruntime", "precision=int8",
+                              "sequence_length=64")
+    assert record["status"] == "failed" and record["valid"] is True  # real figures, outputs not good enough
+    assert record["failure"]["kind"] == "quality" and "withheld (quality)" in record["reason"]
+    metrics = record["quality"]["metrics"]
+    assert 0.5 < metrics["cosine_p1"] < 0.99 and record["quality"]["failed"]
+    assert record["metrics"]["throughput_samples_per_s"] > 0
+    lowered, _ = run_result(tmp_path / "lowered", "model=all-minilm-l6-v2", "backend=onnxruntime",
+                            "precision=int8", "sequence_length=64", "min_quality=cosine_p1:0.5")
+    assert lowered.returncode == 0  # the user's own bar
+
+
+def test_the_tokenizer_inside_the_timed_call_on_the_builtin_text(tmp_path):
+    proc, record = run_result(tmp_path, "task=embed", "workload=builtin", "tokenize=true", "batch_size=4",
+                              "workload.samples=32", "backend=onnxruntime")
+    assert proc.returncode == 0 and record["status"] == "ok", record.get("reason")
+    assert record["config"]["tokenize"] is True
+    assert "built-in corpus (32 texts" in record["workload"]["origin"]
+    metrics = record["metrics"]
+    assert 0 < metrics["throughput_tokens_per_s"] < metrics["padded_tokens_per_s"]  # real tokens counted, not pads
+    assert record["quality"]["passed"] is True and json.dumps(record["quality"]["metrics"])
