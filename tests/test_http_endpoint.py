@@ -20,25 +20,31 @@ QUICK = ["scenario=server", "duration=0.5", "server.min_query_count=459", "warmu
 # --- no processes -------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("overrides, message", [
-    (["scenario=server", "target_qps=5", "endpoint=localhost:8080"], "is not an http(s) URL"),
-    (["scenario=server", "target_qps=5", "endpoint=http://:8080"], "is not an http(s) URL"),
-    (["scenario=server", "target_qps=5", "endpoint=http://127.0.0.1:99999"], "is not a URL"),
-    (["scenario=server", "target_qps=5", "endpoint=http://127.0.0.1:8080", "api=grpc"], "unknown api 'grpc'"),
-    (["scenario=server", "target_qps=5", "api=tei"], "add endpoint=http://HOST:PORT"),
-    (["endpoint=http://127.0.0.1:8080"], "add scenario=server"),
-    (["scenario=server", "target_qps=5", "endpoint=http://127.0.0.1:8080", "workload.lengths=uniform(4,8)"],
-     "cannot be sent to a server as text"),
-    (["scenario=server", "target_qps=5", "endpoint=http://127.0.0.1:8080", "request_timeout=0"],
-     "request_timeout must be > 0"),
-    (["scenario=server", "target_qps=5", "endpoint=http://127.0.0.1:8080", "tokenize=true"],
-     "tokenize= applies to local instances"),
-    (["scenario=server", "target_qps=5", "endpoint=http://127.0.0.1:8080", "task=rerank"],
-     "task=rerank is not driven over HTTP"),
-    (["scenario=server", "target_qps=5", "endpoint=http://127.0.0.1:8080", "executor=ray"],
-     "measured from this machine"),
+    (["endpoint=http://127.0.0.1:8080", "api=grpc"], "unknown api 'grpc'"),
+    (["api=tei"], "add endpoint=http://HOST:PORT"),
+    (["scenario=offline", "target_qps=null", "endpoint=http://127.0.0.1:8080"], "give scenario=server"),
+    (["endpoint=http://127.0.0.1:8080", "executor=ray"], "executor=local"),
+    (["endpoint=http://127.0.0.1:8080", "request_timeout=0"], "request_timeout must be > 0"),
 ])
 def test_bad_endpoint_settings_are_one_line(overrides, message):
-    assert_one_line_error(compose, overrides, message)
+    assert_one_line_error(compose, ["scenario=server", "target_qps=5", *overrides], message)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["endpoint=localhost:8080"], "is not an http(s) URL"),
+    (["endpoint=http://:8080"], "is not an http(s) URL"),
+    (["endpoint=http://127.0.0.1:99999"], "is not a URL"),
+    (["endpoint=http://127.0.0.1:8080", "workload.lengths=uniform(4,8)"], "cannot be sent to a server as text"),
+    (["endpoint=http://127.0.0.1:8080", "tokenize=true"], "tokenize= applies to local instances"),
+    (["endpoint=http://127.0.0.1:8080", "task=rerank"], "task=rerank is not driven over HTTP"),
+])
+def test_what_the_trial_checks_before_any_request_is_one_line(overrides, message, tmp_path):
+    from corescale.measure.runner import prepare_trial
+
+    cfg = compose(["scenario=server", "target_qps=5", f"output_dir={tmp_path}", *overrides])
+    with pytest.raises(UserError) as info:
+        prepare_trial(cfg)  # refused before any request: nothing listens on these
+    assert message in str(info.value) and "\n" not in str(info.value)
 
 
 def test_requests_and_answers_of_each_api():
@@ -71,7 +77,7 @@ def test_search_stops_at_a_broken_step_and_goes_below_an_overloaded_one():
 def test_an_unreachable_endpoint_is_refused_before_loadgen(tmp_path):
     from corescale.measure.runner import prepare_trial
 
-    cfg = compose([*QUICK, "target_qps=5", f"endpoint=http://127.0.0.1:{free_port()}", f"output_dir={tmp_path}"])
+    cfg = compose([*QUICK, "target_qps=20", f"endpoint=http://127.0.0.1:{free_port()}", f"output_dir={tmp_path}"])
     with pytest.raises(UserError) as info:
         prepare_trial(cfg)
     assert "cannot be reached" in str(info.value) and "\n" not in str(info.value)
@@ -81,7 +87,7 @@ def test_a_request_the_server_refuses_names_the_api_to_try(tmp_path):
     from corescale.measure.runner import prepare_trial
 
     with tiny_server() as url:  # a path it does not serve: the 404 is ours to fix, not a server error to measure
-        cfg = compose([*QUICK, "target_qps=5", f"endpoint={url}/nowhere", f"output_dir={tmp_path}"])
+        cfg = compose([*QUICK, "target_qps=20", f"endpoint={url}/nowhere", f"output_dir={tmp_path}"])
         with pytest.raises(UserError) as info:
             prepare_trial(cfg)
     assert "404" in str(info.value) and "try api=tei" in str(info.value)
@@ -199,7 +205,7 @@ def test_a_search_stops_at_a_step_where_every_request_failed(tmp_path):
 
 @pytest.mark.slow
 def test_an_unreachable_endpoint_is_exit_2_and_writes_nothing(tmp_path):
-    proc = _run(f"http://127.0.0.1:{free_port()}", "target_qps=5", out=tmp_path / "out")
+    proc = _run(f"http://127.0.0.1:{free_port()}", "target_qps=20", out=tmp_path / "out")
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "cannot be reached" in lines[0]

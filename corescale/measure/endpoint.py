@@ -31,6 +31,32 @@ def client(cfg, timeout: float | None = None):
                         timeout=timeout or min(cfg.request_timeout, PROBE_TIMEOUT_S))
 
 
+def check_settings(cfg) -> None:
+    """What config.validate leaves to the trial: a URL a client can send to, and no key that asks for work the
+    server does on its own."""
+    from urllib.parse import urlsplit
+
+    url = str(cfg.endpoint)
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise UserError(f"endpoint={url} is not a URL ({exc}); give http://HOST:PORT") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment or port == 0:
+        raise UserError(f"endpoint={url} is not an http(s) URL of a server; give http://HOST:PORT (the API's paths "
+                        "are added to it: /v1/embeddings, /embed, /health)")
+    for name in ("tokenize", "min_quality"):
+        if getattr(cfg, name):
+            raise UserError(f"{name}= applies to local instances; a server measured over HTTP (endpoint=) "
+                            "tokenizes and computes on its own: leave it out")
+    if cfg.task not in (None, "embed"):
+        raise UserError(f"endpoint= sends embedding requests (task=embed); task={cfg.task} is not driven over HTTP "
+                        "yet")
+    if cfg.workload.lengths:
+        raise UserError("workload.lengths draws random token ids, which cannot be sent to a server as text: give "
+                        "workload=FILE with real text, or leave it out (the built-in corpus)")
+
+
 def probe(cfg, text: str) -> Probed:
     """GET /health, then one real request; UserError (one line) when the server cannot be reached, is not healthy,
     or refuses the request as malformed for it (wrong api=, model= or key). A first request that fails on the

@@ -127,8 +127,9 @@ def prepare_endpoint(cfg: BenchmarkConfig) -> Trial:
     no model loaded here; the key holds the endpoint, the API and the texts."""
     import hashlib
 
-    from corescale.measure.endpoint import probe
+    from corescale.measure.endpoint import check_settings, probe
 
+    check_settings(cfg)
     texts, origin = query_texts(cfg)
     check_places(cfg)
     probe(cfg, texts[0])
