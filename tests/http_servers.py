@@ -69,11 +69,15 @@ class TinyHandler(BaseHTTPRequestHandler):
         self.wfile.write(payload)
 
 
+class TinyServer(ThreadingHTTPServer):
+    request_queue_size = 1024  # the listen backlog: a burst of new connections is not refused (the default is 5)
+    daemon_threads = True
+
+
 @contextmanager
 def tiny_server(fail: str | None = None):
     """Its URL while it runs (threads of this process)."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), TinyHandler)
-    server.daemon_threads = True
+    server = TinyServer(("127.0.0.1", 0), TinyHandler)
     server.fail, server.turns = fail, itertools.count()  # type: ignore[attr-defined]
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
