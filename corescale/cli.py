@@ -40,13 +40,41 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return args
 
 
+def tour(parser: ArgumentParser) -> str:
+    """`corescale` alone: the subcommands in the order a user meets them, one line each."""
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    lines = ["corescale: how to deploy a transformer on this CPU (or the one to buy). Start here:", ""]
+    for action in sub._choices_actions:
+        lines.append(f"  corescale {action.dest:<9} {action.help}")
+    lines += ["", "`corescale COMMAND --help` shows a command's options; docs/cli.md has them all."]
+    return "\n".join(lines)
+
+
+def quiet_libraries(verbose: int) -> None:
+    """No third-party warnings or progress noise on the console unless -v: what matters is said in corescale's
+    own words (the workers' libraries write to their own logs)."""
+    if verbose:
+        return
+    import warnings
+
+    warnings.filterwarnings("ignore", module=r"^(?!corescale)")
+    for name in ("optuna", "transformers", "huggingface_hub", "torch", "urllib3"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     debug = "--debug" in argv
     try:
+        if not argv:
+            print(tour(build_parser()))
+            return 0
         args = parse(argv)
         logging.basicConfig(level=[logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)],
                             format="%(levelname)s %(name)s: %(message)s")
+        quiet_libraries(args.verbose)
         return args.handler(args)
     except UserError as exc:
         if debug:

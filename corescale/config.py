@@ -93,6 +93,15 @@ class WorkloadConfig:
 
 
 @dataclass
+class CostConfig:
+    """What this machine costs, for the cost on every answer (docs/cost.md); not part of what is measured."""
+
+    price_per_hour: Optional[float] = None  # US$/h of this machine; None: its catalog kind, or a core-hour rate
+    machine: Optional[str] = None  # the catalog kind this machine is (refused when its CPU does not match)
+    catalog: Optional[str] = None  # a YAML machine catalog instead of the packaged one
+
+
+@dataclass
 class BenchmarkConfig:
     model: str = "bert-base"
     # `backend=NAME backend.OPTION=VALUE`; the field holds the base type so Hydra can merge any backend's node
@@ -148,6 +157,7 @@ class BenchmarkConfig:
     # direction is its metric's); None = the task's defaults (workload/quality.py)
     min_quality: Any = None
     quality_samples: int = 256  # real texts (rerank: queries) the quality check runs on
+    cost: CostConfig = field(default_factory=CostConfig)
 
     def __post_init__(self) -> None:
         if isinstance(self.backend, str):  # Python API: BenchmarkConfig(backend="openvino")
@@ -166,6 +176,7 @@ class BenchmarkConfig:
         data["backend"] = backend_from_dict(data.get("backend") or {})
         data["server"] = ServerConfig(**data.get("server") or {})
         data["workload"] = WorkloadConfig(**data.get("workload") or {})
+        data["cost"] = CostConfig(**data.get("cost") or {})
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
 
@@ -174,8 +185,7 @@ class BenchmarkConfig:
         return Path(os.path.expanduser(self.output_dir))
 
     @property
-    def http_api(self) -> str:
-        """The API an endpoint is driven through (openai unless api= says otherwise)."""
+    def http_api(self) -> str:  # the API an endpoint is driven through: openai unless api= says otherwise
         return self.api or HTTP_APIS[0]
 
     @property
@@ -305,6 +315,8 @@ def validate(cfg: BenchmarkConfig) -> BenchmarkConfig:
     for name in ("threads", "cores_per_instance", "total_batch_size", "drift_tolerance"):
         if getattr(cfg, name) is not None:
             _positive(name, getattr(cfg, name))
+    if cfg.cost.price_per_hour is not None:
+        _positive("cost.price_per_hour", cfg.cost.price_per_hour)
     if cfg.interop_threads < 1:
         raise UserError(f"interop_threads must be >= 1 (got {cfg.interop_threads})")
     if not 0.0 <= cfg.padding_fraction < 1.0:
@@ -413,17 +425,15 @@ def _validate_scenario(cfg: BenchmarkConfig) -> None:
 
 
 def _validate_endpoint(cfg: BenchmarkConfig) -> None:
-    """endpoint=URL api=...; the URL and the keys that do not apply over HTTP are checked with the trial
-    (measure/endpoint.check_settings)."""
-    if cfg.endpoint is None:
-        if cfg.api is not None:
-            raise UserError(f"api={cfg.api} applies to a server measured over HTTP: add endpoint=http://HOST:PORT")
-        return
-    _one_of("api", cfg.http_api, HTTP_APIS)
-    if cfg.scenario == "offline" or cfg.executor.name != "local":
-        raise UserError("endpoint= is measured from this machine under LoadGen's load: give scenario=server (with "
-                        "target_qps=QPS or target_qps=auto slo_p99_ms=MS) or scenario=single_stream, executor=local")
-    _positive("request_timeout", cfg.request_timeout)
+    """endpoint=URL api=... (the URL and the keys that do not apply over HTTP: measure/endpoint.check_settings)."""
+    if cfg.endpoint is None and cfg.api is not None:
+        raise UserError(f"api={cfg.api} applies to a server measured over HTTP: add endpoint=http://HOST:PORT")
+    if cfg.endpoint is not None:
+        _one_of("api", cfg.http_api, HTTP_APIS)
+        if cfg.scenario == "offline" or cfg.executor.name != "local":
+            raise UserError("endpoint= is measured from this machine under LoadGen's load: give scenario=server "
+                            "(target_qps=QPS or auto with slo_p99_ms=MS) or scenario=single_stream, executor=local")
+        _positive("request_timeout", cfg.request_timeout)
 
 
 # LoadGen's early stopping: the fewest queries that can pass with none over the latency bound

@@ -95,3 +95,11 @@ def test_a_closed_stdout_pipe_ends_quietly():
     err = proc.stderr.read()
     assert proc.wait(timeout=120) == 141, err
     assert "Traceback" not in err and "Broken pipe" not in err
+
+
+@pytest.mark.slow
+def test_corescale_alone_is_a_tour_of_the_subcommands_in_the_order_a_user_meets_them():
+    proc = corescale()
+    assert proc.returncode == 0 and not proc.stderr
+    lines = [line.split()[1] for line in proc.stdout.splitlines() if line.startswith("  corescale ")]
+    assert lines[:3] == ["demo", "run", "study"] and {"tune", "report", "cost", "compare"} <= set(lines)

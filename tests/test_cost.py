@@ -1,6 +1,7 @@
 """Cost per 1M inferences: the arithmetic, the catalog, projections and the cheapest layout under an SLO."""
 
 import io
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -14,7 +15,8 @@ def rows(**columns):
     """A results table as store.load builds it, with the columns cost reads."""
     base = {"status": "ok", "valid": True, "model": "bert-base", "backend": "pytorch", "batch_size": 1,
             "instance_batch_size": 1, "sequence_length": 128, "use_logical_cores": False, "contaminated": False,
-            "run": "r", "host_physical_cores": 2, "cpu_model": "AMD EPYC 7B13"}
+            "run": "r", "host_physical_cores": 2, "host_logical_cpus": 2, "cpu_model": "AMD EPYC 7B13",
+            "cpu_isa": "avx2 avx512 avx512_vnni", "precision": "fp32"}
     n = len(next(iter(columns.values())))
     return pd.DataFrame([{**base, **{k: v[i] for k, v in columns.items()}} for i in range(n)])
 
@@ -57,11 +59,12 @@ def test_projection_to_a_bigger_machine_is_labelled_with_its_assumption():
                  latency_p99_ms=[50.0])
     c5 = cost.find_machine("c5.metal", cost.load_catalog())
     [row] = cost.cost_table(frame, c5).to_dict(orient="records")
-    assert row["basis"] == "projection" and row["copies"] == 24  # 48 cores ÷ 2 cores per copy of the layout
-    assert row["machine_samples_per_s"] == pytest.approx(16.0 * 24)
-    assert row["cost_per_1m_usd"] == pytest.approx(4.08 / (16.0 * 24 * 3600) * 1e6)
+    assert row["basis"] == "projected" and row["copies"] == 48  # 48 physical cores ÷ 1 core per instance
+    assert row["machine_samples_per_s"] == pytest.approx(8.0 * 48)  # per instance 16 ÷ 2
+    assert row["cost_per_1m_usd"] == pytest.approx(4.08 / (8.0 * 48 * 3600) * 1e6)
+    assert "no memory cap" in row["flags"]  # no roofline traffic in this row: said, not silently uncapped
     text = cost.assumption(c5, row["cpu_model"])
-    assert "projection to c5.metal" in text and "linear scaling" in text and "AMD EPYC 7B13" in text
+    assert "projection to c5.metal" in text and "physical cores" in text and "AMD EPYC 7B13" in text
     same = rows(instances=[1], cpus_per_instance=[48], cpus_total=[48], throughput_samples_per_s=[30.0],
                 latency_p99_ms=[40.0], host_physical_cores=[48], cpu_model=["Intel(R) Xeon(R) Platinum 8275CL CPU"])
     assert cost.cost_table(same, c5)["basis"].tolist() == ["measured"]  # measured on that very machine type
@@ -74,20 +77,64 @@ def test_cost_command_end_to_end(tmp_path):
     proc = corescale("cost", str(out), "--machine", "c5.metal", "--slo-p99-ms", "10000")
     assert proc.returncode == 0, proc.stderr
     assert "projection to c5.metal" in proc.stdout and "cheapest measured layout that meets p99" in proc.stdout
+    assert "per 1M tokens" in proc.stdout
     here = corescale("cost", str(out), "--price-per-hour", "0.5", "--csv", "-")
     [row] = pd.read_csv(io.StringIO(here.stdout)).to_dict(orient="records")  # the answer goes to stderr
     assert "cheapest measured layout" in here.stderr
     assert row["basis"] == "measured"
     assert row["cost_per_1m_usd"] == pytest.approx(0.5 / (row["machine_samples_per_s"] * 3600) * 1e6, rel=1e-6)
     assert corescale("cost", "--list-machines").stdout.count("study-") == 2
+    ranked = corescale("cost", str(out), "--slo-p99-ms", "10000")  # the seed's question: the catalog ranked
+    assert ranked.returncode == 0, ranked.stderr
+    assert "which machine" in ranked.stdout and "this machine, measured" in ranked.stdout
+    assert "refused" in ranked.stdout or "projected" in ranked.stdout
 
 
 @pytest.mark.parametrize("args, message", [
     (["{root}", "--machine", "c9.huge"], "unknown machine 'c9.huge'"),
-    (["{root}"], "give --machine NAME"),
+    (["{root}"], "no results under"),
+    (["{root}", "--this-machine", "c9.huge"], "unknown machine 'c9.huge'"),
     (["{root}", "--price-per-hour", "-1"], "must be > 0"),
 ])
 @pytest.mark.slow
 def test_cost_bad_input_is_one_line(tmp_path, args, message):
     proc = corescale("cost", *[a.format(root=tmp_path) for a in args])
     assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0 and message in proc.stderr
+
+
+SCHEMA2 = Path(__file__).parent / "data" / "schema2"
+
+
+def table_text(record) -> str:
+    from rich.console import Console
+
+    from corescale.report.console import result_table
+
+    console = Console(width=300, record=True, file=io.StringIO())
+    console.print(result_table(record))
+    return console.export_text()
+
+
+def test_runs_table_shows_the_cost_and_where_its_price_comes_from():
+    import dataclasses
+
+    from corescale.config import CostConfig
+    from corescale.record.files import read_result
+
+    record = read_result(next(SCHEMA2.glob("*onnxruntime-int8-b1-s32-i2-*")))
+    rate = record.metrics.throughput_samples_per_s
+    text = table_text(record)  # no price: the nearest catalog kind's core-hour rate, named
+    assert "US$ per 1M inferences" in text and "core-hour" in text and "per 1M tokens" in text
+    priced = dataclasses.replace(record, config=dataclasses.replace(record.config, cost=CostConfig(price_per_hour=0.5)))
+    text = table_text(priced)
+    assert "this machine at the given US$0.5/h" in text and f"{0.5 / (rate * 3600) * 1e6:.4g}" in text
+    tokens = rate / record.metrics.throughput_tokens_per_s
+    assert f"{0.5 / (rate * 3600) * 1e6 * tokens:.4g} per 1M tokens" in text
+
+
+@pytest.mark.slow
+def test_run_refuses_a_catalog_kind_that_is_not_this_machine(tmp_path):
+    out = tmp_path / "out"
+    proc = corescale("run", *FAST, f"output_dir={out}", "cost.machine=c7i.48xlarge", "--no-progress")
+    assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0, proc.stderr
+    assert "is not the measured machine" in proc.stderr and not out.exists()  # before any worker, nothing written

@@ -12,9 +12,12 @@ import tempfile
 import time
 from pathlib import Path
 
+import httpx
+import numpy as np
 import optuna
 import pytest
 from helpers import FAST, ROOT, corescale
+from serving import Service
 
 from corescale.errors import UserError
 from corescale.tune import settings as tune_settings
@@ -100,7 +103,26 @@ def test_recommendation_has_intervals_and_the_baseline_ratio(tuned):
     assert doc["finalists"] and not any(f["baseline"] for f in doc["finalists"])  # out-of-box once, in its own entry
     table = out[out.index("tune: recommendation"):out.index("recommended")]
     assert table.count("out-of-box pytorch") == 1
+    # no price given: every row still has a cost, at a catalog kind's core-hour rate that the table names
+    assert winner["cost_per_1m"]["mean"] > 0 and winner["cost_per_1m_tokens"]["mean"] > 0
+    assert "core-hour" in doc["cost_source"] and "US$/1M tok" in table
     assert f"tune: {tuned['dir']}\n" in out and f"recipe: {doc['recipe']['recipe.sh']}\n" in out
+
+
+@pytest.mark.slow
+def test_the_winner_is_a_bundle_that_one_command_serves(tuned, tmp_path):
+    doc, out = tuned["doc"], tuned["proc"].stdout
+    bundle = Path(doc["recipe"]["bundle"])
+    assert f"bundle: {bundle}\n" in out and bundle == tuned["dir"] / "bundle"
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    record = json.loads((bundle / "record.json").read_text())
+    assert record["trial_key"] == doc["recipe"]["key"] and manifest["backend"] == "pytorch"
+    assert "tokenizer/tokenizer.json" in manifest["files"] and manifest["config"]["model"] == "bert-tiny"
+    with Service(bundle, tmp_path / "serve.log") as service:
+        answer = httpx.post(f"{service.url}/embed_all", json={"inputs": ["a first text", "a text"]}, timeout=60)
+        assert answer.status_code == 200 and [np.array(row).shape for row in answer.json()] == [(5, 128), (4, 128)]
+        code, _ = service.terminate()
+    assert code == 0
 
 
 @pytest.mark.slow

@@ -1,89 +1,26 @@
-"""Cost per 1M inferences from measured throughput and an hourly price; cheapest layout under a latency SLO.
+"""Cost per 1M inferences and per 1M tokens from measured throughput and an hourly price; cheapest layout under
+a latency SLO.
 
-cost per 1M = $/h ÷ (samples/s × 3600) × 1e6. A price for the machine that was measured gives a measured cost.
-A catalog machine of another size or CPU gives a *projection*: the measured layout is copied as many times as it
-fits on the target's cores, assuming those cores are as fast as the measured ones and copies do not slow each
-other down (linear scaling); latency is assumed unchanged.
+cost per 1M = US$/h ÷ (samples/s × 3600) × 1e6 (per 1M tokens: ÷ the real tokens per sample). A price for the
+machine that was measured gives a measured cost; a catalog kind of another size or CPU gives a projection
+(analysis/projection.py: copies on its physical cores, capped by its memory bandwidth, a range where its ISA
+differs, refused on another architecture).
 """
 
 from __future__ import annotations
 
 import math
-import re
-from dataclasses import dataclass, replace
-from importlib import resources
+from dataclasses import replace
 
 import pandas as pd
-import yaml
 
+from corescale.analysis.catalog import Machine, find_machine, load_catalog
+from corescale.analysis.pricing import is_this, per_million
+from corescale.analysis.projection import MEASURED, PROJECTED, REFUSED, Projection, measured_of, project
 from corescale.analysis.store import ok_rows
 from corescale.errors import UserError
-from corescale.userfiles import read_text
 
-FIELDS = ("price_per_hour", "vcpus", "physical_cores")
-MEASURED, PROJECTION = "measured", "projection"
-MAX_CPUS = 1 << 20  # vCPUs or cores of one catalog machine: more is a typo
-
-
-@dataclass(frozen=True)
-class Machine:
-    name: str
-    price_per_hour: float
-    vcpus: int
-    physical_cores: int
-    cpu_model: str = ""
-    note: str = ""
-    measured_here: bool = False  # the price is for the very machine the results were measured on
-
-
-def load_catalog(path=None) -> dict[str, Machine]:
-    """Machines from the packaged catalog, or from a YAML file with the same layout."""
-    where = f"machine catalog '{path}'" if path else "the packaged machine catalog"
-    text = read_text(path, "machine catalog") if path is not None else (
-        resources.files("corescale") / "data" / "machines.yaml").read_text()
-    try:
-        document = yaml.safe_load(text)
-    except (yaml.YAMLError, ValueError, RecursionError) as exc:  # ValueError: an int of too many digits
-        raise UserError(f"cannot read {where}: {' '.join(str(exc).split())[:300]}") from None
-    entries = document.get("machines") if isinstance(document, dict) else None
-    if not isinstance(entries, dict) or not entries:
-        raise UserError(f"{where} holds no machines: expected a mapping `machines: {{NAME: {{price_per_hour: "
-                        "$/h, vcpus: N, physical_cores: N}}`")
-    return {str(name): _machine(str(name), entry, where) for name, entry in entries.items()}
-
-
-def _machine(name: str, entry, where: str) -> Machine:
-    """One catalog entry, checked: a mapping with a finite price > 0 and whole vCPU and core counts >= 1."""
-    if not isinstance(entry, dict):
-        raise UserError(f"machine '{name}' in {where} must be a mapping of {', '.join(FIELDS)} "
-                        f"(got {str(entry)[:80]})")
-    wrong = [f"{f}={repr(entry.get(f))[:40]}" for f in FIELDS if not _usable(f, entry.get(f))]
-    if wrong:
-        raise UserError(f"machine '{name}' in {where} has unusable {', '.join(wrong)}: price_per_hour must be a "
-                        f"finite number > 0, vcpus and physical_cores whole numbers from 1 to {MAX_CPUS}")
-    if entry["physical_cores"] > entry["vcpus"]:
-        raise UserError(f"machine '{name}' in {where} has more physical_cores ({entry['physical_cores']}) than "
-                        f"vcpus ({entry['vcpus']})")
-    return Machine(name, float(entry["price_per_hour"]), int(entry["vcpus"]), int(entry["physical_cores"]),
-                   str(entry.get("cpu_model") or ""), str(entry.get("note") or ""))
-
-
-def _usable(field: str, value) -> bool:
-    if isinstance(value, bool):
-        return False
-    if field == "price_per_hour":
-        try:
-            return isinstance(value, (int, float)) and math.isfinite(float(value)) and value > 0
-        except OverflowError:  # an int beyond any float
-            return False
-    return isinstance(value, int) and 1 <= value <= MAX_CPUS
-
-
-def find_machine(name: str, catalog: dict[str, Machine]) -> Machine:
-    if name not in catalog:
-        raise UserError(f"unknown machine '{name}'; known: {', '.join(sorted(catalog))} "
-                        "(or give --price-per-hour for the machine you measured on)")
-    return catalog[name]
+__all__ = ["MEASURED", "PROJECTED", "REFUSED", "Machine", "find_machine", "load_catalog"]
 
 
 def choose_machine(name: str | None, price: float | None, catalog_path=None) -> Machine:
@@ -100,34 +37,21 @@ def choose_machine(name: str | None, price: float | None, catalog_path=None) -> 
 
 def cost_per_million(price_per_hour: float, samples_per_s: float) -> float:
     """Dollars per one million inferences (samples) at a sustained throughput."""
-    if not samples_per_s or samples_per_s <= 0:
-        return float("inf")
-    return price_per_hour / (samples_per_s * 3600) * 1e6
+    return per_million(price_per_hour, samples_per_s or 0.0)
 
 
-def _model_numbers(text: str) -> set[str]:
-    return {token.lower() for token in re.findall(r"\b\w*\d{3,}\w*\b", text or "") if not token.isdigit()}
-
-
-def same_cpu(machine: Machine, cpu_model: str | None) -> bool:
-    """The catalog CPU's model number (e.g. 8275CL, 7R13) appears in the measured CPU's model name."""
-    return bool(_model_numbers(machine.cpu_model) & _model_numbers(cpu_model or ""))
-
-
-def basis(machine: Machine, row) -> tuple[str, int]:
-    """(measured | projection, copies of the measured layout on the machine)."""
-    if machine.measured_here or (machine.physical_cores == row.get("host_physical_cores")
-                                 and same_cpu(machine, row.get("cpu_model"))):
-        return MEASURED, 1
-    units = machine.vcpus if row.get("use_logical_cores") else machine.physical_cores
-    used = int(row.get("cpus_total") or 0)
-    return PROJECTION, (units // used if used else 0)
+def on_machine(machine: Machine, row, measured) -> Projection:
+    """The measured layout of `row` on `machine`: measured where it is the machine measured, else projected."""
+    if is_this(machine, row.get("cpu_model"), row.get("host_physical_cores")):
+        rate = measured.per_instance * int(row.get("instances") or 1)
+        return Projection(MEASURED, 1, rate, rate, measured.p99_ms, measured.p99_ms)
+    return project(measured, machine)
 
 
 def assumption(machine: Machine, cpu_model: str | None) -> str:
-    return (f"projection to {machine.name} ({machine.physical_cores} cores, {machine.cpu_model or 'CPU unnamed'}): "
-            f"assumes its cores are as fast as the measured {cpu_model or 'CPU'} and that copies of the measured "
-            "layout fill its cores with no slowdown (linear scaling); latency unchanged")
+    return (f"projection to {machine.name} ({machine.physical_cores} physical cores, {machine.cpu_text}): copies of "
+            f"the measured layout on its physical cores, each as fast as on the measured {cpu_model or 'CPU'} "
+            "(same clock and core), capped by its memory bandwidth; a range where its ISA differs")
 
 
 def layout_label(row) -> str:
@@ -136,31 +60,50 @@ def layout_label(row) -> str:
     batch = row.get("instance_batch_size") if row.get("instance_batch_size") is not None else row["batch_size"]
     if row.get("scenario") == "server":
         batch, each = f"≤ {row.get('server.max_batch')} (dynamic)", " each"
-    return (f"{row['instances']} × {row['cpus_per_instance']} cores · {row['backend']} · "
+    precision = f" {row.get('precision')}" if row.get("precision") not in (None, "fp32") else ""
+    return (f"{row['instances']} × {row['cpus_per_instance']} cores · {row['backend']}{precision} · "
             f"batch {batch}{each} · seq {row['sequence_length']}")
 
 
 def cost_table(frame: pd.DataFrame, machine: Machine, slo_p99_ms: float | None = None) -> pd.DataFrame:
-    """One row per valid result: basis, copies, throughput on the machine, cost per 1M, SLO verdict."""
+    """One row per valid result on `machine`: basis (measured, projected, refused), copies, samples/s (a range's
+    slow end, and its fast end), p99, US$ per 1M inferences and per 1M tokens (at the slow end: the cost a
+    projection can promise, with the fast end beside it), the SLO verdict, the projection's flags."""
     rows = []
     for _, row in ok_rows(frame).iterrows():
-        kind, copies = basis(machine, row)
         served = server_figures(row, slo_p99_ms)
         if served is None and row.get("scenario") in ("server", "single_stream"):
             continue  # a LoadGen result with no sustained rate to price (single stream, or INVALID)
-        measured, p99, meets = served or (row["throughput_samples_per_s"], row["latency_p99_ms"], None)
-        throughput = float(measured or 0) * copies
-        if meets is None and slo_p99_ms is not None:
-            meets = bool(p99 is not None and p99 <= slo_p99_ms)
-        rows.append({
-            "layout": layout_label(row), "model": row["model"], "run": row["run"], "basis": kind, "copies": copies,
-            "measured_samples_per_s": measured, "machine_samples_per_s": throughput,
-            "latency_p99_ms": p99, "cost_per_1m_usd": cost_per_million(machine.price_per_hour, throughput),
-            "meets_slo": meets, "contaminated": row.get("contaminated"), "cpu_model": row.get("cpu_model"),
-            "scenario": "server" if served else "offline",
-        })
+        measured = measured_of(row)
+        if served:
+            measured = replace(measured, per_instance=served[0] / int(row.get("instances") or 1), p99_ms=served[1])
+        found = on_machine(machine, row, measured)
+        rows.append(cost_row(row, machine, measured, found, served, slo_p99_ms))
     table = pd.DataFrame(rows)
     return table.sort_values("cost_per_1m_usd", kind="stable", ignore_index=True) if rows else table
+
+
+def cost_row(row, machine: Machine, measured, found: Projection, served, slo_p99_ms: float | None) -> dict:
+    fits = found.copies > 0
+    tokens = measured.tokens_per_sample
+    cost_slow = cost_per_million(machine.price_per_hour, found.low) if fits else math.nan
+    cost_fast = cost_per_million(machine.price_per_hour, found.high) if fits else math.nan
+    meets = served[2] if served else None
+    if slo_p99_ms is not None and fits:
+        within = found.p99_high_ms is not None and found.p99_high_ms <= slo_p99_ms
+        meets = bool(within and (meets is None or meets))
+    return {
+        "layout": layout_label(row), "model": row["model"], "run": row["run"], "basis": found.basis,
+        "copies": found.copies, "measured_samples_per_s": measured.per_instance * int(row.get("instances") or 1),
+        "machine_samples_per_s": found.low if fits else math.nan,
+        "machine_samples_per_s_high": found.high if fits else math.nan,
+        "latency_p99_ms": found.p99_high_ms if fits else measured.p99_ms, "latency_p99_low_ms": found.p99_low_ms,
+        "cost_per_1m_usd": cost_slow, "cost_per_1m_low_usd": cost_fast,
+        "cost_per_1m_tokens_usd": cost_slow / tokens if tokens else math.nan, "tokens_per_sample": tokens,
+        "meets_slo": meets, "flags": "; ".join(found.flags), "reason": found.reason,
+        "contaminated": row.get("contaminated"), "cpu_model": row.get("cpu_model"),
+        "scenario": "server" if served else "offline",
+    }
 
 
 def cheapest(table: pd.DataFrame, slo_p99_ms: float | None = None):
@@ -185,12 +128,31 @@ def answer(table: pd.DataFrame, machine: Machine, slo_p99_ms: float | None) -> s
         fastest = table.sort_values("latency_p99_ms").iloc[0]
         return (f"no measured layout{condition} on {machine.name}; the lowest p99 is "
                 f"{fastest['latency_p99_ms']:.1f} ms ({fastest['layout']})" + closed_loop_note(table, slo_p99_ms))
-    where = machine.name if best["basis"] == MEASURED else f"{machine.name} (projection: {best['copies']} copies)"
+    where = machine.name if best["basis"] == MEASURED else f"{machine.name} (projected: {best['copies']} copies)"
     rate = "QPS (LoadGen server, p99 within its SLO)" if best.get("scenario") == "server" else "samples/s"
     return (f"cheapest measured layout{condition}: {best['layout']} on {where}: "
-            f"${best['cost_per_1m_usd']:.4g} per 1M inferences at {best['machine_samples_per_s']:.1f} {rate}, "
-            f"p99 {best['latency_p99_ms']:.1f} ms (${machine.price_per_hour:g}/h)"
-            + closed_loop_note(table, slo_p99_ms))
+            f"{money_range(best['cost_per_1m_usd'], best['cost_per_1m_low_usd'])} per 1M inferences"
+            f"{tokens_text(best)} at {rate_range(best)} {rate}, p99 {best['latency_p99_ms']:.1f} ms "
+            f"(${machine.price_per_hour:g}/h)" + closed_loop_note(table, slo_p99_ms))
+
+
+def money_range(slow: float, fast: float | None = None) -> str:
+    """'$0.123' or, for a range, '$0.0456–0.123' (cheapest first)."""
+    if fast is None or _missing(fast) or math.isclose(slow, fast, rel_tol=1e-9):
+        return f"${slow:.4g}"
+    return f"${fast:.3g}–{slow:.3g}"
+
+
+def rate_range(row) -> str:
+    low, high = row["machine_samples_per_s"], row.get("machine_samples_per_s_high")
+    if high is None or _missing(high) or math.isclose(low, high, rel_tol=1e-9):
+        return f"{low:.1f}"
+    return f"{low:.1f}–{high:.1f}"
+
+
+def tokens_text(row) -> str:
+    tokens = row.get("cost_per_1m_tokens_usd")
+    return "" if tokens is None or _missing(tokens) else f" (${tokens:.4g} per 1M tokens)"
 
 
 CLOSED_LOOP_NOTE = ("; only closed-loop results: their p99 is measured saturated, at a rate an open-loop server "

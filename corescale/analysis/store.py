@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from corescale.analysis.catalog import catalog_isa
 from corescale.config import flatten as flatten_dict
 from corescale.errors import UserError
 from corescale.record.files import RESULT_FILE, TMP_PREFIX, iter_run_dirs, read_result
@@ -26,6 +27,8 @@ from corescale.record.trial import TrialRecord
 SUMMARY_COLUMNS = ["status", "model", "backend", "precision", "batch_size", "sequence_length", "instances",
                    "cpus_per_instance", "threads_per_instance", "latency_p50_ms", "latency_p99_ms",
                    "throughput_samples_per_s", "contaminated", "run"]
+# with them where some result judged its task's quality (`corescale results` shows them before "contaminated")
+QUALITY_SUMMARY = ["quality_task", "quality_metric", "quality_value", "quality_verdict"]
 _FILTER = re.compile(r"^\s*([A-Za-z_][\w.]*)\s*(!=|>=|<=|=|>|<)\s*(.*?)\s*$")
 
 
@@ -105,7 +108,8 @@ def flatten(record: TrialRecord, path: Path) -> dict:
     """One table row: run, key, status, flattened config, layout facts, key metrics, host."""
     config = record.config.to_dict()
     config["backend"] = {"name": record.config.backend.name, **record.config.backend.options()}
-    row = {**_run_columns(record, path), **flatten_dict(config), **_metric_columns(record)}
+    row = {**_run_columns(record, path), **flatten_dict(config), **_metric_columns(record),
+           **quality_columns(record)}
     row["backend"] = row.pop("backend.name")  # the column people filter on
     row["measured"] = json.dumps(record.config.key_fields(), sort_keys=True, default=str)  # what the key hashes
     row["path"] = str(path)
@@ -174,14 +178,48 @@ def _metric_columns(record: TrialRecord) -> dict:
         "host": env.hostname,
         "node_type": (record.node or {}).get("node_type"),  # Ray sweeps: the machine kind
         "cpu_model": env.cpu.model,
+        "cpu_isa": " ".join(sorted(catalog_isa(env.cpu.isa))) or None,  # in the machine catalog's ISA names
         "host_physical_cores": env.topology.physical_cores,
         "host_logical_cpus": env.topology.logical_cpus,
         "schema_migrated_from": record.schema_migrated_from,
     }
 
 
-ROOFLINE_COLUMNS = {"roofline_intensity": "intensity_flops_per_byte", "roofline_attainable_gflops":
-                    "attainable_gflops", "roofline_fraction": "fraction_of_attainable", "roofline_bound": "bound",
+def quality_columns(record: TrialRecord) -> dict:
+    """The task's quality (record.quality): its task, the gate's first metric and its value, the verdict (passed,
+    or withheld: the configuration keeps its figures and is never recommended), the reference, and every metric
+    as `quality_<metric>`; None where the result has none (task=encode, or a result from before tasks)."""
+    quality = record.quality
+    if quality is None:
+        return dict.fromkeys(QUALITY_COLUMNS)
+    first = quality.gate[0].split(">")[0].split("<")[0] if quality.gate else next(iter(quality.metrics), None)
+    verdict = None if quality.passed is None else "passed" if quality.passed else "withheld"
+    return {"quality_task": quality.task, "quality_metric": first, "quality_value": quality.metrics.get(first or ""),
+            "quality_verdict": verdict, "quality_gate": ", ".join(quality.gate) or None,
+            "quality_reference": quality.reference, **{f"quality_{k}": v for k, v in quality.metrics.items()}}
+
+
+def summary_columns(frame: pd.DataFrame) -> list[str]:
+    """SUMMARY_COLUMNS, with the quality columns where some result has a quality verdict."""
+    if "quality_task" not in frame.columns or frame["quality_task"].isna().all():
+        return list(SUMMARY_COLUMNS)
+    at = SUMMARY_COLUMNS.index("contaminated")
+    return [*SUMMARY_COLUMNS[:at], *QUALITY_SUMMARY, *SUMMARY_COLUMNS[at:]]
+
+
+def _quality_names() -> list[str]:
+    from corescale.workload.quality import METRICS
+
+    return [*QUALITY_SUMMARY, "quality_gate", "quality_reference",
+            *dict.fromkeys(f"quality_{m}" for names in METRICS.values() for m in names)]
+
+
+QUALITY_COLUMNS = _quality_names()
+
+
+ROOFLINE_COLUMNS = {"roofline_intensity": "intensity_flops_per_byte", "roofline_bytes_per_call": "bytes_per_call",
+                    "roofline_attainable_gflops": "attainable_gflops", "roofline_fraction": "fraction_of_attainable",
+                    "roofline_bound": "bound",
                     "roof_peak_gflops": "peak_gflops", "roof_peak_library": "peak_library",
                     "roof_bandwidth_gbps": "bandwidth_gbps", "roof_bandwidth_library": "bandwidth_library"}
 
@@ -197,7 +235,7 @@ def _not_config() -> set[str]:
 
     minimal = TrialRecord(BenchmarkConfig(), "", "", {}, {"instances": [{"id": 0, "cpus": [0], "threads": 1}]},
                           HostEnvironment(), "", finished_at=0)
-    return {*_run_columns(minimal, Path("run")), *_metric_columns(minimal), "measured", "path"}
+    return {*_run_columns(minimal, Path("run")), *_metric_columns(minimal), *QUALITY_COLUMNS, "measured", "path"}
 
 
 _NOT_CONFIG = _not_config()

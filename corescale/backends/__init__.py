@@ -29,7 +29,7 @@ from corescale.errors import UserError
 
 __all__ = ["DEFAULT_BACKEND", "PRECISIONS", "Artifact", "BackendEntry", "BackendOptions", "Profiler",
            "RegistrationError", "BACKENDS", "OPTIONS", "register", "entry", "named", "attribute", "check_available",
-           "create_backend"]
+           "create_backend", "runs_model", "quality_reference"]
 PLUGINS_ENV = "CORESCALE_BACKENDS"
 BACKENDS: dict[str, BackendEntry] = {}
 OPTIONS: dict[str, type[BackendOptions]] = {}  # name -> the Hydra group node of `backend=NAME`
@@ -83,6 +83,28 @@ def check_available(name: str) -> BackendEntry:
         install = f"pip install 'corescale[{found.extra}]'" if found.extra else f"pip install {' '.join(missing)}"
         raise UserError(f"backend '{name}' needs {', '.join(missing)}: install it with {install}")
     return found
+
+
+def runs_model(name: str, model, role: str = "backend") -> None:
+    """One line when backend `name` (as `role`: backend or reference) cannot run `model`: a model file needs a
+    backend that loads its format."""
+    formats = entry(name).model_files
+    kind = (model.model_file or {}).get("format")
+    if kind is not None and kind not in formats:
+        able = [n for n, e in BACKENDS.items() if kind in e.model_files]
+        why = f"loads {', '.join(formats)} files only" if formats else \
+            "needs the PyTorch model (a preset or a directory)"
+        raise UserError(f"{role}={name} cannot run model file '{model.name}' ({kind}): a model file runs on "
+                        f"{' and '.join(able) or 'no registered backend'} only; {role}={name} {why}")
+
+
+def quality_reference(model) -> str:
+    """The backend whose fp32 outputs judge a task's quality: the default backend (the PyTorch model), or for a
+    model file, where there is no PyTorch model, the first backend that loads the file itself."""
+    kind = (model.model_file or {}).get("format")
+    if kind is None:
+        return DEFAULT_BACKEND
+    return next(n for n, e in BACKENDS.items() if kind in e.model_files and "fp32" in e.precisions)
 
 
 def create_backend(name: str):

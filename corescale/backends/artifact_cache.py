@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Callable
 
 from corescale.errors import UserError
+from corescale.record.files import fsync_dir
 
 LOCK_DIR = ".locks"  # beside the artifacts: one lock file per artifact
 MANIFEST = "manifest.json"  # in each artifact: its files' sizes, modification times and hashes
@@ -65,14 +66,6 @@ def cached(target: Path, build: Callable[[Path], None]) -> bool:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return False
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _sha256(path: Path) -> str:

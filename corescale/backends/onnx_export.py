@@ -34,7 +34,8 @@ from typing import Callable
 
 import numpy as np
 
-from corescale.backends.artifact_cache import cached, damage, fsync_dir
+from corescale.backends.artifact_cache import cached, damage
+from corescale.record.files import fsync_dir
 from corescale.workload.inputs import make_inputs
 from corescale.workload.models import source_files
 
@@ -134,14 +135,19 @@ def export(module, spec, path: Path) -> None:
 class OnnxModel:
     """The exported model on disk, plus what later stages (fusion, quantization) need to know."""
 
-    def __init__(self, path: Path, key: str, large: bool, cache_hit: bool):
+    def __init__(self, path: Path, key: str, large: bool, cache_hit: bool, root: Path | None = None,
+                 final: bool = False):
         self.path, self.key, self.large, self.cache_hit = path, key, large, cache_hit
+        self.root = root or path.parent.parent  # where derived variants go: beside the artifact
+        self.final = final  # a deployment bundle's artifact, filed as built: no step is applied to it again
 
     def derived(self, variant: str, build: Callable[[Path, Path, bool], None]) -> "OnnxModel":
         """A cached transformation of this model: build(source_path, output_path, external_data). Its key: this
         model's, the variant, the tools' versions and the builder's code."""
+        if self.final:
+            return self
         tools = digest({"variant": variant, "libraries": versions(DERIVED_LIBRARIES), "code": code_of(build)})
-        target = self.path.parent.parent / f"{self.key}-{variant}-{tools[:8]}"
+        target = self.root / f"{self.key}-{variant}-{tools[:8]}"
 
         def build_variant(tmp: Path) -> None:
             view = tmp / ".input"
@@ -152,9 +158,21 @@ class OnnxModel:
         return OnnxModel(target / MODEL_FILE, target.name, self.large, hit)
 
 
+def model_file(spec, cfg) -> OnnxModel:
+    """The user's model file as it is (model=FILE: nothing exported); its derived variants are cached under a key
+    of its name, size and modification time, and its graph."""
+    files = source_files(spec)
+    key = digest({"files": files, "file": spec.model_file})
+    return OnnxModel(Path(str(spec.path)), key, spec.model_file["bytes"] > EXTERNAL_DATA_BYTES, cache_hit=True,
+                     root=cache_root(cfg))
+
+
 def onnx_model(spec, cfg, inputs: dict[str, np.ndarray], stages) -> OnnxModel:
-    """The model as ONNX: from its source's entry when this source was exported before (no torch, no
-    Transformers); otherwise built and hashed, exported only when the cache does not have it, and filed."""
+    """The model as ONNX: the model file itself (model=FILE); from its source's entry when this source was
+    exported before (no torch, no Transformers); otherwise built and hashed, exported only when the cache does not
+    have it, and filed."""
+    if spec.model_file is not None:
+        return model_file(spec, cfg)
     source = source_key(spec, cfg, inputs)
     known = known_export(cfg, source) if source else None
     if known is not None:
@@ -214,13 +232,13 @@ def known_export(cfg, source: str) -> OnnxModel | None:
     try:
         with open(sources_root(cfg) / f"{source}.json", "rb") as handle:
             entry = json.loads(handle.read(1 << 16))
-        key, large = entry["key"], entry["large"]
-    except (OSError, ValueError, KeyError, TypeError):
+        key, large, final = entry["key"], entry["large"], entry.get("final", False)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
-    if not isinstance(key, str) or not KEY.fullmatch(key) or not isinstance(large, bool):
+    if not isinstance(key, str) or not KEY.fullmatch(key) or not isinstance(large, bool) or not isinstance(final, bool):
         return None  # not an entry this code wrote
     artifact = cache_root(cfg) / key
-    return OnnxModel(artifact / MODEL_FILE, key, large, cache_hit=True) if damage(artifact) is None else None
+    return OnnxModel(artifact / MODEL_FILE, key, large, True, final=final) if damage(artifact) is None else None
 
 
 def file_export(cfg, source: str, model: OnnxModel) -> None:
@@ -230,7 +248,7 @@ def file_export(cfg, source: str, model: OnnxModel) -> None:
     fd, tmp = tempfile.mkstemp(dir=root, prefix=".", suffix=".json")
     try:
         with os.fdopen(fd, "w") as handle:
-            json.dump({"key": model.key, "large": model.large}, handle)
+            json.dump({"key": model.key, "large": model.large, "final": model.final}, handle)
             handle.flush()
             os.fsync(handle.fileno())
         os.chmod(tmp, 0o644)  # readable by every user of a shared cache, as the artifacts are

@@ -18,6 +18,7 @@ from corescale.errors import UserError
 DEFAULT_BACKEND = "pytorch"  # `backend=` when none is given; also the tune's baseline and its drift reference
 PRECISIONS = ("fp32", "bf16", "int8")  # every precision a backend may compute in
 TASKS = ("embed", "rerank", "classify", "encode")  # every task a backend's measured call may compute
+MODEL_FILES = ("onnx", "openvino-ir")  # the exported model files a backend may load as they are (model=FILE)
 
 
 @dataclass
@@ -127,6 +128,8 @@ class BackendEntry:
     # on the model's shapes and the findings offer backend.linear=onednn
     tasks: tuple[str, ...] = _REQUIRED  # what its measured call can compute: embed, rerank, classify, encode (the
     # head inside the graph); config validation refuses the others
+    model_files: tuple[str, ...] = ()  # exported model files it loads as they are (`model=FILE`): "onnx",
+    # "openvino-ir" (workload/modelfile.py FORMATS); () = it needs the PyTorch model (a preset or a directory)
 
     def check(self, name: str) -> None:
         """Raises RegistrationError naming every missing or malformed fact."""
@@ -145,7 +148,7 @@ class BackendEntry:
         for fact, value in named.items():
             if not isinstance(value, str) or value.count(":") != 1:
                 problems.append(f"{fact} is not 'module:attribute' (got {value!r})")
-        for fact in ("requires", "precisions", "worker_modules", "libraries", "recorded", "tasks"):
+        for fact in ("requires", "precisions", "worker_modules", "libraries", "recorded", "tasks", "model_files"):
             value = getattr(self, fact)
             if not isinstance(value, tuple) or not all(isinstance(v, str) for v in value):
                 problems.append(f"{fact} is not a tuple of names (got {value!r})")
@@ -154,6 +157,8 @@ class BackendEntry:
             problems.append(f"precisions must be some of {', '.join(PRECISIONS)} (got {self.precisions!r})")
         if isinstance(self.tasks, tuple) and (not self.tasks or not set(self.tasks) <= set(TASKS)):
             problems.append(f"tasks must be some of {', '.join(TASKS)} (got {self.tasks!r})")
+        if isinstance(self.model_files, tuple) and not set(self.model_files) <= set(MODEL_FILES):
+            problems.append(f"model_files must be some of {', '.join(MODEL_FILES)} (got {self.model_files!r})")
         for fact in ("openmp", "forkable", "onednn_linear"):
             if not isinstance(getattr(self, fact), bool):
                 problems.append(f"{fact} is not True or False")

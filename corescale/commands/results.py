@@ -39,7 +39,7 @@ def handle(args) -> int:
             return 0
         console.print(f"{len(frame)} rows written to {args.csv}", markup=False, soft_wrap=True)
         return 0
-    columns = store.SUMMARY_COLUMNS if not args.columns else (
+    columns = store.summary_columns(frame) if not args.columns else (
         list(frame.columns) if args.columns == "all" else [c.strip() for c in args.columns.split(",")])
     unknown = [c for c in columns if c not in frame.columns]
     if unknown:

@@ -14,6 +14,8 @@ def register(sub) -> None:
     parser.add_argument("-m", "--multirun", action="store_true", help="sweep: comma lists / range() become trials")
     add_loop_options(parser, "trial of a sweep")
     add_foreign_option(parser)
+    parser.add_argument("--bundle", metavar="DIR", help="write a deployment bundle of the result to DIR (a new "
+                        "folder), for `corescale serve DIR`")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. batch_size=8 model=bert-tiny")
     parser.set_defaults(handler=handle)
 
@@ -32,9 +34,30 @@ def handle(args) -> int:
     from corescale.trials.sweep import plan_sweep
 
     planned = plan_sweep(expand_sweep(args.overrides) if args.multirun else [args.overrides])
+    check_cost([item.trial.cfg.cost for item in planned])
+    if args.bundle:
+        from corescale.errors import UserError
+        from corescale.serve.bundle import check_destination
+
+        if args.multirun:
+            raise UserError("--bundle takes one configuration, not a sweep (-m)")
+        check_destination(args.bundle, planned[0].trial.cfg)  # before any worker starts
     if args.multirun:
         return sweep(planned, args)
     return single(planned, args)
+
+
+def check_cost(settings: list) -> None:
+    """The `cost.*` keys (a catalog kind said to be this machine must be it), before any worker starts."""
+    from corescale.analysis.pricing import check_settings
+    from corescale.machine.environment import cpuinfo
+    from corescale.machine.topology import Topology
+
+    if not any(s.machine or s.catalog for s in settings):
+        return
+    cpu, cores = cpuinfo()["model"], len(Topology.from_sysfs().physical_cores)
+    for one in {(s.price_per_hour, s.machine, s.catalog): s for s in settings}.values():
+        check_settings(one, cpu, cores)
 
 
 def single(planned, args) -> int:
@@ -47,6 +70,11 @@ def single(planned, args) -> int:
         state = run_sweep(planned, listener, resume=False, keep_going=False, on_lock_wait=on_lock_wait)
     if repeats > 1:
         print_repeats(state, planned)
+    if args.bundle and not state.failed:
+        from corescale.report.console import print_path
+        from corescale.serve.bundle import write
+
+        print_path("bundle", write(args.bundle, next(r.result() for r in state.rows if r.status == "ok")))
     return EXIT_FAILED if state.failed else EXIT_OK
 
 

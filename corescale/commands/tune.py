@@ -77,13 +77,21 @@ def conclude(tune, outcome: dict, args) -> TuneDocument:
 
     doc = write_verdict(tune, outcome)
     print_wide(recommendation_table(doc))
+    report_path = None
     if not getattr(args, "no_report", False):  # `corescale demo` always writes it
         from corescale.report import html as report
 
-        built = report.build(tune.tune_dir, tune.tune_dir / "report.html", table=used_results(tune, doc))
-        print_path("report", built.path)
+        report_path = report.build(tune.tune_dir, tune.tune_dir / "report.html", table=used_results(tune, doc)).path
+    for line in doc.headline:  # the answer, then what to do with it, then where the report is
+        console.print(line, markup=False, soft_wrap=True)
     if doc.recipe:
         print_path("recipe", doc.recipe["recipe.sh"])
-    for line in doc.headline:
-        console.print(line, markup=False, soft_wrap=True)
+        console.print(f"reproduce it: bash {doc.recipe['recipe.sh']}", markup=False, soft_wrap=True)
+        if doc.recipe.get("bundle"):
+            print_path("bundle", doc.recipe["bundle"])
+            console.print(f"serve it: corescale serve {doc.recipe['bundle']}", markup=False, soft_wrap=True)
+        else:
+            console.print(f"no bundle: {doc.recipe.get('bundle_skipped')}", markup=False, soft_wrap=True)
+    if report_path is not None:
+        print_path("report", report_path)
     return doc

@@ -37,12 +37,13 @@ def explain(profile: dict, cfg, model) -> dict:
     times = breakdown(ops, call["wall_us"])
     latency_us = statistics.median(profile["latencies_us"])
     peak = profile["instance"].get("peak") or {}
+    known = model.sizes_known  # a model file without config.json: its FLOPs are unknown, so are rates and roofs
     flops = class_flops(model, batch, length)
-    gemm_gflops = flops["gemm"] / (times["gemm"] * 1e3) if times["gemm"] > 0 else None
+    gemm_gflops = flops["gemm"] / (times["gemm"] * 1e3) if times["gemm"] > 0 and known else None
     efficiency = gemm_gflops / peak["gflops"] if gemm_gflops and peak.get("gflops") else None
     total_flops = forward_flops(model, batch, length)
     roof = position(total_flops / (latency_us * 1e3), total_flops, traffic_bytes(model, batch, length, cfg.precision),
-                    [peak]) if peak else None
+                    [peak]) if peak and known else None
     closure = sum(times.values()) / latency_us
     result = {
         "kind": "explain", "profiling_run": True, "note": "profiling run: not a timing result",

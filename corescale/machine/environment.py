@@ -13,7 +13,8 @@ from pathlib import Path
 import corescale
 from corescale.machine.topology import read_text
 
-ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8")
+ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8",
+             "asimd", "sve", "sve2", "i8mm", "bf16")  # the last five: aarch64's `Features`
 ENV_PREFIXES = ("OMP_", "KMP_", "MKL_", "GOMP_", "OPENBLAS_", "TF_NUM_", "TF_ENABLE_", "TF_XLA", "ORT_", "OV_",
                 "DNNL_", "ONEDNN_")
 ENV_NAMES = ("MALLOC_CONF", "LD_PRELOAD", "HF_HUB_OFFLINE", "CUDA_VISIBLE_DEVICES")
@@ -29,7 +30,7 @@ def cpuinfo() -> dict:
         if ":" in line:
             key, _, value = line.partition(":")
             fields.setdefault(key.strip(), value.strip())
-    flags = set(fields.get("flags", "").split())
+    flags = set((fields.get("flags") or fields.get("Features", "")).split())
     return {
         "model": fields.get("model name", platform.processor()),
         "vendor": fields.get("vendor_id", ""),

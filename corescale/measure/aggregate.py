@@ -99,15 +99,17 @@ def instance_metrics(inst: InstanceSamples, window: tuple[int, int], sequence_le
 
 
 def run_metrics(instances: list[InstanceSamples], start_ns: int, sequence_length: float,
-                flops_per_sample: float) -> RunMetrics:
+                flops_per_sample: float | None) -> RunMetrics:
+    """flops_per_sample None: the model's sizes are unknown (a model file without config.json), so are GFLOP/s."""
     window = common_window(instances, start_ns)
     per_instance = [instance_metrics(inst, window, sequence_length) for inst in instances]
     pooled = Measurement.from_ns(np.concatenate([inst.window_latencies_ns(window) for inst in instances]))
     length_s = (window[1] - window[0]) / 1e9
     samples = sum(m.samples_in_window for m in per_instance)
     throughput = samples / length_s if length_s > 0 else 0.0
-    gflops = throughput * flops_per_sample / 1e9
-    peak, percent, problem = percent_of_peak(gflops, [inst.peak for inst in instances])
+    gflops = throughput * flops_per_sample / 1e9 if flops_per_sample is not None else None
+    peak, percent, problem = percent_of_peak(gflops, [inst.peak for inst in instances]) if gflops is not None else \
+        (None, None, "the model's FLOPs are unknown (a model file without config.json)")
     contaminated = [m.id for m in per_instance if m.contaminated]
     tokens = sum(m.throughput_tokens_per_s for m in per_instance)
     return RunMetrics(

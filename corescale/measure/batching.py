@@ -17,7 +17,7 @@ from corescale.workload.samples import padded_length
 
 @dataclass
 class Waiting:
-    sample: Any  # LoadGen's QuerySample (id, index): LoadGen has no types
+    sample: Any  # LoadGen's QuerySample (id, index): LoadGen has no types; corescale serve's input row
     arrived_ns: int
     length: int
 
@@ -35,9 +35,19 @@ class Batcher:
         self.closed = False
 
     def put(self, samples) -> None:
+        """LoadGen's samples: their lengths are the query set's."""
         now = time.perf_counter_ns()
+        self.add([Waiting(s, now, int(self.lengths[s.index])) for s in samples])
+
+    def add(self, items: list[Waiting]) -> None:
         with self.cond:
-            self.waiting.extend(Waiting(s, now, int(self.lengths[s.index])) for s in samples)
+            self.waiting.extend(items)
+            self.cond.notify_all()
+
+    def requeue(self, items: list[Waiting]) -> None:
+        """A batch no instance started (its instance died first) goes back to the head of the queue."""
+        with self.cond:
+            self.waiting.extendleft(reversed(items))
             self.cond.notify_all()
 
     def close(self) -> None:

@@ -3,8 +3,8 @@
 Written by the trial worker (measure/worker.py) to the launcher (measure/launcher.py), and by the explain worker
 (explain/worker.py) to `corescale explain` (explain/run.py). `encode` and `decode` are the only way across: a line
 that is not JSON, names an unknown event, or lacks a field or holds one of the wrong type is a ProtocolError.
-The parent's words to a worker (`warmup`, `start NS`, `batch N I,J`, `stop`, `abort`) are documented in
-measure/worker.py.
+The parent's words to a worker (`warmup`, `start NS`, `batch N I,J`, `infer N IDS;IDS`, `stop`, `abort`) are
+documented in measure/worker.py.
 """
 
 from __future__ import annotations
@@ -73,6 +73,16 @@ class Served:
 
 
 @dataclass(frozen=True)
+class Answered(Served):
+    """One batch of token ids sent by `corescale serve` (an `infer` line), answered with its output rows: `shape`
+    of the float32 array whose little-endian bytes `rows` holds in base64 (one row per input, in order)."""
+
+    EVENT: ClassVar[str] = "answered"
+    shape: list = dataclasses.field(default_factory=list)
+    rows: str = ""
+
+
+@dataclass(frozen=True)
 class Result:
     """The instance's report (the record's entry for it); its fields travel flat beside the event's name."""
 
@@ -107,8 +117,9 @@ class WorkerFailure:
                    format_exc())
 
 
-Message = Union[Loaded, Warming, Ready, Progress, Served, Result, Profiled, WorkerFailure]
+Message = Union[Loaded, Warming, Ready, Progress, Served, Answered, Result, Profiled, WorkerFailure]
 MESSAGES: dict[str, type[Message]] = {cls.EVENT: cls for cls in typing.get_args(Message)}
+HINTS = {event: typing.get_type_hints(cls) for event, cls in MESSAGES.items()}  # once: it compiles each annotation
 FLAT = {Result: "report", Profiled: "profile"}  # messages whose one dict field is spread over the line
 
 
@@ -152,7 +163,7 @@ def from_fields(data: Any) -> Message:
 
 
 def _check(cls: type[Message], data: dict[str, Any]) -> None:
-    hints = typing.get_type_hints(cls)
+    hints = HINTS[cls.EVENT]
     declared = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - set(declared))
     if unknown:

@@ -1,5 +1,7 @@
 """The quality check of one trial, in its worker after the timed window: the measured backend's task outputs on
-the quality set (workload/quality.py) against the fp32 PyTorch reference's, in the task's own terms.
+the quality set (workload/quality.py) against the fp32 PyTorch reference's, in the task's own terms. A model file
+has no PyTorch model: its reference is the file itself, run at fp32 by the first backend that loads it
+(backends.quality_reference: ONNX Runtime for an ONNX file).
 
 The reference outputs are cached (`cache_dir/reference/<key>.npy`, keyed by the model, its head, the set's tokens,
 the seed and the libraries that compute it), so a worker whose reference was computed before loads no PyTorch.
@@ -38,10 +40,12 @@ def outputs(backend, model, queries: QuerySet) -> np.ndarray:
 
 
 def reference_key(cfg, model, queries: QuerySet) -> str:
+    from corescale.backends import entry, quality_reference
     from corescale.workload.models import source_files
 
+    libraries = entry(quality_reference(model)).libraries
     identity = {"model": model.identity(), "files": source_files(model), "seed": cfg.seed, "set": set_digest(queries),
-                "libraries": {n: _version(n) for n in ("torch", "transformers")}, "version": 1}
+                "libraries": {n: _version(n) for n in libraries}, "version": 1}
     return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
 
@@ -53,8 +57,8 @@ def _version(name: str) -> str | None:
 
 
 def reference_outputs(cfg, model, threads: int, queries: QuerySet) -> tuple[np.ndarray, bool]:
-    """(the fp32 PyTorch reference's outputs, whether they came from the cache)."""
-    from corescale.backends import DEFAULT_BACKEND, OPTIONS, create_backend
+    """(the fp32 reference's outputs, whether they came from the cache)."""
+    from corescale.backends import OPTIONS, create_backend, quality_reference
 
     file = Path(os.path.expanduser(cfg.cache_dir)) / "reference" / f"{reference_key(cfg, model, queries)}.npy"
     if file.is_file():
@@ -62,8 +66,9 @@ def reference_outputs(cfg, model, threads: int, queries: QuerySet) -> tuple[np.n
             return np.load(file), True
         except (OSError, ValueError):
             pass  # unreadable: computed again, and replaced
-    ref_cfg = dataclasses.replace(cfg, backend=OPTIONS[DEFAULT_BACKEND](), precision="fp32", reference=None)
-    reference = create_backend(DEFAULT_BACKEND)
+    name = quality_reference(model)
+    ref_cfg = dataclasses.replace(cfg, backend=OPTIONS[name](), precision="fp32", reference=None)
+    reference = create_backend(name)
     reference.load(model, ref_cfg, threads, queries.rows([0], int(queries.lengths[0]), pad_id(model),
                                                           model.takes_token_type_ids))
     found = outputs(reference, model, queries)
@@ -74,6 +79,14 @@ def reference_outputs(cfg, model, threads: int, queries: QuerySet) -> tuple[np.n
     os.chmod(tmp, 0o644)
     os.replace(tmp, file)
     return found, False
+
+
+def reference_name(model) -> str:
+    """How the record names the reference."""
+    from corescale.backends import quality_reference
+
+    name = f"{quality_reference(model)} fp32"
+    return f"{name} on the model file itself (no PyTorch model)" if model.model_file else name
 
 
 # --- metrics ----------------------------------------------------------------------------------------------------
@@ -160,11 +173,9 @@ def check(cfg, model, threads: int, backend, queries: QuerySet) -> dict:
     """The quality section of an instance's report (the parent applies the gate)."""
     import time
 
-    from corescale.backends import DEFAULT_BACKEND
-
     began = time.perf_counter()
     measured = outputs(backend, model, queries)
     reference, cached = reference_outputs(cfg, model, threads, queries)
     return {"task": model.task, "metrics": task_metrics(model.task, measured, reference, queries.groups),
-            "rows": len(queries.ids), "origin": queries.origin, "reference": f"{DEFAULT_BACKEND} fp32",
+            "rows": len(queries.ids), "origin": queries.origin, "reference": reference_name(model),
             "reference_cached": cached, "seconds": time.perf_counter() - began}

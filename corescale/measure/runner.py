@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from corescale.backends import check_available, entry
+from corescale.backends import check_available, entry, quality_reference, runs_model
 from corescale.config import BenchmarkConfig
 from corescale.errors import UserError
 from corescale.machine import environment, instance_env
@@ -69,9 +69,14 @@ def prepare_trial(cfg: BenchmarkConfig, topology: Topology | None = None, on_nod
     check_available(cfg.backend.name)
     if cfg.reference:
         check_available(cfg.reference)
-    model = resolve_model(cfg.model, cfg.trust_remote_code, cfg.task, cfg.cache_dir)
+    model = resolve_model(cfg.model, cfg.trust_remote_code, cfg.task, cfg.cache_dir, cfg.workload.tokenizer)
+    runs_model(cfg.backend.name, model)
+    if cfg.reference:
+        runs_model(cfg.reference, model, "reference")
     check_task(cfg, model)
-    if cfg.sequence_length > model.max_positions:
+    if model.task != "encode":  # what the quality check's reference runs on
+        check_available(quality_reference(model))
+    if model.max_positions is not None and cfg.sequence_length > model.max_positions:
         raise UserError(f"sequence_length={cfg.sequence_length} exceeds the maximum of {model.max_positions} "
                         f"positions of model '{cfg.model}'")
     instance_env.preload_paths(cfg)  # a requested allocator/OpenMP library that is missing
@@ -383,8 +388,9 @@ def _metrics(trial: Trial, instances: list[InstanceSamples], start_ns: int) -> t
     if len(padded) == len(instances):  # a query set: the work done is at the lengths the batches were padded to
         length = sum(padded) / len(padded)
     tokens = max(int(round(length)), 1)
-    metrics = run_metrics(instances, start_ns, length, forward_flops(trial.model, 1, tokens))
-    metrics.roofline = roofline_of(trial, metrics, instances, tokens)
+    known = trial.model.sizes_known  # a model file without config.json: its FLOPs are unknown, not invented
+    metrics = run_metrics(instances, start_ns, length, forward_flops(trial.model, 1, tokens) if known else None)
+    metrics.roofline = roofline_of(trial, metrics, instances, tokens) if known else None
     return metrics, samples_frame(instances, (metrics.window_start_ns, metrics.window_end_ns))
 
 
@@ -395,6 +401,7 @@ def roofline_of(trial: Trial, metrics: RunMetrics, instances: list[InstanceSampl
     from corescale.workload.memory import traffic_bytes
 
     batch = trial.cfg.instance_batch_size
+    assert metrics.gflops_per_s is not None, "known sizes give FLOPs"
     found = position(metrics.gflops_per_s, forward_flops(trial.model, batch, length),
                      traffic_bytes(trial.model, batch, length, trial.cfg.precision), [inst.peak for inst in instances])
     return Roofline(**found) if found else None

@@ -8,7 +8,9 @@ Run as `python -m corescale.measure.worker JOB.json` by the launcher. Protocol w
   `abort` (or end of input) at any point ends the instance.
 - serving (scenario=server|single_stream): from the start instant the instance waits for `batch N I,J,...` lines
   (query indices into the trial's query set), answers each with a `served` line, and ends at `stop` with its
-  `result`.
+  `result`. `corescale serve` sends `infer N IDS;IDS;...` instead (each row's token ids, commas between ids,
+  semicolons between rows; `IDS/TYPES` for a pair's token type ids) and gets an `answered` line holding the
+  output rows (the task's output: the head is in the measured call).
 """
 
 from __future__ import annotations
@@ -241,24 +243,30 @@ class Instance:
         from corescale.workload.samples import batch_inputs, pad_id, padded_length
 
         backend, model, queries, control = self.backend, self.model, self.queries, self.control
-        assert queries is not None, "a serving worker's job names its query set"
         cfg_pad, limit = self.cfg.pad, self.cfg.sequence_length
         cpu_before, began = process_cpu_seconds(), time.perf_counter_ns()
         served = rows = 0
         busy_ns = 0
         while True:
             words = control.next_words()
-            if not words or words[0] != "batch":
+            if not words or words[0] not in ("batch", "infer"):
                 break
-            chosen = [queries.ids[int(i)] for i in words[2].split(",")]
+            inline = words[0] == "infer"  # corescale serve: the token ids themselves, the output rows back
+            types = None
+            if inline:
+                chosen, types = token_rows(words[2])
+            else:
+                assert queries is not None, "a LoadGen worker's job names its query set"
+                chosen = [queries.ids[int(i)] for i in words[2].split(",")]
             start_ns = time.perf_counter_ns()
             length = padded_length([len(q) for q in chosen], cfg_pad, limit)
-            prepared = backend.prepare(batch_inputs(chosen, length, pad_id(model), model.takes_token_type_ids))
-            backend.to_numpy(backend.forward(prepared))
+            inputs = batch_inputs(chosen, length, pad_id(model), model.takes_token_type_ids, types)
+            output = backend.to_numpy(backend.forward(backend.prepare(inputs)))
             end_ns = time.perf_counter_ns()
             busy_ns += end_ns - start_ns
             served, rows = served + 1, rows + len(chosen)
-            control.send(protocol.Served(int(words[1]), start_ns, end_ns, length, sum(len(q) for q in chosen)))
+            done = (int(words[1]), start_ns, end_ns, length, sum(len(q) for q in chosen))
+            control.send(answer(done, output) if inline else protocol.Served(*done))
         wall = (time.perf_counter_ns() - began) / 1e9
         memory = memory_now()
         threads_cpus = instance_env.thread_affinities()
@@ -321,6 +329,31 @@ class TokenCount:
         n = len(self.batches)
         done = [self.batches[i % n][1 if padded else 0] for i in range(self.first, self.calls)]
         return sum(done) / (len(done) * batch) if done else 0.0
+
+
+def token_rows(text: str) -> tuple[list, list | None]:
+    """`infer`'s rows (semicolons between rows): token ids separated by commas, then `/` and the token type ids
+    when the row has them (a pair); (ids, type ids or None)."""
+    import numpy as np
+
+    rows = [row.partition("/") for row in text.split(";")]
+    ids = [np.array(row[0].split(","), dtype=np.int64) for row in rows]
+    if not any(row[2] for row in rows):
+        return ids, None
+    return ids, [np.array(row[2].split(","), dtype=np.int64) if row[2] else np.zeros(len(i), dtype=np.int64)
+                 for row, i in zip(rows, ids)]
+
+
+def answer(done: tuple[int, int, int, int, int], output) -> protocol.Answered:
+    """The output rows of one `infer` batch, as float32 little-endian bytes in base64."""
+    import base64
+
+    import numpy as np
+
+    rows = np.ascontiguousarray(output, dtype="<f4")
+    batch, start_ns, end_ns, length, real_tokens = done
+    return protocol.Answered(batch, start_ns, end_ns, length, real_tokens, list(rows.shape),
+                             base64.b64encode(rows.tobytes()).decode())
 
 
 def tokenized(tokenizer, items: list, model, cfg):

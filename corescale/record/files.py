@@ -26,8 +26,9 @@ CONFIG_FILE = "config.yaml"
 TMP_PREFIX = ".tmp-"
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
+def fsync_dir(path: Path) -> None:
+    """A directory's entries (a rename into it) on disk."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
     finally:
@@ -74,7 +75,7 @@ def write_atomic(path: Path, data: str | bytes | Callable[[Path], None], what: s
                 handle.flush()
                 os.fsync(handle.fileno())
         os.replace(tmp, path)
-        _fsync_dir(path.parent)  # the rename itself survives a crash
+        fsync_dir(path.parent)  # the rename itself survives a crash
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -136,7 +137,7 @@ class PendingRun:
                 if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR):
                     raise
                 suffix += 1
-        _fsync_dir(self.root)
+        fsync_dir(self.root)
         return final
 
     def discard(self) -> None:

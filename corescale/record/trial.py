@@ -125,10 +125,10 @@ class RunMetrics:
     throughput_tokens_per_s: float
     latency_s: LatencySummary  # pooled over instances
     max_instance_p50_s: float
-    gflops_per_s: float
+    gflops_per_s: float | None  # None: the model's FLOPs are unknown (a model file without config.json)
     peak_gflops: float | None  # sum over instances of the best measured GEMM on their CPUs (the yardstick)
     percent_of_peak: float | None  # None when there is no peak, or when it would exceed 100 (see peak_problem)
-    flops_per_sample: float
+    flops_per_sample: float | None  # None: unknown, as gflops_per_s
     peak_rss_bytes: int
     cpu_utilisation: float
     foreign_load: float
@@ -300,6 +300,11 @@ def machine_fingerprint(environment: HostEnvironment) -> str:
 def spec_key(cfg: BenchmarkConfig, spec) -> str:
     """The trial key of a config and a resolved ModelSpec."""
     local = spec.source in ("local", "packaged")
+    if spec.source == "file":  # the file and what is beside it (its weights, config.json): names, sizes, mtimes
+        from corescale.workload.models import source_files
+
+        listed = source_files(spec) or []
+        return trial_key(cfg.key(), spec.identity(), [[name, size, mtime] for name, _, size, mtime in listed])
     return trial_key(cfg.key(), spec.identity(), model_files(spec.path) if local else None)
 
 

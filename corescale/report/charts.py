@@ -167,7 +167,7 @@ def cost_figure(tables: dict[str, pd.DataFrame]) -> Figure:
     for i, (machine, table) in enumerate(tables.items()):
         table = table.drop_duplicates("layout").set_index("layout").reindex(layouts)
         costs = table["cost_per_1m_usd"].replace([np.inf], np.nan).to_numpy(float)
-        projected = (table["basis"] == "projection").to_numpy()
+        projected = (table["basis"] != "measured").to_numpy()
         bars = ax.barh(y - 0.4 + height * (i + 0.5), costs, height, label=machine)
         for bar, hatch in zip(bars, projected):
             bar.set_hatch("//" if hatch else "")
@@ -232,4 +232,34 @@ def load_curve_figure(curves: dict[str, ServerSummary]) -> Figure:
         ax.legend(fontsize=7)
     for ax in axes[len(curves):]:
         ax.set_visible(False)
+    return fig
+
+
+ARCH_MARKERS = {"x86_64": "o", "aarch64": "^"}
+
+
+def machine_size_figure(ranked: pd.DataFrame, cpu_model: str, here: dict | None, workload: str) -> Figure:
+    """US$ per 1M inferences against a catalog kind's physical cores (log-log), one colour per CPU family;
+    a vertical bar is a range (the kind's ISA differs from the measured one); the measured machine is a star."""
+    priced = ranked[ranked["rank"].notna()]
+    fig = new_figure(8.5, 5.2)
+    ax = fig.subplots()
+    for family, rows in priced.groupby("cpu", sort=False):
+        slow = rows["cost_per_1m_usd"].to_numpy(float)
+        fast = rows["cost_per_1m_low_usd"].fillna(rows["cost_per_1m_usd"]).to_numpy(float)
+        x = rows["physical_cores"].to_numpy(float)
+        marker = ARCH_MARKERS.get(str(rows["arch"].iloc[0]) if "arch" in rows else "", "o")
+        [points] = ax.plot(x, slow, marker, markersize=6, label=str(family))
+        ax.vlines(x, fast, slow, color=points.get_color(), lw=2, alpha=0.6)
+    if here is not None:
+        ax.plot([here["cores"]], [here["cost_per_1m_usd"]], "*", color="black", markersize=14,
+                label=f"this machine (measured, {here['cores']} cores)")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("machine size (physical cores, log2)")
+    ax.set_ylabel("US$ per 1M inferences (log)")
+    ax.set_title(f"Cost against machine size, {workload}: projected from {cpu_model}\n(dots: the cost a "
+                 "projection can promise; bars: the range where the ISA differs)", fontsize=9)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7, ncols=2)
     return fig

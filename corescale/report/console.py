@@ -63,7 +63,11 @@ def result_table(record: TrialRecord) -> Table:
     table.add_row("throughput (samples/s)", f"{metrics.throughput_samples_per_s:.2f}",
                   f"{metrics.samples_in_window} samples in {metrics.window_s:.2f} s window")
     table.add_row("throughput (tokens/s)", f"{metrics.throughput_tokens_per_s:.0f}", "")
-    table.add_row("GFLOP/s", f"{metrics.gflops_per_s:.1f}", peak_text(metrics))
+    table.add_row(*cost_cells(record))
+    if metrics.gflops_per_s is None:
+        table.add_row("GFLOP/s", "unknown", metrics.peak_problem or "the model's FLOPs are unknown")
+    else:
+        table.add_row("GFLOP/s", f"{metrics.gflops_per_s:.1f}", peak_text(metrics))
     if metrics.roofline:
         roof = metrics.roofline
         table.add_row("roofline", f"{roof.fraction_of_attainable:.0%}",
@@ -154,6 +158,17 @@ def http_rows(table: Table, s) -> None:
         t = (step.http.client_ms if where == "client" else step.http.server_ms).get(name)
         if t is not None:
             table.add_row(f"{name} (ms, {where})", f"{t.mean:.2f}", f"p50 {t.p50:.2f} · p99 {t.p99:.2f}")
+
+
+def cost_cells(record: TrialRecord) -> tuple[str, str, str]:
+    """The US$ per 1M inferences, per 1M real tokens and the price's source (analysis/pricing.py)."""
+    from corescale.analysis.pricing import record_cost
+
+    inferences, tokens, source = record_cost(record)
+    if inferences is None:
+        return "US$ per 1M inferences", "-", "no throughput to price"
+    per_token = f"US$ {tokens:.4g} per 1M tokens" if tokens else "tokens per sample not recorded"
+    return "US$ per 1M inferences", f"{inferences:.4g}", escape(f"{per_token} · {source}")
 
 
 def peak_text(metrics) -> str:

@@ -72,6 +72,13 @@ def _roofline(frame, context):
     return roofline.roofline_figure(rows) if not rows.empty else None
 
 
+def _machines(frame, context):
+    ranked = context["ranking"]
+    if not ranked["rank"].notna().any():
+        return None
+    return report_plots.machine_size_figure(ranked, context["cpu"], context["here"], context["workload"])
+
+
 def _cost(frame, context):
     tables = {name: table for name, table in context["cost_tables"].items() if not table.empty}
     return report_plots.cost_figure(tables) if tables else None
@@ -95,6 +102,10 @@ CHARTS = [
           "binds.", _roofline, "any run with calibrate=true (the default)"),
     Chart("cost", "Cost per 1M inferences", "US$ per one million inferences = $/h ÷ (samples/s × 3600) × 1e6; "
           "hatched bars are projections (assumptions below).", _cost, "any successful run"),
+    Chart("machines", "Which machine: cost against machine size", "Every catalog kind at its cheapest measured "
+          "layout (under the SLO when one is given), projected from the CPU named in the title: copies on its "
+          "physical cores, capped by its memory bandwidth; a bar spans the range where its ISA differs; kinds of "
+          "another architecture are refused (table below).", _machines, "any successful run"),
 ]
 
 
@@ -118,6 +129,7 @@ section{background:#fff;border-radius:6px;padding:14px 20px;margin:16px 0;box-sh
 h2{font-size:18px;margin:4px 0 10px}figure{margin:0}figure img{max-width:min(100%,1100px);height:auto}
 figcaption{color:#555;font-size:13px;margin-top:6px}.note{color:#7a5b00;background:#fff6d6;padding:8px 12px;
 border-radius:4px;font-size:14px}table{border-collapse:collapse;font-size:13px;margin:6px 0}
+tr.withheld td{background:#fde8e8}
 th,td{border-bottom:1px solid #e3e6ea;padding:4px 8px;text-align:right;white-space:nowrap}
 th{background:#f0f2f5;cursor:pointer;position:sticky;top:0}th[data-order=asc]::after{content:" \\25B2"}
 th[data-order=desc]::after{content:" \\25BC"}td.text,th.text{text-align:left}.scroll{overflow:auto;max-height:640px}
@@ -184,11 +196,20 @@ RESULT_COLUMNS = [("status", "status", ""), ("model", "model", ""), ("backend", 
                                                                        "{:.0f}"),
                   ("gflops_per_s", "GFLOP/s", "{:.1f}"), ("percent_of_peak", "% of SGEMM", "{:.0f}"),
                   ("peak_rss_mib", "peak RSS MiB", "{:.0f}"), ("contaminated", "contaminated", ""),
+                  ("quality_verdict", "quality", ""),
                   ("reason", "reason", ""), ("run", "run", "")]
 COST_COLUMNS = [("layout", "layout", ""), ("model", "model", ""), ("basis", "basis", ""),
                 ("copies", "copies", "{:.0f}"), ("machine_samples_per_s", "samples/s on machine", "{:.1f}"),
                 ("latency_p99_ms", "p99 ms", "{:.1f}"), ("cost_per_1m_usd", "US$ per 1M", "{:.4g}"),
-                ("meets_slo", "meets SLO", "")]
+                ("cost_per_1m_tokens_usd", "US$ per 1M tokens", "{:.4g}"), ("meets_slo", "meets SLO", ""),
+                ("flags", "flags", ""), ("reason", "reason", "")]
+RANKING_COLUMNS = [("rank", "#", "{:.0f}"), ("machine", "machine", ""), ("cloud", "where", ""), ("cpu", "CPU", ""),
+                   ("physical_cores", "cores", "{:.0f}"), ("smt", "SMT", "{:.0f}"),
+                   ("price_per_hour", "US$/h", "{:g}"), ("layout", "layout", ""), ("copies", "copies", "{:.0f}"),
+                   ("basis", "basis", ""), ("cost_per_1m_usd", "US$ per 1M (slow end)", "{:.4g}"),
+                   ("cost_per_1m_low_usd", "US$ per 1M (fast end)", "{:.4g}"),
+                   ("cost_per_1m_tokens_usd", "US$ per 1M tokens", "{:.4g}"), ("flags", "flags", ""),
+                   ("reason", "reason", "")]
 
 
 def _figure_html(chart: Chart, png: bytes, file_name: str) -> str:
@@ -252,12 +273,39 @@ def cost_html(context: dict) -> str:
         if machine.physical_cores:  # under linear scaling the price per core decides the projected cost
             price += f", ${machine.price_per_hour / machine.physical_cores:.3f} per core-hour"
         parts.append(f"<h3>{e(machine.name)} ({e(price)})</h3>")
-        if not table.empty and (table["basis"] == cost.PROJECTION).any():
+        if not table.empty and (table["basis"] != cost.MEASURED).any():
             parts.append(f'<p class="note">{e(cost.assumption(machine, table["cpu_model"].iloc[0]))}</p>')
         parts.append(f"<p>{e(cost.answer(table, machine, context['slo']))}</p>")
         if not table.empty:
             parts.append(html_table(table, COST_COLUMNS, f"cost-{machine.name}"))
     return "".join(parts)
+
+
+def machine_context(frame, slo: float | None) -> dict:
+    """The catalog ranked on these results (analysis/ranking.py) and this machine's own measured point."""
+    from corescale.analysis import pricing, ranking
+
+    catalog = cost.load_catalog()
+    groups = ranking.workloads(frame)
+    workload, ok = groups[0] if groups else ("no valid results", ok_rows(frame))
+    here = ranking.this_machine(ok, lambda row: pricing.price_here(row, catalog), slo) if not ok.empty else None
+    if here is not None:
+        here["cores"] = int(ok["host_physical_cores"].iloc[0] or 1)
+    cpus = sorted({str(c) for c in ok["cpu_model"].dropna()}) if not ok.empty else []
+    return {"ranking": ranking.rank(ok, catalog, slo), "here": here, "cpu": " + ".join(cpus) or "CPU unnamed",
+            "workload": workload, "workloads": [name for name, _ in groups]}
+
+
+def ranking_html(context: dict) -> str:
+    from corescale.analysis import ranking
+
+    others = [name for name in context["workloads"] if name != context["workload"]]
+    notes = [f"workload: {context['workload']}" + (f" (the one with the most results; also measured: "
+                                                    f"{', '.join(others)}: corescale cost ROOT ranks each)"
+                                                    if others else "")]
+    lines = "".join(f"<li>{e(line)}</li>" for line in
+                    [*notes, *ranking.summary(context["ranking"], context["here"], context["slo"])])
+    return f"<ul>{lines}</ul>" + html_table(context["ranking"], RANKING_COLUMNS, "machines")
 
 
 # --- building ---------------------------------------------------------------------------------------------------
@@ -274,7 +322,7 @@ def build(root, out: Path | None = None, machine: str | None = None, price: floa
     out.parent.mkdir(parents=True, exist_ok=True)
     machines = cost_machines(machine, price)
     context = {"machines": machines, "slo": slo,
-               "cost_tables": {m.name: cost.cost_table(frame, m, slo) for m in machines}}
+               "cost_tables": {m.name: cost.cost_table(frame, m, slo) for m in machines}, **machine_context(frame, slo)}
     built = Built(out)
     sections = []
     for chart in CHARTS:
@@ -292,6 +340,8 @@ def build(root, out: Path | None = None, machine: str | None = None, price: floa
             body = _figure_html(chart, png, png_path.name)
         if chart.id == "cost":
             body += cost_html(context)
+        if chart.id == "machines":
+            body += ranking_html(context)
         sections.append((chart.id, chart.title, body))
     sections.extend(_explain_sections(root, built.skipped))
     from corescale.report import tune as tune_report
@@ -311,6 +361,11 @@ def build(root, out: Path | None = None, machine: str | None = None, price: floa
         built.charts.append(chart.id)
         built.pngs.append(png_path)
         sections.append((chart.id, chart.title, _figure_html(chart, png, png_path.name)))
+    from corescale.report import quality as quality_report
+
+    judged = quality_report.section(frame)
+    if judged is not None:  # only where some result checked its task's quality
+        sections.append(judged)
     sections.append(("environment", "Environment", environment_html(frame)))
     sections.append(("results", f"All results ({len(frame)})", html_table(frame, RESULT_COLUMNS, "results-table")))
     if table.problems or built.skipped:

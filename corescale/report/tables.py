@@ -9,7 +9,8 @@ from rich.table import Table
 RESULT_HEADERS = {"batch_size": "batch", "sequence_length": "seq", "instances": "inst",
                   "cpus_per_instance": "cpus/inst", "threads_per_instance": "threads/inst", "latency_p50_ms": "p50 ms",
                   "latency_p99_ms": "p99 ms", "throughput_samples_per_s": "samples/s", "contaminated": "contam.",
-                  "precision": "prec."}
+                  "precision": "prec.", "quality_task": "task", "quality_metric": "quality",
+                  "quality_value": "value", "quality_verdict": "verdict"}
 VERDICT_COLOURS = {"slower": "red", "faster": "green"}
 
 
@@ -22,8 +23,15 @@ def results_table(frame, columns: list[str], title: str) -> Table:
         table.add_column(RESULT_HEADERS.get(column, column), overflow="fold",
                          justify="left" if column == "run" else "right")
     for _, row in frame[columns].iterrows():
-        table.add_row(*(escape(describe_value(row[c])) for c in columns))
+        table.add_row(*(escape(_cell(c, row[c], describe_value)) for c in columns))
     return table
+
+
+def _cell(column: str, value, describe) -> str:
+    """Quality figures to 4 decimals (0.99996 is not 1: the gate's bounds sit in the last digits)."""
+    if column.startswith("quality_") and isinstance(value, float) and value == value:
+        return f"{value:.4f}"
+    return describe(value)
 
 
 def comparison_table(rows, title: str) -> Table:
@@ -40,28 +48,72 @@ def comparison_table(rows, title: str) -> Table:
 
 
 def catalog_table(machines) -> Table:
-    """`corescale cost --list-machines`: the price catalog's machines."""
-    table = Table(title="price catalog", header_style="bold")
-    for column in ("machine", "$/h", "vCPUs", "cores", "CPU", "note"):
-        table.add_column(column)
+    """`corescale cost --list-machines`: the machine catalog, a row per kind with its price's date and page."""
+    table = Table(title="machine catalog (on-demand list prices: re-check before buying)", header_style="bold")
+    for column in ("machine", "where", "US$/h", "vCPUs", "cores", "SMT", "US$/core-h", "CPU", "ISA", "GB/s",
+                   "date", "source"):
+        table.add_column(column, overflow="fold")
     for m in machines:
-        table.add_row(m.name, f"{m.price_per_hour:g}", str(m.vcpus), str(m.physical_cores), m.cpu_model, m.note)
+        table.add_row(escape(m.name), escape(" ".join(p for p in (m.cloud, m.region) if p)), f"{m.price_per_hour:g}",
+                      str(m.vcpus), str(m.physical_cores), str(m.smt), f"{m.core_hour:.4f}", escape(m.cpu_text),
+                      escape(" ".join(sorted(m.isa)) or "-"), f"{m.bandwidth_gbps:.0f}" if m.bandwidth_gbps else "-",
+                      escape(m.date), escape(m.source.split(" (")[0]))
     return table
 
 
+def _money(row, slow: str, fast: str | None = None) -> str:
+    """A cost cell: one figure, a range (cheap end first), or '-'."""
+    from corescale.analysis.cost import money_range
+
+    value = row.get(slow)
+    if value is None or value != value:
+        return "-"
+    return money_range(value, row.get(fast) if fast else None).lstrip("$")
+
+
+def _rate(row) -> str:
+    from corescale.analysis.cost import rate_range
+
+    value = row.get("machine_samples_per_s")
+    return "-" if value is None or value != value else rate_range(row)
+
+
 def costs_table(costs, machine) -> Table:
-    """`corescale cost`: per layout, the machine's throughput and dollars per 1M inferences (analysis/cost.py's
-    cost_table)."""
-    table = Table(title=f"cost per 1M inferences on {machine.name} at ${machine.price_per_hour:g}/h",
-                  header_style="bold")
-    for column in ("layout", "basis", "copies", "samples/s", "p99 ms", "$ / 1M", "meets SLO"):
-        table.add_column(column, justify="left" if column == "layout" else "right")
+    """`corescale cost --machine`: per layout, the machine's throughput and US$ per 1M inferences and tokens
+    (analysis/cost.py's cost_table); ranges where the ISA differs, the reason where there is no figure."""
+    table = Table(title=f"cost per 1M on {machine.name} at ${machine.price_per_hour:g}/h", header_style="bold")
+    for column in ("layout", "basis", "copies", "samples/s", "p99 ms", "US$/1M inf.", "US$/1M tok.", "meets SLO",
+                   "flags"):
+        table.add_column(column, justify="left" if column in ("layout", "flags") else "right", overflow="fold")
     for _, row in costs.iterrows():
         slo = "-" if row["meets_slo"] is None else ("yes" if row["meets_slo"] else "[red]no[/red]")
         fits = row["copies"] > 0
-        table.add_row(escape(row["layout"]), row["basis"], str(row["copies"]),
-                      f"{row['machine_samples_per_s']:.1f}" if fits else "does not fit",
-                      f"{row['latency_p99_ms']:.1f}", f"{row['cost_per_1m_usd']:.4g}" if fits else "-", slo)
+        table.add_row(escape(row["layout"]), row["basis"], str(row["copies"]), _rate(row) if fits else "none",
+                      f"{row['latency_p99_ms']:.1f}" if row["latency_p99_ms"] == row["latency_p99_ms"] else "-",
+                      _money(row, "cost_per_1m_usd", "cost_per_1m_low_usd"), _money(row, "cost_per_1m_tokens_usd"),
+                      slo, escape(row["reason"] or row["flags"]))
+    return table
+
+
+def ranking_table(ranked, slo_p99_ms: float | None, cpu_model: str, workload: str) -> Table:
+    """`corescale cost ROOT`: catalog kinds by US$ per 1M inferences (analysis/ranking.py's rank)."""
+    condition = f" under p99 <= {slo_p99_ms:g} ms" if slo_p99_ms is not None else ""
+    table = Table(title=escape(f"which machine for {workload}: catalog kinds by US$ per 1M inferences{condition}"),
+                  caption=escape(f"measured on {cpu_model}; projected = copies of a measured layout on the kind's "
+                                 "physical cores, capped by its memory; a range where its ISA differs"),
+                  header_style="bold")
+    for column in ("#", "machine", "CPU", "cores", "US$/h", "US$/core-h", "layout", "copies", "basis", "samples/s",
+                   "p99 ms", "US$/1M inf.", "US$/1M tok.", "flags / reason"):
+        table.add_column(column, justify="left" if column in ("machine", "CPU", "layout", "basis",
+                                                                   "flags / reason") else "right", overflow="fold")
+    for _, row in ranked.iterrows():
+        rank = "-" if row["rank"] != row["rank"] or row["rank"] is None else str(int(row["rank"]))
+        table.add_row(rank, escape(row["machine"]), escape(row["cpu"]), f"{row['physical_cores']} (SMT {row['smt']})",
+                      f"{row['price_per_hour']:g}", f"{row['core_hour']:.4f}", escape(str(row["layout"] or "-")),
+                      str(row["copies"]), row["basis"], _rate(row),
+                      f"{row['latency_p99_ms']:.0f}" if row["latency_p99_ms"] == row["latency_p99_ms"] else "-",
+                      _money(row, "cost_per_1m_usd", "cost_per_1m_low_usd"), _money(row, "cost_per_1m_tokens_usd"),
+                      escape(str(row["reason"] or row["flags"] or "")))
     return table
 
 

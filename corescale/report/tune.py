@@ -129,14 +129,16 @@ def _fmt(block: Figure, digits=2) -> str:
 
 
 def recommendation_html(doc: TuneDocument) -> str:
-    head = "".join(f'<th class="text">{e(h)}</th>' for h in ("role", "configuration", "samples/s (95 % CI)", "p50 ms",
-                                                 "p99 ms", "US$ per 1M", "drift", "memory GB", "meets"))
+    headers = ("role", "configuration", "samples/s (95 % CI)", "p50 ms", "p99 ms", "US$ per 1M", "US$ per 1M tokens",
+               "drift", "memory GB", "meets")
+    head = "".join(f'<th class="text">{e(h)}</th>' for h in headers)
     body = []
     for f in doc.rows:
         cells = [f.role, f.label, _fmt(f.throughput), _fmt(f.p50_ms), _fmt(f.p99_ms), _fmt(f.cost_per_1m, 4),
-                 _fmt(f.drift, 3), _fmt(f.memory_gb), "yes" if f.feasible else "no"]
+                 _fmt(f.cost_per_1m_tokens, 5), _fmt(f.drift, 3), _fmt(f.memory_gb), "yes" if f.feasible else "no"]
         body.append("<tr>" + "".join(f'<td class="text">{e(str(c))}</td>' for c in cells) + "</tr>")
-    lines = "".join(f"<li>{e(line)}</li>" for line in doc.headline)
+    lines = "".join(f"<li>{e(line)}</li>" for line in
+                    [*doc.headline, f"cost: {doc.cost_source or 'no price (a tune of an older version)'}"])
     return (f'<ul>{lines}</ul><div class="scroll"><table id="tune-recommendation"><thead><tr>{head}</tr>'
             f"</thead><tbody>{''.join(body)}</tbody></table></div>")
 
@@ -150,8 +152,12 @@ def recipe_html(doc: TuneDocument, root) -> str:
         script = read_text(Path(root) / RECIPE_DIR / RECIPE, "tune recipe")
     except UserError as exc:
         script = f"# {exc}"
-    return (f"<p>Written to <code>{e(str(recipe.get(RECIPE)))}</code> (with <code>snippet.py</code> and "
-            f"<code>config.yaml</code> beside it).</p><pre id=\"tune-recipe\">{e(script)}</pre>")
+    served = (f"<p>The deployment bundle: <code>{e(recipe['bundle'])}</code>; <code>corescale serve "
+              f"{e(recipe['bundle'])}</code> serves exactly what was measured over HTTP.</p>"
+              if recipe.get("bundle") else f"<p class=\"note\">No bundle: {e(recipe.get('bundle_skipped') or '')}</p>")
+    return (f"{served}<p>For serving with your own code: <code>{e(str(recipe.get(RECIPE)))}</code> (with "
+            f"<code>snippet.py</code> and <code>config.yaml</code> beside it).</p><pre id=\"tune-recipe\">"
+            f"{e(script)}</pre>")
 
 
 def sections(root, frame) -> list[tuple[str, str, str]]:

@@ -63,16 +63,19 @@ def _number(value, digits: int = 2) -> str:
 
 def recommendation_table(doc: TuneDocument) -> Table:
     """The finalists and the baseline of one tune (tune.json's), means over repeats with their intervals."""
-    table = Table(title="tune: recommendation (means over repeats, 95 % CI)", header_style="bold")
+    source = doc.cost_source or ("no price: run again, or give price_per_hour=" if doc.rows else "")
+    table = Table(title="tune: recommendation (means over repeats, 95 % CI)", header_style="bold",
+                  caption=escape(f"US$ per 1M inferences / per 1M real tokens: {source}"))
     named = next((f.quality_metric for f in doc.rows if f.quality_metric), None)
     check = named or "drift"
-    for column in ("", "configuration", "samples/s", "95 % CI", "p50 ms", "p99 ms", "US$/1M", check,
-                   "memory GB", "meets"):
+    for column in ("", "configuration", "samples/s", "95 % CI", "p50 ms", "p99 ms", "US$/1M", "US$/1M tok",
+                   check, "memory GB", "meets"):
         table.add_column(column, justify="left" if column in ("", "configuration") else "right")
     for f in doc.rows:
         checked = f.quality.text(4) if named else f.drift.text(3)
         table.add_row(escape(f.role), escape(f.label), f.throughput.text(), f.throughput.interval_text(),
-                      f.p50_ms.text(), f.p99_ms.text(), f.cost_per_1m.text(4), checked, f.memory_gb.text(),
+                      f.p50_ms.text(), f.p99_ms.text(), f.cost_per_1m.text(4), f.cost_per_1m_tokens.text(5), checked,
+                      f.memory_gb.text(),
                       "yes" if f.feasible else "no")
     return table
 

@@ -54,11 +54,13 @@ class TunedFinalist(Section):
     drift: Figure
     quality: Figure = field(default_factory=Figure)  # the quality gate's first metric (embed: cosine p1)
     quality_metric: str | None = None  # its name
+    cost_per_1m_tokens: Figure = field(default_factory=Figure)  # per 1M real tokens (absent before 0.3)
 
     def figure(self, metric: str) -> Figure:
         """The figure an objective names (TuneObjective.metric)."""
         found = {"throughput": self.throughput, "server_qps": self.throughput, "p50_ms": self.p50_ms,
-                 "p99_ms": self.p99_ms, "cost_per_1m": self.cost_per_1m, "memory_gb": self.memory_gb,
+                 "p99_ms": self.p99_ms, "cost_per_1m": self.cost_per_1m,
+                 "cost_per_1m_tokens": self.cost_per_1m_tokens, "memory_gb": self.memory_gb,
                  "drift": self.drift}.get(metric)
         if found is None:
             raise UserError(f"{TUNE_FILE}: the objective's metric '{metric}' is not a figure of its finalists")
@@ -136,6 +138,7 @@ class TuneDocument(Section):
     tie_p: float | None = None
     speedup: Speedup | None = None
     recipe: dict[str, Any] | None = None  # file name -> path, the run line (words) and the winner's key
+    cost_source: str | None = None  # where the cost figures' price comes from (analysis/pricing.py)
 
     @property
     def winning(self) -> TunedFinalist | None:

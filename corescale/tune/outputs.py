@@ -22,7 +22,8 @@ from corescale.tune.document import (
 from corescale.tune.plan import Tune
 from corescale.tune.verdict import PRACTICAL, Finalist, Verdict, closest, decide
 
-METRICS = ("throughput", "p50_ms", "p99_ms", "cost_per_1m", "memory_gb", "drift", "quality")
+BUNDLE = "bundle"
+METRICS = ("throughput", "p50_ms", "p99_ms", "cost_per_1m", "cost_per_1m_tokens", "memory_gb", "drift", "quality")
 
 
 def interval_json(interval: Interval) -> Figure:
@@ -105,7 +106,8 @@ def headline(tune: Tune, verdict: Verdict) -> list[str]:
                 f"memory {near.interval('memory_gb').mean:.2f} GB"]
     where = f" on node type {tune.node_type}" if tune.node_type else ""
     lines = [f"recommended{where}: {winner.label} — {objective.name} "
-             f"{winner.interval(objective.metric).text(objective.unit, 4 if objective.name == 'cost' else 2)}"]
+             f"{winner.interval(objective.metric).text(objective.unit, 4 if objective.name == 'cost' else 2)}"
+             + quality_words(winner)]
     if verdict.tie:
         lines.append(f"statistical tie (p = {verdict.tie_p:.2f}, Welch's t over repeats) between "
                      f"{' and '.join(verdict.tie)}: " + (
@@ -115,7 +117,18 @@ def headline(tune: Tune, verdict: Verdict) -> list[str]:
         ratio, low, high = verdict.speedup
         lines.append(f"{ratio:.2f}× the out-of-box throughput (95 % CI {low:.2f} – {high:.2f}×; out-of-box "
                      f"PyTorch {verdict.baseline.interval('throughput').mean:.2f} samples/s)")
+    withheld = [f for f in verdict.infeasible if f.quality_withheld]
+    if withheld:
+        lines.append(f"withheld (quality): {len(withheld)} configuration(s) whose outputs miss the gate, e.g. "
+                     f"{withheld[0].label} at {withheld[0].interval('throughput').mean:.2f} samples/s"
+                     + quality_words(withheld[0]))
     return lines
+
+
+def quality_words(f: Finalist) -> str:
+    """'; quality: cosine_p1 0.9990, recall_at_10 1.0000 vs pytorch fp32' from its first checked record."""
+    found = next((r.quality for r in f.records if r.quality is not None), None)
+    return f"; quality: {found.summary()} vs {found.reference}" if found else ""
 
 
 def document(tune: Tune, study, verdict: Verdict, finalists: list[Finalist], recipe: dict | None) -> TuneDocument:
@@ -133,7 +146,18 @@ def document(tune: Tune, study, verdict: Verdict, finalists: list[Finalist], rec
         winner=None if verdict.winner is None else verdict.winner.label,
         tie=list(verdict.tie), tie_p=verdict.tie_p,
         speedup=None if verdict.speedup is None else Speedup(*verdict.speedup),
-        headline=headline(tune, verdict), recipe=recipe)
+        headline=headline(tune, verdict), recipe=recipe, cost_source=cost_source(tune, verdict))
+
+
+def cost_source(tune: Tune, verdict: Verdict) -> str:
+    """Where the cost column's price comes from (the recommended configuration's, when the price is per core)."""
+    from pathlib import Path
+
+    from corescale.record.files import read_result
+
+    chosen = verdict.winner or verdict.baseline
+    record = read_result(Path(chosen.paths[0])) if chosen is not None and chosen.paths else None
+    return tune.cost_source(record)
 
 
 def write_outputs(tune: Tune, study, verdict: Verdict, finalists: list[Finalist]) -> TuneDocument:
@@ -149,9 +173,22 @@ def write_outputs(tune: Tune, study, verdict: Verdict, finalists: list[Finalist]
         recipe = {name: str(path) for name, path in paths.items()}  # and the run line (a list of words)
         recipe["run_line"] = recipes.run_line(winner.overrides)
         recipe["key"] = record.trial_key
+        recipe.update(winner_bundle(tune.tune_dir / BUNDLE, record))
     doc = document(tune, study, verdict, finalists, recipe)
     write_json_atomic(tune.tune_dir / TUNE_FILE, doc.to_dict())
     return doc
+
+
+def winner_bundle(directory: Path, record) -> dict[str, str]:
+    """The winner's deployment bundle (`corescale serve DIR`), replacing an earlier tune's; when it cannot be
+    written (a preset without a tokenizer, an artifact built on another node), why not."""
+    from corescale.errors import UserError
+    from corescale.serve import bundle
+
+    try:
+        return {"bundle": str(bundle.write(directory, record, replace=True))}
+    except UserError as exc:
+        return {"bundle_skipped": str(exc)}
 
 
 def write_verdict(tune: Tune, outcome: dict) -> TuneDocument:

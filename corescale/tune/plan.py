@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from corescale.backends import BACKENDS, DEFAULT_BACKEND, OPTIONS
+from corescale.backends import BACKENDS, DEFAULT_BACKEND, OPTIONS, quality_reference
 from corescale.config import BenchmarkConfig
 from corescale.errors import UserError
 from corescale.overrides import assignment, compose, override_key
@@ -80,6 +80,7 @@ class Tune:
     cpu_model: str = ""
     cpus: frozenset = frozenset()  # executor=ray: the (host, CPU) pairs the type's nodes measure on
     task: str = "encode"  # what the model computes (its head): encode is judged by drift, the others by quality
+    reference: str = DEFAULT_BACKEND  # the out-of-box backend and drift reference (a model file: the one loading it)
 
     @property
     def on_ray(self) -> bool:
@@ -94,7 +95,7 @@ class Tune:
         values = {override_key(o): o.split("=", 1)[1] for o in suggested}
         if values.get("precision") in REDUCED and self.task == "encode":  # drift vs PyTorch fp32, same inputs
             # (a task with a head is judged by its quality on real text in every trial: min_quality)
-            extra.append(f"reference={DEFAULT_BACKEND}")
+            extra.append(f"reference={self.reference}")
             if self.settings.max_drift is not None:
                 extra.append(f"drift_tolerance={self.settings.max_drift:g}")
         if not getattr(BACKENDS.get(values.get("backend", "")), "openmp", False):
@@ -102,14 +103,38 @@ class Tune:
         return merge(self.base, suggested, extra)
 
     def cost_of(self, record: TrialRecord) -> float | None:
+        """US$ per 1M inferences: on the priced machine (measured, or its projection's slow end), else at the
+        price of this machine's catalog kind or core-hour rate (analysis/pricing.py)."""
         rate = verdicts.samples_per_s(record)
-        if self.machine is None or rate is None:
+        if rate is None:
             return None
         from corescale.analysis import cost
+        from corescale.analysis.projection import measured_of
         from corescale.analysis.store import flatten
 
-        _, copies = cost.basis(self.machine, flatten(record, Path(".")))
-        return cost.cost_per_million(self.machine.price_per_hour, rate * copies)
+        row = flatten(record, Path("."))
+        if self.machine is None:
+            return self.price_of(record).per_million(rate)[0]
+        measured = measured_of(row)
+        found = cost.on_machine(self.machine, row, measured)
+        total = measured.per_instance * int(row.get("instances") or 1)
+        machine_rate = found.low * rate / total if found.copies and total else 0.0  # of the rate the tune saw
+        return cost.cost_per_million(self.machine.price_per_hour, machine_rate)
+
+    def price_of(self, record: TrialRecord):
+        """The price of the layout `record` measured (pricing.Price), when no machine was priced."""
+        from corescale.analysis.catalog import load_catalog
+        from corescale.analysis.pricing import price_here
+        from corescale.analysis.store import flatten
+
+        return price_here(flatten(record, Path(".")), load_catalog())
+
+    def cost_source(self, record: TrialRecord | None) -> str:
+        """Where the cost figures' price comes from, in words."""
+        if self.machine is not None:
+            return (f"{self.machine.name} at US${self.machine.price_per_hour:g}/h" +
+                    ("" if self.machine.measured_here else " (projected from this machine where it is another)"))
+        return "no price given: " + (self.price_of(record).source if record is not None else "none measured")
 
 
 def tune_name(settings: TuneSettings) -> str:
@@ -130,7 +155,8 @@ def plan_tune(settings: TuneSettings, topology=None, kind=None, name: str | None
     topology = kind.topology if kind is not None else topology or Topology.from_sysfs()
     cores = len(topology.physical_cores)
     isa = kind.isa if kind is not None else (environment.capture().get("cpu") or {}).get("isa") or {}
-    space = spaces.derive(cfg, settings.overrides, settings.space, cores, isa,
+    model = tuned_model(cfg, settings)
+    space = spaces.derive(cfg, settings.overrides, settings.space, cores, isa, model=model,
                           latency=settings.objective.name == "latency",
                           batch_key="server.max_batch" if settings.objective.scenario == "server" else "batch_size")
     screen = settings.screen or max(cfg.duration / 4, min(cfg.duration, 1.0))
@@ -150,23 +176,24 @@ def plan_tune(settings: TuneSettings, topology=None, kind=None, name: str | None
     placed = [assignment("executor.node_type", node_type)] if node_type else []
     base = merge([o for o in settings.overrides if override_key(o) != "output_dir"], scenario_overrides(settings),
                  placed, [assignment("output_dir", tune_dir)])
-    task = model_task(cfg, settings)
-    tune = Tune(settings, cfg, space, tune_dir, cores, screen, machine, spaces.baseline_overrides(base), base,
-                topology, node_type, kind.nodes if kind is not None else 1,
-                kind.cpu_model if kind is not None else "", kind.cpus if kind is not None else frozenset(), task)
+    reference = quality_reference(model)  # out of the box: the PyTorch model, or a model file on its reference
+    tune = Tune(settings, cfg, space, tune_dir, cores, screen, machine, spaces.baseline_overrides(base, reference),
+                base, topology, node_type, kind.nodes if kind is not None else 1,
+                kind.cpu_model if kind is not None else "", kind.cpus if kind is not None else frozenset(), model.task,
+                reference)
     plan_sweep([merge(tune.baseline, [f"duration={cfg.duration:g}"])], topology)  # the baseline can run here
     return tune
 
 
-def model_task(cfg: BenchmarkConfig, settings: TuneSettings) -> str:
-    """The task the tuned model computes; max_drift judges only a plain encoder (a head is judged by quality)."""
+def tuned_model(cfg: BenchmarkConfig, settings: TuneSettings):
+    """The tuned model (its task: max_drift judges only a plain encoder, a head is judged by quality)."""
     from corescale.workload.models import resolve_model
 
-    task = resolve_model(cfg.model, cfg.trust_remote_code, cfg.task, cfg.cache_dir).task
-    if settings.max_drift is not None and task != "encode":
-        raise UserError(f"max_drift judges a plain encoder's hidden state; model '{cfg.model}' is task={task}, "
+    model = resolve_model(cfg.model, cfg.trust_remote_code, cfg.task, cfg.cache_dir, cfg.workload.tokenizer)
+    if settings.max_drift is not None and model.task != "encode":
+        raise UserError(f"max_drift judges a plain encoder's hidden state; model '{cfg.model}' is task={model.task}, "
                         "judged by its quality on real text: use min_quality= (docs/tasks.md)")
-    return task
+    return model
 
 
 def tune_machine(settings: TuneSettings, kind):

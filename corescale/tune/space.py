@@ -84,7 +84,7 @@ def _library_found(library) -> bool:
 
 
 def derive(cfg: BenchmarkConfig, overrides: list[str], narrow: dict[str, list[str]], physical_cores: int,
-           isa: dict, latency: bool, batch_key: str = "batch_size") -> Space:
+           isa: dict, latency: bool, batch_key: str = "batch_size", model=None) -> Space:
     """The space of this machine and install, narrowed by the user's fixed overrides and space.* lists."""
     from corescale.machine.instance_env import ALLOCATORS, INTEL_OPENMP
 
@@ -92,6 +92,11 @@ def derive(cfg: BenchmarkConfig, overrides: list[str], narrow: dict[str, list[st
     notes = []
     backends = [b for b in OPTIONS if _installed(b)]
     notes += [f"backend {b}: not installed" for b in OPTIONS if b not in backends]
+    if model is not None:  # a model file runs only on the backends that load its format
+        kind = (model.model_file or {}).get("format")
+        unfit = [b for b in backends if kind is not None and kind not in BACKENDS[b].model_files]
+        backends = [b for b in backends if b not in unfit]
+        notes += [f"backend {b}: does not load {kind} model files" for b in unfit]
     bf16 = any(isa.get(name) for name in BF16_ISA)
     if not bf16:
         notes.append("precision bf16: this CPU has no bf16 instructions (AVX512_BF16/AMX)")
@@ -285,8 +290,8 @@ def starting_points(space: Space, latency: bool) -> list[dict]:
 BASELINE_DROPS = ("backend", "precision", "instances", "cores_per_instance", "threads", "allocator", "openmp")
 
 
-def baseline_overrides(overrides: list[str]) -> list[str]:
-    """Out-of-box PyTorch: the user's workload settings, every deployment choice at its default (one instance
-    on all cores, fp32, the default allocator and OpenMP)."""
+def baseline_overrides(overrides: list[str], backend: str = DEFAULT_BACKEND) -> list[str]:
+    """Out-of-box PyTorch (a model file: the backend that loads it): the user's workload settings, every
+    deployment choice at its default (one instance on all cores, fp32, the default allocator and OpenMP)."""
     kept = [o for o in overrides if override_key(o).split(".")[0] not in BASELINE_DROPS]
-    return [*kept, f"backend={DEFAULT_BACKEND}"]
+    return [*kept, f"backend={backend}"]

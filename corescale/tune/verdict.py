@@ -43,6 +43,9 @@ def figures(record: TrialRecord, cost_of=None) -> dict:
                 "p99_ms": served.latency_ms.get("p99") if met else None, "memory_gb": rss / 1e9}
     assert m is not None, "neither served nor measured returned above"
     rss = sum((inst.rss_bytes or inst.peak_rss_bytes) for inst in m.per_instance)
+    tokens = m.throughput_tokens_per_s / m.throughput_samples_per_s if m.throughput_samples_per_s else None
+    if figs["cost_per_1m"] is not None and tokens:  # real tokens per sample (padding not counted)
+        figs["cost_per_1m_tokens"] = figs["cost_per_1m"] / tokens
     return {**figs, "throughput": m.throughput_samples_per_s, "p50_ms": m.latency_s.p50 * 1e3,
             "p99_ms": m.latency_s.p99 * 1e3, "memory_gb": rss / 1e9}
 

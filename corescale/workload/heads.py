@@ -74,6 +74,8 @@ class HeadSpec:
         return {} if self.task == "encode" else {"head": self.to_json()}
 
     def summary(self) -> str:
+        if self.source == "file":  # a model file's own output, as exported
+            return f"the file's output, as exported{': ' + ', '.join(self.labels) if self.task == 'classify' else ''}"
         if self.task == "embed":
             parts = [f"{self.pooling} pooling", *(f"dense {d.in_features}->{d.out_features}" for d in self.dense)]
             return ", ".join(parts + (["L2-normalised"] if self.normalize else []))

@@ -61,6 +61,8 @@ def estimate(spec, batch_size: int, sequence_length: int) -> MemoryEstimate:
     b, s = batch_size, sequence_length
     d, f, heads = spec.hidden, spec.intermediate, max(spec.heads, 1)
     activations = FLOAT_BYTES * (b * s * (3 * d + f) + 2 * b * heads * s * s) + 3 * INT_BYTES * b * s
+    if spec.model_file is not None:  # a model file: its weights are its bytes (the sizes may be unknown: then the
+        return MemoryEstimate(int(spec.model_file["bytes"]), activations)  # activations count what is known)
     return MemoryEstimate(FLOAT_BYTES * parameter_count(spec), activations)
 
 

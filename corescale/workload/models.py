@@ -16,7 +16,8 @@ from typing import Any
 
 from corescale.errors import UserError
 from corescale.userfiles import read_json
-from corescale.workload.heads import HeadSpec, head_for_task, model_head
+from corescale.workload.heads import HeadSpec, classification_labels, head_for_task, model_head
+from corescale.workload.modelfile import check_text_inputs, graph_task, is_model_file, read_graph, tokenizer_vocab
 from corescale.workload.packaged import PACKAGED, packaged_model
 
 _BERT = dict(model_type="bert", vocab_size=30522, max_position_embeddings=512, type_vocab_size=2,
@@ -70,10 +71,13 @@ class ModelSpec:
     """What the model is, known before loading any framework."""
 
     name: str
-    source: str  # preset | local | hub | packaged
+    source: str  # preset | local | hub | packaged | file
     config: dict[str, Any] = field(hash=False)
     path: str | None = None
     head_json: dict[str, Any] = field(default_factory=lambda: HeadSpec().to_json(), hash=False)
+    # source "file": what the file's graph says (workload/modelfile.py: format, inputs, outputs, bytes, the output
+    # measured, hidden and vocabulary sizes where known, where the sizes come from)
+    model_file: dict[str, Any] | None = field(default=None, hash=False)
 
     @property
     def head(self) -> HeadSpec:
@@ -89,7 +93,7 @@ class ModelSpec:
 
     @property
     def model_type(self) -> str:
-        return self.config.get("model_type", "bert")
+        return self.config.get("model_type", "bert" if self.model_file is None else "unknown")
 
     @property
     def layers(self) -> int:
@@ -97,7 +101,7 @@ class ModelSpec:
 
     @property
     def hidden(self) -> int:
-        return int(self.config.get("hidden_size", self.config.get("dim", 0)))
+        return int(self.config.get("hidden_size", self.config.get("dim", (self.model_file or {}).get("hidden") or 0)))
 
     @property
     def intermediate(self) -> int:
@@ -126,16 +130,26 @@ class ModelSpec:
 
     @property
     def vocab_size(self) -> int:
-        return int(self.config.get("vocab_size", 30522))
+        return int(self.config.get("vocab_size", (self.model_file or {}).get("vocab_size") or 30522))
 
     @property
-    def max_positions(self) -> int:
+    def sizes_known(self) -> bool:
+        """Layers, hidden size and heads are known (a model file without config.json: not), so FLOPs are."""
+        return bool(self.layers and self.hidden and self.heads)
+
+    @property
+    def max_positions(self) -> int | None:
+        """The longest sequence it takes (None: unknown, a model file without config.json)."""
+        if self.model_file is not None and "max_position_embeddings" not in self.config:
+            return None
         limit = int(self.config.get("max_position_embeddings", 512))
         # RoBERTa reserves padding_idx + 1 positions
         return limit - 2 if self.model_type in ("roberta", "xlm-roberta", "camembert") else limit
 
     @property
     def takes_token_type_ids(self) -> bool:
+        if self.model_file is not None:  # what the graph takes
+            return "token_type_ids" in self.model_file["inputs"]
         return self.model_type not in NO_TOKEN_TYPES and int(self.config.get("type_vocab_size", 2)) > 0
 
     @property
@@ -145,12 +159,16 @@ class ModelSpec:
 
     def identity(self) -> dict[str, Any]:
         """Model identity for result keys: the name plus its hyperparameters (and its head, when it has one)."""
-        return {"name": self.name, "source": self.source, "config": self.config, **self.head.identity()}
+        found = {"name": self.name, "source": self.source, "config": self.config, **self.head.identity()}
+        return {**found, "file": self.model_file} if self.model_file is not None else found
 
 
 def resolve_model(name: str, trust_remote_code: bool = False, task: str | None = None,
-                  cache_dir: str = "~/.cache/corescale") -> ModelSpec:
-    """The model and the head `task` asks for (None: the model's own); one line for anything it cannot be."""
+                  cache_dir: str = "~/.cache/corescale", tokenizer: str | None = None) -> ModelSpec:
+    """The model and the head `task` asks for (None: the model's own); one line for anything it cannot be.
+    `tokenizer` (workload.tokenizer) serves a model file, whose vocabulary it gives when no config.json does."""
+    if is_model_file(name) and name not in PRESETS:
+        return file_spec(name, Path(os.path.expanduser(name)), task, tokenizer)
     if name in PRESETS:
         spec = ModelSpec(name=name, source="preset", config=dict(PRESETS[name]))
         declared = PRESET_HEADS.get(name, HeadSpec())
@@ -183,6 +201,34 @@ def _local_spec(name: str, path: Path, source: str = "local") -> ModelSpec:
     check_config(config, f"model directory '{name}': config.json")
     head = head or model_head(None, config, name)
     return ModelSpec(name=name, source=source, config=config, path=str(path.resolve()), head_json=head.to_json())
+
+
+def file_spec(name: str, path: Path, task: str | None, tokenizer: str | None) -> ModelSpec:
+    """An exported model file (workload/modelfile.py): its graph read, its inputs a text model's, its task from its
+    outputs, its sizes from a config.json beside it or, where the graph tells them, from the graph."""
+    graph = read_graph(path, name)
+    check_text_inputs(graph, name)
+    chosen, output = graph_task(graph, name, task)
+    config_file = path.parent / "config.json"
+    config: dict[str, Any] = {}
+    if config_file.is_file():
+        config = read_json(config_file, f"model file '{name}': config.json beside it")
+        check_config(config, f"model file '{name}': config.json beside it")
+    folder = Path(os.path.expanduser(tokenizer)) if tokenizer else path.parent
+    vocab = config.get("vocab_size") or tokenizer_vocab(folder)
+    if vocab is None:
+        raise UserError(f"model file '{name}' needs its tokenizer: give workload.tokenizer=DIR (a folder holding "
+                        "tokenizer.json), or put tokenizer.json or config.json beside the file")
+    dims = graph["outputs"][output][1]
+    labels: tuple[str, ...] = ()
+    if chosen in ("rerank", "classify"):
+        labels = classification_labels(config, name) if config.get("id2label") or config.get("num_labels") else \
+            ("score",) if chosen == "rerank" else tuple(f"LABEL_{i}" for i in range(dims[1] or 0))  # (): unknown
+    head = HeadSpec(task=chosen, labels=labels, source="file")
+    found = {**graph, "output": output, "vocab_size": int(vocab), "sizes": "config.json" if config else "graph",
+             "hidden": dims[-1] if chosen in ("embed", "encode") else None}
+    return ModelSpec(name=name, source="file", config=config, path=str(path.resolve()), head_json=head.to_json(),
+                     model_file=found)
 
 
 # config.json fields ModelSpec reads, with the least value each may take (BERT spellings, then DistilBERT's)
@@ -289,12 +335,20 @@ def source_files(spec: ModelSpec) -> list[tuple[str, str, int, int]] | None:
         return []
     if spec.path is None:
         return None
-    folder = Path(spec.path) if spec.source in LOCAL_SOURCES else hub_snapshot(spec.path)
+    folder = Path(spec.path) if spec.source in LOCAL_SOURCES else None
+    if spec.source == "file":  # the file, its weights beside it (external data, an IR's .bin), its config.json
+        model = Path(spec.path)
+        folder = model.parent
+        wanted = {model.with_suffix(".bin").name, "config.json"}
+        picked = lambda item: item.name.startswith(model.name) or item.name in wanted  # noqa: E731
+    else:
+        folder = folder or hub_snapshot(spec.path)
+        picked = lambda item: True  # noqa: E731 - a model directory: every file in it
     if folder is None or not folder.is_dir():
         return None
     found = []
     for item in sorted(folder.iterdir()):
-        if item.is_file():
+        if item.is_file() and picked(item):
             real = item.resolve()
             stat = real.stat()
             found.append((item.name, str(real), stat.st_size, stat.st_mtime_ns))

@@ -23,6 +23,8 @@ def tokenizer_dir(cfg, model) -> tuple[Path | None, str]:
         return Path(cfg.workload.tokenizer).expanduser(), f"tokenizer {cfg.workload.tokenizer}"
     if model.source in ("local", "packaged") and model.path:
         return Path(model.path), "the model's tokenizer"
+    if model.source == "file" and model.path and (Path(model.path).parent / "tokenizer.json").is_file():
+        return Path(model.path).parent, "the tokenizer beside the model file"
     if model.source == "hub" and model.path:
         from corescale.workload.models import hub_snapshot
 

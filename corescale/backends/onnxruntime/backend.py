@@ -71,13 +71,15 @@ class OnnxRuntimeBackend(TimedStages):
         with self.stage("session"):
             self.session = ort.InferenceSession(str(model.path), options, providers=["CPUExecutionProvider"])
         self.options = options
+        # the output measured: the export's one, or the model file's chosen one (it may hold several)
+        self.outputs = [spec.model_file["output"]] if spec.model_file else None
 
     def prepare(self, inputs):
         names = {i.name for i in self.session.get_inputs()}
         return {name: array for name, array in inputs.items() if name in names}
 
     def forward(self, prepared):
-        return self.session.run(None, prepared)[0]
+        return self.session.run(self.outputs, prepared)[0]
 
     def to_numpy(self, output) -> np.ndarray:
         return np.asarray(output, dtype=np.float32)

@@ -31,4 +31,5 @@ ONNXRUNTIME = BackendEntry(
     profiler=Profiler("ONNX Runtime profiling (SessionOptions.enable_profiling)",
                       "corescale.backends.onnxruntime.profiler:OnnxRuntimeProfiler"),
     libraries=("onnxruntime", "onnx"), recorded=(), snippet="corescale.backends.onnxruntime.recipe:snippet",
-    onednn_linear=False, tasks=TASKS)
+    onednn_linear=False, tasks=TASKS,
+    model_files=("onnx",))

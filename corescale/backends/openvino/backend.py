@@ -37,6 +37,7 @@ class OpenVinoBackend(TimedStages):
                             f"this CPU offers {', '.join(self.capabilities)}")
         model = onnx_model(spec, cfg, inputs, self)
         self.cache_hits = {"export": model.cache_hit}
+        self.model_path = model.path  # the artifact a deployment bundle carries (serve/bundle.py)
         with self.stage("convert"):
             network = core.read_model(str(model.path))
         config = {
@@ -50,6 +51,8 @@ class OpenVinoBackend(TimedStages):
         with self.stage("compile"):
             self.compiled = core.compile_model(network, "CPU", config)
         self.request = self.compiled.create_infer_request()
+        # the output measured: the export's one, or the model file's chosen one (it may hold several)
+        self.output = self.compiled.output(spec.model_file["output"]) if spec.model_file else 0
 
     def prepare(self, inputs):
         names = {name for port in self.compiled.inputs for name in port.get_names()}
@@ -59,7 +62,7 @@ class OpenVinoBackend(TimedStages):
         return self.request.infer(prepared, share_inputs=True, share_outputs=True)
 
     def to_numpy(self, output) -> np.ndarray:
-        return np.array(output[0], dtype=np.float32)  # copies out of the request's own buffer
+        return np.array(output[self.output], dtype=np.float32)  # copies out of the request's own buffer
 
     def info(self) -> dict:
         return {
@@ -67,5 +70,6 @@ class OpenVinoBackend(TimedStages):
             "version": ov.get_version(),
             "cpu_capabilities": self.capabilities,
             "cache_hits": self.cache_hits,
+            "model_path": str(self.model_path),
             **{key.lower(): _plain(self.compiled.get_property(key)) for key in REPORTED},
         }

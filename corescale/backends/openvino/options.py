@@ -37,4 +37,5 @@ OPENVINO = BackendEntry(
     profiler=Profiler("OpenVINO per-layer performance counters (PERF_COUNT)",
                       "corescale.backends.openvino.profiler:OpenVinoProfiler"),
     libraries=("openvino", "onnx"), recorded=(), snippet="corescale.backends.openvino.recipe:snippet",
-    onednn_linear=False, tasks=TASKS)
+    onednn_linear=False, tasks=TASKS,
+    model_files=("onnx", "openvino-ir"))

@@ -1,0 +1,154 @@
+"""What a measured layout would do on a catalog machine kind: copies that fit × per-copy rate, capped by memory.
+
+From one measured result (per-instance samples/s at its cores per instance, the model's memory traffic per
+sample from the roofline) and a catalog kind (physical cores, SMT, ISA, memory bandwidth):
+- copies = the kind's physical cores ÷ the layout's physical cores per instance (a vCPU price hides SMT: the
+  projection counts physical cores; a layout measured on SMT siblings needs a kind with as many threads a core);
+- rate = copies × the measured per-instance rate, capped at the kind's memory bandwidth ÷ traffic per sample
+  (copies that stream their weights share the channels; latency then grows by the same factor);
+- the ISA: the precision's GEMM runs on the best instruction tier each CPU has (int8: AMX > AVX-512 VNNI > ...).
+  Where the kind's tier differs from the measured one the projection is a range: the rate may move by anything
+  up to the tiers' per-cycle peak ratio (all time in GEMMs) or not at all (none). Another architecture (x86-64 →
+  aarch64) runs other kernels altogether: refused. Clock and core microarchitecture are assumed the same.
+Every figure made here is labelled a projection; only the measured machine's own figures are measured.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from corescale.analysis.catalog import Machine, arch_of
+
+MEASURED, PROJECTED, REFUSED = "measured", "projected", "refused"
+# per precision and architecture: instruction tiers, best first, with their GEMM peak per core and cycle relative
+# to the tier marked 1 (vendor figures: AMX 2048 int8 / 1024 bf16 ops a cycle, AVX-512 VNNI 256 int8 ops,
+# AVX-512 fp32 64 FLOP with two FMA units; Arm i8mm's SMMLA doubles SDOT's MACs)
+TIERS: dict[tuple[str, str], tuple[tuple[str, float], ...]] = {
+    ("x86_64", "int8"): (("amx", 8.0), ("avx512_vnni", 1.0), ("avx_vnni", 0.5), ("avx512", 1 / 3),
+                         ("avx2", 1 / 6)),
+    ("x86_64", "bf16"): (("amx", 8.0), ("avx512_bf16", 1.0), ("avx512", 0.5), ("avx2", 0.25)),
+    ("x86_64", "fp32"): (("avx512", 1.0), ("avx2", 0.5)),
+    ("aarch64", "int8"): (("i8mm", 2.0), ("neon", 1.0)),
+    ("aarch64", "bf16"): (("bf16", 1.0), ("neon", 0.5)),
+    ("aarch64", "fp32"): (("neon", 1.0),),
+}
+def tier(isa: frozenset[str], arch: str, precision: str) -> tuple[str, float] | None:
+    """(the best tier the CPU has for the precision's GEMMs, its relative peak); None: no tier known."""
+    ladder = TIERS.get((arch, precision)) or TIERS.get((arch, "fp32"), ())
+    return next(((name, peak) for name, peak in ladder if name in isa or name == "neon" and arch == "aarch64"), None)
+
+
+@dataclass(frozen=True)
+class LayoutRate:
+    """What one measured result says about its layout (from a results row)."""
+
+    per_instance: float  # samples/s of one instance
+    cores_per_instance: int  # physical cores one instance occupies
+    threads_per_core: int  # 1, or the SMT siblings the layout used per core
+    precision: str
+    isa: frozenset[str]
+    arch: str
+    bytes_per_sample: float | None  # minimum memory traffic per sample (roofline); None: not measured
+    p99_ms: float | None
+    tokens_per_sample: float | None  # real tokens per sample (tokens/s ÷ samples/s)
+
+
+@dataclass
+class Projection:
+    """A measured layout on one kind: samples/s from `low` to `high` (equal: one number), or refused."""
+
+    basis: str  # measured | projected | refused
+    copies: int = 0
+    low: float = 0.0
+    high: float = 0.0
+    p99_low_ms: float | None = None
+    p99_high_ms: float | None = None
+    flags: list[str] = field(default_factory=list)
+    reason: str = ""  # why refused (or why nothing fits)
+
+    @property
+    def is_range(self) -> bool:
+        return self.basis == PROJECTED and not math.isclose(self.low, self.high, rel_tol=1e-9)
+
+
+def measured_of(row) -> LayoutRate:
+    """The per-instance facts of one results row (store.flatten's columns)."""
+    instances = int(row.get("instances") or 1)
+    logical = bool(row.get("use_logical_cores"))
+    per_core = int(row.get("host_logical_cpus") or 1) // max(int(row.get("host_physical_cores") or 1), 1)
+    threads = max(per_core, 1) if logical else 1
+    cpus = int(row.get("cpus_per_instance") or 0)
+    bytes_call, batch = _number(row.get("roofline_bytes_per_call")), _number(row.get("instance_batch_size")) or 1
+    samples, tokens = _number(row.get("throughput_samples_per_s")), _number(row.get("throughput_tokens_per_s"))
+    isa = frozenset(str(row.get("cpu_isa") or "").split())
+    return LayoutRate(
+        per_instance=(samples or 0.0) / instances, cores_per_instance=max(math.ceil(cpus / threads), 1),
+        threads_per_core=threads, precision=str(row.get("precision") or "fp32"), isa=isa, arch=arch_of(isa),
+        bytes_per_sample=bytes_call / batch if bytes_call else None, p99_ms=_number(row.get("latency_p99_ms")),
+        tokens_per_sample=tokens / samples if tokens and samples else None)
+
+
+def _number(value) -> float | None:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def project(measured: LayoutRate, kind: Machine) -> Projection:
+    """The layout copied onto `kind`'s physical cores, capped by its memory bandwidth, ISA-checked."""
+    flags: list[str] = []
+    if not measured.isa:
+        return Projection(REFUSED, reason="the measured CPU's ISA is not recorded")
+    if not kind.isa or not kind.arch:
+        return Projection(REFUSED, reason=f"{kind.name}'s ISA is not in the catalog")
+    if kind.arch != measured.arch:
+        return Projection(REFUSED, reason=f"measured on {measured.arch}, {kind.name} is {kind.arch} ({kind.cpu_text}):"
+                                          " other kernels altogether; measure it there")
+    if measured.threads_per_core > kind.smt:
+        return Projection(REFUSED, reason=f"measured on {measured.threads_per_core} SMT threads a core; "
+                                          f"{kind.name} has {kind.smt}")
+    copies = kind.physical_cores // measured.cores_per_instance
+    if copies == 0:
+        return Projection(PROJECTED, 0, flags=flags, reason=f"{measured.cores_per_instance} cores per instance do "
+                                                             f"not fit on {kind.physical_cores}")
+    if kind.smt == 1:
+        flags.append("no SMT: every vCPU is a physical core")
+    slow, fast = isa_factors(measured, kind, flags)
+    linear = copies * measured.per_instance
+    low, high, stretch = linear * slow, linear * fast, 1.0
+    cap = bandwidth_cap(measured, kind, flags)
+    if cap is not None and cap < high:
+        flags.append(f"memory-bound: capped at {cap:.4g} samples/s by {kind.bandwidth_gbps:.0f} GB/s")
+        stretch = max(low / cap, 1.0)
+        low, high = min(low, cap), cap
+    p99 = measured.p99_ms
+    return Projection(PROJECTED, copies, low, high, None if p99 is None else p99 / fast,
+                      None if p99 is None else p99 / slow * stretch, flags)
+
+
+def isa_factors(measured: LayoutRate, kind: Machine, flags: list[str]) -> tuple[float, float]:
+    """(slowest, fastest) per-copy rate on the kind relative to the measured one, from the precision's tiers."""
+    here = tier(measured.isa, measured.arch, measured.precision)
+    there = tier(kind.isa, kind.arch, measured.precision)
+    if here is None or there is None:
+        flags.append(f"no {measured.precision} instruction tier known: ISA assumed equivalent")
+        return 1.0, 1.0
+    if here[0] == there[0]:
+        return 1.0, 1.0
+    ratio = there[1] / here[1]
+    flags.append(f"ISA differs: {measured.precision} GEMMs on {there[0]} there, {here[0]} here (peak ×{ratio:.2g})")
+    return min(ratio, 1.0), max(ratio, 1.0)
+
+
+def bandwidth_cap(measured: LayoutRate, kind: Machine, flags: list[str]) -> float | None:
+    """The most samples/s the kind's memory can feed (None: traffic or bandwidth unknown, said in flags)."""
+    if measured.bytes_per_sample is None:
+        flags.append("no memory cap: the model's traffic was not measured (calibrate=false)")
+        return None
+    if kind.bandwidth_gbps is None:
+        flags.append(f"no memory cap: {kind.bandwidth_basis or 'bandwidth unknown'}")
+        return None
+    return kind.bandwidth_gbps * 1e9 / measured.bytes_per_sample

@@ -1,0 +1,228 @@
+"""The deployment bundle: what one measured result ran, in one folder that `corescale serve BUNDLE` starts again.
+
+It holds the artifact the instances loaded (the ONNX file as built: exported, fused, quantized; found through
+the backend's own `info()["model_path"]`), the model folder's configuration and tokenizer (its weights too when
+the backend builds from them: PyTorch, TensorFlow), the head, the layout read from the result's record (each
+instance's CPUs, memory binding, threads and the environment the launcher really set: never derived again), the
+measured figures with their quality and CPU, and `manifest.json`: every file's sha256 and what the machine must
+have (CPU features the precision uses that the measuring CPU had; the backend's library versions, which name
+the artifact's build steps). Written whole into a temporary folder, then renamed: nothing half-written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from corescale.backends import entry
+from corescale.config import BenchmarkConfig
+from corescale.errors import UserError
+from corescale.record.trial import TrialRecord
+from corescale.serve import examples
+
+MANIFEST = "manifest.json"
+FORMAT = 1
+MODEL_DIR, TOKENIZER_DIR, ARTIFACT_DIR = "model", "tokenizer", "artifact"
+RECORD = "record.json"  # the measured result; not result.json, which a results root would count as a run
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".h5", ".msgpack", ".onnx", ".pt", ".ckpt", ".xml")
+SKIPPED_DIRS = ("onnx", "openvino", ".git", ".cache")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt",
+                   "sentencepiece.bpe.model", "spiece.model", "merges.txt", "vocab.json", "added_tokens.json")
+# CPU features each precision's kernels use: the ones the measuring CPU had are required where it is served
+FEATURES = {"fp32": ("avx2", "fma", "avx512f"),
+            "bf16": ("avx2", "fma", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16"),
+            "int8": ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "amx_tile", "amx_int8")}
+
+
+def check_destination(directory: Path, cfg) -> None:
+    """Before any measurement: the folder is new (or empty) and writable, and the model has a tokenizer."""
+    directory = Path(directory)
+    if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
+        raise UserError(f"bundle folder '{directory}' exists and is not empty: give a new folder")
+    parent = directory.resolve().parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK):
+        raise UserError(f"bundle folder '{directory}': '{parent}' is not a writable folder")
+    tokenizer_source(cfg)
+
+
+def model_spec(cfg):
+    from corescale.workload.models import resolve_model
+
+    return resolve_model(cfg.model, cfg.trust_remote_code, cfg.task, cfg.cache_dir)
+
+
+def model_folder(cfg) -> Path | None:
+    """The model's own folder (a local or packaged directory, or a cached hub snapshot); None for a preset."""
+    from corescale.workload.models import hub_snapshot
+
+    spec = model_spec(cfg)
+    if spec.source == "preset":
+        return None
+    folder = hub_snapshot(spec.name) if spec.source == "hub" else Path(spec.path) if spec.path else None
+    if folder is None or not folder.is_dir():
+        raise UserError(f"model '{cfg.model}': its folder cannot be found to copy into the bundle")
+    return folder
+
+
+def tokenizer_source(cfg) -> Path:
+    """The tokenizer a bundle carries: the one the measurement's text went through (workload/tokens.py)."""
+    from corescale.workload.tokens import tokenizer_dir
+
+    folder, _ = tokenizer_dir(cfg, model_spec(cfg))
+    if folder is None:
+        raise UserError(f"model '{cfg.model}' has no tokenizer; a bundle serves text: give workload.tokenizer=DIR "
+                        "(a folder holding tokenizer.json)")
+    if not (folder / "tokenizer.json").is_file():
+        raise UserError(f"'{folder}' has no tokenizer.json (the fast tokenizer a bundle serves text with)")
+    return folder
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def copy_folder(source: Path, target: Path, encoder: Path | None) -> None:
+    """The model folder's files (sub-folders such as 1_Pooling too); the encoder's weights only when `encoder`
+    is None (with an ONNX artifact they are in the graph; a Dense module's stay: its folder is checked)."""
+    for item in sorted(source.rglob("*")):
+        relative = item.relative_to(source)
+        if not item.is_file() or relative.parts[0] in SKIPPED_DIRS:
+            continue
+        if encoder is not None and item.suffix in WEIGHT_SUFFIXES and item.parent.resolve() == encoder.resolve():
+            continue
+        (target / relative).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(item.resolve(), target / relative)
+
+
+def artifact_chain(model_path: Path) -> list[str]:
+    """The cache folders the artifact was built through, first (the export) to last (what ran): its own folder
+    and every sibling whose name + '-' begins its name (fusion, then quantization, each named by its step)."""
+    final = model_path.parent
+    steps = [d.name for d in final.parent.iterdir() if d.is_dir() and final.name.startswith(f"{d.name}-")]
+    return sorted(steps, key=len) + [final.name]
+
+
+def figures(record: TrialRecord) -> dict[str, Any]:
+    """The figures the bundle's layout was measured at, with their quality and the CPU."""
+    metrics, server = record.metrics, record.server
+    found: dict[str, Any] = {"trial_key": record.trial_key, "started_at": record.started_at,
+                             "cpu": record.environment.cpu.model, "isa": dict(record.environment.cpu.isa),
+                             "physical_cores": record.environment.topology.physical_cores}
+    if metrics is not None:
+        found.update(throughput_samples_per_s=metrics.throughput_samples_per_s,
+                     latency_ms={k: getattr(metrics.latency_s, k) * 1e3 for k in ("p50", "p90", "p99")})
+    if server is not None:
+        found.update(max_valid_qps=server.max_valid_qps, slo_p99_ms=server.slo_p99_ms,
+                     server_latency_ms=dict(server.latency_ms))
+    if record.drift is not None:
+        found["quality"] = {"reference": record.drift.reference, "cosine": record.drift.cosine_similarity,
+                            "min_cosine": record.drift.min_cosine, "within_tolerance": record.drift.within_tolerance}
+    return found
+
+
+def layout(record: TrialRecord) -> dict[str, Any]:
+    """Each instance as it ran: CPUs, memory nodes, threads, batch, and the launch the launcher recorded."""
+    cfg = record.config
+    return {
+        "instances": [{"id": spec.id, "cpus": list(spec.cpus), "numa_nodes": list(spec.numa_nodes),
+                       "threads": spec.threads, "batch_size": spec.batch_size,
+                       "command_prefix": list(report.launch.get("command_prefix") or []),
+                       "env": dict(report.launch.get("env") or {})}
+                      for spec, report in zip(record.specs, record.instance_reports)],
+        "allocator": cfg.allocator, "openmp": cfg.openmp, "interop_threads": cfg.interop_threads,
+        "front": "the CPUs no instance uses when there are any, else shared with the instances",
+    }
+
+
+def serving(cfg: BenchmarkConfig) -> BenchmarkConfig:
+    """A config as the service runs it: the server scenario's dynamic batching at its batch (a server config's
+    max_batch, else the per-instance batch), no reference, no calibration; the front tokenizes (the workers get
+    token ids)."""
+    batch = cfg.server.max_batch if cfg.scenario == "server" else cfg.instance_batch_size
+    return dataclasses.replace(cfg, scenario="server", target_qps=None, reference=None, calibrate=False, repeats=1,
+                               tokenize=False, server=dataclasses.replace(cfg.server, max_batch=batch))
+
+
+def serving_config(record: TrialRecord, folder: Path | None, has_tokenizer_dir: bool) -> dict[str, Any]:
+    """The measured config as the service runs it, the model from the bundle (paths relative to it)."""
+    cfg = serving(record.config).to_dict()
+    if folder is not None:
+        cfg["model"] = MODEL_DIR
+    cfg["workload"] = {**cfg["workload"], "tokenizer": TOKENIZER_DIR if has_tokenizer_dir else MODEL_DIR}
+    return cfg
+
+
+def write(directory: Path, record: TrialRecord, replace: bool = False) -> Path:
+    """The bundle of one valid result, written whole (a temporary folder renamed into place); `replace`: an
+    earlier bundle there (a tune's, resumed) is replaced once the new one is complete."""
+    if not record.valid_ok:
+        raise UserError(f"no bundle from a failed or invalid result ({record.reason or 'invalid'})")
+    cfg = record.config
+    directory = Path(directory)
+    earlier = directory.is_dir() and (directory / MANIFEST).is_file() and replace
+    if not earlier:
+        check_destination(directory, cfg)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.resolve().parent))
+    old = tmp.with_name(f"{tmp.name}.old")
+    try:
+        contents(tmp, record)
+        os.chmod(tmp, 0o755)
+        if earlier:
+            os.rename(directory, old)
+        elif directory.exists():
+            directory.rmdir()  # empty: checked
+        os.rename(tmp, directory)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
+    return directory
+
+
+def contents(tmp: Path, record: TrialRecord) -> None:
+    cfg = record.config
+    framework = record.instance_reports[0].framework if record.instance_reports else {}
+    model_path = Path(framework["model_path"]) if framework.get("model_path") else None
+    if model_path is not None and not model_path.is_file():
+        raise UserError(f"the measured artifact '{model_path}' is gone (measured on another node, or the cache "
+                        "was cleared): measure again here")
+    spec, folder, tokenizer = model_spec(cfg), model_folder(cfg), tokenizer_source(cfg)
+    if folder is not None:
+        encoder = Path(spec.encoder_path or folder) if model_path is not None else None
+        copy_folder(folder, tmp / MODEL_DIR, encoder)
+    if tokenizer != folder:
+        (tmp / TOKENIZER_DIR).mkdir()
+        for name in TOKENIZER_FILES:
+            if (tokenizer / name).is_file():
+                shutil.copy2(tokenizer / name, tmp / TOKENIZER_DIR / name)
+    chain = None
+    if model_path is not None:
+        chain = artifact_chain(model_path)
+        shutil.copytree(model_path.parent, tmp / ARTIFACT_DIR, ignore=shutil.ignore_patterns(".*"))
+    (tmp / RECORD).write_text(json.dumps(record.to_json(), indent=2, default=str))
+    serving = serving_config(record, folder, tokenizer != folder)
+    for name, text in examples.files(serving, layout(record)).items():
+        (tmp / name).write_text(text)
+    backend = entry(cfg.backend.name)
+    isa = record.environment.cpu.isa
+    manifest = {
+        "format": FORMAT, "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "corescale": dict(record.environment.corescale), "model": cfg.model, "backend": cfg.backend.name,
+        "precision": cfg.precision, "head": spec.head.to_json(), "artifact": chain, "config": serving,
+        "layout": layout(record), "measured": figures(record),
+        "requires": {"cpu_features": [f for f in FEATURES.get(cfg.precision, ()) if isa.get(f)],
+                     "libraries": {n: record.environment.libraries.get(n) for n in backend.libraries}},
+        "files": {str(p.relative_to(tmp)): sha256(p) for p in sorted(tmp.rglob("*")) if p.is_file()},
+    }
+    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, default=str))

@@ -1,0 +1,66 @@
+"""Examples written beside a bundle: a systemd unit and a Dockerfile snippet that run `corescale serve` on it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+SYSTEMD, DOCKERFILE, README = "corescale-serve.service", "Dockerfile.example", "README.md"
+
+
+def files(serving: dict[str, Any], layout: dict[str, Any]) -> dict[str, str]:
+    cpus = sorted({c for inst in layout["instances"] for c in inst["cpus"]})
+    count = len(layout["instances"])
+    return {SYSTEMD: systemd_unit(), DOCKERFILE: dockerfile(cpus), README: readme(serving, count, cpus)}
+
+
+def systemd_unit() -> str:
+    return """# Example: install the bundle at /opt/corescale/bundle and corescale in /opt/corescale/venv, then
+#   cp corescale-serve.service /etc/systemd/system/ && systemctl enable --now corescale-serve
+# SIGTERM (systemctl stop) drains what was accepted and exits 0.
+[Unit]
+Description=corescale serve (the measured deployment)
+After=network-online.target
+
+[Service]
+ExecStart=/opt/corescale/venv/bin/corescale serve /opt/corescale/bundle --host 127.0.0.1 --port 8080
+# the key, when the service is reachable by others: CORESCALE_API_KEY=...
+EnvironmentFile=-/etc/corescale/serve.env
+Restart=on-failure
+KillSignal=SIGTERM
+TimeoutStopSec=60
+DynamicUser=yes
+CacheDirectory=corescale
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+def dockerfile(cpus: list[int]) -> str:
+    listed = ",".join(map(str, cpus))
+    return f"""# Example: the bundle and corescale in one image; run it with the measured CPUs, e.g.
+#   docker build -f Dockerfile.example -t corescale-serve . && \\
+#   docker run --cpuset-cpus={listed} -p 8080:8080 corescale-serve
+# (the instances are pinned to CPUs {listed}: the container must be given them)
+FROM python:3.11-slim
+RUN apt-get update && apt-get install -y --no-install-recommends numactl libjemalloc2 libgoogle-perftools4 \\
+    && rm -rf /var/lib/apt/lists/*
+RUN pip install --no-cache-dir 'corescale[all]'
+COPY . /bundle
+EXPOSE 8080
+STOPSIGNAL SIGTERM
+CMD ["corescale", "serve", "/bundle", "--host", "0.0.0.0", "--port", "8080"]
+"""
+
+
+def readme(serving: dict[str, Any], count: int, cpus: list[int]) -> str:
+    backend = serving["backend"]["name"]
+    return f"""# corescale deployment bundle
+
+`corescale serve .` starts what was measured: {count} pinned instance(s) of {serving["model"]} on {backend}
+({serving["precision"]}), CPUs {",".join(map(str, cpus))}, dynamic batching up to {serving["server"]["max_batch"]}
+inputs per call. `manifest.json` holds every file's sha256, the layout, the measured figures and what this
+machine must have (CPU features, library versions); `record.json` is the measured record.
+Examples: `{SYSTEMD}` (systemd), `{DOCKERFILE}` (a container). Routes: POST /v1/embeddings (OpenAI), /embed,
+/rerank, /predict, /tokenize (Hugging Face's text-embeddings-inference), GET /health, /metrics.
+"""

@@ -1,0 +1,77 @@
+"""`GET /metrics`: the service's Prometheus metrics (prometheus-client, its own registry)."""
+
+from __future__ import annotations
+
+import resource
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
+
+SECONDS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
+ROWS = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+def front_cpu_seconds() -> float:
+    """The front's own CPU time: the HTTP server, tokenization, the queue and the dispatcher threads."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+class Metrics:
+    def __init__(self) -> None:
+        registry = self.registry = CollectorRegistry()
+        ProcessCollector(registry=registry)
+        self.started, self.cpu_at_start = time.monotonic(), front_cpu_seconds()
+        self.requests = Counter("corescale_requests", "HTTP requests answered, by route and status",
+                                ["route", "status"], registry=registry)
+        self.inputs = Counter("corescale_inputs", "inputs (texts, pairs) computed", registry=registry)
+        self.batch_rows = Histogram("corescale_batch_size", "inputs per instance call (dynamic batching)",
+                                    buckets=ROWS, registry=registry)
+        self.queue = Histogram("corescale_queue_seconds", "a request's wait for an instance", buckets=SECONDS,
+                               registry=registry)
+        self.inference = Histogram("corescale_inference_seconds", "one instance call", buckets=SECONDS,
+                                   registry=registry)
+        self.tokenization = Histogram("corescale_tokenization_seconds", "a request's tokenization",
+                                      buckets=SECONDS, registry=registry)
+        self.total = Histogram("corescale_request_seconds", "a request from arrival to answer", buckets=SECONDS,
+                               registry=registry)
+        self.restarts = Counter("corescale_instance_restarts", "instances started again after they died",
+                                ["instance"], registry=registry)
+        self.busy = Gauge("corescale_instance_busy_fraction", "the share of its time since it started that an "
+                          "instance spent computing", ["instance"], registry=registry)
+        self.queued = Gauge("corescale_queue_inputs", "inputs accepted and not yet answered", registry=registry)
+        self.ready = Gauge("corescale_instances_ready", "instances loaded, warm and serving", registry=registry)
+        front = Gauge("corescale_front_cpu_seconds", "the front's CPU time since the service started",
+                      registry=registry)
+        front.set_function(lambda: front_cpu_seconds() - self.cpu_at_start)
+        cores = Gauge("corescale_front_cores_used", "the front's CPU time ÷ wall time since the service started",
+                      registry=registry)
+        cores.set_function(self.front_cores)
+
+    def front_cores(self) -> float:
+        return (front_cpu_seconds() - self.cpu_at_start) / max(time.monotonic() - self.started, 1e-9)
+
+    def watch(self, pool) -> None:
+        """Gauges read from the pool when scraped."""
+        for instance in pool.instances:
+            self.busy.labels(str(instance.id)).set_function(instance.busy_fraction)
+        self.queued.set_function(lambda: pool.pending)
+        self.ready.set_function(pool.ready_count)
+
+    def batch(self, rows: int, seconds: float) -> None:
+        self.batch_rows.observe(rows)
+        self.inference.observe(seconds)
+        self.inputs.inc(rows)
+
+    def restarted(self, instance: int) -> None:
+        self.restarts.labels(str(instance)).inc()
+
+    def answered(self, route: str, status: int, timings: dict[str, float] | None = None) -> None:
+        self.requests.labels(route, str(status)).inc()
+        if timings:
+            self.queue.observe(timings["queue"])
+            self.tokenization.observe(timings["tokenization"])
+            self.total.observe(timings["total"])
+
+    def text(self) -> bytes:
+        return generate_latest(self.registry)

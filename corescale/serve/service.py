@@ -1,0 +1,107 @@
+"""`corescale serve BUNDLE`: the checks, the pinned instances, the HTTP front on uvicorn, the drain at the end.
+
+Order: the bundle is checked and the address bound (bad input: one line, exit 2, no worker started); the
+instances start and warm up; the front moves to the CPUs no instance uses when there are any (else it shares
+them: the layout says which); uvicorn serves on the bound socket. SIGTERM (or Ctrl-C) stops accepting
+connections, waits for every accepted request to be answered, stops the instances and exits 0 (130 after
+Ctrl-C), printing the front's CPU time and each instance's share of busy time.
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from corescale.errors import UserError
+from corescale.machine.cpulist import format_cpulist
+from corescale.measure.runner import housekeeping_cpus
+from corescale.serve.opened import from_overrides, open_bundle
+
+GRACEFUL_S = 60  # the longest SIGTERM waits for accepted requests
+
+
+@dataclass(frozen=True)
+class Options:
+    host: str = "127.0.0.1"
+    port: int = 8080
+    api_key: str | None = None
+    max_queue: int = 256  # inputs accepted and not answered, then 429
+    max_inputs: int = 32  # inputs in one request, then 413 (TEI's --max-client-batch-size)
+    access_log: bool = False
+
+
+def bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise UserError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    sock.listen(2048)  # connections wait in the backlog until uvicorn accepts them
+    sock.set_inheritable(False)
+    return sock
+
+
+def say(text: str) -> None:
+    print(f"corescale serve: {text}", flush=True)
+
+
+def run(source: list[str], options: Options) -> int:
+    """`source`: a bundle's path, or overrides (a layout that was not measured)."""
+    import uvicorn
+
+    from corescale.serve.app import Front, create_app
+    from corescale.serve.metrics import Metrics, front_cpu_seconds
+    from corescale.serve.pool import Pool
+    from corescale.serve.tokens import Tokens
+
+    with tempfile.TemporaryDirectory(prefix="corescale-serve-") as work:
+        opened = from_overrides(source) if "=" in source[0] else open_bundle(source[0], Path(work) / "cache")
+        cfg = opened.cfg
+        tokens = Tokens(opened.tokenizer, cfg.sequence_length, options.max_inputs)
+        sock = bind(options.host, options.port)
+        metrics = Metrics()
+        pool = Pool(opened, Path(work), metrics, options.max_queue)
+        caught: list[int] = []
+        began = time.monotonic()
+        try:
+            try:
+                pool.start(cfg.timeout)
+            except RuntimeError as failed:  # an instance that could not load: its reason, exit 1
+                print(f"corescale: error: {failed}", file=sys.stderr)
+                return 1
+            metrics.watch(pool)
+            with housekeeping_cpus(opened.specs) as front_cpus:
+                where = f"CPUs {format_cpulist(sorted(front_cpus))}" if front_cpus else "shared with the instances"
+                host, port = sock.getsockname()[:2]
+                say(f"{len(opened.specs)} instance(s) of {opened.manifest.get('model')} on {cfg.backend.name} "
+                    f"({cfg.precision}) ready; front on {where}; listening on http://{host}:{port}")
+                app = create_app(Front(pool, tokens, opened.head, str(opened.manifest.get("model")), metrics),
+                                 options.api_key)
+                server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=options.access_log,
+                                                       timeout_graceful_shutdown=GRACEFUL_S, lifespan="off"))
+                for sig in (signal.SIGTERM, signal.SIGINT):  # uvicorn drains on them, then raises them again
+                    signal.signal(sig, lambda number, frame: caught.append(number))
+                server.run(sockets=[sock])
+        finally:
+            pool.stop()
+            sock.close()
+        summary(pool, front_cpu_seconds() - metrics.cpu_at_start, time.monotonic() - began)
+    return 130 if signal.SIGINT in caught else 0
+
+
+def summary(pool, cpu: float, wall: float) -> None:
+    say(f"stopped after {wall:.1f} s; the front used {cpu:.2f} CPU-s ({cpu / max(wall, 1e-9):.3f} cores)")
+    for instance in pool.instances:
+        report = instance.result or {}
+        served = report.get("queries_served")
+        say(f"instance {instance.id}: {'?' if served is None else served} inputs served, busy "
+            f"{instance.busy_fraction():.1%} of its time, restarted {instance.restarts} time(s)")
+    sys.stdout.flush()

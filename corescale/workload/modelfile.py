@@ -1,0 +1,234 @@
+"""An already exported model file as the model: an ONNX file (`model=path/model.onnx`) or an OpenVINO IR
+(`model=path/model.xml` with its .bin), read without loading any framework.
+
+What is read: the graph's inputs (a text model's: int64 `input_ids` and `attention_mask`, optionally
+`token_type_ids`; anything else is refused) and outputs, which decide the task (`sentence_embedding` or another 2-D
+float output: embed, as computed by the graph, no pooling added; `logits` [B, 1]: rerank, [B, C]: classify;
+`last_hidden_state` or another 3-D output: encode). An ONNX file is walked at the protobuf wire level (the
+weights are skipped, never read; a truncated or garbage file fails the walk); an IR's .xml is parsed and its .bin
+checked to hold every constant the .xml places in it. The sizes come from a config.json beside the file when there
+is one, else from the graph where it tells them (the hidden size from the output's last dimension) and the
+vocabulary from the tokenizer; the rest stays unknown (FLOPs, hence GFLOP/s, are then not given).
+"""
+
+from __future__ import annotations
+
+import os
+import xml.etree.ElementTree as ElementTree
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from corescale.errors import UserError
+
+FORMATS = {".onnx": "onnx", ".xml": "openvino-ir"}
+TEXT_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+REQUIRED_INPUTS = ("input_ids", "attention_mask")
+_ONNX_TYPES = {1: "float32", 7: "int64", 6: "int32", 10: "float16", 16: "bfloat16", 11: "float64", 9: "bool",
+               2: "uint8", 3: "int8"}
+_IR_TYPES = {"f32": "float32", "i64": "int64", "i32": "int32", "f16": "float16", "bf16": "bfloat16",
+             "f64": "float64", "boolean": "bool", "u8": "uint8", "i8": "int8",
+             "fp32": "float32", "fp16": "float16", "fp64": "float64"}  # element types, then ports' precisions
+FLOATS = ("float32", "float16", "bfloat16", "float64")
+_MODEL_GRAPH, _MODEL_OPSET = 7, 8  # ModelProto's fields
+_GRAPH_INPUT, _GRAPH_OUTPUT = 11, 12  # GraphProto's fields
+
+
+def is_model_file(name: str) -> bool:
+    return Path(name).suffix.lower() in FORMATS
+
+
+def read_graph(path: Path, name: str) -> dict[str, Any]:
+    """{"format", "inputs": {name: [dtype, dims]}, "outputs": {name: [dtype, dims]}, "bytes"} of a model file; one
+    line when it is missing, unreadable or not a model of its kind. Dims: an int, or None where dynamic."""
+    kind = FORMATS[path.suffix.lower()]
+    if not path.is_file():
+        raise UserError(f"model file '{name}' does not exist")
+    if kind == "onnx":
+        inputs, outputs, size = _onnx_ports(path, name)
+    else:
+        inputs, outputs, size = _ir_ports(path, name)
+    if not outputs:
+        raise UserError(f"model file '{name}' declares no output")
+    return {"format": kind, "inputs": inputs, "outputs": outputs, "bytes": size}
+
+
+# --- ONNX: the protobuf wire format, walked without reading the weights ------------------------------------------
+
+def _varint(handle: BinaryIO) -> int:
+    value = shift = 0
+    while True:
+        byte = handle.read(1)
+        if not byte:
+            raise ValueError("ends inside a number")
+        value |= (byte[0] & 0x7F) << shift
+        if not byte[0] & 0x80:
+            return value
+        shift += 7
+        if shift > 63:
+            raise ValueError("a number longer than 10 bytes")
+
+
+def _fields(handle: BinaryIO, end: int):
+    """(field number, offset, length) of each length-delimited field up to `end`; other wire types are skipped."""
+    while handle.tell() < end:
+        key = _varint(handle)
+        number, wire = key >> 3, key & 7
+        if number == 0:
+            raise ValueError("field number 0")
+        if wire == 0:
+            _varint(handle)
+        elif wire in (1, 5):
+            handle.seek(8 if wire == 1 else 4, os.SEEK_CUR)
+        elif wire == 2:
+            length = _varint(handle)
+            start = handle.tell()
+            if start + length > end:
+                raise ValueError(f"field {number} runs {start + length - end} bytes past its end")
+            yield number, start, length
+            handle.seek(start + length)
+        else:
+            raise ValueError(f"wire type {wire}")
+    if handle.tell() != end:
+        raise ValueError("the last field runs past the end")
+
+
+def _onnx_ports(path: Path, name: str) -> tuple[dict, dict, int]:
+    from onnx import ValueInfoProto
+
+    size = path.stat().st_size
+    found: dict[int, list[bytes]] = {_GRAPH_INPUT: [], _GRAPH_OUTPUT: []}
+    seen = set()
+    try:
+        with open(path, "rb") as handle:
+            for number, start, length in list(_fields(handle, size)):
+                seen.add(number)
+                if number == _MODEL_GRAPH:
+                    handle.seek(start)
+                    for inner, at, count in list(_fields(handle, start + length)):
+                        if inner in found:
+                            handle.seek(at)
+                            found[inner].append(handle.read(count))
+        if _MODEL_GRAPH not in seen or _MODEL_OPSET not in seen:
+            raise ValueError("no graph" if _MODEL_GRAPH not in seen else "no opset")
+        ports: list[dict[str, list]] = [{}, {}]
+        for side, number in enumerate((_GRAPH_INPUT, _GRAPH_OUTPUT)):
+            for blob in found[number]:
+                info = ValueInfoProto.FromString(blob)
+                tensor = info.type.tensor_type
+                dims = [d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim]
+                ports[side][info.name] = [_ONNX_TYPES.get(tensor.elem_type, f"type {tensor.elem_type}"), dims]
+    except (ValueError, OSError) as exc:  # protobuf's DecodeError is a ValueError
+        raise UserError(f"model file '{name}' is not a readable ONNX model ({exc}): truncated, damaged or another "
+                        "kind of file") from None
+    return ports[0], ports[1], size + _external_bytes(path)
+
+
+def _external_bytes(path: Path) -> int:
+    """Weights kept beside an ONNX file (external data, named after it by the exporters)."""
+    return sum(p.stat().st_size for p in path.parent.iterdir()
+               if p.name.startswith(path.name) and p != path and p.is_file())
+
+
+# --- OpenVINO IR: the .xml's Parameters and Results, the .bin's size ------------------------------------------
+
+def _ir_ports(path: Path, name: str) -> tuple[dict, dict, int]:
+    weights = path.with_suffix(".bin")
+    if not weights.is_file():
+        raise UserError(f"model file '{name}' is an OpenVINO IR without its weights: {weights.name} is not beside it")
+    try:
+        root = ElementTree.parse(path).getroot()
+    except (ElementTree.ParseError, OSError) as exc:
+        raise UserError(f"model file '{name}' is not a readable OpenVINO IR ({exc})") from None
+    layers = {layer.get("id"): layer for layer in root.iter("layer")}
+    if root.tag != "net" or not layers:
+        raise UserError(f"model file '{name}' is not an OpenVINO IR (no <net> of layers)")
+    size = weights.stat().st_size
+    needed = max((int(d.get("offset", 0)) + int(d.get("size", 0)) for layer in layers.values()
+                  if layer.get("type") == "Const" for d in layer.iter("data")), default=0)
+    if needed > size:
+        raise UserError(f"model file '{name}': {weights.name} holds {size} bytes, the .xml places constants up to "
+                        f"byte {needed} (truncated, or the .bin of another model)")
+    inputs, outputs = {}, {}
+    for layer in layers.values():
+        if layer.get("type") == "Parameter":
+            port = layer.find("output/port")
+            data = layer.find("data")
+            kind = data.get("element_type", "") if data is not None else ""
+            inputs[_port_name(port, layer)] = [_IR_TYPES.get(kind, kind), _dims(port)]
+    for edge in root.iter("edge"):
+        result = layers.get(edge.get("to-layer"))
+        source = layers.get(edge.get("from-layer"))
+        if result is None or source is None or result.get("type") != "Result":
+            continue
+        port = next((p for p in source.iter("port") if p.get("id") == edge.get("from-port")), None)
+        precision = (port.get("precision", "") if port is not None else "").lower()
+        named = (result.get("output_names") or "").split(",")[0].strip()
+        outputs[named or _port_name(port, result)] = [_IR_TYPES.get(precision, precision), _dims(port)]
+    return inputs, outputs, size
+
+
+def _port_name(port, layer) -> str:
+    names = port.get("names") if port is not None else None
+    return (names.split(",")[0] if names else layer.get("name", "")).strip()
+
+
+def _dims(port) -> list[int | None]:
+    dims = [] if port is None else [d.text or "" for d in port.findall("dim")]
+    return [int(d) if d.strip().isdigit() else None for d in dims]
+
+
+# --- what the graph is ---------------------------------------------------------------------------------------
+
+def check_text_inputs(graph: dict, name: str) -> None:
+    """A text model's inputs: int64 input_ids and attention_mask, optionally token_type_ids, nothing else."""
+    inputs = graph["inputs"]
+    shown = ", ".join(f"{k} ({v[0]})" for k, v in inputs.items()) or "none"
+    other = [k for k in inputs if k not in TEXT_INPUTS]
+    wrong = [k for k, v in inputs.items() if k in TEXT_INPUTS and v[0] != "int64"]
+    missing = [k for k in REQUIRED_INPUTS if k not in inputs]
+    if other or wrong or missing:
+        raise UserError(f"model file '{name}' has inputs that are not a text model's ({shown}); corescale runs a "
+                        "text model: int64 input_ids and attention_mask, optionally token_type_ids")
+
+
+def graph_task(graph: dict, name: str, task: str | None) -> tuple[str, str]:
+    """(task, the output that computes it): the task the outputs declare; task= may only agree with it (or ask
+    for encode where the graph also has a 3-D output)."""
+    outputs = {k: v for k, v in graph["outputs"].items() if v[0] in FLOATS}
+    by_task: dict[str, str] = {}
+    for output, (_, dims) in outputs.items():
+        if output == "sentence_embedding" or len(dims) == 2 and output != "logits":
+            by_task.setdefault("embed", output)
+        elif output == "logits" and len(dims) == 2:
+            by_task.setdefault("rerank" if dims[1] == 1 else "classify", output)
+        elif output == "last_hidden_state" or len(dims) == 3:
+            by_task.setdefault("encode", output)
+    if "sentence_embedding" in outputs:
+        by_task["embed"] = "sentence_embedding"
+    if "last_hidden_state" in outputs and len(outputs["last_hidden_state"][1]) == 3:
+        by_task["encode"] = "last_hidden_state"
+    declared = next((t for t in ("embed", "rerank", "classify", "encode") if t in by_task), None)
+    if declared is None:
+        shown = ", ".join(f"{k} {v[0]} {v[1]}" for k, v in graph["outputs"].items())
+        raise UserError(f"model file '{name}' has no output corescale can measure ({shown}); expected "
+                        "sentence_embedding or another 2-D float output (embed), logits (rerank, classify), or "
+                        "last_hidden_state (encode)")
+    if task is None or task == declared:
+        return declared, by_task[declared]
+    if task in by_task:  # the graph computes both (a Sentence-Transformers export with its token states)
+        return task, by_task[task]
+    raise UserError(f"model file '{name}' computes task={declared} (output '{by_task[declared]}'); it cannot do "
+                    f"task={task}: a model file is measured as exported, no head is added")
+
+
+def tokenizer_vocab(folder: Path | None) -> int | None:
+    """The vocabulary size of a fast tokenizer (tokenizer.json), or None."""
+    if folder is None or not (folder / "tokenizer.json").is_file():
+        return None
+    from tokenizers import Tokenizer
+
+    file = folder / "tokenizer.json"
+    try:
+        return int(Tokenizer.from_file(str(file)).get_vocab_size(with_added_tokens=True))
+    except Exception as exc:  # the Rust library raises its own exception type for any bad file
+        raise UserError(f"{file} is not a readable fast tokenizer: {str(exc).splitlines()[0][:160]}") from None

@@ -1,0 +1,114 @@
+"""A bundle is checked before any worker starts: each refusal is one line (no process is started here)."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from corescale.errors import UserError
+from corescale.machine.environment import ISA_FLAGS, cpuinfo
+from corescale.serve import bundle
+from corescale.serve.opened import open_bundle
+
+RECORD = next((Path(__file__).parent / "data" / "schema2").glob("*pytorch*/result.json"))
+
+
+def fake_bundle(where: Path, **requires) -> Path:
+    """A folder shaped like a bundle: one file, its record, a manifest with its checksums."""
+    root = where / "bundle"
+    root.mkdir()
+    (root / "model.txt").write_text("weights")
+    shutil.copy(RECORD, root / bundle.RECORD)
+    manifest = {"format": bundle.FORMAT, "files": {name: bundle.sha256(root / name)
+                                                   for name in ("model.txt", bundle.RECORD)},
+                "config": {}, "layout": {"instances": []}, "head": {"task": "embed"}, "precision": "int8",
+                "requires": {"cpu_features": [], "libraries": {}, **requires}}
+    (root / bundle.MANIFEST).write_text(json.dumps(manifest))
+    return root
+
+
+def refusal(path, *words: str) -> str:
+    with pytest.raises(UserError) as info:
+        open_bundle(path, Path(path) / "runtime")
+    message = str(info.value)
+    assert "\n" not in message and all(w in message for w in words), message
+    return message
+
+
+def test_not_a_bundle(tmp_path):
+    refusal(tmp_path / "nowhere", "is not a folder")
+    refusal(tmp_path, "not a corescale bundle")
+    (tmp_path / bundle.MANIFEST).write_text("{")
+    refusal(tmp_path, "is not JSON")
+    (tmp_path / bundle.MANIFEST).write_text(json.dumps({"format": 99}))
+    refusal(tmp_path, "not of format 1")
+
+
+def test_a_changed_or_missing_file(tmp_path):
+    root = fake_bundle(tmp_path)
+    (root / "model.txt").write_text("other weights")
+    refusal(root, "'model.txt' does not match its sha256")
+    (root / "model.txt").unlink()
+    refusal(root, "'model.txt' is missing")
+
+
+def test_a_cpu_without_the_measured_features(tmp_path):
+    isa = cpuinfo()["isa"]
+    lacking = [f for f in ISA_FLAGS if not isa[f]] or ["amx_fp16"]  # a flag this corescale does not know: lacking
+    refusal(fake_bundle(tmp_path, cpu_features=lacking[:1]), f"this CPU lacks {lacking[0]}", "int8", "measure again")
+
+
+def test_other_library_versions(tmp_path):
+    refusal(fake_bundle(tmp_path, libraries={"numpy": "0.0.1"}), "measured with numpy 0.0.1", "install numpy==0.0.1")
+
+
+def test_cpus_this_process_may_not_use(tmp_path):
+    root = fake_bundle(tmp_path)
+    record = json.loads((root / bundle.RECORD).read_text())
+    record["specs"][0]["cpus"] = [4095]
+    (root / bundle.RECORD).write_text(json.dumps(record))
+    manifest = json.loads((root / bundle.MANIFEST).read_text())
+    manifest["files"][bundle.RECORD] = bundle.sha256(root / bundle.RECORD)
+    (root / bundle.MANIFEST).write_text(json.dumps(manifest))
+    refusal(root, "instance 0 ran on CPUs 4095")
+
+
+def test_the_front_refuses_inputs_over_the_limits():
+    pytest.importorskip("tokenizers")
+    from corescale.serve.tokens import Tokens, TooLarge
+    from corescale.workload.models import resolve_model
+
+    folder = Path(str(resolve_model("all-minilm-l6-v2").path))
+    tokens = Tokens(folder / "tokenizer.json", max_length=16, max_inputs=2)
+    assert [len(r) for r in tokens.encode(["a short text"]).rows] == [5]
+    with pytest.raises(TooLarge, match="3 inputs in one request; at most 2"):
+        tokens.encode(["a", "b", "c"])
+    with pytest.raises(TooLarge, match="input 0 has 22 tokens; the bundle was measured at sequence_length 16"):
+        tokens.encode(["word " * 20])
+    assert len(tokens.encode(["word " * 20], truncate=True).rows[0]) == 16
+    pair = tokens.encode([("a query", "a document")], pairs=True)
+    assert pair.types is not None and pair.types[0].tolist() == [0, 0, 0, 0, 1, 1, 1]
+
+
+def test_a_final_artifact_gets_no_build_step_again(tmp_path):
+    """What `corescale serve` files for a bundle's ONNX file: the backend's load finds it and derives nothing."""
+    from corescale.backends.artifact_cache import write_manifest
+    from corescale.backends.onnx_export import OnnxModel, cache_root, file_export, known_export
+    from corescale.config import BenchmarkConfig
+
+    cfg = BenchmarkConfig(cache_dir=str(tmp_path))
+    artifact = cache_root(cfg) / ("ab" * 12)
+    artifact.mkdir(parents=True)
+    (artifact / "model.onnx").write_bytes(b"the measured int8 graph")
+    write_manifest(artifact)
+    file_export(cfg, "source", OnnxModel(artifact / "model.onnx", artifact.name, False, True, final=True))
+    found = known_export(cfg, "source")
+    assert found is not None and found.final and found.path == artifact / "model.onnx"
+
+    def build(source, target, large):
+        raise AssertionError("a final artifact is not built again")
+    assert found.derived("int8-ort", build) is found
+    file_export(cfg, "other", OnnxModel(artifact / "model.onnx", artifact.name, False, True))
+    plain = known_export(cfg, "other")
+    assert plain is not None and not plain.final
