@@ -50,7 +50,7 @@ def test_what_the_trial_checks_before_any_request_is_one_line(overrides, message
 def test_requests_and_answers_of_each_api():
     openai, tei = APIS["openai"], APIS["tei"]
     assert json.loads(openai.body("a text", "m")) == {"input": "a text", "model": "m"}
-    assert json.loads(tei.body("a text", "m")) == {"inputs": "a text"}
+    assert json.loads(tei.body("a text", "m")) == {"inputs": "a text", "truncate": True}
     assert openai.dimension(b'{"data": [{"embedding": [0.1, 0.2, 0.3]}]}') == 3
     assert tei.dimension(b"[[0.1, 0.2]]") == 2
     for api, answer in ((openai, b'{"data": []}'), (tei, b"[[1], [2]]"), (tei, b"<html>"), (openai, b"[[1]]")):
