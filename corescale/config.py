@@ -23,6 +23,7 @@ OPENMP_RUNTIMES = ("default", "gnu", "intel")
 REPEAT_ORDERS = ("interleaved", "shuffled")
 LAYOUTS = ("none", *NAMED_LAYOUTS)  # none: instances and cores_per_instance as given
 SCENARIOS = ("offline", "single_stream", "server")  # offline: closed loop; the others: MLPerf LoadGen drives load
+HTTP_APIS = ("openai", "tei")  # endpoint=: what each query is sent as (measure/http_api.py)
 PAD_POLICIES = ("max", "bucket", "sorted")
 STUDY_KINDS = ("cores", "instances", "batch")  # corescale study KIND
 # 0.1's flat backend options -> (backend, option in its group), as each backend's options declare them
@@ -142,6 +143,10 @@ class BenchmarkConfig:
     scenario: str = "offline"
     target_qps: Any = None  # a number, or "auto": the highest QPS whose p99 meets slo_p99_ms
     slo_p99_ms: Optional[float] = None
+    # scenario=server over HTTP: a running server is measured, no local instance is started (docs/server.md)
+    endpoint: Optional[str] = None  # http://HOST:PORT of the server
+    api: Optional[str] = None  # openai (POST /v1/embeddings, the default) | tei (POST /embed)
+    request_timeout: float = 60.0  # seconds one request may take before it counts as an error
     server: ServerConfig = field(default_factory=ServerConfig)
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     pad: str = "max"  # max: to the batch's longest | bucket: to a length bucket | sorted: length-sorted batches
@@ -180,6 +185,10 @@ class BenchmarkConfig:
         return Path(os.path.expanduser(self.output_dir))
 
     @property
+    def http_api(self) -> str:  # the API an endpoint is driven through: openai unless api= says otherwise
+        return self.api or HTTP_APIS[0]
+
+    @property
     def instance_batch_size(self) -> int:
         """Samples per forward call of one instance (a total batch is split evenly over the instances)."""
         return self.total_batch_size // self.instances if self.total_batch_size else self.batch_size
@@ -212,6 +221,8 @@ def scenario_key_fields(cfg: BenchmarkConfig) -> dict[str, Any]:
     if cfg.scenario != "offline":
         flat.update(scenario=cfg.scenario, target_qps=cfg.target_qps, slo_p99_ms=cfg.slo_p99_ms)
         flat.update(flatten({"server": dataclasses.asdict(cfg.server)}))
+    if cfg.endpoint:
+        flat.update(endpoint=cfg.endpoint, api=cfg.http_api)
     if cfg.workload != WorkloadConfig() or cfg.pad != "max":
         flat.update(flatten({"workload": dataclasses.asdict(cfg.workload)}), pad=cfg.pad)
     return flat
@@ -410,6 +421,19 @@ def _validate_scenario(cfg: BenchmarkConfig) -> None:
         raise UserError(f"workload.samples must be from 1 to 1000000 (got {cfg.workload.samples})")
     if cfg.workload.source and cfg.workload.lengths:
         raise UserError("give either workload (a text file) or workload.lengths (a length distribution), not both")
+    _validate_endpoint(cfg)
+
+
+def _validate_endpoint(cfg: BenchmarkConfig) -> None:
+    """endpoint=URL api=... (the URL and the keys that do not apply over HTTP: measure/endpoint.check_settings)."""
+    if cfg.endpoint is None and cfg.api is not None:
+        raise UserError(f"api={cfg.api} applies to a server measured over HTTP: add endpoint=http://HOST:PORT")
+    if cfg.endpoint is not None:
+        _one_of("api", cfg.http_api, HTTP_APIS)
+        if cfg.scenario == "offline" or cfg.executor.name != "local":
+            raise UserError("endpoint= is measured from this machine under LoadGen's load: give scenario=server "
+                            "(target_qps=QPS or auto with slo_p99_ms=MS) or scenario=single_stream, executor=local")
+        _positive("request_timeout", cfg.request_timeout)
 
 
 # LoadGen's early stopping: the fewest queries that can pass with none over the latency bound

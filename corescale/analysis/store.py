@@ -151,6 +151,7 @@ def _metric_columns(record: TrialRecord) -> dict:
         "server_max_valid_qps": server.max_valid_qps if server else None,
         "server_p50_ms": server.latency_ms.get("p50") if server else None,
         "server_p99_ms": server.latency_ms.get("p99") if server else None,
+        "server_errors": server.errors if server else None,  # endpoint=: failed requests over every test
         "cpus_total": sum(len(inst.cpus) for inst in placed) or None,
         "cpus_per_instance": len(placed[0].cpus) if placed else None,
         "threads_per_instance": placed[0].threads if placed else None,

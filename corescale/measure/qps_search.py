@@ -28,6 +28,8 @@ def search(step, first: float, precision: float, max_steps: int, steps: list, fl
             high = qps if high is None else min(high, qps)
             if low is None and slo_ms is not None and (result.latency_ms or {}).get("min", 0) > slo_ms:
                 break  # even the fastest query missed: lower rates cannot help
+            if low is None and getattr(result, "broken", False):
+                break  # every query failed, none for lack of time: the server is broken, not overloaded
         if low is None:
             assert high is not None, "each step sets one end of the bracket"
             qps = high / 2

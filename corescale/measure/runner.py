@@ -35,7 +35,7 @@ from corescale.record.trial import Failure, Partial, Roofline, RunMetrics, Trial
 from corescale.workload.flops import forward_flops
 from corescale.workload.models import ModelSpec, resolve_model
 from corescale.workload.quality import build_quality_set
-from corescale.workload.samples import QuerySet, build_query_set, uses_query_set
+from corescale.workload.samples import QuerySet, build_query_set, query_texts, text_summary, uses_query_set
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,7 @@ class Trial:
     key: str  # the trial key resume looks up (config key + model identity)
     queries: QuerySet | None = None  # the queries' token ids, when they are not one fixed random batch
     quality: QuerySet | None = None  # the real text the task's quality is judged on (None: task=encode)
+    texts: list[str] | None = None  # endpoint=: the queries' texts, sent as they are
 
     def instance_specs(self, work_dir: Path | None = None) -> list[InstanceSpec]:
         return instance_specs(self.plan, self.cfg.threads, self.cfg.instance_batch_size, work_dir)
@@ -63,6 +64,8 @@ def prepare_trial(cfg: BenchmarkConfig, topology: Topology | None = None, on_nod
 
     on_node: prepared again on the Ray node that measures it (the driver writes the results; the node's memory
     is what must hold the instances)."""
+    if cfg.endpoint:
+        return prepare_endpoint(cfg)
     check_available(cfg.backend.name)
     if cfg.reference:
         check_available(cfg.reference)
@@ -122,6 +125,23 @@ def check_task(cfg: BenchmarkConfig, model: ModelSpec) -> None:
         if folder is None or not (folder / "tokenizer.json").is_file():
             raise UserError(f"tokenize=true needs the model's fast tokenizer (tokenizer.json); model '{cfg.model}' "
                             "has none: give workload.tokenizer=DIR holding tokenizer.json")
+
+
+def prepare_endpoint(cfg: BenchmarkConfig) -> Trial:
+    """endpoint=: the texts, then the server itself (reachable, healthy, answering this API): no local instance,
+    no model loaded here; the key holds the endpoint, the API and the texts."""
+    import hashlib
+
+    from corescale.measure.endpoint import check_settings, probe
+
+    check_settings(cfg)
+    texts, origin = query_texts(cfg)
+    check_places(cfg)
+    probe(cfg, texts[0])
+    model = ModelSpec(name=cfg.model, source="endpoint", config={"endpoint": cfg.endpoint, "api": cfg.http_api,
+                                                                 "texts": origin})
+    digest = hashlib.sha256("\n".join(texts).encode()).hexdigest()[:16]
+    return Trial(cfg, model, Plan(()), trial_key(spec_key(cfg, model), {"texts": digest}), texts=texts)
 
 
 def check_threads(cfg: BenchmarkConfig, placement: Plan, topology: Topology) -> None:
@@ -224,6 +244,8 @@ def run_instances(trial: Trial, on_event=None, host: dict | None = None, forkser
     started = time.time()
     host = host or environment.capture()
     record = new_record(trial, host, started)
+    if trial.texts is not None:
+        return run_endpoint(trial, record, started)
     samples = None
     with scratch() as work:
         specs = trial.instance_specs(Path(work))
@@ -271,6 +293,41 @@ def run_instances(trial: Trial, on_event=None, host: dict | None = None, forkser
                                1 - metrics.throughput_tokens_per_s / metrics.padded_tokens_per_s}
     record.elapsed_s = time.time() - started
     return UncommittedResult(record, samples, logs, outcome.interrupted)
+
+
+def run_endpoint(trial: Trial, record: TrialRecord, started: float) -> UncommittedResult:
+    """endpoint=: warm the server up, ask what it is, then LoadGen's tests through the HTTP client."""
+    from corescale.measure.endpoint import self_description, warm
+    from corescale.measure.http_api import APIS
+    from corescale.measure.http_load import HttpServer, requests_csv
+
+    cfg, api = trial.cfg, APIS[trial.cfg.http_api]
+    assert trial.texts is not None, "an endpoint trial carries its texts"
+    bodies = [api.body(text, cfg.model) for text in trial.texts]
+    warmed = warm(cfg, bodies, api)
+    health, reports = self_description(cfg, api)
+    endpoint = {"url": cfg.endpoint, "api": api.name, "path": api.path, "health": health,
+                "model_field": cfg.model if api.name == "openai" else None, "reports": reports,
+                "single_ms": min(warmed.durations_ms, default=None), "warmup_requests": warmed.requests,
+                "warmup_errors": warmed.errors, "dimension": warmed.dimension, "request_timeout_s": cfg.request_timeout}
+    interrupted = None
+    with scratch() as work:
+        server = HttpServer(cfg, bodies, warmed, Path(work))
+        try:
+            server.run()
+        except KeyboardInterrupt as stop:
+            interrupted = stop
+            server.failure = Failure("interrupted", f"interrupted by {getattr(stop, 'signal_name', 'SIGINT')}")
+    logs = {**server.outcome.logs, "http-requests.csv": requests_csv(server.request_rows)}
+    summary = summarise(cfg, server.outcome, text_summary(trial.texts, trial.model.config["texts"]), endpoint)
+    summary["parent"]["cpus"] = sorted(os.sched_getaffinity(0))
+    record.server = ServerSummary.from_dict(summary, "server")
+    if server.failure:
+        record.fail(server.failure)
+    elif not server.outcome.steps and not server.outcome.unreachable:
+        record.fail(Failure("error", "LoadGen ran no test"))
+    record.elapsed_s = time.time() - started
+    return UncommittedResult(record, None, logs, interrupted)
 
 
 @contextmanager
@@ -372,6 +429,7 @@ def _finish_server(record: TrialRecord, trial: Trial, server: Server, outcome: L
     summary = summarise(trial.cfg, server.outcome, trial.queries.summary())
     summary["parent"]["cpus"] = sorted(parent_cpus or os.sched_getaffinity(0))
     record.server = served = ServerSummary.from_dict(summary, "server")
+    assert served.batching is not None, "the in-process server batches"
     record.workload = {**trial.queries.summary(), "pad": trial.cfg.pad,
                        "padding_waste": served.batching.padding_waste}
     record.instance_reports = [_report(outcome.results[spec.id], spec.id) for spec in record.specs

@@ -67,6 +67,9 @@ class StepResult:
     parent_cpu_s: float
     batches: dict[str, float]
     log_prefix: str
+    errors: int = 0  # queries the system under test failed (over HTTP: non-2xx, reset, timeout, bad answer)
+    http: dict | None = None  # over HTTP: the step's errors by kind and the server's timing breakdown
+    broken: bool = False  # every query failed, none for lack of time (refused, 5xx): lower rates cannot help
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
@@ -96,6 +99,7 @@ class Server:
         self.tests = 0
         self.lock = threading.Lock()
         self.step_batches: list[int] = []  # rows of each batch of the current step
+        self.dispatchers: list[threading.Thread] = []
 
     # --- the launcher's side ---
     def begin(self, launcher, start_ns: int) -> None:
@@ -145,8 +149,12 @@ class Server:
         except BaseException as exc:  # reported through the launcher's loop
             self.failure = Failure.from_exception(exc)
         finally:
-            self.launcher.tell_all_quietly("stop")
+            self._stop()
             self.finished.set()
+
+    def _stop(self) -> None:
+        """The tests are over: the instances stop."""
+        self.launcher.tell_all_quietly("stop")
 
     def _unreachable(self) -> str | None:
         """Why no rate can meet the SLO, when one query alone (batch 1, warm, at the one length every query has)
@@ -202,18 +210,10 @@ class Server:
         log.log_output.outdir = str(out)
         log.log_output.copy_summary_to_stdout = False
         log.enable_trace = False
-        self.launcher.extend_deadline()
-        self.batcher = batcher = Batcher(self.cfg, self.lengths)
-        self.step_batches = []
-        threads = [threading.Thread(target=self._dispatch, args=(i, batcher), daemon=True,
-                                    name=f"corescale-dispatch-{i}") for i in self.launcher.instances]
-        for thread in threads:
-            thread.start()
+        self._open_test()
         usage, began = _cpu_seconds(), time.perf_counter()
         lg.StartTestWithLogSettings(sut, qsl, settings, log)
-        batcher.close()
-        for thread in threads:
-            thread.join()
+        self._close_test()
         wall, cpu = time.perf_counter() - began, _cpu_seconds() - usage
         for name in LOG_FILES:
             path = out / f"mlperf_log_{name}.txt"
@@ -221,7 +221,29 @@ class Server:
                 self.outcome.logs[f"{prefix}{name}.txt"] = path.read_bytes()
         if self.aborted:
             raise RuntimeError("the trial was stopped")
-        return step_result(qps, read_detail(out / "mlperf_log_detail.txt"), wall, cpu, self.step_batches, prefix)
+        return self._judged(step_result(qps, read_detail(out / "mlperf_log_detail.txt"), wall, cpu,
+                                        self.step_batches, prefix))
+
+    def _open_test(self) -> None:
+        """Before a LoadGen test: the one queue and each instance's dispatcher."""
+        self.launcher.extend_deadline()
+        self.batcher = batcher = Batcher(self.cfg, self.lengths)
+        self.step_batches = []
+        self.dispatchers = [threading.Thread(target=self._dispatch, args=(i, batcher), daemon=True,
+                                             name=f"corescale-dispatch-{i}") for i in self.launcher.instances]
+        for thread in self.dispatchers:
+            thread.start()
+
+    def _close_test(self) -> None:
+        """LoadGen's test has ended (every query answered): the dispatchers finish."""
+        assert self.batcher is not None, "a test was opened"
+        self.batcher.close()
+        for thread in self.dispatchers:
+            thread.join()
+
+    def _judged(self, result: StepResult) -> StepResult:
+        """LoadGen's verdict on a test, with what this system under test adds to it."""
+        return result
 
     def _expected_latency_ns(self) -> int:
         return max(inst.call_ns for inst in self.launcher.instances.values()) or 1_000_000
@@ -328,8 +350,8 @@ def _cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def summarise(cfg, outcome: ServeOutcome, queries: dict) -> dict:
-    """The record's `server` section."""
+def summarise(cfg, outcome: ServeOutcome, queries: dict, endpoint: dict | None = None) -> dict:
+    """The record's `server` section (`endpoint`: the server measured over HTTP, as it describes itself)."""
     steps = [s.to_json() for s in outcome.steps]
     met = [s for s in steps if s["meets_slo"] and s["target_qps"] is not None]
     curve = load_curve(steps)
@@ -347,12 +369,15 @@ def summarise(cfg, outcome: ServeOutcome, queries: dict) -> dict:
         "latency_ms": (max(met, key=lambda s: s["target_qps"]) if met else last).get("latency_ms", {}),
         "steps": steps, "load_curve": curve, "knee_qps": knee(curve), "search_floor_qps": floor_qps(cfg),
         "unreachable": outcome.unreachable,
-        "batching": {"max_batch": cfg.server.max_batch, "max_queue_ms": cfg.server.max_queue_ms,
-                     "max_batch_tokens": cfg.server.max_batch_tokens, "pad": cfg.pad, "batches": int(len(rows)),
-                     "mean_rows": float(rows.mean()), "max_rows": int(rows.max()),
-                     "padding_waste": 1 - real / padded if padded else 0.0},
+        "batching": None if cfg.endpoint else {  # over HTTP the server batches, out of sight
+            "max_batch": cfg.server.max_batch, "max_queue_ms": cfg.server.max_queue_ms,
+            "max_batch_tokens": cfg.server.max_batch_tokens, "pad": cfg.pad, "batches": int(len(rows)),
+            "mean_rows": float(rows.mean()), "max_rows": int(rows.max()),
+            "padding_waste": 1 - real / padded if padded else 0.0},
         "parent": {"cpu_seconds": cpu, "wall_seconds": wall, "cores_used": cpu / wall if wall else None},
         "queries": queries,
+        "errors": sum(s["errors"] for s in steps),
+        "endpoint": endpoint,
     }
     if cfg.scenario == "single_stream":
         summary["max_valid_qps"] = None

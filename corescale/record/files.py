@@ -95,6 +95,8 @@ def log_name(name: object) -> str:
 
 def run_name(cfg) -> str:
     stamp = time.strftime("%Y%m%d-%H%M%S")
+    if cfg.endpoint:  # a server measured over HTTP: its address, not a local deployment
+        return f"{stamp}-endpoint-{slug(cfg.endpoint.split('://', 1)[-1])}-{cfg.http_api}-{cfg.key()[:8]}"
     return (f"{stamp}-{slug(os.path.basename(cfg.model.rstrip('/')))}-{cfg.backend.name}-{cfg.precision}"
             f"-b{cfg.batch_size}-s{cfg.sequence_length}-i{cfg.instances}-{cfg.key()[:8]}")
 

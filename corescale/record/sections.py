@@ -178,6 +178,33 @@ class ServerStep(Section):
     parent_cpu_s: float = 0.0
     batches: dict[str, float] = field(default_factory=dict)
     log_prefix: str = ""
+    errors: int = 0  # queries the system under test failed (a step with any is not valid)
+    http: HttpStep | None = None  # endpoint=: the requests of this test
+    broken: bool = False  # every query failed, none for lack of time: the search stops there
+
+
+@dataclass(frozen=True)
+class TimingStats(Section):
+    """Milliseconds over the requests of one test that have the figure."""
+
+    count: int
+    mean: float
+    p50: float
+    p99: float
+    max: float
+
+
+@dataclass(frozen=True)
+class HttpStep(Section):
+    """One LoadGen test over HTTP (measure/http_load.py): requests sent, failures by kind, and where the time went
+    as the client saw it and as the server's timing headers say (queue, tokenization, inference, total)."""
+
+    requests: int
+    errors: dict[str, int]  # http_500 | connect | reset | timeout | bad_answer | ... -> count
+    max_in_flight: int
+    client_ms: dict[str, TimingStats]  # wait: LoadGen's issue -> sent; response: sent -> answer read
+    server_ms: dict[str, TimingStats]  # the server's headers, where it sends them
+    error_examples: list[str] = field(default_factory=list)  # the first few, as one line each
 
 
 @dataclass(frozen=True)
@@ -231,11 +258,30 @@ class ServerSummary(Section):
     knee_qps: float | None
     search_floor_qps: float | None
     unreachable: str | None
-    batching: Batching
+    batching: Batching | None  # None over HTTP: the server batches
     parent: ParentLoad
     queries: dict[str, Any] = field(default_factory=dict)  # the query set's summary
+    errors: int = 0  # failed queries over every step
+    endpoint: Endpoint | None = None  # endpoint=: the server measured, as it describes itself
 
     @property
     def searched(self) -> bool:
         """A max-QPS search (target_qps=auto) in the server scenario."""
         return self.scenario == "server" and self.target_qps == "auto"
+
+
+@dataclass(frozen=True)
+class Endpoint(Section):
+    """A running server measured over HTTP (endpoint=URL api=...): no local instance ran; this is what it was."""
+
+    url: str
+    api: str  # openai | tei
+    path: str  # where each query was POSTed
+    model_field: str | None  # the `model` every OpenAI request carried
+    health: int | None  # GET /health's status (None: the server has no /health; a first request answered)
+    reports: dict[str, Any] = field(default_factory=dict)  # what it says of itself: {"/info": {...}, ...}
+    single_ms: float | None = None  # one request alone, warm, the fastest of a few
+    warmup_requests: int = 0
+    warmup_errors: int = 0
+    dimension: int | None = None  # the embedding's length in its answers
+    request_timeout_s: float | None = None

@@ -249,8 +249,10 @@ def load_curves(frame: pd.DataFrame) -> dict[str, ServerSummary]:
     for _, row in frame[(frame["scenario"] == "server") & (frame["status"] == "ok")].iterrows():
         server = read_result(Path(row["path"])).server
         if server is not None and len(server.load_curve) >= 2:
-            label = (f"{row['model']} · {row['backend']} · {row['instances']:.0f} inst · "
-                     f"max_batch {server.batching.max_batch} · {row['run']}")
+            served = (f"{server.endpoint.url} · {server.endpoint.api}" if server.endpoint else
+                      f"{row['backend']} · {row['instances']:.0f} inst · max_batch "
+                      f"{server.batching.max_batch if server.batching else '-'}")
+            label = f"{row['model']} · {served} · {row['run']}"
             found[label] = server
     return found
 

@@ -34,6 +34,8 @@ def result_table(record: TrialRecord) -> Table:
     batch = f"batch {cfg.batch_size}" if cfg.scenario == "offline" else f"{cfg.scenario}"
     title = escape(f"{cfg.model} · {cfg.backend.name} · {cfg.precision} · {batch} · "
                    f"seq {cfg.sequence_length} · {cfg.instances} instance(s)")
+    if cfg.endpoint:
+        title = escape(f"{cfg.endpoint} · api {cfg.http_api} · {cfg.scenario}")
     table = Table(title=title, show_header=True, header_style="bold")
     table.add_column("metric")
     table.add_column("value", justify="right")
@@ -127,14 +129,35 @@ def server_table(table: Table, record: TrialRecord) -> Table:
         if lat.get(name) is not None:
             table.add_row(f"latency {name} (ms)", f"{lat[name]:.2f}", "from LoadGen's scheduled issue time")
     b = s.batching
-    table.add_row("batches", f"{b.mean_rows:.2f} rows mean", f"max {b.max_rows} of max_batch "
-                  f"{b.max_batch}, {b.batches} calls, padding waste {b.padding_waste:.0%}")
+    if b is not None:
+        table.add_row("batches", f"{b.mean_rows:.2f} rows mean", f"max {b.max_rows} of max_batch "
+                      f"{b.max_batch}, {b.batches} calls, padding waste {b.padding_waste:.0%}")
+    if s.endpoint is not None:
+        http_rows(table, s)
     if s.parent.cores_used is not None:
-        table.add_row("parent CPU", f"{s.parent.cores_used:.2f} cores", "LoadGen + queue + dispatch threads")
+        what = "LoadGen + HTTP client" if s.endpoint else "LoadGen + queue + dispatch threads"
+        table.add_row("parent CPU", f"{s.parent.cores_used:.2f} cores", what)
     quality_row(table, record)
     if not record.ok:
         table.add_row("status", "[red]failed[/red]", escape(record.reason or ""))
     return table
+
+
+def http_rows(table: Table, s) -> None:
+    """endpoint=: the server measured, the errors, and the breakdown of the step the figures come from."""
+    e = s.endpoint
+    table.add_row("endpoint", escape(f"{e.url}{e.path}"), escape(f"api {e.api}, one text per request"))
+    shown = [st for st in s.steps if st.target_qps == s.max_valid_qps] if s.searched and s.max_valid_qps else []
+    step = (shown or s.steps or [None])[-1]
+    if step is None or step.http is None:
+        return
+    kinds = ", ".join(f"{k} {n}" for k, n in sorted(step.http.errors.items()))
+    table.add_row("errors", str(s.errors), escape(f"this step: {kinds}") if kinds else "none in any step")
+    for name, where in (("response", "client"), ("queue", "server"), ("tokenization", "server"),
+                        ("inference", "server")):
+        t = (step.http.client_ms if where == "client" else step.http.server_ms).get(name)
+        if t is not None:
+            table.add_row(f"{name} (ms, {where})", f"{t.mean:.2f}", f"p50 {t.p50:.2f} · p99 {t.p99:.2f}")
 
 
 def cost_cells(record: TrialRecord) -> tuple[str, str, str]:

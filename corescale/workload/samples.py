@@ -181,6 +181,27 @@ def read_texts(source: str) -> list[str]:
     return texts
 
 
+def query_texts(cfg) -> tuple[list[str], str]:
+    """The texts queries carry as text (endpoint=): the workload file's first workload.samples, or the built-in
+    corpus's (no workload, or workload=builtin); and where they came from."""
+    from corescale.workload import corpus
+
+    count = cfg.workload.samples
+    if cfg.workload.source and cfg.workload.source != corpus.BUILTIN:
+        found = read_texts(cfg.workload.source)
+        return found[:count], f"{cfg.workload.source} ({min(count, len(found))} of {len(found)} texts)"
+    chosen, origin = corpus.workload_items("embed", count)
+    return chosen, origin
+
+
+def text_summary(texts: list[str], origin: str) -> dict:
+    """The record's `queries` of texts sent as they are (their lengths in characters: the server tokenizes)."""
+    chars = np.array([len(t) for t in texts])
+    return {"origin": origin, "queries": len(texts), "mean_chars": float(chars.mean()), "min_chars": int(chars.min()),
+            "max_chars": int(chars.max()), "p50_chars": float(np.percentile(chars, 50)),
+            "p90_chars": float(np.percentile(chars, 90))}
+
+
 def _jsonl_field(path: Path, text: str, name: str) -> list[str]:
     texts = []
     for number, line in enumerate(text.split("\n"), 1):  # JSON Lines end at \n only (U+2028 is text)

@@ -1,0 +1,167 @@
+"""endpoint=: the running server is checked before LoadGen starts (reachable, healthy, answering this API: one
+line and exit 2 if not), then warmed up and asked what it is (what the record says was measured)."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import time
+from dataclasses import dataclass
+
+from corescale.errors import UserError
+from corescale.measure.http_api import APIS, BadAnswer, HttpApi, headers
+from corescale.measure.timing import warm_up
+
+PROBE_TIMEOUT_S = 10.0
+OUR_MISTAKES = (400, 401, 403, 404, 405, 413, 415, 422)  # the request is wrong for this server: refused, not measured
+REPORT_LIMIT = 20_000  # characters of a self-description kept in the record
+WARM_MIN_REQUESTS = 16  # a server's first requests (lazy loading, first shapes) and a moment's noise settle
+
+
+@dataclass(frozen=True)
+class Probed:
+    health: int | None  # GET /health's status; None when the server has none (a first request answered)
+
+
+def client(cfg, timeout: float | None = None):
+    import httpx
+
+    return httpx.Client(base_url=cfg.endpoint.rstrip("/"), headers=headers(),
+                        timeout=timeout or min(cfg.request_timeout, PROBE_TIMEOUT_S))
+
+
+def check_settings(cfg) -> None:
+    """What config.validate leaves to the trial: a URL a client can send to, and no key that asks for work the
+    server does on its own."""
+    from urllib.parse import urlsplit
+
+    url = str(cfg.endpoint)
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise UserError(f"endpoint={url} is not a URL ({exc}); give http://HOST:PORT") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment or port == 0:
+        raise UserError(f"endpoint={url} is not an http(s) URL of a server; give http://HOST:PORT (the API's paths "
+                        "are added to it: /v1/embeddings, /embed, /health)")
+    for name in ("tokenize", "min_quality"):
+        if getattr(cfg, name):
+            raise UserError(f"{name}= applies to local instances; a server measured over HTTP (endpoint=) "
+                            "tokenizes and computes on its own: leave it out")
+    if cfg.task not in (None, "embed"):
+        raise UserError(f"endpoint= sends embedding requests (task=embed); task={cfg.task} is not driven over HTTP "
+                        "yet")
+    if cfg.workload.lengths:
+        raise UserError("workload.lengths draws random token ids, which cannot be sent to a server as text: give "
+                        "workload=FILE with real text, or leave it out (the built-in corpus)")
+
+
+def probe(cfg, text: str) -> Probed:
+    """GET /health, then one real request; UserError (one line) when the server cannot be reached, is not healthy,
+    or refuses the request as malformed for it (wrong api=, model= or key). A first request that fails on the
+    server's side (5xx, reset) is left to the measurement, which counts such errors."""
+    import httpx
+
+    api, url = APIS[cfg.http_api], cfg.endpoint
+    with client(cfg) as http:
+        try:
+            health = http.get("/health")
+        except httpx.HTTPError as exc:
+            raise UserError(f"endpoint {url} cannot be reached: GET /health failed ({why(exc)}); start the server "
+                            "or correct endpoint=") from None
+        if health.status_code not in (404, 405) and not health.is_success:
+            raise UserError(f"endpoint {url} is not healthy: GET /health answered {health.status_code} "
+                            f"({short(health.content)})")
+        status = health.status_code if health.is_success else None
+        try:
+            answer = http.post(api.path, content=api.body(text, cfg.model))
+        except httpx.HTTPError as exc:
+            if status is None:
+                raise UserError(f"endpoint {url} has no /health and POST {api.path} failed ({why(exc)})") from None
+            return Probed(status)
+        if answer.status_code in OUR_MISTAKES or (status is None and not answer.is_success):
+            raise UserError(f"endpoint {url} refused POST {api.path} with {answer.status_code} "
+                            f"({short(answer.content)}); {hint(cfg, answer.status_code)}")
+        if answer.is_success:
+            try:
+                api.dimension(answer.content)
+            except BadAnswer as exc:
+                raise UserError(f"endpoint {url} answered POST {api.path} without an embedding ({exc}); "
+                                f"{hint(cfg, 200)}") from None
+    return Probed(status)
+
+
+def hint(cfg, status: int) -> str:
+    if status in (401, 403):
+        return "the server wants a key: set CORESCALE_API_KEY"
+    other = "tei" if cfg.http_api == "openai" else "openai"
+    model = f" or a model= it serves (sent: '{cfg.model}')" if cfg.http_api == "openai" else ""
+    return f"is it an api={cfg.http_api} server? try api={other}{model}"
+
+
+@dataclass(frozen=True)
+class Warm:
+    requests: int
+    errors: int
+    durations_ms: list[float]  # each successful request alone
+    dimension: int | None
+
+
+def warm(cfg, bodies: list[bytes], api: HttpApi) -> Warm:
+    """One request at a time, cycling over the queries, until the latency settles (the warmup.* keys, at least
+    WARM_MIN_REQUESTS requests)."""
+    import httpx
+
+    texts = itertools.cycle(bodies)
+    errors, dimension = 0, None
+    good: list[float] = []
+
+    def call() -> None:
+        nonlocal errors, dimension
+        began = time.perf_counter_ns()
+        try:
+            answer = http.post(api.path, content=next(texts))
+            answer.raise_for_status()
+            dimension = api.dimension(answer.content)
+            good.append((time.perf_counter_ns() - began) / 1e6)
+        except (httpx.HTTPError, BadAnswer):
+            errors += 1
+
+    settle = dataclasses.replace(cfg.warmup, min_iterations=max(cfg.warmup.min_iterations, WARM_MIN_REQUESTS))
+    with client(cfg, cfg.request_timeout) as http:
+        done = warm_up(call, settle)
+    return Warm(len(done.durations_ns), errors, good, dimension)
+
+
+def self_description(cfg, api: HttpApi) -> tuple[int | None, dict]:
+    """GET /health's status now (None: the server has none), and what the server says about itself at the API's
+    paths (JSON answers only, each kept up to a size)."""
+    import httpx
+
+    found = {}
+    with client(cfg) as http:
+        try:
+            status = http.get("/health").status_code
+        except httpx.HTTPError:
+            status = None
+        for path in api.about:
+            try:
+                answer = http.get(path)
+                payload = answer.json() if answer.is_success else None
+            except (httpx.HTTPError, ValueError):
+                continue
+            if payload is not None:
+                text = json.dumps(payload)
+                found[path] = payload if len(text) <= REPORT_LIMIT else {"truncated": text[:REPORT_LIMIT]}
+    return (status if status not in (404, 405) else None), found
+
+
+def why(exc: Exception) -> str:
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    return f"{type(exc).__name__}: {text[:120]}" if text else type(exc).__name__
+
+
+def short(content: bytes) -> str:
+    text = content.decode(errors="replace").replace("\n", " ").strip()
+    return (text[:100] + "...") if len(text) > 100 else (text or "empty body")

@@ -1,0 +1,213 @@
+"""scenario=server endpoint=URL api=openai|tei: LoadGen drives a running server over HTTP. Servers started here on
+loopback: the sentence-transformers FastAPI peer with the trained all-MiniLM-L6-v2, and a tiny stdlib server that
+sends TEI's timing headers or fails on purpose (500s, dropped connections)."""
+
+import csv
+import io
+import json
+
+import pytest
+from helpers import assert_one_line_error, corescale, raw_record
+from http_servers import TIMES, extract_minilm, free_port, st_fastapi, tiny_server
+
+from corescale.errors import UserError
+from corescale.measure.http_api import APIS, BadAnswer, timings
+from corescale.overrides import compose
+
+QUICK = ["scenario=server", "duration=0.5", "server.min_query_count=459", "warmup.max_iterations=8", "timeout=120"]
+
+
+# --- no processes -------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("overrides, message", [
+    (["endpoint=http://127.0.0.1:8080", "api=grpc"], "unknown api 'grpc'"),
+    (["api=tei"], "add endpoint=http://HOST:PORT"),
+    (["scenario=offline", "target_qps=null", "endpoint=http://127.0.0.1:8080"], "give scenario=server"),
+    (["endpoint=http://127.0.0.1:8080", "executor=ray"], "executor=local"),
+    (["endpoint=http://127.0.0.1:8080", "request_timeout=0"], "request_timeout must be > 0"),
+])
+def test_bad_endpoint_settings_are_one_line(overrides, message):
+    assert_one_line_error(compose, ["scenario=server", "target_qps=5", *overrides], message)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["endpoint=localhost:8080"], "is not an http(s) URL"),
+    (["endpoint=http://:8080"], "is not an http(s) URL"),
+    (["endpoint=http://127.0.0.1:99999"], "is not a URL"),
+    (["endpoint=http://127.0.0.1:8080", "workload.lengths=uniform(4,8)"], "cannot be sent to a server as text"),
+    (["endpoint=http://127.0.0.1:8080", "tokenize=true"], "tokenize= applies to local instances"),
+    (["endpoint=http://127.0.0.1:8080", "task=rerank"], "task=rerank is not driven over HTTP"),
+])
+def test_what_the_trial_checks_before_any_request_is_one_line(overrides, message, tmp_path):
+    from corescale.measure.runner import prepare_trial
+
+    cfg = compose(["scenario=server", "target_qps=5", f"output_dir={tmp_path}", *overrides])
+    with pytest.raises(UserError) as info:
+        prepare_trial(cfg)  # refused before any request: nothing listens on these
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_requests_and_answers_of_each_api():
+    openai, tei = APIS["openai"], APIS["tei"]
+    assert json.loads(openai.body("a text", "m")) == {"input": "a text", "model": "m"}
+    assert json.loads(tei.body("a text", "m")) == {"inputs": "a text", "truncate": True}
+    assert openai.dimension(b'{"data": [{"embedding": [0.1, 0.2, 0.3]}]}') == 3
+    assert tei.dimension(b"[[0.1, 0.2]]") == 2
+    for api, answer in ((openai, b'{"data": []}'), (tei, b"[[1], [2]]"), (tei, b"<html>"), (openai, b"[[1]]")):
+        with pytest.raises(BadAnswer):
+            api.dimension(answer)
+    assert timings({"x-queue-time": "2", "x-inference-time": "5.5", "x-total-time": "n/a"}) == \
+        {"queue": 2.0, "inference": 5.5}
+
+
+def test_search_stops_at_a_broken_step_and_goes_below_an_overloaded_one():
+    import types
+
+    from corescale.measure.qps_search import search
+
+    def step(broken):
+        return lambda qps: types.SimpleNamespace(target_qps=qps, meets_slo=qps <= 10, latency_ms={}, broken=broken)
+
+    steps = []
+    assert search(step(True), 100.0, 0.1, 8, steps) is None and len(steps) == 1  # refused or 5xx: stop
+    steps = []
+    assert search(step(False), 100.0, 0.1, 8, steps) is not None  # timed out: overload, lower rates are tried
+
+
+def test_an_unreachable_endpoint_is_refused_before_loadgen(tmp_path):
+    from corescale.measure.runner import prepare_trial
+
+    cfg = compose([*QUICK, "target_qps=20", f"endpoint=http://127.0.0.1:{free_port()}", f"output_dir={tmp_path}"])
+    with pytest.raises(UserError) as info:
+        prepare_trial(cfg)
+    assert "cannot be reached" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_request_the_server_refuses_names_the_api_to_try(tmp_path):
+    from corescale.measure.runner import prepare_trial
+
+    with tiny_server() as url:  # a path it does not serve: the 404 is ours to fix, not a server error to measure
+        cfg = compose([*QUICK, "target_qps=20", f"endpoint={url}/nowhere", f"output_dir={tmp_path}"])
+        with pytest.raises(UserError) as info:
+            prepare_trial(cfg)
+    assert "404" in str(info.value) and "try api=tei" in str(info.value)
+
+
+# --- servers driven through the CLI ----------------------------------------------------------------------------
+
+def _run(url, *overrides, out):
+    given = dict(item.split("=", 1) for item in [*QUICK, f"endpoint={url}", f"output_dir={out}", *overrides])
+    return corescale("run", *(f"{key}={value}" for key, value in given.items()), "--no-progress")
+
+
+def _result(out):
+    path = next(out.glob("*/result.json")).parent
+    return path, raw_record(path)
+
+
+@pytest.fixture(scope="module")
+def minilm_server(tmp_path_factory):
+    with st_fastapi(extract_minilm(tmp_path_factory.mktemp("model"))) as url:
+        yield url
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("api", ["openai", "tei"])
+def test_sentence_transformers_server_over_each_api(minilm_server, api, tmp_path):
+    proc = _run(minilm_server, f"api={api}", "target_qps=25", "model=all-MiniLM-L6-v2", out=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    path, record = _result(tmp_path)
+    server = record["server"]
+    assert record["status"] == "ok" and server["validity"] == "VALID", server["steps"]
+    assert record["specs"] == [] and record["model"]["source"] == "endpoint"  # nothing started here
+    endpoint = server["endpoint"]
+    assert endpoint["dimension"] == 384 and endpoint["health"] == 200 and endpoint["warmup_errors"] == 0
+    assert endpoint["path"] == {"openai": "/v1/embeddings", "tei": "/embed"}[api]
+    if api == "openai":
+        assert endpoint["model_field"] == "all-MiniLM-L6-v2" and "/v1/models" in endpoint["reports"]
+    step = server["steps"][0]
+    assert step["queries"] >= 459 and step["errors"] == 0 and step["http"]["requests"] == step["queries"]
+    assert step["http"]["server_ms"] == {}  # this server sends no timing headers
+    response = step["http"]["client_ms"]["response"]
+    assert 0 < response["p50"] <= response["p99"] <= step["latency_ms"]["max"] + 1
+    rows = list(csv.DictReader(io.StringIO((path / "http-requests.csv").read_text())))
+    assert len(rows) == step["queries"] and {r["status"] for r in rows} == {"200"}
+    assert all(int(r["issued_ns"]) <= int(r["sent_ns"]) < int(r["done_ns"]) for r in rows)
+    assert server["queries"]["origin"].startswith("built-in corpus")
+    assert f"{minilm_server}" in proc.stdout and "VALID" in proc.stdout
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.slow
+def test_timing_headers_give_the_breakdown_and_the_search_runs_over_http(tmp_path):
+    with tiny_server() as url:
+        proc = _run(url, "api=tei", "target_qps=auto", "slo_p99_ms=500", "server.max_steps=3",
+                    "server.search_precision=0.5", out=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    path, record = _result(tmp_path)
+    server = record["server"]
+    assert len(server["steps"]) >= 2 and server["max_valid_qps"], server["steps"]
+    assert server["endpoint"]["reports"]["/info"]["model_id"] == "tiny"
+    for step in server["steps"]:
+        breakdown = step["http"]["server_ms"]
+        for name, header in (("queue", "X-Queue-Time"), ("tokenization", "X-Tokenization-Time"),
+                             ("inference", "X-Inference-Time"), ("total", "X-Total-Time")):
+            assert breakdown[name]["count"] == step["queries"] - step["errors"]  # every answer, none of the failures
+            assert breakdown[name]["mean"] == breakdown[name]["p99"] == float(TIMES[header])
+    assert "inference (ms, server)" in proc.stdout
+    from corescale.record.files import read_result
+    from corescale.record.sections import Endpoint, HttpStep
+
+    typed = read_result(path).server  # the typed sections, checked on reading
+    assert isinstance(typed.endpoint, Endpoint) and isinstance(typed.steps[0].http, HttpStep)
+    assert typed.steps[0].http.server_ms["inference"].mean == 5.0 and typed.batching is None
+
+
+@pytest.mark.slow
+def test_single_stream_over_http(tmp_path):
+    with tiny_server() as url:
+        proc = _run(url, "api=openai", "scenario=single_stream", "server.min_query_count=64", out=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    _, record = _result(tmp_path)
+    server = record["server"]
+    step = server["steps"][0]
+    assert server["scenario"] == "single_stream" and server["validity"] == "VALID", \
+        (step["checks"], step["early_stopping"], step["http"]["errors"], step["http"]["error_examples"])
+    assert step["http"]["max_in_flight"] == 1 and step["errors"] == 0 and step["queries"] >= 64
+
+
+@pytest.mark.slow
+def test_a_failing_server_is_counted_not_a_traceback(tmp_path):
+    with tiny_server(fail="mixed") as url:
+        proc = _run(url, "api=tei", "target_qps=100", out=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+    _, record = _result(tmp_path)
+    server = record["server"]
+    step = server["steps"][0]
+    assert server["validity"] == "INVALID" and step["meets_slo"] is False
+    errors = step["http"]["errors"]
+    assert errors.get("http_500", 0) > 0 and errors.get("reset", 0) > 0, errors
+    assert step["errors"] == sum(errors.values()) == server["errors"]
+    assert step["queries"] >= 459 and any("boom" in e for e in step["http"]["error_examples"])
+
+
+@pytest.mark.slow
+def test_a_search_stops_at_a_step_where_every_request_failed(tmp_path):
+    with tiny_server(fail="500") as url:
+        proc = _run(url, "api=tei", "target_qps=auto", "slo_p99_ms=200", out=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    _, record = _result(tmp_path)
+    server = record["server"]
+    assert len(server["steps"]) == 1 and server["max_valid_qps"] is None and server["steps"][0]["broken"]
+    assert server["steps"][0]["http"]["errors"] == {"http_500": server["steps"][0]["queries"]}
+    assert server["endpoint"]["warmup_errors"] == server["endpoint"]["warmup_requests"]
+
+
+@pytest.mark.slow
+def test_an_unreachable_endpoint_is_exit_2_and_writes_nothing(tmp_path):
+    proc = _run(f"http://127.0.0.1:{free_port()}", "target_qps=20", out=tmp_path / "out")
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "cannot be reached" in lines[0]
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
