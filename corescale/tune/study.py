@@ -14,13 +14,16 @@ from corescale.tune import verdict as verdicts
 from corescale.tune.plan import Tune
 from corescale.tune.settings import TuneSettings
 
+RUNNING = ".running"  # the folder inside a tune's whose flock says the tune runs
+
 
 @contextmanager
 def held(tune: Tune):
-    """The tune's folder for this process alone while it searches and concludes (an flock on the folder): a second
+    """The tune's folder for this process alone while it searches and concludes (an flock on its RUNNING folder,
+    not on the tune's folder itself: that one is the results root whose commit lock every trial takes): a second
     tune on it (the same command run twice) is refused with one line naming the first, which its recovery would
     otherwise break (_recover marks every RUNNING Optuna trial failed, the live one's included)."""
-    with folder_lock(tune.tune_dir, f"the tune in {tune.tune_dir}",
+    with folder_lock(tune.tune_dir / RUNNING, f"the tune in {tune.tune_dir}",
                      "wait for it to end (the same command then resumes it), or give another output_dir"):
         yield
 
