@@ -34,7 +34,9 @@ def root(tmp_path_factory):
         proc = corescale("run", "-m", *fast, *sweep, "--no-progress")
         assert proc.returncode == 0, proc.stderr
     # a copy of one run under a hostile model name: it must show up escaped, never as markup
-    source = next(out.iterdir())
+    # (copied from a pytorch run, so that `--where backend=torchscript` below sees one model, whatever the order)
+    source = next(d for d in sorted(out.iterdir())
+                  if json.loads((d / "result.json").read_text())["config"]["backend"]["name"] == "pytorch")
     copy = out / "injected-copy"
     shutil.copytree(source, copy)
     record = json.loads((copy / "result.json").read_text())
