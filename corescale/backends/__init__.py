@@ -24,6 +24,7 @@ from corescale.backends.options import (
     RegistrationError,
 )
 from corescale.backends.pytorch.options import PYTORCH, TORCH_COMPILE, TORCHSCRIPT
+from corescale.backends.sentence_transformers.options import SENTENCE_TRANSFORMERS
 from corescale.backends.tensorflow.options import TENSORFLOW, TENSORFLOW_GRAPH, TENSORFLOW_XLA
 from corescale.errors import UserError
 
@@ -55,6 +56,7 @@ register("openvino", OPENVINO)
 register("tensorflow", TENSORFLOW)
 register("tensorflow_graph", TENSORFLOW_GRAPH)
 register("tensorflow_xla", TENSORFLOW_XLA)
+register("sentence_transformers", SENTENCE_TRANSFORMERS)
 
 
 def entry(name: str) -> BackendEntry:

@@ -67,6 +67,9 @@ class BackendOptions:
         """Checks of the options against the rest of the config (precision, the installed framework); called
         by config.validate, before any worker starts."""
 
+    def check_model(self, model) -> None:
+        """Checks of the options against the resolved model (a ModelSpec); called before any worker starts."""
+
 
 def without_options(name: str, class_name: str, module: str) -> type[BackendOptions]:
     """The group node of a backend with no options of its own (yet): only its name. `module` is where the class

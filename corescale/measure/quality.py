@@ -32,7 +32,8 @@ def outputs(backend, model, queries: QuerySet) -> np.ndarray:
     for start in range(0, len(order), BATCH):
         chosen = [int(i) for i in order[start:start + BATCH]]
         length = int(max(queries.lengths[chosen]))
-        inputs = queries.rows(chosen, length, pad_id(model), model.takes_token_type_ids)
+        inputs = queries.items(chosen) if getattr(backend, "takes_text", False) and queries.texts else \
+            queries.rows(chosen, length, pad_id(model), model.takes_token_type_ids)
         result = backend.to_numpy(backend.forward(backend.prepare(inputs)))
         for row, index in enumerate(chosen):
             found[index] = result[row]

@@ -112,6 +112,7 @@ def check_task(cfg: BenchmarkConfig, model: ModelSpec) -> None:
                         f"task={model.task} ({model.head.summary()}): give task=encode to measure its encoder alone, "
                         "or use another backend")
     parse_gate(cfg.min_quality, model.task)
+    cfg.backend.check_model(model)
     if cfg.tokenize and cfg.scenario != "offline":
         raise UserError(f"tokenize=true applies to the offline closed loop (got scenario={cfg.scenario}); a served "
                         "trial's queries arrive as token ids")

@@ -317,8 +317,9 @@ class TokenCount:
         def call():
             self.calls += 1
             item = prepared[(self.calls - 1) % len(prepared)]
-            if tokenizer is not None:
-                item = backend.prepare(tokenized(tokenizer, item, model, cfg))
+            if tokenizer is not None:  # a backend that takes text tokenizes inside its own call
+                item = backend.prepare(item if getattr(backend, "takes_text", False) else
+                                       tokenized(tokenizer, item, model, cfg))
             return backend.forward(item)
         return call
 

@@ -113,8 +113,10 @@ def build_quality_set(cfg, model) -> QuerySet:
         return QuerySet(ids, f"{origin}; random ids of the texts' lengths (model '{cfg.model}' has no tokenizer)",
                         groups=groups)
     ids, types = text_encoder(cfg, model)(items)
+    pairs = bool(items) and isinstance(items[0], tuple)  # the texts too: a backend that tokenizes takes them
+    texts, seconds = ([a for a, _ in items], [b for _, b in items]) if pairs else ([str(t) for t in items], None)
     return QuerySet(ids, f"{origin}, through {named}", type_ids=types if model.takes_token_type_ids else None,
-                    groups=groups)
+                    groups=groups, texts=texts, pairs=seconds)
 
 
 def set_digest(queries: QuerySet) -> str:

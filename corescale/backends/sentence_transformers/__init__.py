@@ -1,0 +1,1 @@
+"""sentence-transformers as its users call it: SentenceTransformer.encode(texts), CrossEncoder.predict(pairs)."""
