@@ -133,6 +133,12 @@ class BackendEntry:
     # head inside the graph); config validation refuses the others
     model_files: tuple[str, ...] = ()  # exported model files it loads as they are (`model=FILE`): "onnx",
     # "openvino-ir" (workload/modelfile.py FORMATS); () = it needs the PyTorch model (a preset or a directory)
+    peer_calls: tuple[tuple[str, str], ...] = ()  # (task, the call its users make): a peer baseline of that task,
+    # measured beside a tune's out-of-box baseline (tune/peer.py), never searched or recommended
+
+    def peer_call(self, task: str) -> str | None:
+        """The call this backend measures as the peer baseline of `task` (None: not a peer of it)."""
+        return dict(self.peer_calls).get(task)
 
     def check(self, name: str) -> None:
         """Raises RegistrationError naming every missing or malformed fact."""
@@ -162,6 +168,10 @@ class BackendEntry:
             problems.append(f"tasks must be some of {', '.join(TASKS)} (got {self.tasks!r})")
         if isinstance(self.model_files, tuple) and not set(self.model_files) <= set(MODEL_FILES):
             problems.append(f"model_files must be some of {', '.join(MODEL_FILES)} (got {self.model_files!r})")
+        if not (isinstance(self.peer_calls, tuple) and all(
+                isinstance(p, tuple) and len(p) == 2 and p[0] in TASKS and isinstance(p[1], str)
+                for p in self.peer_calls)):
+            problems.append(f"peer_calls is not a tuple of (task, call) pairs (got {self.peer_calls!r})")
         for fact in ("openmp", "forkable", "onednn_linear"):
             if not isinstance(getattr(self, fact), bool):
                 problems.append(f"{fact} is not True or False")

@@ -74,11 +74,11 @@ def _layout(figure, height: int, **layout) -> None:
 
 
 def highlights(points: list[dict], doc: TuneDocument) -> list[dict]:
-    """The points that matter, most important first: the recommendation and the out-of-box baseline (means over
-    their repeats), then the best measurement of each other backend by the objective."""
+    """The points that matter, most important first: the recommendation, the out-of-box baseline and the peer
+    (means over their repeats), then the best measurement of each other backend by the objective."""
     chosen = []
     winner = doc.winning
-    for f, name in ((winner, "recommended"), (doc.baseline, "out-of-box")):
+    for f, name in ((winner, "recommended"), (doc.baseline, "out-of-box"), (doc.peer, "peer")):
         if f is not None and f.p50_ms.mean is not None and f.throughput.mean is not None and \
                 not (name == "out-of-box" and f is winner):
             chosen.append({"name": name, "p50": f.p50_ms.mean, "throughput": f.throughput.mean,

@@ -38,7 +38,7 @@ class TunedFinalist(Section):
     """One configuration of the final stage (or the out-of-box baseline), measured `tune.repeats` times."""
 
     label: str
-    role: str  # winner | tie | runner-up | infeasible | withheld (quality) | baseline
+    role: str  # winner | tie | runner-up | infeasible | withheld (quality) | baseline | peer
     overrides: list[str]
     baseline: bool
     paths: list[str]  # its result directories
@@ -139,6 +139,9 @@ class TuneDocument(Section):
     speedup: Speedup | None = None
     recipe: dict[str, Any] | None = None  # file name -> path, the run line (words) and the winner's key
     cost_source: str | None = None  # where the cost figures' price comes from (analysis/pricing.py)
+    peer: TunedFinalist | None = None  # the peer baseline (tune/peer.py), measured like the baseline, never ranked
+    peer_speedup: Speedup | None = None  # the recommendation's throughput over the peer's, 95 % bootstrap CI
+    peer_note: str | None = None  # why no peer was measured
 
     @property
     def winning(self) -> TunedFinalist | None:
@@ -150,8 +153,8 @@ class TuneDocument(Section):
 
     @property
     def rows(self) -> list[TunedFinalist]:
-        """The finalists, then the baseline: the recommendation table's rows."""
-        return [*self.finalists, *([self.baseline] if self.baseline else [])]
+        """The finalists, then the baseline and the peer: the recommendation table's rows."""
+        return [*self.finalists, *([self.baseline] if self.baseline else []), *([self.peer] if self.peer else [])]
 
     def result_paths(self) -> set[str]:
         """Every result directory the tune used (finalists, baseline, every trial's windows)."""

@@ -38,6 +38,8 @@ def role(f: Finalist, verdict: Verdict) -> str:
         return "winner"
     if f.baseline:
         return "baseline"
+    if f.peer:
+        return "peer"
     if f.label in verdict.tie:
         return "tie"
     if f in verdict.ranked:
@@ -48,7 +50,7 @@ def role(f: Finalist, verdict: Verdict) -> str:
 def finalist_json(f: Finalist, verdict: Verdict, settings) -> TunedFinalist:
     return TunedFinalist(label=f.label, role=role(f, verdict), overrides=list(f.overrides), baseline=f.baseline,
                          paths=list(f.paths), cores=f.cores, complexity=f.complexity,
-                         feasible=bool(f in verdict.ranked or (f.baseline and f.feasible(settings))),
+                         feasible=bool(f in verdict.ranked or ((f.baseline or f.peer) and f.feasible(settings))),
                          tied=f.label in verdict.tie, quality_metric=quality_metric(f),
                          **{m: interval_json(f.interval(m)) for m in METRICS})
 
@@ -117,12 +119,22 @@ def headline(tune: Tune, verdict: Verdict) -> list[str]:
         ratio, low, high = verdict.speedup
         lines.append(f"{ratio:.2f}× the out-of-box throughput (95 % CI {low:.2f} – {high:.2f}×; out-of-box "
                      f"PyTorch {verdict.baseline.interval('throughput').mean:.2f} samples/s)")
+    if verdict.peer_speedup is not None and verdict.peer is not None:
+        lines.append(peer_words(verdict.peer, verdict.peer_speedup))
     withheld = [f for f in verdict.infeasible if f.quality_withheld]
     if withheld:
         lines.append(f"withheld (quality): {len(withheld)} configuration(s) whose outputs miss the gate, e.g. "
                      f"{withheld[0].label} at {withheld[0].interval('throughput').mean:.2f} samples/s"
                      + quality_words(withheld[0]))
     return lines
+
+
+def peer_words(peer: Finalist, speedup: tuple[float, float, float]) -> str:
+    """'4.10× sentence-transformers encode() (95 % CI 3.60 – 4.70×; 41.2 samples/s, cosine_p1 1.0000 ...)'."""
+    ratio, low, high = speedup
+    return (f"{ratio:.2f}× {peer.label.removeprefix('peer: ')} (95 % CI {low:.2f} – {high:.2f}×; the peer "
+            f"{peer.interval('throughput').mean:.2f} samples/s, out of the box on the same cores, texts and batch"
+            + quality_words(peer) + ")")
 
 
 def quality_words(f: Finalist) -> str:
@@ -143,6 +155,9 @@ def document(tune: Tune, study, verdict: Verdict, finalists: list[Finalist], rec
         finalists=[finalist_json(f, verdict, tune.settings) for f in verdict.ranked + verdict.infeasible
                    if f is not verdict.baseline],  # out-of-box has its own entry, winner or not
         baseline=None if verdict.baseline is None else finalist_json(verdict.baseline, verdict, tune.settings),
+        peer=None if verdict.peer is None else finalist_json(verdict.peer, verdict, tune.settings),
+        peer_speedup=None if verdict.peer_speedup is None else Speedup(*verdict.peer_speedup),
+        peer_note=tune.peer_note or None,
         winner=None if verdict.winner is None else verdict.winner.label,
         tie=list(verdict.tie), tie_p=verdict.tie_p,
         speedup=None if verdict.speedup is None else Speedup(*verdict.speedup),
@@ -196,7 +211,9 @@ def write_verdict(tune: Tune, outcome: dict) -> TuneDocument:
     document."""
     finalists = outcome["finalists"]
     baseline = next((f for f in finalists if f.baseline), None)
-    verdict = decide([f for f in finalists if not f.baseline], baseline, tune.settings.objective, tune.settings)
+    peer = next((f for f in finalists if f.peer), None)
+    verdict = decide([f for f in finalists if not (f.baseline or f.peer)], baseline, tune.settings.objective,
+                     tune.settings, peer)
     return write_outputs(tune, outcome["study"], verdict, finalists)
 
 

@@ -16,6 +16,7 @@ from corescale.errors import UserError
 from corescale.overrides import assignment, compose, override_key
 from corescale.record.trial import TrialRecord
 from corescale.trials.sweep import plan_sweep
+from corescale.tune import peer as peers
 from corescale.tune import space as spaces
 from corescale.tune import verdict as verdicts
 from corescale.tune.settings import LOAD_MARGIN_S, TuneSettings, scenario_overrides
@@ -81,6 +82,9 @@ class Tune:
     cpus: frozenset = frozenset()  # executor=ray: the (host, CPU) pairs the type's nodes measure on
     task: str = "encode"  # what the model computes (its head): encode is judged by drift, the others by quality
     reference: str = DEFAULT_BACKEND  # the out-of-box backend and drift reference (a model file: the one loading it)
+    peer: list[str] = field(default_factory=list)  # the peer baseline's overrides (tune/peer.py); empty: none
+    peer_label: str = ""
+    peer_note: str = ""  # why no peer is measured
 
     @property
     def on_ray(self) -> bool:
@@ -181,7 +185,10 @@ def plan_tune(settings: TuneSettings, topology=None, kind=None, name: str | None
                 base, topology, node_type, kind.nodes if kind is not None else 1,
                 kind.cpu_model if kind is not None else "", kind.cpus if kind is not None else frozenset(), model.task,
                 reference)
-    plan_sweep([merge(tune.baseline, [f"duration={cfg.duration:g}"])], topology)  # the baseline can run here
+    found = peers.choose(settings.peer, cfg, model, base, settings.objective.scenario)
+    tune.peer, tune.peer_label, tune.peer_note = found.overrides, found.label, found.note
+    plan_sweep([merge(c, [f"duration={cfg.duration:g}"]) for c in (tune.baseline, tune.peer) if c],
+               topology)  # the baseline and the peer can run here
     return tune
 
 

@@ -42,11 +42,11 @@ class Progress:
         return f"{self.stage} · trial {self.done}{total} · {self.best} · {when}"
 
     def reserve(self, tune: Tune) -> float:
-        """Seconds the final stage will take: (top k + baseline) × the repeats still to measure."""
+        """Seconds the final stage will take: (top k + baseline + peer) × the repeats still to measure."""
         if self.full_s:
             full = sum(self.full_s) / len(self.full_s)
         elif self.screen_s:
             full = sum(self.screen_s) / len(self.screen_s) + tune.cfg.duration - tune.screen_s
         else:
             full = tune.cfg.duration + LOAD_MARGIN_S
-        return (tune.settings.top_k + 1) * (tune.settings.repeats - 1) * full
+        return (tune.settings.top_k + 1 + bool(tune.peer)) * (tune.settings.repeats - 1) * full

@@ -2,6 +2,7 @@
 of the one local loop, so results, report and compare see them and a rerun resumes them by key.
 
 1. baseline: out-of-box PyTorch (one instance on all cores, defaults), full window;
+   and the peer baseline (tune/peer.py: sentence-transformers' encode() for embed), full window;
 2. search: each Optuna trial is screened on a short window; successive halving (Optuna's
    SuccessiveHalvingPruner, rung = the screened figure) promotes the promising to a full window, the rest are
    pruned; a screen that breaks a constraint is pruned at once; the first trials take one backend each, at
@@ -92,6 +93,8 @@ class Tuner:
         self._save_elapsed()
         full = tune.cfg.duration
         self.run_trials([merge(tune.baseline, [f"duration={full:g}"])], ["baseline: out-of-box pytorch"])
+        if tune.peer:
+            self.run_trials([merge(tune.peer, [f"duration={full:g}"])], [tune.peer_label])
         self.progress.stage = "search"
         seen = studies.tried(study)
         again = 0  # suggestions in a row that were measured already
@@ -202,15 +205,18 @@ class Tuner:
         labels = [t.user_attrs["label"] for t in top]
         configs.append(merge(tune.baseline, [f"duration={tune.cfg.duration:g}"]))
         labels.append("baseline: out-of-box pytorch")
+        if tune.peer:
+            configs.append(merge(tune.peer, [f"duration={tune.cfg.duration:g}"]))
+            labels.append(tune.peer_label)
         results = self.run_trials(configs, [f"final {label}" for label in labels], repeats=tune.settings.repeats)
         finalists = []
         for overrides, label, rows, suggested in zip(configs, labels, results,
-                                                     [t.user_attrs["overrides"] for t in top] + [[]]):
+                                                     [t.user_attrs["overrides"] for t in top] + [None, None]):
             records = [record for record, _ in rows]
             finalists.append(verdicts.Finalist(
                 label, overrides, records, [str(path) for _, path in rows],
-                [verdicts.figures(r, tune.cost_of) for r in records], baseline=not suggested,
-                complexity=complexity(suggested), cores=_cores_used(records)))
+                [verdicts.figures(r, tune.cost_of) for r in records], baseline=label == labels[len(top)],
+                complexity=complexity(suggested or []), cores=_cores_used(records), peer=label == tune.peer_label))
         return finalists
 
     def _running(self) -> tuple[optuna.Study, Progress]:

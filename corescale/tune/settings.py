@@ -33,7 +33,7 @@ OBJECTIVES: dict[str, Objective] = {
 }
 # constraint=LIMIT -> (figure it bounds, unit): a measurement over a limit does not count
 CONSTRAINTS = {"slo_p99_ms": ("p99_ms", "ms"), "max_memory_gb": ("memory_gb", "GB"), "max_drift": ("drift", "")}
-WORDS = ("objective", "budget", "trials", "price_per_hour", "machine", *CONSTRAINTS)
+WORDS = ("objective", "budget", "trials", "price_per_hour", "machine", "peer", *CONSTRAINTS)
 KNOBS = {  # tune.NAME: (default, check, what is allowed)
     "top_k": (3, lambda v: isinstance(v, int) and 1 <= v <= 10, "a whole number from 1 to 10"),
     "repeats": (3, lambda v: isinstance(v, int) and 2 <= v <= 20, "a whole number from 2 to 20"),
@@ -64,19 +64,21 @@ class TuneSettings:
     node_types: list[str | None] = field(default_factory=lambda: [None])  # executor=ray: one tune per type
     prices: dict[str, float] = field(default_factory=dict)  # price_per_hour={a:0.34,b:2.04}: per node type
     machines: dict[str, str] = field(default_factory=dict)  # machine={a:NAME,b:NAME}: catalog names per type
+    peer: str = "auto"  # the peer baseline measured beside out-of-box: auto | none | a peer backend (tune/peer.py)
 
     def to_json(self) -> dict:
         return {"objective": self.objective.name, "overrides": self.overrides, "space": self.space,
                 "slo_p99_ms": self.slo_p99_ms, "max_memory_gb": self.max_memory_gb, "max_drift": self.max_drift,
                 "budget_s": self.budget_s, "trials": self.trials, "price_per_hour": self.price_per_hour,
                 "machine": self.machine, "top_k": self.top_k, "repeats": self.repeats, "screen": self.screen,
-                "eta": self.eta, "node_types": self.node_types, "prices": self.prices, "machines": self.machines}
+                "eta": self.eta, "node_types": self.node_types, "prices": self.prices, "machines": self.machines,
+                "peer": self.peer}
 
     def identity(self) -> dict:
         """What names the tune (its directory and study): everything but the budget, so a rerun with more
         budget or trials resumes the same study (and the node types, so adding one resumes the others)."""
         return {k: v for k, v in self.to_json().items()
-                if k not in ("budget_s", "trials", "node_types", "prices", "machines")}
+                if k not in ("budget_s", "trials", "node_types", "prices", "machines", "peer")}
 
     def for_node_type(self, node_type: str | None) -> "TuneSettings":
         """The settings of one node type's tune: its own price or catalog machine."""
@@ -182,6 +184,7 @@ def parse(words: list[str]) -> TuneSettings:
     if "machine" in found:
         settings.machine, settings.machines = parse_per_type("machine", found["machine"])
     _check_node_types(settings)
+    settings.peer = found.get("peer", settings.peer)
     if "budget" in found:
         settings.budget_s = parse_budget(found["budget"])
     if "trials" in found:

@@ -90,8 +90,9 @@ def derive(cfg: BenchmarkConfig, overrides: list[str], narrow: dict[str, list[st
 
     given = {override_key(o) for o in overrides}
     notes = []
-    backends = [b for b in OPTIONS if _installed(b)]
-    notes += [f"backend {b}: not installed" for b in OPTIONS if b not in backends]
+    peers = [b for b in OPTIONS if BACKENDS[b].peer_calls]  # measured beside the tune (peer=), not searched
+    backends = [b for b in OPTIONS if _installed(b) and b not in peers]
+    notes += [f"backend {b}: not installed" for b in OPTIONS if b not in backends and b not in peers]
     if model is not None:  # a model file runs only on the backends that load its format
         kind = (model.model_file or {}).get("format")
         unfit = [b for b in backends if kind is not None and kind not in BACKENDS[b].model_files]

@@ -93,6 +93,7 @@ class Finalist:
     baseline: bool = False
     complexity: int = 0  # settings away from the defaults: the simpler first in a tie
     cores: int = 0
+    peer: bool = False  # the peer baseline (tune/peer.py): measured, never ranked
 
     def interval(self, metric: str) -> Interval:
         return Interval.of(f[metric] for f in self.figures if f.get("valid") and f.get(metric) is not None)
@@ -125,6 +126,8 @@ class Verdict:
     tie_p: float | None = None
     tie_simpler_first: bool = False  # some tied mean was within PRACTICAL of the best: it went by cores, settings
     speedup: tuple[float, float, float] | None = None  # winner ÷ baseline throughput, 95 % bootstrap CI
+    peer: Finalist | None = None  # the peer baseline, when measured
+    peer_speedup: tuple[float, float, float] | None = None  # winner ÷ peer throughput, 95 % bootstrap CI
 
     @property
     def winner(self) -> Finalist | None:
@@ -145,14 +148,14 @@ def same(a: np.ndarray, b: np.ndarray) -> tuple[bool, float]:
 
 
 def decide(finalists: list[Finalist], baseline: Finalist | None, objective: Objective,
-           settings: TuneSettings) -> Verdict:
+           settings: TuneSettings, peer: Finalist | None = None) -> Verdict:
     metric = objective.metric
     candidates = [*finalists, *([baseline] if baseline is not None else [])]  # out-of-box may be the best here
     good = [f for f in candidates if f.feasible(settings) and f.values(metric).size]
     bad = [f for f in finalists if f not in good]
     sign = -1 if objective.direction == "maximize" else 1
     good.sort(key=lambda f: sign * f.interval(metric).mean)
-    verdict = Verdict(good, bad, baseline)
+    verdict = Verdict(good, bad, baseline, peer=peer)
     if good:
         best = good[0]
         tied = [f for f in good[1:] if same(best.values(metric), f.values(metric))[0]]
@@ -175,6 +178,9 @@ def decide(finalists: list[Finalist], baseline: Finalist | None, objective: Obje
         if baseline is not None and baseline.values("throughput").size:
             verdict.speedup = bootstrap_ratio_ci(baseline.values("throughput"),
                                                  verdict.ranked[0].values("throughput"), stat=np.mean)
+        if peer is not None and peer.values("throughput").size:
+            verdict.peer_speedup = bootstrap_ratio_ci(peer.values("throughput"),
+                                                      verdict.ranked[0].values("throughput"), stat=np.mean)
     return verdict
 
 
