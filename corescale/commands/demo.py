@@ -2,8 +2,9 @@
 HTML report: the trained all-MiniLM-L6-v2 sentence embedder on the built-in real text (256 texts, up to 128 tokens),
 the tokenizer inside every timed call, batch 1, objective throughput over PyTorch, ONNX Runtime and OpenVINO (every
 precision and layout this CPU offers), each configuration gated on its embeddings' quality against fp32 PyTorch
-(min_quality: cosine p1 >= 0.99, recall@10 >= 0.95), within a 5-minute budget (baseline, search and final
-repeats). Any `corescale tune` word overrides a default (model=bert-base task=encode, budget=10m,
+(min_quality: cosine p1 >= 0.99, recall@10 >= 0.95), beside out-of-box PyTorch and the peer baseline
+(sentence-transformers' own encode(), tune/peer.py), within a 5-minute budget (baselines, search and final repeats).
+Any `corescale tune` word overrides a default (model=bert-base task=encode, budget=10m,
 space.backend=[...], objective=latency ...); the seed study's bert-base is `corescale study instances`."""
 
 from __future__ import annotations
