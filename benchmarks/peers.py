@@ -26,7 +26,8 @@ samples/s of its timed window, which covers every batch of the texts at least on
 (A B C A B C ...). Quality: each peer's embeddings against sentence-transformers torch fp32 on the same texts
 (per-text cosine min/p1/mean, recall@10); corescale's is its own `quality` section (its fp32 PyTorch reference).
 A peer that fails to install, export or run is a row with its error. Prints a markdown table and writes
-DIR/peers.json with every raw figure.
+DIR/peers.json with every raw figure. The reranker peer (CrossEncoder.predict) is benchmarks/rerank_peers.py; inside
+corescale, `backend=sentence_transformers` is the tune's peer baseline (docs/tune.md).
 """
 
 from __future__ import annotations
