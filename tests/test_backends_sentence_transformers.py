@@ -53,19 +53,6 @@ def test_bad_input_is_one_line_before_any_worker(tmp_path, capsys, monkeypatch, 
 
 
 @pytest.mark.slow
-def test_encode_on_all_minilm_matches_the_pytorch_reference(tmp_path):
-    proc = corescale("run", "backend=sentence_transformers", "model=all-minilm-l6-v2", *TEXT, *QUICK,
-                     "batch_size=4", f"output_dir={tmp_path}")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    record = result_of(proc)
-    quality = record["quality"]
-    assert quality["task"] == "embed" and quality["passed"] is True
-    assert quality["metrics"]["cosine_min"] >= 0.9999 and quality["metrics"]["recall_at_10"] == 1.0
-    framework = record["instance_reports"][0]["framework"]
-    assert framework["call"] == "SentenceTransformer.encode" and framework["num_threads"] >= 1
-
-
-@pytest.mark.slow
 def test_predict_on_a_config_built_cross_encoder_ranks_as_the_reference(tmp_path):
     model = cross_encoder_dir(tmp_path / "cross-encoder")
     proc = corescale("run", "backend=sentence_transformers", f"model={model}", *TEXT, *QUICK, "batch_size=4",
@@ -79,12 +66,14 @@ def test_predict_on_a_config_built_cross_encoder_ranks_as_the_reference(tmp_path
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1500)  # six short runs, each loading the model; a busy 2-core machine stretches them
 def test_a_tune_measures_the_peer_and_ends_with_the_ratio_over_it(tmp_path):
+    """The peer is the backend's encode() on all-MiniLM-L6-v2 with tokenize=true: its quality is the reference's."""
     small = ["trials=1", "tune.repeats=2", "tune.top_k=1", "tune.screen=0.5", "space.backend=[pytorch]",
              "space.precision=[fp32]", "space.layout=[1x1]", "space.allocator=[default]", "space.openmp=[default]",
              "space.threads=[1]", "space.backend.linear=[default]", "batch_size=4"]
     proc = corescale("tune", "model=all-minilm-l6-v2", *TEXT, *QUICK, *small, f"output_dir={tmp_path}",
-                     "--no-progress", timeout=900)
+                     "--no-progress", timeout=1400)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "× sentence-transformers encode() (95 % CI" in proc.stdout
     doc = json.loads(next(tmp_path.glob("tune-*/tune.json")).read_text())
@@ -93,3 +82,9 @@ def test_a_tune_measures_the_peer_and_ends_with_the_ratio_over_it(tmp_path):
     assert len(peer["paths"]) == 2 and peer["throughput"]["mean"] > 0 and peer["quality"]["mean"] >= 0.9999
     assert doc["peer_speedup"]["low"] <= doc["peer_speedup"]["ratio"] <= doc["peer_speedup"]["high"]
     assert doc["winner"] != peer["label"] and all(f["role"] != "peer" for f in doc["finalists"])
+    record = json.loads((Path(peer["paths"][0]) / "result.json").read_text())
+    quality = record["quality"]
+    assert quality["task"] == "embed" and quality["passed"] is True
+    assert quality["metrics"]["cosine_min"] >= 0.9999 and quality["metrics"]["recall_at_10"] == 1.0
+    framework = record["instance_reports"][0]["framework"]
+    assert framework["call"] == "SentenceTransformer.encode" and framework["num_threads"] >= 1
