@@ -88,8 +88,8 @@ def test_info_peak_waits_for_the_lock_instead_of_measuring(tmp_path):
     holding = hold_in_another_process(lock)
     try:
         proc = subprocess.Popen([sys.executable, "-m", "corescale.cli", "info", "--peak", "--libraries", "numpy",
-                                 "--cache-dir", str(cache), "--json"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
+                                 "--precisions", "fp32", "--cache-dir", str(cache), "--json"], cwd=ROOT, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         line = proc.stderr.readline()  # the one line it prints before it waits
         assert line.startswith("waiting for another corescale trial or measurement on this machine to finish "
                                f"(lock {lock}; held by pid {holding.pid}: "), line

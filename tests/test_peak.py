@@ -108,9 +108,11 @@ def test_run_records_the_peak_and_reuses_it(tmp_path):
 
 @pytest.mark.slow
 def test_info_peak_shows_every_library(tmp_path):
-    proc = corescale("info", "--peak", "--libraries", "torch_mm,numpy", "--cache-dir", str(tmp_path), "--json")
+    proc = corescale("info", "--peak", "--libraries", "torch_mm,numpy", "--precisions", "fp32", "--cache-dir",
+                     str(tmp_path), "--json")
     assert proc.returncode == 0, proc.stderr
     rows = json.loads(proc.stdout)["peak"]
+    assert {row["precision"] for row in rows} == {"fp32"}
     assert {row["threads"] for row in rows} >= {1} and all(set(row["libraries"]) == {"torch_mm", "numpy"}
                                                            for row in rows)
     assert all(row["bandwidth"]["gbps"] > 0 and row["bandwidth"]["library"] == "torch_triad" for row in rows)
@@ -119,6 +121,8 @@ def test_info_peak_shows_every_library(tmp_path):
 @pytest.mark.parametrize("args, message", [
     (["info", "--peak", "--libraries", "cublas"], "unknown peak library cublas; allowed: torch_mm"),
     (["info", "--libraries", "numpy"], "--libraries needs --peak"),
+    (["info", "--precisions", "fp32"], "--precisions needs --peak"),
+    (["info", "--peak", "--precisions", "fp64"], "--precisions 'fp64': this CPU's GEMM peaks are measured in fp32"),
 ])
 @pytest.mark.slow
 def test_bad_peak_requests_are_one_line(args, message):

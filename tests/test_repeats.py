@@ -73,3 +73,11 @@ def test_run_with_repeats_measures_each_in_fresh_processes_and_resumes(tmp_path)
     assert sweep.returncode == 0, sweep.stderr
     assert "6 trials: 3 measured ok, 0 failed, 3 skipped" in sweep.stdout  # batch 1's repeats were done
     assert len(list(out.iterdir())) == 6
+
+
+def test_an_interval_of_a_positive_figure_never_reaches_zero():
+    """Three repeats of a rate, one far off (a busy machine): the Student-t interval of the values would go
+    below 0 samples/s; the one of their logarithms stays positive and still holds the mean."""
+    wide = Interval.of([3.44, 3.52, 14.54])
+    assert 0 < wide.low < 3.44 and wide.high > wide.mean
+    assert Interval.of([10.0, 11.0, 12.0]).low == pytest.approx(11 - 4.303 / 3 ** 0.5, rel=1e-3)  # as before

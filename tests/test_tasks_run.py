@@ -81,3 +81,22 @@ def test_the_tokenizer_inside_the_timed_call_on_the_builtin_text(tmp_path):
     metrics = record["metrics"]
     assert 0 < metrics["throughput_tokens_per_s"] < metrics["padded_tokens_per_s"]  # real tokens counted, not pads
     assert record["quality"]["passed"] is True and json.dumps(record["quality"]["metrics"])
+
+
+def test_a_tune_shows_a_withheld_configuration_once_and_spends_no_repeat_on_it(tmp_path):
+    """Quality is a fact of the artifact: a configuration that misses the gate is measured once, shown with its
+    figures as withheld, and never re-measured in the final repeats (nor recommended)."""
+    words = ["model=all-minilm-l6-v2", "workload=builtin", "workload.samples=64", "sequence_length=64",
+             "duration=0.5", "warmup.max_iterations=3", "trials=1", "tune.repeats=2", "tune.top_k=1",
+             "tune.screen=0.3", "space.backend=[onnxruntime]", "space.precision=[int8]", "space.layout=[1x2]",
+             "space.allocator=[default]", f"output_dir={tmp_path}", "--no-progress"]
+    proc = corescale("tune", *words, timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (tune_dir,) = tmp_path.glob("tune-*")
+    doc = json.loads((tune_dir / "tune.json").read_text())
+    (withheld,) = [f for f in doc["finalists"] if f["role"] == "withheld (quality)"]
+    assert withheld["throughput"]["n"] == 1 and withheld["quality"]["mean"] < 0.99
+    assert doc["baseline"]["role"] == "winner" and doc["baseline"]["throughput"]["n"] == 2
+    int8 = [p for p in tune_dir.glob("*/result.json") if json.loads(p.read_text())["config"]["precision"] == "int8"]
+    assert len(int8) == 1  # the screen, and no repeat
+    assert "withheld (quality): 1 configuration(s)" in proc.stdout and "recommended: baseline" in proc.stdout

@@ -237,6 +237,7 @@ def test_report_tuner_section_renders_offline_and_hover_shows_the_config(tuned):
     report = tuned["dir"] / "report.html"
     text = report.read_text()
     assert '<section id="tuner">' in text and "<script src" not in text and 'id="tune-pareto"' in text
+    assert f"Serve it: <code>corescale serve {tuned['doc']['recipe']['bundle']}</code>" in text
     problems, requests = [], []
     with sync_api.sync_playwright() as playwright, tempfile.TemporaryDirectory() as profile:
         browser = playwright.chromium.launch_persistent_context(profile, executable_path=CHROMIUM,

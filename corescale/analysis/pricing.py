@@ -100,7 +100,8 @@ def price_here(row, catalog: dict[str, Machine], given: float | None = None, kin
     kind = nearest_rate(catalog, measured.isa, cpu)
     return Price(kind.core_hour * used, RATE,
                  f"{used} physical core(s) × {kind.name}'s US${kind.core_hour:.4g}/core-hour ({kind.cpu_text}, "
-                 f"nearest in the catalog; {_list_price(kind)}): no price given for this CPU")
+                 f"nearest in the catalog; {_list_price(kind)}); this machine's own price per hour, when given, "
+                 "replaces it")
 
 
 def _kind_text(kind: Machine) -> str:

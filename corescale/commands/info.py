@@ -18,6 +18,8 @@ def register(sub) -> None:
                         help="measure the GEMM peak again with every library, side by side (1 core and all cores; "
                              "fp32, and bf16/int8 where the ISA has them); the result is cached for runs")
     parser.add_argument("--libraries", metavar="LIST", help="with --peak: only these, e.g. torch_mm,numpy")
+    parser.add_argument("--precisions", metavar="LIST", help="with --peak: only these of the ISA's precisions, "
+                                                              "e.g. fp32 (default: every one it computes in)")
     parser.add_argument("--cache-dir", type=path_arg, default=None,
                         help="where peaks are cached (default: the config's cache_dir)")
     parser.set_defaults(handler=handle)
@@ -42,7 +44,8 @@ def measure_peaks(args, host: dict) -> list[dict]:
     cpus = tuple(Topology.from_sysfs().cpu_ids)
     layouts = {(cpus[0],): 1, cpus: len(cpus)}
     specs = [InstanceSpec(InstancePlacement(i, c, (), len(c)), n, 1) for i, (c, n) in enumerate(layouts.items())]
-    precisions = [p for p in PRECISIONS if peak_precision(p, host["cpu"]["isa"]) == p]
+    computed = [p for p in PRECISIONS if peak_precision(p, host["cpu"]["isa"]) == p]
+    precisions = peak_precisions(args.precisions, computed)
     rows = []
     with machine_lock(on_wait=on_lock_wait), scratch("peak") as work:
         for precision in precisions:
@@ -53,6 +56,20 @@ def measure_peaks(args, host: dict) -> list[dict]:
     return rows
 
 
+def peak_precisions(asked: str | None, computed: list[str]) -> list[str]:
+    """--precisions as given (each one this CPU computes in), or every one it does."""
+    from corescale.errors import UserError
+
+    if asked is None:
+        return computed
+    names = [n.strip() for n in asked.split(",") if n.strip()]
+    wrong = [n for n in names if n not in computed]
+    if wrong or not names:
+        raise UserError(f"--precisions {asked!r}: this CPU's GEMM peaks are measured in {', '.join(computed)}; "
+                        "give some of those, comma-separated")
+    return list(dict.fromkeys(names))
+
+
 def handle(args) -> int:
     from corescale.machine import environment
     from corescale.machine.peak import analytic_gflops
@@ -61,10 +78,11 @@ def handle(args) -> int:
     from corescale.report.tables import host_table, peak_table
 
     host = environment.capture()
-    if args.libraries and not args.peak:
-        from corescale.errors import UserError
+    for given, flag in ((args.libraries, "--libraries"), (args.precisions, "--precisions")):
+        if given and not args.peak:
+            from corescale.errors import UserError
 
-        raise UserError("--libraries needs --peak")
+            raise UserError(f"{flag} needs --peak")
     if args.peak:
         from corescale.trials.local import interruptible
 

@@ -17,7 +17,8 @@ MIN_REPEATS = 3  # below this, an across-repeat interval or test says too little
 @dataclass(frozen=True)
 class Interval:
     mean: float
-    low: float | None  # 95 % Student-t interval over the repeats; None with fewer than 2
+    low: float | None  # 95 % Student-t interval over the repeats (of their logs where it would reach 0); None
+    #                    with fewer than 2
     high: float | None
     n: int
 
@@ -31,7 +32,12 @@ class Interval:
         mean = float(data.mean())
         if data.size < 2:
             return cls(mean, None, None, 1)
-        half = float(sps.t.ppf(0.975, data.size - 1) * data.std(ddof=1) / math.sqrt(data.size))
+        t = float(sps.t.ppf(0.975, data.size - 1))
+        half = t * float(data.std(ddof=1)) / math.sqrt(data.size)
+        if mean - half <= 0 < data.min():  # a rate or a time cannot be <= 0: the interval of its logarithm
+            logs = np.log(data)
+            centre, spread = float(logs.mean()), t * float(logs.std(ddof=1)) / math.sqrt(data.size)
+            return cls(mean, math.exp(centre - spread), max(math.exp(centre + spread), mean), int(data.size))
         return cls(mean, mean - half, mean + half, int(data.size))
 
     @property

@@ -292,7 +292,9 @@ def sections(doc: TuneDocument, root, frame, cpu: str, missing: list[tuple[str, 
     answer = [f"<script>{plotly.offline.get_plotlyjs()}</script><script>{DECLUTTER_JS}</script>",
               recommendation_html(doc)]
     if doc.recipe:
-        answer.append(f'<p>Reproduce it: <code>bash {e(str(doc.recipe.get(RECIPE)))}</code> (the '
+        serve = (f'Serve it: <code>corescale serve {e(str(doc.recipe["bundle"]))}</code> (the measured artifacts, '
+                 'layout and head as an HTTP service). ' if doc.recipe.get("bundle") else "")
+        answer.append(f'<p>{serve}Reproduce it: <code>bash {e(str(doc.recipe.get(RECIPE)))}</code> (the '
                       f'<a href="#recipe">recipe</a> below).</p>')
     if points:
         answer.append(_chart("tune-pareto", "Latency–throughput Pareto front", pareto_figure(points, highlights(

@@ -192,13 +192,14 @@ class Tuner:
         return True
 
     def _final(self) -> list[verdicts.Finalist]:
-        """The top k and the baseline, `tune.repeats` each, interleaved, fresh processes each."""
+        """The top k, the baseline and the peer, `tune.repeats` each, interleaved, fresh processes each."""
         tune = self.tune
         study = self._running()[0]
         top = studies.ranked_complete(study, tune.settings)[:tune.settings.top_k]
         if not top:  # nothing feasible: the candidates closest to the constraints are measured for the verdict
             tried = [t for t in study.get_trials(deepcopy=False) if "screen" in t.user_attrs
-                     and "repeat_of" not in t.user_attrs and t.user_attrs["screen"].get("valid")]
+                     and "repeat_of" not in t.user_attrs and t.user_attrs["screen"].get("valid")
+                     and not _deterministic_miss(t)]
             top = sorted(tried, key=lambda t: sum(max(0.0, c) for c in t.user_attrs.get("constraints", [])
                                                   if math.isfinite(c)))[:tune.settings.top_k]
         configs = [tune.trial_overrides(t.user_attrs["overrides"], tune.cfg.duration) for t in top]
@@ -217,7 +218,26 @@ class Tuner:
                 label, overrides, records, [str(path) for _, path in rows],
                 [verdicts.figures(r, tune.cost_of) for r in records], baseline=label == labels[len(top)],
                 complexity=complexity(suggested or []), cores=_cores_used(records), peer=label == tune.peer_label))
+        return finalists + self._withheld(study)
+
+    def _withheld(self, study) -> list[verdicts.Finalist]:
+        """The fastest configurations whose outputs missed the quality (or drift) gate, as measured once: the
+        same artifact gives the same outputs, so repeats would only spend the budget; shown, never chosen."""
+        tune = self.tune
+        missed = [t for t in study.get_trials(deepcopy=False) if "repeat_of" not in t.user_attrs
+                  and _deterministic_miss(t) and t.user_attrs.get("value") is not None]
+        sign = -1 if tune.settings.objective.direction == "maximize" else 1
+        finalists = []
+        for trial in sorted(missed, key=lambda t: sign * t.user_attrs["value"])[:tune.settings.top_k]:
+            path = (trial.user_attrs.get("full") or trial.user_attrs["screen"])["path"]
+            record = _read(path)
+            suggested = trial.user_attrs["overrides"]
+            finalists.append(verdicts.Finalist(
+                trial.user_attrs["label"], tune.trial_overrides(suggested, tune.cfg.duration), [record], [path],
+                [verdicts.figures(record, tune.cost_of)], complexity=complexity(suggested),
+                cores=_cores_used([record])))
         return finalists
+
 
     def _running(self) -> tuple[optuna.Study, Progress]:
         assert self.study is not None and self.progress is not None, "the search runs inside _run"
@@ -240,3 +260,8 @@ def _read(path):
 
     return read_result(path)
 
+
+def _deterministic_miss(trial) -> bool:
+    """Measured validly, but its outputs missed the quality or drift gate (a fact of the artifact, not noise)."""
+    figs = trial.user_attrs.get("full") or trial.user_attrs.get("screen") or {}
+    return bool(figs.get("valid")) and not (figs.get("quality_ok", True) and figs.get("drift_ok", True))
