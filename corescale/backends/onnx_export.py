@@ -41,6 +41,7 @@ from corescale.workload.models import source_files
 
 OPSET = 17
 MODEL_FILE = "model.onnx"
+IR_FILE = "model.xml"  # an OpenVINO IR artifact (its weights beside it in model.bin)
 SOURCES_DIR = "onnx-sources"  # beside the artifacts' folder: source -> artifact, see the module's docstring
 EXPORT_LIBRARIES = ("torch", "transformers", "onnx")  # what the export is made with
 DERIVED_LIBRARIES = ("onnx", "onnxruntime", "openvino", "nncf")  # what a derived variant (fusion, int8) is made with
@@ -239,7 +240,15 @@ def known_export(cfg, source: str) -> OnnxModel | None:
     if not isinstance(key, str) or not KEY.fullmatch(key) or not isinstance(large, bool) or not isinstance(final, bool):
         return None  # not an entry this code wrote
     artifact = cache_root(cfg) / key
-    return OnnxModel(artifact / MODEL_FILE, key, large, True, final=final) if damage(artifact) is None else None
+    if damage(artifact) is not None:
+        return None
+    return OnnxModel(artifact_file(artifact), key, large, True, final=final)
+
+
+def artifact_file(artifact: Path) -> Path:
+    """The model file of an artifact folder: model.onnx, or the IR (model.xml) OpenVINO's int8 is saved as."""
+    return artifact / MODEL_FILE if (artifact / MODEL_FILE).exists() or not (artifact / IR_FILE).exists() \
+        else artifact / IR_FILE
 
 
 def file_export(cfg, source: str, model: OnnxModel) -> None:

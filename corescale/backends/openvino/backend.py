@@ -6,7 +6,7 @@ import numpy as np
 import openvino as ov
 
 from corescale.backends.base import TimedStages, require_precision, unbind_calling_thread
-from corescale.backends.onnx_export import drop_if_hit, onnx_model
+from corescale.backends.onnx_export import IR_FILE, drop_if_hit, onnx_model
 from corescale.backends.openvino.quantize import int8_step
 from corescale.errors import UserError
 
@@ -40,10 +40,10 @@ class OpenVinoBackend(TimedStages):
         model = onnx_model(spec, cfg, inputs, self)
         self.cache_hits = {"export": model.cache_hit}
         self.quantization: dict = {}
-        if cfg.precision == "int8":
+        if cfg.precision == "int8" and not model.final:  # a bundle's artifact is the int8 IR already
             with self.stage("quantize"):
                 variant, build, self.quantization = int8_step(spec, cfg, core, model.path, list(inputs))
-                model = model.derived(variant, build, file="model.xml")
+                model = model.derived(variant, build, file=IR_FILE)
             self.cache_hits["quantize"] = drop_if_hit(self, "quantize", model).cache_hit
         self.model_path = model.path  # the artifact a deployment bundle carries (serve/bundle.py)
         with self.stage("convert"):
