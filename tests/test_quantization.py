@@ -136,3 +136,20 @@ def test_bad_option_is_refused_before_any_worker(tmp_path):
                      "backend.quantization=weights_sym", f"output_dir={tmp_path}")
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
     assert "backend.quantization applies to precision=int8 only" in proc.stderr and not list(tmp_path.iterdir())
+
+
+def test_a_drawn_int8_configuration_carries_its_quantization_options():
+    import optuna
+
+    from corescale.overrides import compose
+    from corescale.tune.space import derive, suggest
+
+    overrides = ["backend=openvino", "precision=int8"]
+    space = derive(compose(overrides), overrides, {}, 2, {}, False)
+    trial = optuna.trial.FixedTrial({"openvino.quantization": "weights_asym",
+                                     "openvino.keep_fp32": "ffn_output", "layout": "1x2", "threads[2]": "",
+                                     "batch_size": "1", "allocator": "default",
+                                     "openvino.performance_hint": "LATENCY"})
+    drawn = suggest(trial, space)
+    assert "backend.quantization=weights_asym" in drawn and "backend.keep_fp32=ffn_output" in drawn
+    compose(drawn)  # a configuration the config accepts
