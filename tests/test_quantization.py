@@ -60,8 +60,8 @@ def test_calibration_texts_are_disjoint_from_the_quality_set():
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """Five short runs sharing one cache: ORT static twice (a miss, then a hit), ORT static per tensor, OpenVINO
-    static and weights-only."""
+    """Five short runs sharing one cache: ORT static twice (a miss, then a hit), ORT static per channel, OpenVINO
+    static and weights-only: six minutes on a busy 2-core machine, so the tests that share them wait longer."""
     root = tmp_path_factory.mktemp("quant")
     ort = ["backend=onnxruntime", *STATIC, "backend.keep_fp32=ffn_output"]
     cases = {"ort": ort, "ort_again": ort, "ort_per_channel": [*ort, "backend.per_channel=true"],
@@ -83,6 +83,7 @@ def framework(record) -> dict:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # the first of the tests sharing `runs` builds them
 def test_static_int8_builds_runs_and_is_judged(runs):
     _, records = runs
     for name in ("ort", "ov", "ov_weights"):
@@ -100,6 +101,7 @@ def test_static_int8_builds_runs_and_is_judged(runs):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)
 def test_an_option_is_a_new_artifact_and_a_second_run_hits_the_cache(runs):
     _, records = runs
     first, again, per_channel = (framework(records[n]) for n in ("ort", "ort_again", "ort_per_channel"))
@@ -109,6 +111,7 @@ def test_an_option_is_a_new_artifact_and_a_second_run_hits_the_cache(runs):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)
 def test_keep_fp32_excludes_the_intended_nodes_of_the_real_export(runs):
     import onnx
 
