@@ -13,12 +13,10 @@ from helpers import (  # noqa: E402
     corescale,
     error_line,
     library_installed,
-    load,
     needs_two_cpus,
     run_record,
 )
 
-from corescale.errors import UserError  # noqa: E402
 from corescale.machine import instance_env  # noqa: E402
 
 HAS_BF16 = "BF16" in ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
@@ -69,11 +67,6 @@ def test_bf16_without_cpu_support_is_a_clear_error(tmp_path):
     proc = corescale("run", "--no-progress", *FAST, "backend=openvino", "precision=bf16",
                      f"cache_dir={tmp_path}", f"output_dir={tmp_path / 'out'}")
     assert "needs a CPU with bf16 instructions" in error_line(proc)
-
-
-def test_unsupported_precision_is_a_clear_error(tmp_path):
-    with pytest.raises(UserError, match="backend openvino supports precision fp32, bf16"):
-        load("openvino", tmp_path, precision="int8")
 
 
 @pytest.mark.slow

@@ -311,15 +311,16 @@ def test_space_narrowing_and_suggest():
     trial = optuna.trial.FixedTrial({"backend": "onnxruntime", "precision[onnxruntime]": "int8",
                                      "onnxruntime.graph_optimization_level": "basic",
                                      "onnxruntime.execution_mode": "sequential", "batch_size": "2",
-                                     "allocator": "default"})
+                                     "allocator": "default", "onnxruntime.quantization": "static",
+                                     "onnxruntime.per_channel": "true", "onnxruntime.keep_fp32": "ffn_output"})
     overrides = spaces.suggest(trial, space)
     assert {"backend=onnxruntime", "precision=int8", "backend.fusion=true", "instances=2", "cores_per_instance=1",
-            "batch_size=2"} <= set(overrides)
+            "batch_size=2", "backend.quantization=static", "backend.keep_fp32=ffn_output"} <= set(overrides)
     assert not any(o.startswith("openmp=") for o in overrides)  # onnxruntime has its own thread pool
 
 
 @pytest.mark.parametrize("overrides, narrow, message", [
-    (["precision=int8"], {"backend": ["openvino"]}, "the search space is empty"),
+    (["precision=bf16"], {"backend": ["openvino"]}, "the search space is empty"),
     ([], {"precision": ["bf16"]}, "space.precision: bf16 not possible here"),
     ([], {"flavour": ["x"]}, "unknown search dimension 'space.flavour'"),
     ([], {"backend.nosuch": ["1"]}, "no backend in the space has option 'nosuch'"),

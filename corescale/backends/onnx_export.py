@@ -41,9 +41,10 @@ from corescale.workload.models import source_files
 
 OPSET = 17
 MODEL_FILE = "model.onnx"
+IR_FILE = "model.xml"  # an OpenVINO IR artifact (its weights beside it in model.bin)
 SOURCES_DIR = "onnx-sources"  # beside the artifacts' folder: source -> artifact, see the module's docstring
 EXPORT_LIBRARIES = ("torch", "transformers", "onnx")  # what the export is made with
-DERIVED_LIBRARIES = ("onnx", "onnxruntime", "openvino")  # what a derived variant (fusion, int8) may be made with
+DERIVED_LIBRARIES = ("onnx", "onnxruntime", "openvino", "nncf")  # what a derived variant (fusion, int8) is made with
 WRAPPER_MODULE = "corescale.backends.pytorch.task"  # the torch module the export traces (its file is hashed)
 KEY = re.compile(r"[0-9a-f]{24}")
 EXTERNAL_DATA_BYTES = 3 << 29  # 1.5 GiB: derived models keep weights in model.onnx.data (protobuf limit 2 GiB;
@@ -141,9 +142,10 @@ class OnnxModel:
         self.root = root or path.parent.parent  # where derived variants go: beside the artifact
         self.final = final  # a deployment bundle's artifact, filed as built: no step is applied to it again
 
-    def derived(self, variant: str, build: Callable[[Path, Path, bool], None]) -> "OnnxModel":
-        """A cached transformation of this model: build(source_path, output_path, external_data). Its key: this
-        model's, the variant, the tools' versions and the builder's code."""
+    def derived(self, variant: str, build: Callable[[Path, Path, bool], None], file: str = MODEL_FILE) -> "OnnxModel":
+        """A cached transformation of this model: build(source_path, output_path, external_data), its output
+        `file` (OpenVINO's int8 is an IR, model.xml). Its key: this model's, the variant, the tools' versions and the
+        builder's code."""
         if self.final:
             return self
         tools = digest({"variant": variant, "libraries": versions(DERIVED_LIBRARIES), "code": code_of(build)})
@@ -151,11 +153,11 @@ class OnnxModel:
 
         def build_variant(tmp: Path) -> None:
             view = tmp / ".input"
-            build(private_view(self.path, view), tmp / MODEL_FILE, self.large)
+            build(private_view(self.path, view), tmp / file, self.large)
             shutil.rmtree(view)  # the links (and the tool's scratch files) are not part of the artifact
 
         hit = cached(target, build_variant)
-        return OnnxModel(target / MODEL_FILE, target.name, self.large, hit)
+        return OnnxModel(target / file, target.name, self.large, hit)
 
 
 def model_file(spec, cfg) -> OnnxModel:
@@ -238,7 +240,15 @@ def known_export(cfg, source: str) -> OnnxModel | None:
     if not isinstance(key, str) or not KEY.fullmatch(key) or not isinstance(large, bool) or not isinstance(final, bool):
         return None  # not an entry this code wrote
     artifact = cache_root(cfg) / key
-    return OnnxModel(artifact / MODEL_FILE, key, large, True, final=final) if damage(artifact) is None else None
+    if damage(artifact) is not None:
+        return None
+    return OnnxModel(artifact_file(artifact), key, large, True, final=final)
+
+
+def artifact_file(artifact: Path) -> Path:
+    """The model file of an artifact folder: model.onnx, or the IR (model.xml) OpenVINO's int8 is saved as."""
+    return artifact / MODEL_FILE if (artifact / MODEL_FILE).exists() or not (artifact / IR_FILE).exists() \
+        else artifact / IR_FILE
 
 
 def file_export(cfg, source: str, model: OnnxModel) -> None:

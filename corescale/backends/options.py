@@ -71,6 +71,61 @@ class BackendOptions:
         """Checks of the options against the resolved model (a ModelSpec); called before any worker starts."""
 
 
+# `backend.keep_fp32=`: which parts of an encoder stay in fp32 when the rest is int8 (backends/calibration.py maps
+# each to node names of the export)
+KEEP_FP32 = ("none", "head", "attention_output", "ffn_output", "first_last")
+
+
+@dataclass
+class Int8Options(BackendOptions):
+    """The options of a backend's int8 artifact (docs/tasks.md, "Static int8"): given with another precision, or a
+    calibration option with a mode that calibrates nothing, they are refused in one line."""
+
+    quantization: str = ""  # each backend's modes: its CHOICES; its first mode calibrates nothing or is "static"
+    per_channel: bool = False  # one weight scale per output channel (else one per tensor)
+    keep_fp32: str = "none"  # KEEP_FP32
+    calibration_samples: int = 128  # real texts the static mode's activation ranges are taken from
+    STATIC: ClassVar[str] = "static"  # the mode that calibrates on real text
+    CALIBRATED: ClassVar[tuple[str, ...]] = ("calibration_samples",)  # options that apply to STATIC only
+    TUNED: ClassVar[dict[str, list[str]]] = {}  # the tuner's few values of an int8 option (others: its default)
+
+    @classmethod
+    def int8_options(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(Int8Options) if f.name != "name") + cls.CALIBRATED
+
+    @classmethod
+    def tune_values(cls) -> dict[str, list[str]]:
+        values = {k: v for k, v in super().tune_values().items() if k not in cls.int8_options()}
+        return {**values, **cls.TUNED}
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        """The tuned int8 options are drawn at int8 only (PRECISION_BOUND)."""
+        super().__init_subclass__(**kwargs)
+        cls.PRECISION_BOUND = {**cls.PRECISION_BOUND, **{(option, value): ("int8",) for option, values in
+                                                         cls.TUNED.items() for value in values}}
+
+    def validate(self) -> None:
+        super().validate()
+        n = self.calibration_samples
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_CALIBRATION_SAMPLES:
+            raise UserError(f"backend.calibration_samples must be a whole number in [1, {MAX_CALIBRATION_SAMPLES}] "
+                            f"(got {n})")
+
+    def check(self, cfg) -> None:
+        changed = self.changed()
+        given = [k for k in self.int8_options() if k in changed]
+        if cfg.precision != "int8" and given:
+            raise UserError(f"backend.{given[0]} applies to precision=int8 only (got precision={cfg.precision}); "
+                            f"leave it at its default ({getattr(type(self)(), given[0])})")
+        calibrated = [k for k in self.CALIBRATED if k in changed]
+        if self.quantization != self.STATIC and calibrated:
+            raise UserError(f"backend.{calibrated[0]} applies to backend.quantization={self.STATIC} only (got "
+                            f"{self.quantization}) on backend={self.name}")
+
+
+MAX_CALIBRATION_SAMPLES = 1000  # the built-in corpus's tail holds this many texts past the largest default quality set
+
+
 def without_options(name: str, class_name: str, module: str) -> type[BackendOptions]:
     """The group node of a backend with no options of its own (yet): only its name. `module` is where the class
     is bound under `class_name`, so it pickles (Ray sends configs to its nodes)."""

@@ -179,7 +179,7 @@ def map_artifact(root: Path, chain: list[str], cfg: BenchmarkConfig) -> None:
     """The runtime cache: the export cache's entry for this model's source names the bundle's artifact as final
     (linked under its export key), so the backend's own load opens the measured file and applies no build step
     (fusion, quantization) to it again."""
-    from corescale.backends.onnx_export import OnnxModel, cache_root, file_export, source_key
+    from corescale.backends.onnx_export import OnnxModel, artifact_file, cache_root, file_export, source_key
     from corescale.workload.inputs import make_inputs
     from corescale.workload.models import resolve_model
 
@@ -192,4 +192,4 @@ def map_artifact(root: Path, chain: list[str], cfg: BenchmarkConfig) -> None:
     cache_root(cfg).mkdir(parents=True, exist_ok=True)
     os.symlink(artifact, cache_root(cfg) / key)
     large = any(p.name != "model.onnx" and p.name.startswith("model.onnx") for p in artifact.iterdir())
-    file_export(cfg, source, OnnxModel(artifact / "model.onnx", key, large, True, final=True))
+    file_export(cfg, source, OnnxModel(artifact_file(artifact), key, large, True, final=True))

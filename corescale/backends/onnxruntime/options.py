@@ -5,20 +5,29 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from corescale.backends.options import ONNX_EXPORT, TASKS, BackendEntry, BackendOptions, Profiler
+from corescale.backends.options import KEEP_FP32, ONNX_EXPORT, TASKS, BackendEntry, Int8Options, Profiler
 
 GRAPH_OPTIMIZATION_LEVELS = ("disable", "basic", "extended", "all")
 EXECUTION_MODES = ("sequential", "parallel")
+QUANTIZATIONS = ("dynamic", "static")  # quantize_dynamic; quantize_static (QDQ) calibrated on real text
+CALIBRATIONS = ("minmax", "entropy", "percentile")  # onnxruntime's CalibrationMethod
 
 
 @dataclass
-class OnnxRuntimeOptions(BackendOptions):
+class OnnxRuntimeOptions(Int8Options):
     name: str = "onnxruntime"
     graph_optimization_level: str = "all"
     execution_mode: str = "sequential"
     fusion: bool = False  # onnxruntime's transformer optimizer: Attention, SkipLayerNormalization, BiasGelu
+    quantization: str = "dynamic"  # int8: QUANTIZATIONS
+    calibration: str = "minmax"  # static int8: how activation ranges are taken from the calibration texts
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"graph_optimization_level": GRAPH_OPTIMIZATION_LEVELS,
-                                                     "execution_mode": EXECUTION_MODES}
+                                                     "execution_mode": EXECUTION_MODES,
+                                                     "quantization": QUANTIZATIONS, "calibration": CALIBRATIONS,
+                                                     "keep_fp32": KEEP_FP32}
+    CALIBRATED: ClassVar[tuple[str, ...]] = ("calibration_samples", "calibration")
+    TUNED: ClassVar[dict[str, list[str]]] = {"quantization": list(QUANTIZATIONS), "per_channel": ["false", "true"],
+                                             "keep_fp32": ["none", "ffn_output"]}
     RENAMED: ClassVar[dict[str, str]] = {"ort_graph_optimization_level": "graph_optimization_level",
                                          "ort_execution_mode": "execution_mode", "ort_fusion": "fusion"}
 

@@ -16,11 +16,33 @@ def snippet(cfg, threads: int, model: str) -> str:
                   'optimize_model(MODEL, model_type="bert", opt_level=0).save_model_to_file("fused.onnx")',
                   'MODEL = "fused.onnx"']
     if cfg.precision == "int8":
-        steps += ["from onnxruntime.quantization import QuantType, quantize_dynamic",
-                  'quantize_dynamic(MODEL, "int8.onnx", weight_type=QuantType.QInt8)', 'MODEL = "int8.onnx"']
+        steps += int8_steps(o)
     steps += ["options = ort.SessionOptions()",
               f"options.graph_optimization_level = ort.GraphOptimizationLevel.{LEVELS[o.graph_optimization_level]}",
               f"options.execution_mode = ort.ExecutionMode.{MODES[o.execution_mode]}",
               f"options.intra_op_num_threads = {threads}", f"options.inter_op_num_threads = {cfg.interop_threads}",
               'session = ort.InferenceSession(MODEL, options, providers=["CPUExecutionProvider"])']
     return "\n".join(steps) + "\n"
+
+
+def int8_steps(o) -> list[str]:
+    """The int8 artifact's build, with the options that shape it (corescale.backends.calibration's texts and
+    node names: the run's record holds the calibration texts' origin and digest)."""
+    common = (f"per_channel={o.per_channel}, weight_type=QuantType.QInt8,\n"
+              f"    nodes_to_exclude=kept_fp32([n.name for n in onnx.load(MODEL).graph.node], {o.keep_fp32!r}))")
+    steps = ["import onnx", "from corescale.backends.calibration import kept_fp32"]
+    if o.quantization == "dynamic":
+        return steps + ["from onnxruntime.quantization import QuantType, quantize_dynamic",
+                        f'quantize_dynamic(MODEL, "int8.onnx", {common}', 'MODEL = "int8.onnx"']
+    method = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percentile"}[o.calibration]
+    return steps + [
+        "from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType, "
+        "quantize_static",
+        "# FEEDS: one dict of input arrays per calibration text (batch 1, padded to the measured sequence length;",
+        f"# corescale.backends.calibration.calibration_feeds builds the {o.calibration_samples} it used)",
+        "class Texts(CalibrationDataReader):",
+        "    def __init__(self):", "        self.left = iter(FEEDS)",
+        "    def get_next(self):", "        return next(self.left, None)",
+        f'quantize_static(MODEL, "int8.onnx", Texts(), quant_format=QuantFormat.QDQ, op_types_to_quantize=["MatMul"],\n'
+        f"    calibrate_method=CalibrationMethod.{method}, activation_type=QuantType.QUInt8, {common}",
+        'MODEL = "int8.onnx"']

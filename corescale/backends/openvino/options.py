@@ -7,17 +7,32 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from corescale.backends.options import ONNX_EXPORT, TASKS, BackendEntry, BackendOptions, Profiler
+from corescale.backends.options import KEEP_FP32, ONNX_EXPORT, TASKS, BackendEntry, Int8Options, Profiler
+from corescale.errors import UserError
 
 PERFORMANCE_HINTS = ("LATENCY", "THROUGHPUT", "CUMULATIVE_THROUGHPUT")
+# nncf.quantize (int8 weights and activations, calibrated on real text); nncf.compress_weights (int8 weights only)
+QUANTIZATIONS = ("static", "weights_asym", "weights_sym")
 
 
 @dataclass
-class OpenVinoOptions(BackendOptions):
+class OpenVinoOptions(Int8Options):
     name: str = "openvino"
     performance_hint: str = "LATENCY"
-    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"performance_hint": PERFORMANCE_HINTS}
+    quantization: str = "static"  # int8: QUANTIZATIONS
+    per_channel: bool = True  # static: NNCF's default, one scale per output channel of each weight
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"performance_hint": PERFORMANCE_HINTS,
+                                                     "quantization": QUANTIZATIONS, "keep_fp32": KEEP_FP32}
+    CALIBRATED: ClassVar[tuple[str, ...]] = ("calibration_samples", "per_channel")  # weights_*: always per channel
+    TUNED: ClassVar[dict[str, list[str]]] = {"quantization": ["static", "weights_asym"],
+                                             "keep_fp32": ["none", "ffn_output"]}
     RENAMED: ClassVar[dict[str, str]] = {"ov_performance_hint": "performance_hint"}
+
+    def check(self, cfg) -> None:
+        super().check(cfg)
+        if cfg.precision == "int8" and importlib.util.find_spec("nncf") is None:
+            raise UserError("precision=int8 on openvino is built with NNCF, which is not installed: "
+                            "pip install 'corescale[openvino]' (or nncf)")
 
     def allocator_companions(self) -> list[Path]:
         """The hwloc bundled with OpenVINO's TBB (loaded by tbbbind when the Core starts) frees with glibc's free()
@@ -32,7 +47,7 @@ class OpenVinoOptions(BackendOptions):
 
 OPENVINO = BackendEntry(
     options=OpenVinoOptions, backend="corescale.backends.openvino.backend:OpenVinoBackend", extra="openvino",
-    requires=("openvino", "onnx"), precisions=("fp32", "bf16"), openmp=False, forkable=True,
+    requires=("openvino", "onnx"), precisions=("fp32", "bf16", "int8"), openmp=False, forkable=True,
     worker_modules=("openvino", "corescale.backends.openvino.backend"), artifacts=(ONNX_EXPORT,),
     profiler=Profiler("OpenVINO per-layer performance counters (PERF_COUNT)",
                       "corescale.backends.openvino.profiler:OpenVinoProfiler"),
