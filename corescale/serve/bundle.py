@@ -171,7 +171,7 @@ def write(directory: Path, record: TrialRecord, replace: bool = False) -> Path:
     if record.config.endpoint:
         raise UserError("no bundle from a server measured over HTTP (endpoint=): no artifact was measured here; "
                         "endpoint=managed's layout is served again by `corescale serve` with its overrides "
-                        "(recipe/config.yaml), or measured in process with `corescale run ... --bundle DIR`")
+                        "(tune.json's recipe.serve_words), or measured in process by `corescale run ... --bundle DIR`")
     cfg = record.config
     directory = Path(directory)
     earlier = directory.is_dir() and (directory / MANIFEST).is_file() and replace
