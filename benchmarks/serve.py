@@ -36,10 +36,11 @@ def cpu_seconds() -> float:
 
 
 def front_cpu(url: str) -> float:
-    import httpx
+    from corescale.measure.managed import front_cpu_seconds
 
-    lines = httpx.get(f"{url}/metrics", timeout=30).text.splitlines()
-    return float(next(line.split()[-1] for line in lines if line.startswith("corescale_front_cpu_seconds ")))
+    found = front_cpu_seconds(url)
+    assert found is not None, "corescale serve reports its front's CPU in /metrics"
+    return found
 
 
 async def offered(url: str, texts: list[str], qps: float, count: int, seed: int) -> dict:

