@@ -69,7 +69,11 @@ def wait_ready(process: subprocess.Popen, log: Path, timeout_s: float) -> str:
     while time.monotonic() < deadline:
         if selector.select(timeout=1.0):
             line = process.stdout.readline()
-            if not line:
+            if not line:  # its output closed: it is exiting (its status comes a moment later)
+                try:
+                    process.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    pass
                 break
             if READY in line:
                 return line
