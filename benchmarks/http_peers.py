@@ -5,6 +5,8 @@
         [--infinity BIN]                       start `BIN v2 --model-id DIR` (infinity-emb, its own virtualenv)
         [--model DIR]                          default: all-minilm-l6-v2 as `model=` resolves it (the package)
         [--peer NAME=URL[@openai|@tei] ...]    and/or servers already running (corescale serve, TEI, ...)
+        [--corescale "OVERRIDES"]              corescale serve on that layout, as a tune's trial starts it
+                                               (endpoint=managed: started, measured over api=tei, stopped)
 
 Servers the script starts run one at a time (only the measured one is up) on every CPU this process may use; the
 load generator (LoadGen + the aiohttp client) shares them, and its CPU is reported. For each: `target_qps=auto` at
@@ -23,13 +25,14 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 
-def measure_one(name: str, url: str, api: str, args) -> dict:
+def measure_one(name: str, url: str, api: str, args, *layout: str) -> dict:
+    """`url`: a running server's, or `managed` (`layout`: the overrides of the corescale serve each trial starts)."""
     from _loop import measure
 
     overrides = ["scenario=server", "target_qps=auto", f"slo_p99_ms={args.slo_p99_ms}", f"endpoint={url}",
-                 f"api={api}", f"duration={args.duration}", f"server.min_query_count={args.min_queries}",
+                 f"api={api}", *layout, f"duration={args.duration}", f"server.min_query_count={args.min_queries}",
                  f"server.search_precision={args.precision}", f"server.max_steps={args.max_steps}",
-                 f"model={args.model_field}", f"output_dir={args.output}"]
+                 *([] if layout else [f"model={args.model_field}"]), f"output_dir={args.output}"]
     record = measure({name: overrides})[name][0]
     return row(name, record)
 
@@ -79,6 +82,9 @@ def main() -> int:
     parser.add_argument("--infinity", help="start and measure this infinity_emb executable (its own virtualenv)")
     parser.add_argument("--model", help="the model directory the started servers serve (default: all-minilm-l6-v2)")
     parser.add_argument("--peer", action="append", default=[], help="NAME=URL[@openai|@tei], already running")
+    parser.add_argument("--corescale", action="append", default=[], metavar="OVERRIDES",
+                        help="measure `corescale serve OVERRIDES` through endpoint=managed, e.g. "
+                             "'model=all-minilm-l6-v2 backend=onnxruntime instances=2 cores_per_instance=1'")
     parser.add_argument("--output", default="outputs/http-peers")
     args = parser.parse_args()
 
@@ -103,6 +109,8 @@ def main() -> int:
                    "--device", "cpu"]
         with started(command, port, "/health") as url:
             rows.append(measure_one("infinity-emb", url, "openai", args))
+    for layout in args.corescale:
+        rows.append(measure_one(f"corescale serve {layout}", "managed", "tei", args, *layout.split()))
     for peer in args.peer:
         name, _, target = peer.partition("=")
         url, _, api = target.partition("@")

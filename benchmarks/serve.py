@@ -36,10 +36,11 @@ def cpu_seconds() -> float:
 
 
 def front_cpu(url: str) -> float:
-    import httpx
+    from corescale.measure.managed import front_cpu_seconds
 
-    lines = httpx.get(f"{url}/metrics", timeout=30).text.splitlines()
-    return float(next(line.split()[-1] for line in lines if line.startswith("corescale_front_cpu_seconds ")))
+    found = front_cpu_seconds(url)
+    assert found is not None, "corescale serve reports its front's CPU in /metrics"
+    return found
 
 
 async def offered(url: str, texts: list[str], qps: float, count: int, seed: int) -> dict:
@@ -114,10 +115,10 @@ def main() -> int:
     parser.add_argument("overrides", nargs="*", help="the layout: backend=, instances=, cores_per_instance=, ...")
     args = parser.parse_args()
 
+    from corescale.measure.managed import started
     from corescale.overrides import compose
     from corescale.record.files import read_result
     from corescale.serve import bundle as bundles
-    from corescale.serve.managed import started
     from corescale.trials.serving import max_valid_qps
     from corescale.workload.corpus import texts
 
@@ -138,7 +139,8 @@ def main() -> int:
     bundle = out / "bundle"
     assert record.server is not None and record.server.max_valid_qps is not None
     local, parent = record.server.max_valid_qps, record.server.parent
-    with started([str(bundle)], out / "serve.log", "--max-queue", "100000", "--max-inputs", "1") as url:
+    with started([str(bundle)], out / "serve.log", "--max-queue", "100000", "--max-inputs", "1") as service:
+        url = service.url
         corpus = texts()
         _, steps = search(lambda qps: http_step(url, corpus, qps, args, seed=len(corpus)), local)
     best = max((s for s in steps if s["passed"]), key=lambda s: s["qps"], default=None)

@@ -14,6 +14,7 @@ from corescale.backends import BACKENDS, DEFAULT_BACKEND, OPTIONS, PRECISIONS, B
 from corescale.backends.options import TASKS
 from corescale.bounds import LOAD_MARGIN_S, check_bounded
 from corescale.errors import UserError
+from corescale.http_keys import default_api, validate_endpoint
 from corescale.machine.placement import LAYOUTS as NAMED_LAYOUTS
 from corescale.userfiles import require_path
 
@@ -23,7 +24,6 @@ OPENMP_RUNTIMES = ("default", "gnu", "intel")
 REPEAT_ORDERS = ("interleaved", "shuffled")
 LAYOUTS = ("none", *NAMED_LAYOUTS)  # none: instances and cores_per_instance as given
 SCENARIOS = ("offline", "single_stream", "server")  # offline: closed loop; the others: MLPerf LoadGen drives load
-HTTP_APIS = ("openai", "tei")  # endpoint=: what each query is sent as (measure/http_api.py)
 PAD_POLICIES = ("max", "bucket", "sorted")
 STUDY_KINDS = ("cores", "instances", "batch")  # corescale study KIND
 # 0.1's flat backend options -> (backend, option in its group), as each backend's options declare them
@@ -185,8 +185,8 @@ class BenchmarkConfig:
         return Path(os.path.expanduser(self.output_dir))
 
     @property
-    def http_api(self) -> str:  # the API an endpoint is driven through: openai unless api= says otherwise
-        return self.api or HTTP_APIS[0]
+    def http_api(self) -> str:  # the API an endpoint is driven through (api=, else the endpoint's default)
+        return self.api or default_api(self.endpoint)
 
     @property
     def instance_batch_size(self) -> int:
@@ -421,19 +421,7 @@ def _validate_scenario(cfg: BenchmarkConfig) -> None:
         raise UserError(f"workload.samples must be from 1 to 1000000 (got {cfg.workload.samples})")
     if cfg.workload.source and cfg.workload.lengths:
         raise UserError("give either workload (a text file) or workload.lengths (a length distribution), not both")
-    _validate_endpoint(cfg)
-
-
-def _validate_endpoint(cfg: BenchmarkConfig) -> None:
-    """endpoint=URL api=... (the URL and the keys that do not apply over HTTP: measure/endpoint.check_settings)."""
-    if cfg.endpoint is None and cfg.api is not None:
-        raise UserError(f"api={cfg.api} applies to a server measured over HTTP: add endpoint=http://HOST:PORT")
-    if cfg.endpoint is not None:
-        _one_of("api", cfg.http_api, HTTP_APIS)
-        if cfg.scenario == "offline" or cfg.executor.name != "local":
-            raise UserError("endpoint= is measured from this machine under LoadGen's load: give scenario=server "
-                            "(target_qps=QPS or auto with slo_p99_ms=MS) or scenario=single_stream, executor=local")
-        _positive("request_timeout", cfg.request_timeout)
+    validate_endpoint(cfg)
 
 
 # LoadGen's early stopping: the fewest queries that can pass with none over the latency bound

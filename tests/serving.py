@@ -9,7 +9,7 @@ from pathlib import Path
 
 from helpers import ROOT, corescale
 
-from corescale.serve.managed import wait_ready
+from corescale.measure.managed import url_in, wait_ready
 
 
 def minilm_folder() -> Path:
@@ -42,7 +42,7 @@ class Service:
                                              "0", *options], stdout=subprocess.PIPE, stderr=stderr, text=True,
                                             cwd=ROOT, env=dict(os.environ, **(env or {})))
         try:
-            self.url = wait_ready(self.process, log, 180)
+            self.url = url_in(wait_ready(self.process, log, 180))
         except RuntimeError:
             self.stop()
             raise

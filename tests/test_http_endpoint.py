@@ -11,7 +11,7 @@ from helpers import assert_one_line_error, corescale, raw_record
 from http_servers import TIMES, extract_minilm, free_port, st_fastapi, tiny_server
 
 from corescale.errors import UserError
-from corescale.measure.http_api import APIS, BadAnswer, timings
+from corescale.measure.http_api import ROUTES, BadAnswer, timings
 from corescale.overrides import compose
 
 QUICK = ["scenario=server", "duration=0.5", "server.min_query_count=459", "warmup.max_iterations=8", "timeout=120"]
@@ -25,6 +25,12 @@ QUICK = ["scenario=server", "duration=0.5", "server.min_query_count=459", "warmu
     (["scenario=offline", "target_qps=null", "endpoint=http://127.0.0.1:8080"], "give scenario=server"),
     (["endpoint=http://127.0.0.1:8080", "executor=ray"], "executor=local"),
     (["endpoint=http://127.0.0.1:8080", "request_timeout=0"], "request_timeout must be > 0"),
+    (["endpoint=http://127.0.0.1:8080", "workload.lengths=uniform(4,8)"], "cannot be sent to a server as text"),
+    (["endpoint=http://127.0.0.1:8080", "tokenize=true"], "tokenize= does not apply to a server measured over HTTP"),
+    (["endpoint=http://127.0.0.1:8080", "task=rerank"], "api=openai has embeddings only"),
+    (["endpoint=http://127.0.0.1:8080", "api=tei", "task=encode"], "task=encode is not driven over HTTP"),
+    (["endpoint=managed", "reference=pytorch"], "no drift check runs over HTTP"),
+    (["endpoint=managed", "scenario=single_stream", "target_qps=null"], "give scenario=server"),
 ])
 def test_bad_endpoint_settings_are_one_line(overrides, message):
     assert_one_line_error(compose, ["scenario=server", "target_qps=5", *overrides], message)
@@ -34,9 +40,7 @@ def test_bad_endpoint_settings_are_one_line(overrides, message):
     (["endpoint=localhost:8080"], "is not an http(s) URL"),
     (["endpoint=http://:8080"], "is not an http(s) URL"),
     (["endpoint=http://127.0.0.1:99999"], "is not a URL"),
-    (["endpoint=http://127.0.0.1:8080", "workload.lengths=uniform(4,8)"], "cannot be sent to a server as text"),
-    (["endpoint=http://127.0.0.1:8080", "tokenize=true"], "tokenize= applies to local instances"),
-    (["endpoint=http://127.0.0.1:8080", "task=rerank"], "task=rerank is not driven over HTTP"),
+    (["endpoint=http://127.0.0.1:8080", "api=tei", "task=rerank", "workload=q.txt"], "sends the built-in rerank sets"),
 ])
 def test_what_the_trial_checks_before_any_request_is_one_line(overrides, message, tmp_path):
     from corescale.measure.runner import prepare_trial
@@ -48,14 +52,22 @@ def test_what_the_trial_checks_before_any_request_is_one_line(overrides, message
 
 
 def test_requests_and_answers_of_each_api():
-    openai, tei = APIS["openai"], APIS["tei"]
+    openai, tei = ROUTES["openai", "embed"], ROUTES["tei", "embed"]
+    rerank, predict = ROUTES["tei", "rerank"], ROUTES["tei", "classify"]
     assert json.loads(openai.body("a text", "m")) == {"input": "a text", "model": "m"}
     assert json.loads(tei.body("a text", "m")) == {"inputs": "a text", "truncate": True}
-    assert openai.dimension(b'{"data": [{"embedding": [0.1, 0.2, 0.3]}]}') == 3
-    assert tei.dimension(b"[[0.1, 0.2]]") == 2
-    for api, answer in ((openai, b'{"data": []}'), (tei, b"[[1], [2]]"), (tei, b"<html>"), (openai, b"[[1]]")):
+    assert json.loads(rerank.body(("q", ("a", "b")), "m")) == {"query": "q", "texts": ["a", "b"], "truncate": True}
+    assert json.loads(predict.body("a text", "m")) == {"inputs": "a text", "truncate": True}
+    assert openai.check(b'{"data": [{"embedding": [0.1, 0.2, 0.3]}]}') == 3
+    assert tei.check(b"[[0.1, 0.2]]") == 2
+    assert rerank.check(b'[{"index": 1, "score": 0.9}, {"index": 0, "score": 0.1}]') is None
+    assert predict.check(b'[{"label": "POS", "score": 0.8}, {"label": "NEG", "score": 0.2}]') is None
+    assert predict.check(b'[[{"label": "POS", "score": 0.8}]]') is None  # TEI's answer to a list of inputs
+    bad = ((openai, b'{"data": []}'), (tei, b"[[1], [2]]"), (tei, b"<html>"), (openai, b"[[1]]"), (rerank, b"[]"),
+           (rerank, b'[{"index": 0}]'), (rerank, b"[[0.1]]"), (predict, b'[{"score": 1}]'), (predict, b'{"x": 1}'))
+    for api, answer in bad:
         with pytest.raises(BadAnswer):
-            api.dimension(answer)
+            api.check(answer)
     assert timings({"x-queue-time": "2", "x-inference-time": "5.5", "x-total-time": "n/a"}) == \
         {"queue": 2.0, "inference": 5.5}
 

@@ -3,6 +3,7 @@ OpenMP) for the objective under constraints; ends in a recommendation, a recipe 
 
 from __future__ import annotations
 
+import shlex
 from contextlib import ExitStack
 from typing import TYPE_CHECKING
 
@@ -91,7 +92,10 @@ def conclude(tune, outcome: dict, args) -> TuneDocument:
     if doc.recipe:
         print_path("recipe", doc.recipe["recipe.sh"])
         console.print(f"reproduce it: bash {doc.recipe['recipe.sh']}", markup=False, soft_wrap=True)
-        if doc.recipe.get("bundle"):
+        if doc.recipe.get("serve_words"):
+            console.print(f"serve it: corescale serve {' '.join(map(shlex.quote, doc.recipe['serve_words']))}",
+                          markup=False, soft_wrap=True)
+        elif doc.recipe.get("bundle"):
             print_path("bundle", doc.recipe["bundle"])
             console.print(f"serve it: corescale serve {doc.recipe['bundle']}", markup=False, soft_wrap=True)
         else:

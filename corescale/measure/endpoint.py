@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 
 from corescale.errors import UserError
-from corescale.measure.http_api import APIS, BadAnswer, HttpApi, headers
+from corescale.measure.http_api import BadAnswer, HttpApi, Query, api_of, headers
 from corescale.measure.timing import warm_up
 
 PROBE_TIMEOUT_S = 10.0
@@ -32,8 +32,7 @@ def client(cfg, timeout: float | None = None):
 
 
 def check_settings(cfg) -> None:
-    """What config.validate leaves to the trial: a URL a client can send to, and no key that asks for work the
-    server does on its own."""
+    """What config.validate leaves to the trial: a URL a client can send to."""
     from urllib.parse import urlsplit
 
     url = str(cfg.endpoint)
@@ -44,26 +43,16 @@ def check_settings(cfg) -> None:
         raise UserError(f"endpoint={url} is not a URL ({exc}); give http://HOST:PORT") from None
     if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment or port == 0:
         raise UserError(f"endpoint={url} is not an http(s) URL of a server; give http://HOST:PORT (the API's paths "
-                        "are added to it: /v1/embeddings, /embed, /health)")
-    for name in ("tokenize", "min_quality"):
-        if getattr(cfg, name):
-            raise UserError(f"{name}= applies to local instances; a server measured over HTTP (endpoint=) "
-                            "tokenizes and computes on its own: leave it out")
-    if cfg.task not in (None, "embed"):
-        raise UserError(f"endpoint= sends embedding requests (task=embed); task={cfg.task} is not driven over HTTP "
-                        "yet")
-    if cfg.workload.lengths:
-        raise UserError("workload.lengths draws random token ids, which cannot be sent to a server as text: give "
-                        "workload=FILE with real text, or leave it out (the built-in corpus)")
+                        "are added to it: /v1/embeddings, /embed, /health), or endpoint=managed")
 
 
-def probe(cfg, text: str) -> Probed:
+def probe(cfg, query: Query) -> Probed:
     """GET /health, then one real request; UserError (one line) when the server cannot be reached, is not healthy,
     or refuses the request as malformed for it (wrong api=, model= or key). A first request that fails on the
     server's side (5xx, reset) is left to the measurement, which counts such errors."""
     import httpx
 
-    api, url = APIS[cfg.http_api], cfg.endpoint
+    api, url = api_of(cfg), cfg.endpoint
     with client(cfg) as http:
         try:
             health = http.get("/health")
@@ -75,7 +64,7 @@ def probe(cfg, text: str) -> Probed:
                             f"({short(health.content)})")
         status = health.status_code if health.is_success else None
         try:
-            answer = http.post(api.path, content=api.body(text, cfg.model))
+            answer = http.post(api.path, content=api.body(query, cfg.model))
         except httpx.HTTPError as exc:
             if status is None:
                 raise UserError(f"endpoint {url} has no /health and POST {api.path} failed ({why(exc)})") from None
@@ -85,9 +74,9 @@ def probe(cfg, text: str) -> Probed:
                             f"({short(answer.content)}); {hint(cfg, answer.status_code)}")
         if answer.is_success:
             try:
-                api.dimension(answer.content)
+                api.check(answer.content)
             except BadAnswer as exc:
-                raise UserError(f"endpoint {url} answered POST {api.path} without an embedding ({exc}); "
+                raise UserError(f"endpoint {url} answered POST {api.path} without the {api.task} answer ({exc}); "
                                 f"{hint(cfg, 200)}") from None
     return Probed(status)
 
@@ -123,7 +112,7 @@ def warm(cfg, bodies: list[bytes], api: HttpApi) -> Warm:
         try:
             answer = http.post(api.path, content=next(texts))
             answer.raise_for_status()
-            dimension = api.dimension(answer.content)
+            dimension = api.check(answer.content)
             good.append((time.perf_counter_ns() - began) / 1e6)
         except (httpx.HTTPError, BadAnswer):
             errors += 1

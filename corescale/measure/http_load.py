@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from corescale.measure.endpoint import Warm
-from corescale.measure.http_api import APIS, TIMING_HEADERS, BadAnswer, headers, timings
+from corescale.measure.http_api import TIMING_HEADERS, BadAnswer, api_of, headers, timings
 from corescale.measure.server import Server, StepResult
 
 MAX_CONNECTIONS = 1024  # open loop: a query never waits for another's connection below this many in flight
@@ -69,7 +69,7 @@ class HttpServer(Server):
 
     def __init__(self, cfg, bodies: list[bytes], warm: Warm, work_dir: Path):
         super().__init__(cfg, np.ones(len(bodies), dtype=np.int64), work_dir)  # lengths: only their count (the QSL)
-        self.api, self.bodies, self.warm = APIS[cfg.http_api], bodies, warm
+        self.api, self.bodies, self.warm = api_of(cfg), bodies, warm
         self.url = cfg.endpoint.rstrip("/") + self.api.path
         self.loop = asyncio.new_event_loop()
         self.tasks: set[asyncio.Task] = set()
@@ -160,7 +160,7 @@ class HttpServer(Server):
         elif status is not None:
             times = timings(answered)
             try:
-                self.api.dimension(content)
+                self.api.check(content)
             except BadAnswer as exc:
                 kind, message = "bad_answer", str(exc)
         if kind:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from corescale.config import BenchmarkConfig
 from corescale.errors import UserError
 from corescale.machine import environment, instance_env
 from corescale.machine.peak import PeakCache
-from corescale.machine.placement import InstanceSpec, Plan, instance_specs, plan
+from corescale.machine.placement import InstanceSpec, Plan, plan
 from corescale.machine.scratch import scratch
 from corescale.machine.topology import Topology
 from corescale.measure.aggregate import InstanceSamples, run_metrics, samples_frame
@@ -29,27 +28,14 @@ from corescale.measure.calibrate import with_peaks
 from corescale.measure.launcher import Launcher, LaunchOutcome
 from corescale.measure.server import Server, batches_csv, summarise
 from corescale.measure.timing import read_pairs
+from corescale.measure.trial import Trial, UncommittedResult, check_places, housekeeping_cpus, new_record
 from corescale.record.files import PendingRun, log_name, run_name
-from corescale.record.sections import HostEnvironment, InstanceReport, ServerSummary
+from corescale.record.sections import InstanceReport, ServerSummary
 from corescale.record.trial import Failure, Partial, Roofline, RunMetrics, TrialRecord, spec_key, trial_key
 from corescale.workload.flops import forward_flops
 from corescale.workload.models import ModelSpec, resolve_model
 from corescale.workload.quality import build_quality_set
-from corescale.workload.samples import QuerySet, build_query_set, query_texts, text_summary, uses_query_set
-
-
-@dataclass(frozen=True)
-class Trial:
-    cfg: BenchmarkConfig
-    model: ModelSpec
-    plan: Plan
-    key: str  # the trial key resume looks up (config key + model identity)
-    queries: QuerySet | None = None  # the queries' token ids, when they are not one fixed random batch
-    quality: QuerySet | None = None  # the real text the task's quality is judged on (None: task=encode)
-    texts: list[str] | None = None  # endpoint=: the queries' texts, sent as they are
-
-    def instance_specs(self, work_dir: Path | None = None) -> list[InstanceSpec]:
-        return instance_specs(self.plan, self.cfg.threads, self.cfg.instance_batch_size, work_dir)
+from corescale.workload.samples import build_query_set, uses_query_set
 
 
 def placement_for(cfg: BenchmarkConfig, topology: Topology) -> Plan:
@@ -65,7 +51,10 @@ def prepare_trial(cfg: BenchmarkConfig, topology: Topology | None = None, on_nod
     on_node: prepared again on the Ray node that measures it (the driver writes the results; the node's memory
     is what must hold the instances)."""
     if cfg.endpoint:
-        return prepare_endpoint(cfg)
+        from corescale.http_keys import MANAGED
+        from corescale.measure.http_trial import prepare_endpoint, served_config
+
+        return prepare_endpoint(cfg, prepare_trial(served_config(cfg)) if cfg.endpoint == MANAGED else None)
     check_available(cfg.backend.name)
     if cfg.reference:
         check_available(cfg.reference)
@@ -128,23 +117,6 @@ def check_task(cfg: BenchmarkConfig, model: ModelSpec) -> None:
                             "has none: give workload.tokenizer=DIR holding tokenizer.json")
 
 
-def prepare_endpoint(cfg: BenchmarkConfig) -> Trial:
-    """endpoint=: the texts, then the server itself (reachable, healthy, answering this API): no local instance,
-    no model loaded here; the key holds the endpoint, the API and the texts."""
-    import hashlib
-
-    from corescale.measure.endpoint import check_settings, probe
-
-    check_settings(cfg)
-    texts, origin = query_texts(cfg)
-    check_places(cfg)
-    probe(cfg, texts[0])
-    model = ModelSpec(name=cfg.model, source="endpoint", config={"endpoint": cfg.endpoint, "api": cfg.http_api,
-                                                                 "texts": origin})
-    digest = hashlib.sha256("\n".join(texts).encode()).hexdigest()[:16]
-    return Trial(cfg, model, Plan(()), trial_key(spec_key(cfg, model), {"texts": digest}), texts=texts)
-
-
 def check_threads(cfg: BenchmarkConfig, placement: Plan, topology: Topology) -> None:
     """`threads` and `interop_threads` stay within each instance's CPUs (more would only time-slice them)."""
     from corescale.machine.cpulist import format_cpulist
@@ -194,18 +166,6 @@ def check_memory(cfg: BenchmarkConfig, model: ModelSpec) -> None:
             "fewer instances")
 
 
-def check_places(cfg: BenchmarkConfig, results: bool = True) -> None:
-    """The results root (and the cache, where this trial writes one) can be written: refused before any
-    measurement is made and lost."""
-    from corescale.userfiles import check_writable
-
-    if results:
-        check_writable(cfg.results_root, "output_dir", directory=True)
-    artifacts = [a for name in (cfg.backend.name, cfg.reference) if name for a in entry(name).artifacts]
-    if artifacts or cfg.calibrate:
-        check_writable(cfg.cache_dir, "cache_dir", directory=True)
-
-
 @dataclass
 class TrialOutcome:
     path: Path | None
@@ -214,22 +174,6 @@ class TrialOutcome:
     @property
     def ok(self) -> bool:
         return self.record.ok
-
-
-@dataclass
-class UncommittedResult:
-    """Everything a trial produced, before it is written anywhere (it may travel from another node)."""
-
-    record: TrialRecord
-    samples: pd.DataFrame | None
-    logs: dict[str, bytes]
-    interrupted: BaseException | None = None  # raised again once the record is committed
-
-
-def new_record(trial: Trial, host: dict | None, started: float) -> TrialRecord:
-    return TrialRecord(config=trial.cfg, key=trial.cfg.key(), trial_key=trial.key, model=trial.model.identity(),
-                       plan=trial.plan.to_dict(), environment=HostEnvironment.from_dict(host or {}, "environment"),
-                       started_at=time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)))
 
 
 def failed_result(trial: Trial, failure: Failure, host: dict | None, started: float) -> UncommittedResult:
@@ -246,6 +190,8 @@ def run_instances(trial: Trial, on_event=None, host: dict | None = None, forkser
     host = host or environment.capture()
     record = new_record(trial, host, started)
     if trial.texts is not None:
+        from corescale.measure.http_trial import run_endpoint
+
         return run_endpoint(trial, record, started)
     samples = None
     with scratch() as work:
@@ -294,55 +240,6 @@ def run_instances(trial: Trial, on_event=None, host: dict | None = None, forkser
                                1 - metrics.throughput_tokens_per_s / metrics.padded_tokens_per_s}
     record.elapsed_s = time.time() - started
     return UncommittedResult(record, samples, logs, outcome.interrupted)
-
-
-def run_endpoint(trial: Trial, record: TrialRecord, started: float) -> UncommittedResult:
-    """endpoint=: warm the server up, ask what it is, then LoadGen's tests through the HTTP client."""
-    from corescale.measure.endpoint import self_description, warm
-    from corescale.measure.http_api import APIS
-    from corescale.measure.http_load import HttpServer, requests_csv
-
-    cfg, api = trial.cfg, APIS[trial.cfg.http_api]
-    assert trial.texts is not None, "an endpoint trial carries its texts"
-    bodies = [api.body(text, cfg.model) for text in trial.texts]
-    warmed = warm(cfg, bodies, api)
-    health, reports = self_description(cfg, api)
-    endpoint = {"url": cfg.endpoint, "api": api.name, "path": api.path, "health": health,
-                "model_field": cfg.model if api.name == "openai" else None, "reports": reports,
-                "single_ms": min(warmed.durations_ms, default=None), "warmup_requests": warmed.requests,
-                "warmup_errors": warmed.errors, "dimension": warmed.dimension, "request_timeout_s": cfg.request_timeout}
-    interrupted = None
-    with scratch() as work:
-        server = HttpServer(cfg, bodies, warmed, Path(work))
-        try:
-            server.run()
-        except KeyboardInterrupt as stop:
-            interrupted = stop
-            server.failure = Failure("interrupted", f"interrupted by {getattr(stop, 'signal_name', 'SIGINT')}")
-    logs = {**server.outcome.logs, "http-requests.csv": requests_csv(server.request_rows)}
-    summary = summarise(cfg, server.outcome, text_summary(trial.texts, trial.model.config["texts"]), endpoint)
-    summary["parent"]["cpus"] = sorted(os.sched_getaffinity(0))
-    record.server = ServerSummary.from_dict(summary, "server")
-    if server.failure:
-        record.fail(server.failure)
-    elif not server.outcome.steps and not server.outcome.unreachable:
-        record.fail(Failure("error", "LoadGen ran no test"))
-    record.elapsed_s = time.time() - started
-    return UncommittedResult(record, None, logs, interrupted)
-
-
-@contextmanager
-def housekeeping_cpus(specs: list[InstanceSpec]):
-    """The parent (supervision, progress display) moves to CPUs no instance uses while they run, when the
-    machine has any; otherwise it stays where it is and keeps quiet (the display redraws only on events)."""
-    mine = os.sched_getaffinity(0)
-    free = mine - {cpu for spec in specs for cpu in spec.cpus}
-    if free and free != mine:
-        os.sched_setaffinity(0, free)
-    try:
-        yield free or None
-    finally:
-        os.sched_setaffinity(0, mine)
 
 
 def commit(measured: UncommittedResult) -> TrialOutcome:

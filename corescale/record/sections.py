@@ -285,3 +285,21 @@ class Endpoint(Section):
     warmup_errors: int = 0
     dimension: int | None = None  # the embedding's length in its answers
     request_timeout_s: float | None = None
+    managed: Managed | None = None  # endpoint=managed: the service the trial started
+
+
+@dataclass(frozen=True)
+class Managed(Section):
+    """endpoint=managed: the `corescale serve` a trial started on its layout, where its parts ran, what the front
+    cost (its /metrics `corescale_front_cpu_seconds`, over the warm-up and LoadGen's tests) and how it stopped."""
+
+    layout: str  # the layout served, in words (the record's plan holds it whole)
+    front: str  # where its HTTP front ran: "CPUs 2-3" or "shared with the instances"
+    client_cpus: list[int]  # where LoadGen and the HTTP client ran (the trial's process)
+    front_cpu_s: float | None = None
+    front_wall_s: float | None = None
+    exit_code: int | None = None  # after SIGTERM: 0 when it drained
+
+    @property
+    def front_cores(self) -> float | None:
+        return self.front_cpu_s / self.front_wall_s if self.front_cpu_s is not None and self.front_wall_s else None

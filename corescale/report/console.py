@@ -146,7 +146,12 @@ def server_table(table: Table, record: TrialRecord) -> Table:
 def http_rows(table: Table, s) -> None:
     """endpoint=: the server measured, the errors, and the breakdown of the step the figures come from."""
     e = s.endpoint
-    table.add_row("endpoint", escape(f"{e.url}{e.path}"), escape(f"api {e.api}, one text per request"))
+    each = "one query and its texts" if e.path == "/rerank" else "one text"
+    table.add_row("endpoint", escape(f"{e.url}{e.path}"), escape(f"api {e.api}, {each} per request"))
+    if e.managed is not None:  # endpoint=managed: the service this trial started
+        table.add_row("served", escape(e.managed.layout), escape(f"front {e.managed.front}"))
+        if e.managed.front_cores is not None:
+            table.add_row("front CPU", f"{e.managed.front_cores:.2f} cores", "HTTP, tokenization, queue (its /metrics)")
     shown = [st for st in s.steps if st.target_qps == s.max_valid_qps] if s.searched and s.max_valid_qps else []
     step = (shown or s.steps or [None])[-1]
     if step is None or step.http is None:

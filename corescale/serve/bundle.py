@@ -168,6 +168,10 @@ def write(directory: Path, record: TrialRecord, replace: bool = False) -> Path:
     earlier bundle there (a tune's, resumed) is replaced once the new one is complete."""
     if not record.valid_ok:
         raise UserError(f"no bundle from a failed or invalid result ({record.reason or 'invalid'})")
+    if record.config.endpoint:
+        raise UserError("no bundle from a server measured over HTTP (endpoint=): no artifact was measured here; "
+                        "endpoint=managed's layout is served again by `corescale serve` with its overrides "
+                        "(tune.json's recipe.serve_words), or measured in process by `corescale run ... --bundle DIR`")
     cfg = record.config
     directory = Path(directory)
     earlier = directory.is_dir() and (directory / MANIFEST).is_file() and replace

@@ -63,21 +63,31 @@ def open_bundle(path: str | Path, runtime: Path | None = None) -> Bundle:
 
 
 def from_overrides(overrides: list[str]) -> Bundle:
-    """`corescale serve OVERRIDES`: the layout a config asks for, checked and placed as a run's trial is
-    (`prepare_trial`), started as a run starts it; the artifact is built or found in cache_dir as a run's is.
-    Nothing here was measured: a bundle is."""
+    """`corescale serve OVERRIDES`: the layout a config asks for (from_config)."""
+    from corescale.overrides import compose
+
+    return from_config(compose(overrides))
+
+
+def from_config_file(path: Path) -> Bundle:
+    """`corescale serve CONFIG.json`: a config as a record holds it (what endpoint=managed starts for a trial)."""
+    from corescale.config import validate
+    from corescale.userfiles import read_json
+
+    return from_config(validate(BenchmarkConfig.from_dict(read_json(path, "the config"))))
+
+
+def from_config(cfg: BenchmarkConfig) -> Bundle:
+    """The layout a config asks for, checked and placed as a run's trial is (`prepare_trial`), started as a run
+    starts it; the artifact is built or found in cache_dir as a run's is. Nothing here was measured: a bundle is."""
     import dataclasses
 
     from corescale.measure.runner import prepare_trial
-    from corescale.overrides import compose
-    from corescale.workload.tokens import tokenizer_dir
+    from corescale.workload.tokens import served_tokenizer
 
-    trial = prepare_trial(compose(overrides))
+    trial = prepare_trial(cfg)
     cfg = bundle.serving(trial.cfg)
-    folder, _ = tokenizer_dir(cfg, trial.model)
-    if folder is None or not (folder / "tokenizer.json").is_file():
-        raise UserError(f"model '{cfg.model}' has no fast tokenizer (tokenizer.json) to serve text with: give "
-                        "workload.tokenizer=DIR")
+    folder = served_tokenizer(cfg, trial.model)
     cfg = dataclasses.replace(cfg, workload=dataclasses.replace(cfg.workload, tokenizer=str(folder)))
     specs = trial.instance_specs()
     preload = instance_env.preload_paths(cfg)

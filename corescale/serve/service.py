@@ -19,8 +19,8 @@ from pathlib import Path
 
 from corescale.errors import UserError
 from corescale.machine.cpulist import format_cpulist
-from corescale.measure.runner import housekeeping_cpus
-from corescale.serve.opened import from_overrides, open_bundle
+from corescale.measure.trial import housekeeping_cpus
+from corescale.serve.opened import Bundle, from_config_file, from_overrides, open_bundle
 
 GRACEFUL_S = 60  # the longest SIGTERM waits for accepted requests
 
@@ -53,8 +53,17 @@ def say(text: str) -> None:
     print(f"corescale serve: {text}", flush=True)
 
 
+def opened_source(source: list[str], work: Path) -> Bundle:
+    """Overrides (key=value), a config file (CONFIG.json: endpoint=managed's trials), or a bundle folder."""
+    if "=" in source[0]:
+        return from_overrides(source)
+    if Path(source[0]).is_file():
+        return from_config_file(Path(source[0]))
+    return open_bundle(source[0], work / "cache")
+
+
 def run(source: list[str], options: Options) -> int:
-    """`source`: a bundle's path, or overrides (a layout that was not measured)."""
+    """`source`: a bundle's path, overrides or a config file (a layout that was not measured)."""
     import uvicorn
 
     from corescale.serve.app import Front, create_app
@@ -63,7 +72,7 @@ def run(source: list[str], options: Options) -> int:
     from corescale.serve.tokens import Tokens
 
     with tempfile.TemporaryDirectory(prefix="corescale-serve-") as work:
-        opened = from_overrides(source) if "=" in source[0] else open_bundle(source[0], Path(work) / "cache")
+        opened = opened_source(source, Path(work))
         cfg = opened.cfg
         tokens = Tokens(opened.tokenizer, cfg.sequence_length, options.max_inputs)
         sock = bind(options.host, options.port)

@@ -62,8 +62,9 @@ def probe_node() -> dict:
 def connected(settings: TuneSettings):
     """Ray for a tune with executor=ray (connected here, disconnected after), else None."""
     from corescale.overrides import compose
+    from corescale.tune.settings import scenario_overrides
 
-    cfg = compose(settings.overrides)
+    cfg = compose([*settings.overrides, *scenario_overrides(settings)])
     if not isinstance(cfg.executor, RayExecutorConfig):
         if settings.node_types != [None]:
             raise UserError("executor.node_type needs executor=ray (node types are Ray nodes' labels)")

@@ -189,6 +189,8 @@ def write_outputs(tune: Tune, study, verdict: Verdict, finalists: list[Finalist]
         recipe["run_line"] = recipes.run_line(winner.overrides)
         recipe["key"] = record.trial_key
         recipe.update(winner_bundle(tune.tune_dir / BUNDLE, record))
+        if record.config.endpoint:  # measured as a service: that service's overrides
+            recipe["serve_words"] = recipes.serve_words(winner.overrides)
     doc = document(tune, study, verdict, finalists, recipe)
     write_json_atomic(tune.tune_dir / TUNE_FILE, doc.to_dict())
     return doc

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from corescale.backends import BACKENDS, DEFAULT_BACKEND, OPTIONS, quality_reference
 from corescale.config import BenchmarkConfig
 from corescale.errors import UserError
+from corescale.http_keys import MANAGED
 from corescale.overrides import assignment, compose, override_key
 from corescale.record.trial import TrialRecord
 from corescale.trials.sweep import plan_sweep
@@ -153,7 +154,7 @@ def plan_tune(settings: TuneSettings, topology=None, kind=None, name: str | None
     from corescale.machine import environment
     from corescale.machine.topology import Topology
 
-    cfg = compose(settings.overrides)
+    cfg = compose(merge(settings.overrides, scenario_overrides(settings)))
     if cfg.executor.name != "local" and kind is None:
         raise UserError("executor=ray: the tune probes the cluster's nodes first (corescale tune does)")
     topology = kind.topology if kind is not None else topology or Topology.from_sysfs()
@@ -163,6 +164,8 @@ def plan_tune(settings: TuneSettings, topology=None, kind=None, name: str | None
     space = spaces.derive(cfg, settings.overrides, settings.space, cores, isa, model=model,
                           latency=settings.objective.name == "latency",
                           batch_key="server.max_batch" if settings.objective.scenario == "server" else "batch_size")
+    if cfg.endpoint == MANAGED:
+        served_precisions(space)
     screen = settings.screen or max(cfg.duration / 4, min(cfg.duration, 1.0))
     if screen > cfg.duration:
         raise UserError(f"tune.screen={screen:g} s is longer than the full window duration={cfg.duration:g} s")
@@ -190,6 +193,20 @@ def plan_tune(settings: TuneSettings, topology=None, kind=None, name: str | None
     plan_sweep([merge(c, [f"duration={cfg.duration:g}"]) for c in (tune.baseline, tune.peer) if c],
                topology)  # the baseline and the peer can run here
     return tune
+
+
+def served_precisions(space: spaces.Space) -> None:
+    """endpoint=managed: no drift or quality check runs over HTTP, so the service is tuned in fp32 (a reduced
+    precision is checked in process first, without endpoint=)."""
+    reduced = sorted({p for found in space.precisions.values() for p in found if p != "fp32"})
+    space.precisions = {b: [p for p in found if p == "fp32"] for b, found in space.precisions.items()}
+    space.backends = [b for b in space.backends if space.precisions.get(b)]
+    if not space.backends:
+        raise UserError("endpoint=managed tunes fp32 only (no drift or quality check runs over HTTP); measure "
+                        f"{', '.join(reduced)} in process, without endpoint=")
+    if reduced:
+        space.notes.append(f"precision {', '.join(reduced)}: not with endpoint=managed (no drift or quality check "
+                           "over HTTP)")
 
 
 def tuned_model(cfg: BenchmarkConfig, settings: TuneSettings):

@@ -33,6 +33,11 @@ def run_line(overrides: list[str]) -> list[str]:
     return [sys.executable, "-m", "corescale.cli", "run", *kept]
 
 
+def serve_words(overrides: list[str]) -> list[str]:
+    """endpoint=managed: the overrides `corescale serve` takes to start the service that was measured."""
+    return [o for o in overrides if override_key(o) not in ("output_dir", "repeats", "endpoint", "api")]
+
+
 def instance_lines(record: TrialRecord) -> list[str]:
     """One backgrounded line per measured instance: its environment, then its pinning, then the command."""
     lines = []

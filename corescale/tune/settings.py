@@ -195,10 +195,26 @@ def parse(words: list[str]) -> TuneSettings:
             not (settings.prices or settings.machines):
         raise UserError("objective=cost needs a price: give price_per_hour=$/h (this machine) or machine=NAME "
                         "(see corescale cost --list-machines)")
+    _check_endpoint(settings)
     if settings.objective.scenario == "server" and settings.slo_p99_ms is None:
         raise UserError("objective=server_qps needs slo_p99_ms=MS: the p99 bound each configuration's highest "
                         "arrival rate is searched under (MLPerf's BERT bound is 130)")
     return settings
+
+
+def _check_endpoint(settings: TuneSettings) -> None:
+    """A tune over HTTP starts each trial's own service (endpoint=managed) and searches its QPS."""
+    from corescale.http_keys import MANAGED
+
+    given = {override_key(o): o.split("=", 1)[1] for o in settings.overrides if "=" in o}
+    if "endpoint" not in given:
+        return
+    if given["endpoint"] != MANAGED:
+        raise UserError(f"endpoint={given['endpoint']}: a tune changes the layout it measures, which a running server "
+                        "does not let it do: give endpoint=managed (each trial starts `corescale serve` on its layout)")
+    if settings.objective.scenario != "server":
+        raise UserError("endpoint=managed measures each layout's service under LoadGen's load: give "
+                        "objective=server_qps slo_p99_ms=MS")
 
 
 def _check_node_types(settings: TuneSettings) -> None:

@@ -181,12 +181,20 @@ def read_texts(source: str) -> list[str]:
     return texts
 
 
-def query_texts(cfg) -> tuple[list[str], str]:
-    """The texts queries carry as text (endpoint=): the workload file's first workload.samples, or the built-in
-    corpus's (no workload, or workload=builtin); and where they came from."""
+def query_texts(cfg) -> tuple[list, str]:
+    """The queries sent as text (endpoint=): the workload file's first workload.samples texts, or the built-in
+    corpus's (no workload, or workload=builtin); for task=rerank the built-in rerank sets, each a (query, texts)
+    pair sent whole; and where they came from."""
     from corescale.workload import corpus
 
     count = cfg.workload.samples
+    if cfg.task == "rerank":
+        if cfg.workload.source and cfg.workload.source != corpus.BUILTIN:
+            raise UserError("task=rerank over HTTP sends the built-in rerank sets (a query and the texts it ranks); "
+                            "a workload file holds texts only: leave workload= out")
+        sets = corpus.rerank_sets(max(count // corpus.RERANK_CANDIDATES, 2), corpus.RERANK_CANDIDATES)
+        return [(s.query, s.documents) for s in sets], (
+            f"built-in rerank sets ({len(sets)} queries x {corpus.RERANK_CANDIDATES} texts, one query per request)")
     if cfg.workload.source and cfg.workload.source != corpus.BUILTIN:
         found = read_texts(cfg.workload.source)
         return found[:count], f"{cfg.workload.source} ({min(count, len(found))} of {len(found)} texts)"
@@ -194,11 +202,12 @@ def query_texts(cfg) -> tuple[list[str], str]:
     return chosen, origin
 
 
-def text_summary(texts: list[str], origin: str) -> dict:
-    """The record's `queries` of texts sent as they are (their lengths in characters: the server tokenizes)."""
-    chars = np.array([len(t) for t in texts])
-    return {"origin": origin, "queries": len(texts), "mean_chars": float(chars.mean()), "min_chars": int(chars.min()),
-            "max_chars": int(chars.max()), "p50_chars": float(np.percentile(chars, 50)),
+def text_summary(queries: list, origin: str) -> dict:
+    """The record's `queries` of texts sent as they are (their lengths in characters, a rerank query's and its
+    texts' together: the server tokenizes)."""
+    chars = np.array([len(q) if isinstance(q, str) else len(q[0]) + sum(map(len, q[1])) for q in queries])
+    return {"origin": origin, "queries": len(queries), "mean_chars": float(chars.mean()),
+            "min_chars": int(chars.min()), "max_chars": int(chars.max()), "p50_chars": float(np.percentile(chars, 50)),
             "p90_chars": float(np.percentile(chars, 90))}
 
 

@@ -112,3 +112,13 @@ def load_tokenizer(cfg, model):
         where = "offline (HF_HUB_OFFLINE is set)" if offline else "as a local directory or on the hub"
         raise UserError(f"tokenizer '{name}' cannot be found {where}: {str(exc).splitlines()[0][:160]}; give a "
                         "directory holding tokenizer.json or tokenizer_config.json") from None
+
+
+def served_tokenizer(cfg, model) -> Path:
+    """The folder of the fast tokenizer (tokenizer.json) a service tokenizes text with; UserError when there is
+    none."""
+    folder, _ = tokenizer_dir(cfg, model)
+    if folder is None or not (folder / "tokenizer.json").is_file():
+        raise UserError(f"model '{cfg.model}' has no fast tokenizer (tokenizer.json) to serve text with: give "
+                        "workload.tokenizer=DIR")
+    return folder

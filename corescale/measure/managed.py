@@ -1,0 +1,120 @@
+"""A `corescale serve` in its own process for as long as a caller measures it over HTTP (endpoint=managed's
+trials; benchmarks/serve.py): started on a free loopback port and killed if this process dies, its URL read from
+its ready line, stopped with SIGTERM (it drains and exits 0); its exit status and the end of its log are kept."""
+
+from __future__ import annotations
+
+import os
+import selectors
+import signal
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from corescale.machine import instance_env
+
+READY = "listening on http://"
+FRONT = "; front on "  # the ready line's word on where the HTTP front runs
+STOP_S = 90.0  # the drain (60 s at most) and the instances' stop
+LOG_TAIL_LINES = 3
+
+
+class ServeFailed(RuntimeError):
+    """`corescale serve` exited, or was not ready in time: its exit status and the end of its log."""
+
+
+@dataclass
+class Service:
+    url: str
+    front: str  # where its front runs: "CPUs 2-3" or "shared with the instances"
+    process: subprocess.Popen
+    log: Path
+    exit_code: int | None = None  # once stopped
+
+    def tail(self) -> str:
+        return log_tail(self.log)
+
+
+@contextmanager
+def started(source: list[str], log: Path, *options: str, ready_s: float = 600.0) -> Iterator[Service]:
+    """`corescale serve SOURCE --port 0 OPTIONS` (SOURCE: a bundle folder, overrides, or a config file); yields it
+    once ready. ServeFailed (its exit status and the end of its log) when it exits or is not ready within
+    `ready_s`. It runs in its own session on every CPU this process may use, and dies with this process."""
+    launch = instance_env.Launch([], dict(os.environ), tuple(sorted(os.sched_getaffinity(0))))
+    with open(log, "wb") as stderr:
+        process = instance_env.spawn(launch, "corescale.cli", "serve", *source, "--port", "0", "--host", "127.0.0.1",
+                                     *options, stdout=subprocess.PIPE, stderr=stderr, text=True)
+    service = Service("", "", process, log)
+    try:
+        ready = wait_ready(process, log, ready_s)
+        service.url = url_in(ready)
+        service.front = ready.split(FRONT, 1)[1].split(";", 1)[0] if FRONT in ready else ""
+        yield service
+    finally:
+        service.exit_code, said = stop(process)
+        with open(log, "a") as kept:  # its closing lines (the front's CPU, each instance's inputs) after its log
+            kept.write(said)
+
+
+def wait_ready(process: subprocess.Popen, log: Path, timeout_s: float) -> str:
+    """Its ready line; ServeFailed when it exits first or is not ready within timeout_s."""
+    assert process.stdout is not None, "started with its stdout piped"
+    selector = selectors.DefaultSelector()
+    selector.register(process.stdout, selectors.EVENT_READ)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if selector.select(timeout=1.0):
+            line = process.stdout.readline()
+            if not line:  # its output closed: it is exiting (its status comes a moment later)
+                try:
+                    process.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    pass
+                break
+            if READY in line:
+                return line
+        elif process.poll() is not None:
+            break
+    code = process.poll()
+    when = f"exited with status {code}" if code is not None else f"was not ready within {timeout_s:g} s"
+    raise ServeFailed(f"corescale serve {when} ({log_tail(log)})")
+
+
+def url_in(ready: str) -> str:
+    """The base URL a ready line names."""
+    return "http://" + ready.split(READY, 1)[1].strip()
+
+
+def log_tail(log: Path) -> str:
+    lines = log.read_text(errors="replace").strip().splitlines() if log.is_file() else []
+    return "; ".join(lines[-LOG_TAIL_LINES:]) or "no output"
+
+
+def stop(process: subprocess.Popen) -> tuple[int, str]:
+    """SIGTERM (it drains), then SIGKILL to its whole session after STOP_S; its exit status and what it printed
+    since its ready line."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+    try:
+        said, _ = process.communicate(timeout=STOP_S)
+    except subprocess.TimeoutExpired:
+        instance_env.kill(process)
+        said = ""
+    return process.returncode, said or ""
+
+
+def front_cpu_seconds(url: str) -> float | None:
+    """The front's CPU seconds so far (its /metrics `corescale_front_cpu_seconds`); None when it does not say."""
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + "/metrics", timeout=10) as answer:
+            text = answer.read().decode()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("corescale_front_cpu_seconds "):
+            return float(line.split()[-1])
+    return None
