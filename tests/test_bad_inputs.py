@@ -251,7 +251,7 @@ CASES = [
     ("tune-constraint", ["tune", *FAST, "max_power_w=100"], "unknown constraint 'max_power_w': no such metric"),
     ("tune-budget-small", ["tune", *FAST, "budget=2s"], "budget=2s is too small for one trial"),
     ("tune-budget-text", ["tune", *FAST, "budget=soon"], "budget: expected a duration such as 300s, 5m"),
-    ("tune-empty-space", ["tune", *FAST, "space.backend=[openvino]", "precision=int8"], "the search space is empty"),
+    ("tune-empty-space", ["tune", *FAST, "space.backend=[onnxruntime]", "precision=bf16"], "the search space is empty"),
     ("tune-backend-precision", ["tune", *FAST, "backend=tensorflow", "precision=int8"],
      "backend=tensorflow does not compute in precision=int8; allowed precisions: fp32"),
     ("tune-empty-list", ["tune", *FAST, "space.backend=[]"], "space.backend=[] leaves nothing to search"),
