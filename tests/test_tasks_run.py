@@ -95,8 +95,12 @@ def test_a_tune_shows_a_withheld_configuration_once_and_spends_no_repeat_on_it(t
     (tune_dir,) = tmp_path.glob("tune-*")
     doc = json.loads((tune_dir / "tune.json").read_text())
     (withheld,) = [f for f in doc["finalists"] if f["role"] == "withheld (quality)"]
-    assert withheld["throughput"]["n"] == 1 and withheld["quality"]["mean"] < 0.99
+    assert withheld["throughput"]["n"] == 1 and withheld["quality"]["n"] == 1
     assert doc["baseline"]["role"] == "winner" and doc["baseline"]["throughput"]["n"] == 2
-    int8 = [p for p in tune_dir.glob("*/result.json") if json.loads(p.read_text())["config"]["precision"] == "int8"]
+    int8 = [json.loads(p.read_text()) for p in tune_dir.glob("*/result.json")]
+    int8 = [r for r in int8 if r["config"]["precision"] == "int8"]
     assert len(int8) == 1  # the screen, and no repeat
+    # which metric misses depends on the CPU's int8 kernels (cosine p1 0.936 on one, 0.991 on another): the
+    # record's own verdict is what withholds it
+    assert int8[0]["quality"]["passed"] is False
     assert "withheld (quality): 1 configuration(s)" in proc.stdout and "recommended: baseline" in proc.stdout
