@@ -1,5 +1,6 @@
 """backend=sentence_transformers: sentence-transformers' own encode() / CrossEncoder.predict() on real text, timed
-whole, judged by the same quality check as every backend; the tune's peer baseline beside out-of-box PyTorch."""
+whole, judged by the same quality check as every backend; the tune's peer baseline is checked by
+test_demo.py (make run's tune)."""
 
 import json
 import shutil
@@ -63,28 +64,3 @@ def test_predict_on_a_config_built_cross_encoder_ranks_as_the_reference(tmp_path
     assert quality["task"] == "rerank" and quality["passed"] is True  # its sigmoid keeps the logits' order
     assert quality["metrics"]["ndcg_at_10_mean"] >= 0.999 and quality["metrics"]["kendall_tau_min"] >= 0.99
     assert record["instance_reports"][0]["framework"]["call"] == "CrossEncoder.predict"
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(1500)  # six short runs, each loading the model; a busy 2-core machine stretches them
-def test_a_tune_measures_the_peer_and_ends_with_the_ratio_over_it(tmp_path):
-    """The peer is the backend's encode() on all-MiniLM-L6-v2 with tokenize=true: its quality is the reference's."""
-    small = ["trials=1", "tune.repeats=2", "tune.top_k=1", "tune.screen=0.5", "space.backend=[pytorch]",
-             "space.precision=[fp32]", "space.layout=[1x1]", "space.allocator=[default]", "space.openmp=[default]",
-             "space.threads=[1]", "space.backend.linear=[default]", "batch_size=4"]
-    proc = corescale("tune", "model=all-minilm-l6-v2", *TEXT, *QUICK, *small, f"output_dir={tmp_path}",
-                     "--no-progress", timeout=1400)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "× sentence-transformers encode() (95 % CI" in proc.stdout
-    doc = json.loads(next(tmp_path.glob("tune-*/tune.json")).read_text())
-    peer = doc["peer"]
-    assert peer["role"] == "peer" and peer["label"] == "peer: sentence-transformers encode()"
-    assert len(peer["paths"]) == 2 and peer["throughput"]["mean"] > 0 and peer["quality"]["mean"] >= 0.9999
-    assert doc["peer_speedup"]["low"] <= doc["peer_speedup"]["ratio"] <= doc["peer_speedup"]["high"]
-    assert doc["winner"] != peer["label"] and all(f["role"] != "peer" for f in doc["finalists"])
-    record = json.loads((Path(peer["paths"][0]) / "result.json").read_text())
-    quality = record["quality"]
-    assert quality["task"] == "embed" and quality["passed"] is True
-    assert quality["metrics"]["cosine_min"] >= 0.9999 and quality["metrics"]["recall_at_10"] == 1.0
-    framework = record["instance_reports"][0]["framework"]
-    assert framework["call"] == "SentenceTransformer.encode" and framework["num_threads"] >= 1

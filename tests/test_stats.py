@@ -68,3 +68,18 @@ def test_bootstrap_ratio():
     ratio, lo, hi = bootstrap_ratio_ci(a, b)
     assert lo < ratio < hi
     assert lo > 1.9 and hi < 2.1
+
+
+def test_the_t_quantile_and_welchs_p_agree_with_scipy_stats():
+    """record.stats computes them from scipy.special (scipy.stats costs every run a second to import)."""
+    from scipy import stats
+
+    from corescale.record.stats import t_quantile, welch_p
+
+    rng = np.random.default_rng(0)
+    for n, m in [(2, 2), (2, 7), (5, 5), (30, 4)]:
+        a, b = rng.normal(1.0, 0.1, n), rng.normal(1.05, 0.3, m)
+        assert welch_p(a, b) == pytest.approx(stats.ttest_ind(a, b, equal_var=False).pvalue, rel=1e-9)
+        assert t_quantile(0.975, n - 1) == pytest.approx(stats.t.ppf(0.975, n - 1), rel=1e-12)
+    same = np.array([2.0, 2.0])
+    assert welch_p(same, same.copy()) == 1.0 and welch_p(same, same + 1) == 0.0  # no spread: equal or not

@@ -19,7 +19,7 @@ import pandas as pd
 from corescale.analysis.store import normalise_value, ok_rows
 from corescale.errors import UserError
 from corescale.record.repeats import MIN_REPEATS
-from corescale.record.stats import CHANGE_THRESHOLD, bootstrap_ratio_ci
+from corescale.record.stats import CHANGE_THRESHOLD, bootstrap_ratio_ci, welch_p
 
 ALPHA = 0.05
 DEFAULT_THRESHOLD = CHANGE_THRESHOLD
@@ -65,18 +65,12 @@ def describe_ratio(ratio: float) -> str:
 def repeat_test(before_p50: list[float], after_p50: list[float], seed: int = 0) -> LatencyTest | None:
     """Across repeats (each a fresh set of processes: the unit of uncertainty): Welch's t-test on the repeats' p50s
     and a bootstrap interval of the ratio of their means. None below MIN_REPEATS on either side."""
-    from scipy import stats as sps  # scipy takes a second to import: only when used
-
     a, b = np.asarray(before_p50, dtype=float), np.asarray(after_p50, dtype=float)
     if a.size < MIN_REPEATS or b.size < MIN_REPEATS:
         return None
     _, low, high = bootstrap_ratio_ci(a, b, seed=seed, stat=np.mean)
     la, lb = np.log(a), np.log(b)  # latencies scale multiplicatively: test the ratio, on the log scale
-    if np.std(la) == 0 and np.std(lb) == 0:
-        p_value = 1.0 if la.mean() == lb.mean() else 0.0
-    else:
-        p_value = float(sps.ttest_ind(la, lb, equal_var=False).pvalue)
-    return LatencyTest(float(b.mean() / a.mean()), low, high, p_value)
+    return LatencyTest(float(b.mean() / a.mean()), low, high, welch_p(la, lb))
 
 
 def verdict(test: LatencyTest | None, threshold: float, repeats: tuple[int, int] = (0, 0)) -> str:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from corescale.record.stats import t_quantile
 from corescale.record.trial import TrialRecord
 
 MIN_REPEATS = 3  # below this, an across-repeat interval or test says too little to print
@@ -24,15 +25,13 @@ class Interval:
 
     @classmethod
     def of(cls, values) -> Interval:
-        from scipy import stats as sps  # scipy takes a second to import: only when used
-
         data = np.asarray([v for v in values if v is not None and math.isfinite(v)], dtype=float)
         if data.size == 0:
             return cls(math.nan, None, None, 0)
         mean = float(data.mean())
         if data.size < 2:
             return cls(mean, None, None, 1)
-        t = float(sps.t.ppf(0.975, data.size - 1))
+        t = t_quantile(0.975, int(data.size) - 1)
         half = t * float(data.std(ddof=1)) / math.sqrt(data.size)
         if mean - half <= 0 < data.min():  # a rate or a time cannot be <= 0: the interval of its logarithm
             logs = np.log(data)

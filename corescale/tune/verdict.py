@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from corescale.record.repeats import Interval
-from corescale.record.stats import bootstrap_ratio_ci
+from corescale.record.stats import bootstrap_ratio_ci, welch_p
 from corescale.record.trial import TrialRecord
 from corescale.tune.settings import CONSTRAINTS, Objective, TuneSettings
 
@@ -136,14 +136,9 @@ class Verdict:
 
 def same(a: np.ndarray, b: np.ndarray) -> tuple[bool, float]:
     """(no significant difference, p) by Welch's t-test on the logarithms (figures scale as ratios)."""
-    from scipy import stats as sps  # scipy takes a second to import: only when used
-
     if a.size < 2 or b.size < 2:
         return False, math.nan
-    la, lb = np.log(a), np.log(b)
-    if np.std(la) == 0 and np.std(lb) == 0:
-        return bool(la.mean() == lb.mean()), 1.0 if la.mean() == lb.mean() else 0.0
-    p = float(sps.ttest_ind(la, lb, equal_var=False).pvalue)
+    p = welch_p(np.log(a), np.log(b))
     return p >= ALPHA, p
 
 
