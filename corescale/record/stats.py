@@ -12,6 +12,8 @@ from corescale.record.sections import LatencySummary
 
 PERCENTILES = (50, 90, 95, 99, 99.9)  # LatencySummary's p50 ... p99_9
 MAD_OUTLIER_THRESHOLD = 5.0  # |x - median| / (1.4826 · MAD)
+BOOTSTRAP_RESAMPLES = 2000
+CHANGE_THRESHOLD = 0.10  # compare: a change smaller than this fraction is not flagged (its default)
 
 
 # Student's t from scipy.special (a third of a second to import; scipy.stats takes over a second, on every run)
@@ -33,8 +35,6 @@ def welch_p(a: np.ndarray, b: np.ndarray) -> float:
     t = (a.mean() - b.mean()) / sqrt(va + vb)
     df = (va + vb) ** 2 / (va**2 / (a.size - 1) + vb**2 / (b.size - 1))
     return float(2 * stdtr(df, -abs(t)))
-BOOTSTRAP_RESAMPLES = 2000
-CHANGE_THRESHOLD = 0.10  # compare: a change smaller than this fraction is not flagged (its default)
 
 
 @dataclass(frozen=True, eq=False)
