@@ -230,15 +230,22 @@ def thread_affinities() -> dict[int, list[int]]:
     return found
 
 
-def unbind_calling_thread() -> None:
-    """Gives the calling thread all of the instance's CPUs again before a framework creates its own threads.
+def unbind_calling_thread(every_thread: bool = False) -> None:
+    """Gives the calling thread (with every_thread, each thread of this process) all of the instance's CPUs again
+    before a framework creates its own threads.
 
     GNU OpenMP (loaded with torch) honours OMP_PROC_BIND/OMP_PLACES by binding the thread that loads it to the
     first place: a framework that starts its pool afterwards (ONNX Runtime, OpenVINO, TensorFlow, OpenBLAS)
-    would otherwise put every thread on that one CPU, and OpenVINO would cap its thread count at 1.
+    would otherwise put every thread on that one CPU, and OpenVINO would cap its thread count at 1. A library
+    that loads torch midway (NNCF, in an int8 build) binds it then, and the threads started since inherit it.
     """
     from corescale.machine.cpulist import parse_cpulist
 
     cpus = parse_cpulist(os.environ.get("CORESCALE_INSTANCE_CPUS", ""))
-    if cpus:
-        os.sched_setaffinity(0, cpus)
+    if not cpus:
+        return
+    for thread in (thread_affinities() if every_thread else [0]):
+        try:
+            os.sched_setaffinity(thread, cpus)
+        except OSError:
+            continue  # the thread ended meanwhile

@@ -45,6 +45,7 @@ class OpenVinoBackend(TimedStages):
                 variant, build, self.quantization = int8_step(spec, cfg, core, model.path, list(inputs))
                 model = model.derived(variant, build, file=IR_FILE)
             self.cache_hits["quantize"] = drop_if_hit(self, "quantize", model).cache_hit
+            unbind_calling_thread(every_thread=True)  # NNCF loads torch, whose OpenMP binds to one CPU
         self.model_path = model.path  # the artifact a deployment bundle carries (serve/bundle.py)
         with self.stage("convert"):
             network = core.read_model(str(model.path))
