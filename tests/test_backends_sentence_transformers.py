@@ -7,13 +7,11 @@ import shutil
 from pathlib import Path
 
 import pytest
-from helpers import corescale
+from helpers import QUICK_ANY_MODEL, corescale
 
 from corescale.cli import main
 from corescale.workload.models import resolve_model
 
-QUICK = ["duration=0.5", "min_iterations=5", "calibrate=false", "warmup.max_iterations=5", "sequence_length=32",
-         "quality_samples=32"]
 TEXT = ["workload=builtin", "tokenize=true"]
 
 
@@ -56,7 +54,7 @@ def test_bad_input_is_one_line_before_any_worker(tmp_path, capsys, monkeypatch, 
 @pytest.mark.slow
 def test_predict_on_a_config_built_cross_encoder_ranks_as_the_reference(tmp_path):
     model = cross_encoder_dir(tmp_path / "cross-encoder")
-    proc = corescale("run", "backend=sentence_transformers", f"model={model}", *TEXT, *QUICK, "batch_size=4",
+    proc = corescale("run", "backend=sentence_transformers", f"model={model}", *TEXT, *QUICK_ANY_MODEL, "batch_size=4",
                      f"output_dir={tmp_path / 'out'}")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     record = result_of(proc)
