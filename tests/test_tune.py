@@ -11,6 +11,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import httpx
 import numpy as np
@@ -61,6 +62,8 @@ def test_resumed_without_measuring_anything_twice(tuned):
     assert tuned["proc"].stdout.count("skipped (valid result exists") >= 1
     finished = [t for t in tuned["doc"]["trials"] if t["state"] in ("COMPLETE", "PRUNED") and t["repeat_of"] is None]
     assert len(finished) == 3  # trials=3 counts configurations measured (one asked again is free)
+    assert "trials=3 reached" in tuned["doc"]["search_end"]
+    assert f"search: {tuned['doc']['search_end']}" in tuned["proc"].stdout
 
 
 @pytest.mark.slow
@@ -341,8 +344,6 @@ def test_settings_parse_words_apart_from_overrides():
 
 
 def test_node_types_sharing_a_hosts_cpus_are_tuned_one_after_the_other():
-    from types import SimpleNamespace
-
     from corescale.tune import fleet
     from corescale.tune.fanout import together
 
@@ -446,3 +447,26 @@ def test_a_tie_is_reported_with_the_simpler_first_and_a_clear_winner_is_not():
     assert verdict.tie == ["2x1", "1 core"] and verdict.winner.label == "2x1" and not verdict.tie_simpler_first
     over = decide([_finalist("over the SLO", [5.0, 5.1, 5.2])], baseline, settings.objective, settings)
     assert over.winner is None and over.infeasible[0].label == "over the SLO"  # p99 240 ms > 100 ms
+
+
+def test_when_the_budget_ends_the_search_the_tune_says_so_and_what_searches_more():
+    """One screened configuration of 96 when a 5-minute budget ends the search: said in words (the console's
+    `search:` line and tune.json's search_end), with the budget that searches more."""
+    from corescale.tune.progress import Progress
+    from corescale.tune.search import Tuner
+
+    tuner = Tuner.__new__(Tuner)
+    tuner.search_end = ""
+    tuner.tune = SimpleNamespace(space=SimpleNamespace(size=lambda: 96), screen_s=1.0, peer=None,
+                                 cfg=SimpleNamespace(duration=3.0), settings=SimpleNamespace(top_k=2, repeats=3))
+    tuner.study = optuna.create_study()
+    tuner.study.add_trial(optuna.trial.create_trial(value=1.0))
+    tuner.progress = Progress(started=time.monotonic() - 280, elapsed_before=0.0, budget_s=300.0, trials=None,
+                              screen_s=[4.0], full_s=[6.0])
+    assert tuner._done({"one": {}}) is True
+    assert tuner.search_end == ("the budget (5m) ended it, keeping 36s for the final repeats "
+                                "(budget=15m searches more)")
+    tuner.progress = Progress(started=time.monotonic(), elapsed_before=0.0, budget_s=3600.0, trials=None,
+                              screen_s=[4.0], full_s=[6.0])
+    tuner.search_end = ""
+    assert tuner._done({"one": {}}) is False and tuner.search_end == ""

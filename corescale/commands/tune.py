@@ -87,8 +87,10 @@ def conclude(tune, outcome: dict, args) -> TuneDocument:
         from corescale.report import html as report
 
         report_path = report.build(tune.tune_dir, tune.tune_dir / "report.html", table=used_results(tune, doc)).path
-    for line in doc.headline:  # the answer, then what to do with it, then where the report is
+    for line in doc.headline:  # the answer, then how far the search went, what to do with it, where the report is
         console.print(line, markup=False, soft_wrap=True)
+    if doc.search_end:
+        console.print(f"search: {doc.search_end}", markup=False, soft_wrap=True)
     if doc.recipe:
         print_path("recipe", doc.recipe["recipe.sh"])
         console.print(f"reproduce it: bash {doc.recipe['recipe.sh']}", markup=False, soft_wrap=True)

@@ -369,12 +369,14 @@ class ConsoleListener:
         if self.tables:
             print_result(record, outcome.path)
         else:
-            console.print(escape(f"  {self.what} {self._where(item, state)[0]}/{state.total}{where}: "
-                                 f"{brief(record)}"),
-                          soft_wrap=True)
+            if outcome.ok:  # a failure's line is the one below, on stderr: said once
+                console.print(escape(f"  {self.what} {self._where(item, state)[0]}/{state.total}{where}: "
+                                     f"{brief(record)}"),
+                              soft_wrap=True)
             print_path("  result", outcome.path)
         if not outcome.ok:
-            errors.print(f"[red]{escape(self.what)} {self._where(item, state)[0]} failed:[/red] "
+            errors.print(f"[red]{escape(self.what)} {self._where(item, state)[0]}/{state.total}{escape(where)} "
+                         "failed:[/red] "
                          f"{escape(str(record.reason))}",
                          soft_wrap=True)
 

@@ -305,7 +305,7 @@ def sections(doc: TuneDocument, root, frame, cpu: str, missing: list[tuple[str, 
                f"space · {len(doc.trials)} Optuna trials · screening {doc.screen_s:g} s, full "
                f"{doc.duration_s:g} s windows · final repeats {e(str(doc.settings.get('repeats')))} · elapsed "
                f"{(doc.elapsed_s or 0) / 60:.1f} min</p>")
-    searched = [summary]
+    searched = [summary] + ([f"<p>Search: {e(doc.search_end)}.</p>"] if doc.search_end else [])
     trials, importance = trials_figure(doc), importance_figure(doc)
     longer = f"corescale tune model={model_word(frame)} trials={max(10, 2 * len(doc.trials))}"
     if trials is not None:

@@ -142,6 +142,7 @@ class TuneDocument(Section):
     peer: TunedFinalist | None = None  # the peer baseline (tune/peer.py), measured like the baseline, never ranked
     peer_speedup: Speedup | None = None  # the recommendation's throughput over the peer's, 95 % bootstrap CI
     peer_note: str | None = None  # why no peer was measured
+    search_end: str | None = None  # how much of the space was searched and why the search stopped
 
     @property
     def winning(self) -> TunedFinalist | None:

@@ -143,7 +143,8 @@ def quality_words(f: Finalist) -> str:
     return f"; quality: {found.summary()} vs {found.reference}" if found else ""
 
 
-def document(tune: Tune, study, verdict: Verdict, finalists: list[Finalist], recipe: dict | None) -> TuneDocument:
+def document(tune: Tune, study, verdict: Verdict, finalists: list[Finalist], recipe: dict | None,
+             search_end: str | None = None) -> TuneDocument:
     objective = tune.settings.objective
     return TuneDocument(
         created_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), tune_dir=str(tune.tune_dir),
@@ -161,7 +162,8 @@ def document(tune: Tune, study, verdict: Verdict, finalists: list[Finalist], rec
         winner=None if verdict.winner is None else verdict.winner.label,
         tie=list(verdict.tie), tie_p=verdict.tie_p,
         speedup=None if verdict.speedup is None else Speedup(*verdict.speedup),
-        headline=headline(tune, verdict), recipe=recipe, cost_source=cost_source(tune, verdict))
+        headline=headline(tune, verdict), recipe=recipe, cost_source=cost_source(tune, verdict),
+        search_end=search_end)
 
 
 def cost_source(tune: Tune, verdict: Verdict) -> str:
@@ -175,7 +177,8 @@ def cost_source(tune: Tune, verdict: Verdict) -> str:
     return tune.cost_source(record)
 
 
-def write_outputs(tune: Tune, study, verdict: Verdict, finalists: list[Finalist]) -> TuneDocument:
+def write_outputs(tune: Tune, study, verdict: Verdict, finalists: list[Finalist],
+                  search_end: str | None = None) -> TuneDocument:
     recipe: dict | None = None
     winner = verdict.winner
     if winner is not None:
@@ -191,7 +194,7 @@ def write_outputs(tune: Tune, study, verdict: Verdict, finalists: list[Finalist]
         recipe.update(winner_bundle(tune.tune_dir / BUNDLE, record))
         if record.config.endpoint:  # measured as a service: that service's overrides
             recipe["serve_words"] = recipes.serve_words(winner.overrides)
-    doc = document(tune, study, verdict, finalists, recipe)
+    doc = document(tune, study, verdict, finalists, recipe, search_end)
     write_json_atomic(tune.tune_dir / TUNE_FILE, doc.to_dict())
     return doc
 
@@ -216,7 +219,7 @@ def write_verdict(tune: Tune, outcome: dict) -> TuneDocument:
     peer = next((f for f in finalists if f.peer), None)
     verdict = decide([f for f in finalists if not (f.baseline or f.peer)], baseline, tune.settings.objective,
                      tune.settings, peer)
-    return write_outputs(tune, outcome["study"], verdict, finalists)
+    return write_outputs(tune, outcome["study"], verdict, finalists, outcome.get("search_end"))
 
 
 def used_results(tune: Tune, doc: TuneDocument):

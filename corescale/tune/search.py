@@ -47,6 +47,7 @@ class Tuner:
         self.study: optuna.Study | None = None  # both set while _run runs
         self.progress: Progress | None = None
         self.forkservers: ForkServers | None = None  # one set for the whole tune: workers start in milliseconds
+        self.search_end = ""  # why the search stopped, in words (tune.json's search_end; the console prints it)
 
     # one measurement (or a batch of them) through the one trial loop
     def run_trials(self, configs: list[list[str]], labels: list[str], repeats: int = 1,
@@ -111,20 +112,30 @@ class Tuner:
             again += sum(seen[key].get("outcome") == "invalid" for key in keys)  # cost nothing, bounded too
             self._save_elapsed()
             self.progress.best = studies.best_text(study, tune.settings)
+        if again >= CONVERGED:
+            self.search_end = f"the sampler proposed only measured configurations {CONVERGED} times in a row"
         self.progress.stage = "final"
         finalists = self._final()
         self._save_elapsed()
-        return {"study": study, "finalists": finalists, "optuna": optuna}
+        searched = f"{len(seen)} of the space's {tune.space.size()} configurations searched: "
+        return {"study": study, "finalists": finalists, "optuna": optuna, "search_end": searched + self.search_end}
 
     def _done(self, seen: dict) -> bool:
+        """Whether the search stops here; when it does, search_end says why."""
         p = self._running()[1]
         if len(seen) >= self.tune.space.size():
-            return True  # every configuration of the space was tried
+            self.search_end = "every configuration of the space was tried"
+            return True
         if p.trials is not None and self._count() >= p.trials:
+            self.search_end = f"trials={p.trials} reached (more trials search more)"
             return True
         if p.budget_s is not None and self._count() >= 1:  # a budget that allows the baseline allows one trial
             per = (sum(p.screen_s) / len(p.screen_s)) if p.screen_s else self.tune.screen_s + LOAD_MARGIN_S
-            return p.elapsed() + per + self.reserve() > p.budget_s
+            if p.elapsed() + per + self.reserve() > p.budget_s:
+                self.search_end = (f"the budget ({_minutes(p.budget_s)}) ended it, keeping "
+                                   f"{_minutes(self.reserve())} for the final repeats "
+                                   f"(budget={_minutes(3 * p.budget_s)} searches more)")
+                return True
         return False
 
     def _count(self) -> int:
@@ -246,6 +257,15 @@ class Tuner:
     def _save_elapsed(self) -> None:
         study, progress = self._running()
         study.set_user_attr("elapsed_s", progress.elapsed())
+
+
+def _minutes(seconds: float) -> str:
+    """'5m', '90s', '1h30m': as budget= takes it."""
+    seconds = round(seconds)
+    if seconds < 120:
+        return f"{seconds}s"
+    hours, minutes = divmod(round(seconds / 60), 60)
+    return f"{hours}h{minutes}m" if hours and minutes else f"{hours}h" if hours else f"{minutes}m"
 
 
 def _cores_used(records: list[TrialRecord]) -> int:
