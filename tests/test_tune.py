@@ -300,9 +300,9 @@ def test_space_follows_the_cpu_and_the_install():
 
 def test_first_trials_are_each_backend_at_its_fastest_precision_and_the_objectives_layout():
     space = _space([], {"backend": ["pytorch", "onnxruntime"]})  # 2 cores: layouts 1x1, 2x1, 1x2
-    assert spaces.starting_points(space, latency=False) == [
-        {"backend": "pytorch", "precision[pytorch]": "int8", "layout": "2x1"},
-        {"backend": "onnxruntime", "precision[onnxruntime]": "int8", "layout": "2x1"}]
+    assert spaces.starting_points(space, latency=False) == [  # the exported graph's runtime first
+        {"backend": "onnxruntime", "precision[onnxruntime]": "int8", "layout": "2x1"},
+        {"backend": "pytorch", "precision[pytorch]": "int8", "layout": "2x1"}]
     assert [p["layout"] for p in spaces.starting_points(space, latency=True)] == ["1x2", "1x2"]
     fixed = _space(["instances=1", "cores_per_instance=2"], {"backend": ["pytorch"], "precision": ["fp32"]})
     assert spaces.starting_points(fixed, latency=False) == []  # nothing left to choose: the sampler's draw

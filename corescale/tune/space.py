@@ -263,8 +263,11 @@ FASTEST_FIRST = ("int8", "bf16", "fp32")  # reduced precision first: a drift fai
 def starting_points(space: Space, latency: bool) -> list[dict]:
     """The first trials, one per backend, at the field's known-good corner of the rest of the space: its fastest
     precision and, for throughput (cost, server QPS), the most instances of one core each (the study's finding at
-    small batches); for latency, one instance on every core. The sampler draws the other dimensions and takes
-    over from there; a corner that loses (or fails its drift check) is just an early measurement."""
+    small batches); for latency, one instance on every core. The backends that run an exported graph (an
+    artifact: ONNX Runtime, OpenVINO) come first: they led on each CPU in docs/results-*.md, and a short budget
+    may end the search after a few screens (the PyTorch family's int8 is one dynamic quantization, judged alike
+    three times). The sampler draws the other dimensions and takes over from there; a corner that loses (or
+    fails its drift check) is just an early measurement."""
     def cores(layout: str) -> int:
         n, c = (int(x) for x in layout.split("x"))
         return n * c
@@ -275,7 +278,7 @@ def starting_points(space: Space, latency: bool) -> list[dict]:
     else:
         layout = max(layouts, key=lambda lay: (cores(lay), int(lay.split("x")[0])))
     points = []
-    for backend in space.backends:
+    for backend in sorted(space.backends, key=lambda name: not BACKENDS[name].artifacts):
         precisions = space.precisions[backend]
         point = {"backend": backend} if len(space.backends) > 1 else {}
         if len(precisions) > 1:
