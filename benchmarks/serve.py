@@ -12,8 +12,10 @@
    search as the in-process one: start at the in-process max, step by 10 % up or down until the verdict flips,
    then bisect twice.
 3. Prints both figures, their ratio (goal >= 0.85) and the front's cores used at the HTTP max (corescale serve's
-   /metrics: its own CPU time ÷ wall time, goal <= 0.10). The load generator runs on the same CPUs (its CPU is
-   printed too): on a 2-core machine it competes with the service, as LoadGen does in process.
+   /metrics: its own CPU time ÷ wall time, goal <= 0.10); and P7: the in-process max QPS ÷ the same layout's
+   offline throughput at the batcher's largest batch (goal >= 0.6; --no-offline skips it). The load generator
+   runs on the same CPUs (its CPU is printed too): on a 2-core machine it competes with the service, as LoadGen
+   does in process.
 """
 
 from __future__ import annotations
@@ -101,6 +103,17 @@ def search(step, start: float) -> tuple[float | None, list[dict]]:
     return (max(passed) if passed else None), steps
 
 
+def offline_rate(words: list[str], batch: int) -> float:
+    """Offline throughput (samples/s) of the same layout on the same text, at the dynamic batcher's largest
+    batch: P7's denominator."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _loop import measure
+
+    print(f"offline, batch {batch} ...", file=sys.stderr, flush=True)
+    (record,) = measure({"offline": [*words, "scenario=offline", f"batch_size={batch}"]})["offline"]
+    return float(record.metrics.throughput_samples_per_s)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="all-minilm-l6-v2")
@@ -112,6 +125,7 @@ def main() -> int:
     parser.add_argument("--output", default=None)
     parser.add_argument("--reuse", metavar="DIR", help="an earlier run's --output: its in-process figure and bundle "
                         "(only the HTTP search runs again)")
+    parser.add_argument("--no-offline", action="store_true", help="skip P7's offline run of the same layout")
     parser.add_argument("overrides", nargs="*", help="the layout: backend=, instances=, cores_per_instance=, ...")
     args = parser.parse_args()
 
@@ -123,10 +137,10 @@ def main() -> int:
     from corescale.workload.corpus import texts
 
     out = Path(args.reuse or args.output or tempfile.mkdtemp(prefix="corescale-serve-bench-"))
-    cfg = compose([f"model={args.model}", f"sequence_length={args.sequence_length}", f"duration={args.duration}",
-                   f"output_dir={out / 'results'}", "calibrate=false", "workload=builtin",
-                   f"server.min_query_count={args.min_queries}", "server.search_precision=0.05", "timeout=900",
-                   *(args.overrides or ["backend=onnxruntime", "instances=2", "cores_per_instance=1"])])
+    words = [f"model={args.model}", f"sequence_length={args.sequence_length}", f"duration={args.duration}",
+             f"output_dir={out / 'results'}", "calibrate=false", "workload=builtin", "timeout=900",
+             *(args.overrides or ["backend=onnxruntime", "instances=2", "cores_per_instance=1"])]
+    cfg = compose([*words, f"server.min_query_count={args.min_queries}", "server.search_precision=0.05"])
     if args.reuse:
         record = read_result(out / "bundle" / bundles.RECORD)
     else:
@@ -138,6 +152,7 @@ def main() -> int:
         bundles.write(out / "bundle", record)
     bundle = out / "bundle"
     assert record.server is not None and record.server.max_valid_qps is not None
+    offline = None if args.no_offline else offline_rate(words, args.max_batch)
     local, parent = record.server.max_valid_qps, record.server.parent
     with started([str(bundle)], out / "serve.log", "--max-queue", "100000", "--max-inputs", "1") as service:
         url = service.url
@@ -158,6 +173,9 @@ def main() -> int:
               f"a core (goal <= 10 %); the load generator: {best['client_cores']:.1%} of a core")
     else:
         print("| corescale serve over HTTP | none passed | | |")
+    if offline is not None:
+        print(f"\nP7 = {local / offline:.2f} (goal >= 0.6): the in-process max QPS at the SLO ÷ offline throughput of "
+              f"the same layout at batch {args.max_batch} ({offline:.2f} samples/s, the server's largest batch)")
     print(f"\nresults and bundle: {out}")
     return 0
 

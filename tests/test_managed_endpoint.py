@@ -102,4 +102,15 @@ def test_a_server_qps_tune_measures_each_layout_as_a_service(tmp_path):
     assert tuned and all(len(r["plan"]["instances"]) == 2 for r in tuned)  # the layout searched is the one served
     doc = json.loads(next(out.glob("tune-*/tune.json")).read_text())
     assert doc["winner"] and "endpoint=managed" in doc["recipe"]["run_line"]
-    assert "bundle_skipped" in doc["recipe"] and "endpoint=managed" not in doc["recipe"]["serve_words"]
+    assert "endpoint=managed" not in doc["recipe"]["serve_words"]
+    # the winner's bundle: the service's own layout and artifact (its GET /info, in the record), opened as serve does
+    from corescale.serve.opened import open_bundle
+
+    (winner,) = [f for f in [*doc["finalists"], doc["baseline"]] if f["role"] == "winner"]
+    served = raw_record(winner["paths"][0])["server"]["endpoint"]["reports"]["/info"]["corescale"]["layout"]
+    bundle = open_bundle(doc["recipe"]["bundle"])
+    assert bundle.manifest["layout"]["instances"] == [{k: v for k, v in i.items() if k != "artifact"}
+                                                      for i in served["instances"]]
+    assert [list(spec.cpus) for spec in bundle.specs] == [i["cpus"] for i in served["instances"]]
+    assert bundle.manifest["config"]["endpoint"] is None and bundle.manifest["measured"]["max_valid_qps"]
+    assert f"serve it: corescale serve {doc['recipe']['bundle']}" in proc.stdout

@@ -114,6 +114,19 @@ def test_tei_routes_and_timing_headers(service, reference):
     assert httpx.get(f"{service.url}/health").status_code == 200  # no key needed
 
 
+def test_info_says_what_runs_as_tei_does_and_where(service, bundle):
+    assert httpx.get(f"{service.url}/info").status_code == 401  # it names the layout: the key is needed
+    info = httpx.get(f"{service.url}/info", headers={"Authorization": f"Bearer {KEY}"}).json()
+    assert info["model_dtype"] == "fp32" and info["max_input_length"] == 64 and info["max_client_batch_size"] == 8
+    assert info["model_type"]["embedding"]["task"] == "embed"  # TEI's shape: the kind, then its head
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    runs = info["corescale"]
+    assert runs["source"] == str(bundle) and runs["backend"] == "onnxruntime"
+    for served, measured in zip(runs["layout"]["instances"], manifest["layout"]["instances"], strict=True):
+        assert {k: v for k, v in served.items() if k != "artifact"} == measured
+        assert Path(served["artifact"]).name == "model.onnx" and Path(served["artifact"]).is_file()
+
+
 def test_bad_requests_get_their_status_and_the_service_stays_up(service):
     cases = [
         (post(service, "/v1/embeddings", {"input": "x"}, key=None), 401, "API key"),
@@ -291,7 +304,12 @@ def test_serve_a_layout_from_overrides(tmp_path):
     with Service(layout, tmp_path / "serve.log") as service:
         answer = httpx.post(f"{service.url}/v1/embeddings", json={"input": ["one", "two", "three"]}, timeout=60)
         too_long = httpx.post(f"{service.url}/embed", json={"inputs": "word " * 40}, timeout=60)
+        info = httpx.get(f"{service.url}/info", timeout=60).json()["corescale"]
         code, out = service.terminate()
+    assert info["source"] == "overrides" and info["config"]["backend"]["name"] == "onnxruntime"
+    (instance,) = info["layout"]["instances"]  # started as a run starts it: the variables a run records
+    assert instance["env"]["OMP_NUM_THREADS"] == str(instance["threads"])
+    assert Path(instance["artifact"]).is_relative_to(tmp_path)  # built in the layout's cache_dir
     assert answer.status_code == 200 and [len(d["embedding"]) for d in answer.json()["data"]] == [128] * 3
     assert too_long.status_code == 413 and "sequence_length 32" in too_long.json()["error"]
     assert code == 0 and "3 inputs served" in out

@@ -164,7 +164,8 @@ class Instance:
         from corescale.measure.timing import warm_up
 
         control, cfg = self.control, self.cfg
-        control.send(protocol.Loaded(self.load_seconds))
+        artifact = getattr(self.backend, "model_path", None)
+        control.send(protocol.Loaded(self.load_seconds, None if artifact is None else str(artifact)))
         if control.wait_for("warmup") is None:  # every sibling is loaded: warm up under the window's load
             return None
         self.warmed = warm_up(self.call, cfg.warmup, progress=lambda n: control.send(protocol.Warming(n)))

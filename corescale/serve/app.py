@@ -1,8 +1,9 @@
 """The HTTP front of `corescale serve`: FastAPI (Starlette underneath, pydantic for the request schemas).
 
 Routes: OpenAI's `POST /v1/embeddings`; Hugging Face text-embeddings-inference's `/embed`, `/embed_all`,
-`/rerank`, `/predict`, `/tokenize`; `GET /health`, `GET /metrics`. Every answer of a computed route carries TEI's timing
-headers (milliseconds): X-Tokenization-Time, X-Queue-Time, X-Inference-Time, X-Total-Time.
+`/rerank`, `/predict`, `/tokenize`; `GET /health`, `GET /info` (TEI's fields, and what runs: the layout and the
+artifact of each instance), `GET /metrics`. Every answer of a computed route carries TEI's timing headers
+(milliseconds): X-Tokenization-Time, X-Queue-Time, X-Inference-Time, X-Total-Time.
 Statuses: 401 without the API key (when one is set), 413 an input over the measured length or too many inputs,
 422 malformed JSON or a field of the wrong type (named), 429 the queue is full (Retry-After), 400 a route the
 bundle's task does not serve, 503 the instance computing the request died (it is started again).
@@ -72,6 +73,9 @@ def as_list(texts: TEXTS) -> list[str]:
     return [texts] if isinstance(texts, str) else list(texts)
 
 
+TEI_TYPES = {"embed": "embedding", "rerank": "reranker", "classify": "classifier", "encode": "embedding"}
+
+
 class Front:
     """What the routes share: the pool, the tokenizer, the head, the metrics."""
 
@@ -104,6 +108,23 @@ class Front:
                    "inference": request.inference_ns / 1e9, "total": time.perf_counter() - began,
                    "tokens": encoded.tokens, "lengths": [len(row) for row in encoded.rows]}
         return outputs, timings
+
+    def info(self) -> dict[str, Any]:
+        """GET /info: Hugging Face TEI's fields, and under `corescale` what runs: the source, the serving config,
+        the layout (each instance's CPUs, threads, the variables set, the artifact it loaded)."""
+        from importlib.metadata import version
+
+        opened, task = self.pool.bundle, self.head.get("task")
+        layout = dict(opened.manifest.get("layout") or {})
+        layout["instances"] = [{**entry, "artifact": instance.artifact} for entry, instance in
+                               zip(layout.get("instances") or [], self.pool.instances)]
+        return {"model_id": self.model_name, "model_dtype": opened.cfg.precision,
+                "model_type": {TEI_TYPES.get(str(task), str(task)): self.head},
+                "max_input_length": opened.cfg.sequence_length, "max_client_batch_size": self.tokens.max_inputs,
+                "max_batch_requests": opened.cfg.server.max_batch, "version": version("corescale"),
+                "corescale": {"source": str(opened.root) if opened.root else "overrides",
+                              "backend": opened.cfg.backend.name, "precision": opened.cfg.precision,
+                              "config": opened.cfg.to_dict(), "layout": layout}}
 
     def answer(self, route: str, body: Any, timings: dict) -> JSONResponse:
         self.metrics.answered(route, 200, timings)
@@ -211,6 +232,10 @@ def create_app(front: Front, api_key: str | None) -> FastAPI:
         ready = front.pool.ready_count()
         return Response(status_code=200 if ready else 503, content=f"{ready} of {len(front.pool.instances)} "
                         "instances ready\n", media_type="text/plain")
+
+    @app.get("/info")
+    async def info():
+        return JSONResponse(front.info())
 
     @app.get("/metrics")
     async def metrics():

@@ -18,12 +18,14 @@ import os
 import shutil
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from corescale.backends import entry
 from corescale.config import BenchmarkConfig
 from corescale.errors import UserError
+from corescale.machine.placement import InstanceSpec
 from corescale.record.trial import TrialRecord
 from corescale.serve import examples
 
@@ -133,13 +135,18 @@ def figures(record: TrialRecord) -> dict[str, Any]:
 
 def layout(record: TrialRecord) -> dict[str, Any]:
     """Each instance as it ran: CPUs, memory nodes, threads, batch, and the launch the launcher recorded."""
-    cfg = record.config
+    return layout_of(record.config, [(spec, report.launch) for spec, report in zip(record.specs,
+                                                                                  record.instance_reports)])
+
+
+def layout_of(cfg: BenchmarkConfig, launched: list[tuple[InstanceSpec, dict[str, Any]]]) -> dict[str, Any]:
+    """The layout of instances started with these launches (command prefix, the variables set)."""
     return {
         "instances": [{"id": spec.id, "cpus": list(spec.cpus), "numa_nodes": list(spec.numa_nodes),
                        "threads": spec.threads, "batch_size": spec.batch_size,
-                       "command_prefix": list(report.launch.get("command_prefix") or []),
-                       "env": dict(report.launch.get("env") or {})}
-                      for spec, report in zip(record.specs, record.instance_reports)],
+                       "command_prefix": list(launch.get("command_prefix") or []),
+                       "env": dict(launch.get("env") or {})}
+                      for spec, launch in launched],
         "allocator": cfg.allocator, "openmp": cfg.openmp, "interop_threads": cfg.interop_threads,
         "front": "the CPUs no instance uses when there are any, else shared with the instances",
     }
@@ -154,13 +161,57 @@ def serving(cfg: BenchmarkConfig) -> BenchmarkConfig:
                                tokenize=False, server=dataclasses.replace(cfg.server, max_batch=batch))
 
 
-def serving_config(record: TrialRecord, folder: Path | None, has_tokenizer_dir: bool) -> dict[str, Any]:
+def serving_config(measured: BenchmarkConfig, folder: Path | None, has_tokenizer_dir: bool) -> dict[str, Any]:
     """The measured config as the service runs it, the model from the bundle (paths relative to it)."""
-    cfg = serving(record.config).to_dict()
+    cfg = serving(measured).to_dict()
     if folder is not None:
         cfg["model"] = MODEL_DIR
     cfg["workload"] = {**cfg["workload"], "tokenizer": TOKENIZER_DIR if has_tokenizer_dir else MODEL_DIR}
     return cfg
+
+
+@dataclass
+class Measured:
+    """What a result ran, as a bundle keeps it: the config, the artifact, the layout, the record (a managed
+    service's with the specs it served)."""
+
+    cfg: BenchmarkConfig
+    artifact: Path | None
+    layout: dict[str, Any]
+    record: TrialRecord
+
+    @classmethod
+    def of(cls, record: TrialRecord) -> Measured:
+        if not record.config.endpoint:
+            framework = record.instance_reports[0].framework if record.instance_reports else {}
+            artifact = Path(framework["model_path"]) if framework.get("model_path") else None
+            return cls(record.config, artifact, layout(record), record)
+        described = served(record)
+        instances = described["layout"]["instances"]
+        artifacts = {entry.get("artifact") for entry in instances}
+        if len(artifacts) != 1:
+            raise UserError(f"the managed service's instances ran different artifacts ({sorted(map(str, artifacts))})")
+        specs = [InstanceSpec.from_json(entry) for entry in instances]
+        kept = {**described["layout"], "instances": [{k: v for k, v in entry.items() if k != "artifact"}
+                                                     for entry in instances]}
+        artifact = next(iter(artifacts))
+        return cls(dataclasses.replace(record.config, endpoint=None, api=None), Path(artifact) if artifact else None,
+                   kept, dataclasses.replace(record, specs=specs))
+
+
+def served(record: TrialRecord) -> dict[str, Any]:
+    """endpoint=managed: what the service said of its layout and artifact (its GET /info, kept in the record)."""
+    endpoint = record.server.endpoint if record.server is not None else None
+    if endpoint is None or endpoint.managed is None:
+        raise UserError("no bundle from a server measured over HTTP (endpoint=URL): no artifact was measured here; "
+                        "measure the layout in process (`corescale run ... --bundle DIR`) or with endpoint=managed")
+    described = (endpoint.reports.get("/info") or {}).get("corescale")
+    if not isinstance(described, dict) or not isinstance(described.get("layout"), dict) or \
+            not isinstance(described["layout"].get("instances"), list) or not described["layout"]["instances"]:
+        raise UserError("the managed service's record holds no layout (GET /info of a corescale serve before "
+                        "2026-12-03): serve it again with `corescale serve` and its overrides (tune.json's "
+                        "recipe.serve_words)")
+    return described
 
 
 def write(directory: Path, record: TrialRecord, replace: bool = False) -> Path:
@@ -168,11 +219,8 @@ def write(directory: Path, record: TrialRecord, replace: bool = False) -> Path:
     earlier bundle there (a tune's, resumed) is replaced once the new one is complete."""
     if not record.valid_ok:
         raise UserError(f"no bundle from a failed or invalid result ({record.reason or 'invalid'})")
-    if record.config.endpoint:
-        raise UserError("no bundle from a server measured over HTTP (endpoint=): no artifact was measured here; "
-                        "endpoint=managed's layout is served again by `corescale serve` with its overrides "
-                        "(tune.json's recipe.serve_words), or measured in process by `corescale run ... --bundle DIR`")
-    cfg = record.config
+    measured = Measured.of(record)
+    cfg = measured.cfg
     directory = Path(directory)
     earlier = directory.is_dir() and (directory / MANIFEST).is_file() and replace
     if not earlier:
@@ -181,7 +229,7 @@ def write(directory: Path, record: TrialRecord, replace: bool = False) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.resolve().parent))
     old = tmp.with_name(f"{tmp.name}.old")
     try:
-        contents(tmp, record)
+        contents(tmp, measured)
         os.chmod(tmp, 0o755)
         if earlier:
             os.rename(directory, old)
@@ -194,10 +242,8 @@ def write(directory: Path, record: TrialRecord, replace: bool = False) -> Path:
     return directory
 
 
-def contents(tmp: Path, record: TrialRecord) -> None:
-    cfg = record.config
-    framework = record.instance_reports[0].framework if record.instance_reports else {}
-    model_path = Path(framework["model_path"]) if framework.get("model_path") else None
+def contents(tmp: Path, measured: Measured) -> None:
+    cfg, record, model_path = measured.cfg, measured.record, measured.artifact
     if model_path is not None and not model_path.is_file():
         raise UserError(f"the measured artifact '{model_path}' is gone (measured on another node, or the cache "
                         "was cleared): measure again here")
@@ -215,8 +261,8 @@ def contents(tmp: Path, record: TrialRecord) -> None:
         chain = artifact_chain(model_path)
         shutil.copytree(model_path.parent, tmp / ARTIFACT_DIR, ignore=shutil.ignore_patterns(".*"))
     (tmp / RECORD).write_text(json.dumps(record.to_json(), indent=2, default=str))
-    serving = serving_config(record, folder, tokenizer != folder)
-    for name, text in examples.files(serving, layout(record)).items():
+    serving = serving_config(cfg, folder, tokenizer != folder)
+    for name, text in examples.files(serving, measured.layout).items():
         (tmp / name).write_text(text)
     backend = entry(cfg.backend.name)
     isa = record.environment.cpu.isa
@@ -224,7 +270,7 @@ def contents(tmp: Path, record: TrialRecord) -> None:
         "format": FORMAT, "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "corescale": dict(record.environment.corescale), "model": cfg.model, "backend": cfg.backend.name,
         "precision": cfg.precision, "head": spec.head.to_json(), "artifact": chain, "config": serving,
-        "layout": layout(record), "measured": figures(record),
+        "layout": measured.layout, "measured": figures(record),
         "requires": {"cpu_features": [f for f in FEATURES.get(cfg.precision, ()) if isa.get(f)],
                      "libraries": {n: record.environment.libraries.get(n) for n in backend.libraries}},
         "files": {str(p.relative_to(tmp)): sha256(p) for p in sorted(tmp.rglob("*")) if p.is_file()},

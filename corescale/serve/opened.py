@@ -92,7 +92,10 @@ def from_config(cfg: BenchmarkConfig) -> Bundle:
     specs = trial.instance_specs()
     preload = instance_env.preload_paths(cfg)
     launches = [instance_env.Launch.of(cfg, spec, preload) for spec in specs]
-    return Bundle(None, {"model": cfg.model, "head": trial.model.head.to_json()}, cfg, specs, launches)
+    launched = [(spec, {"command_prefix": launch.prefix, "env": instance_env.instance_variables(cfg, spec, preload)})
+                for spec, launch in zip(specs, launches)]  # as the launcher records them (GET /info shows them)
+    return Bundle(None, {"model": cfg.model, "head": trial.model.head.to_json(),
+                         "layout": bundle.layout_of(cfg, launched)}, cfg, specs, launches)
 
 
 def read_manifest(root: Path) -> dict[str, Any]:

@@ -99,6 +99,7 @@ class Instance:
         self.busy_ns = 0
         self.since_ns = time.perf_counter_ns()
         self.result: dict | None = None  # its report at stop
+        self.artifact: str | None = None  # the file its backend runs (the Loaded message), where it has one
 
     def start(self) -> None:
         self.generation += 1
@@ -128,6 +129,7 @@ class Instance:
                 self.failure = f"sent a malformed message: {bad}"
                 continue
             if isinstance(message, protocol.Loaded):
+                self.artifact = message.artifact
                 self.tell("warmup")
             elif isinstance(message, protocol.Ready):
                 self.tell(f"start {time.perf_counter_ns()}")
