@@ -171,7 +171,7 @@ def serving_config(measured: BenchmarkConfig, folder: Path | None, has_tokenizer
 
 
 @dataclass
-class Measured:
+class WhatRan:
     """What a result ran, as a bundle keeps it: the config, the artifact, the layout, the record (a managed
     service's with the specs it served)."""
 
@@ -181,12 +181,12 @@ class Measured:
     record: TrialRecord
 
     @classmethod
-    def of(cls, record: TrialRecord) -> Measured:
+    def of(cls, record: TrialRecord) -> WhatRan:
         if not record.config.endpoint:
             framework = record.instance_reports[0].framework if record.instance_reports else {}
             artifact = Path(framework["model_path"]) if framework.get("model_path") else None
             return cls(record.config, artifact, layout(record), record)
-        described = served(record)
+        described = service_description(record)
         instances = described["layout"]["instances"]
         artifacts = {entry.get("artifact") for entry in instances}
         if len(artifacts) != 1:
@@ -199,7 +199,7 @@ class Measured:
                    kept, dataclasses.replace(record, specs=specs))
 
 
-def served(record: TrialRecord) -> dict[str, Any]:
+def service_description(record: TrialRecord) -> dict[str, Any]:
     """endpoint=managed: what the service said of its layout and artifact (its GET /info, kept in the record)."""
     endpoint = record.server.endpoint if record.server is not None else None
     if endpoint is None or endpoint.managed is None:
@@ -219,7 +219,7 @@ def write(directory: Path, record: TrialRecord, replace: bool = False) -> Path:
     earlier bundle there (a tune's, resumed) is replaced once the new one is complete."""
     if not record.valid_ok:
         raise UserError(f"no bundle from a failed or invalid result ({record.reason or 'invalid'})")
-    measured = Measured.of(record)
+    measured = WhatRan.of(record)
     cfg = measured.cfg
     directory = Path(directory)
     earlier = directory.is_dir() and (directory / MANIFEST).is_file() and replace
@@ -242,7 +242,7 @@ def write(directory: Path, record: TrialRecord, replace: bool = False) -> Path:
     return directory
 
 
-def contents(tmp: Path, measured: Measured) -> None:
+def contents(tmp: Path, measured: WhatRan) -> None:
     cfg, record, model_path = measured.cfg, measured.record, measured.artifact
     if model_path is not None and not model_path.is_file():
         raise UserError(f"the measured artifact '{model_path}' is gone (measured on another node, or the cache "
