@@ -6,7 +6,7 @@ import sys
 from types import SimpleNamespace
 
 import pytest
-from helpers import FAST, execute
+from helpers import FAST, execute, needs_two_cpus
 
 from corescale.measure import contamination
 from corescale.measure.runner import prepare_trial
@@ -58,6 +58,49 @@ def test_the_worst_cpu_decides_not_the_average(monkeypatch):
     assert found["foreign_load"] == pytest.approx(0.4) and found["foreign_load"] > contamination.CONTAMINATION_THRESHOLD
     average = contamination.foreign_fraction(found["foreign_cpu_seconds"], 10.0, 16)
     assert average < contamination.CONTAMINATION_THRESHOLD  # what averaging over 16 CPUs would have said
+
+
+def test_own_threads_crowding_one_cpu_are_not_foreign_load():
+    """Two threads bound to CPU 0 (as GNU OpenMP binds them), one free to run on both: each thread's time goes to
+    the CPUs it may run on; what no live thread accounts for is spread evenly."""
+    share = contamination.own_share_by_cpu({11: 4.0, 12: 4.0, 13: 2.0}, {11: [0], 12: [0], 13: [0, 1]}, [0, 1],
+                                           own_cpu_seconds=12.0)
+    assert share == {0: pytest.approx(4 + 4 + 1 + 1), 1: pytest.approx(1 + 1)}
+    assert contamination.own_share_by_cpu({}, {}, [0, 1], own_cpu_seconds=6.0) == {0: 3.0, 1: 3.0}  # as before
+    assert contamination.own_share_by_cpu({5: 3.0}, {5: [7]}, [0, 1], own_cpu_seconds=3.0) == {0: 1.5, 1: 1.5}
+
+
+@needs_two_cpus
+def test_a_thread_bound_to_one_cpu_loads_that_cpu_alone_in_the_real_accounting():
+    """Real threads, real /proc: a spinning thread that bound itself to one CPU is counted there, not spread."""
+    import threading
+    import time
+
+    cpus = sorted(os.sched_getaffinity(0))[:2]
+    bound, done, found = threading.Event(), threading.Event(), {}
+
+    def spin():
+        os.sched_setaffinity(0, [cpus[0]])  # this thread only, as an OpenMP runtime binds its threads
+        found["tid"] = threading.get_native_id()
+        bound.set()
+        while not done.is_set():
+            pass
+
+    thread = threading.Thread(target=spin)
+    thread.start()
+    try:
+        bound.wait(10)
+        before = contamination.read_thread_waits()
+        time.sleep(0.3)
+        after, allowed = contamination.read_thread_waits(), contamination.thread_cpus()
+    finally:
+        done.set()
+        thread.join()
+    tid = found["tid"]
+    ran = {tid: (after[tid][0] - before[tid][0]) / 1e9}
+    assert allowed[tid] == [cpus[0]] and ran[tid] > 0.01
+    share = contamination.own_share_by_cpu(ran, allowed, cpus, own_cpu_seconds=ran[tid])
+    assert share == {cpus[0]: pytest.approx(ran[tid]), cpus[1]: 0.0}
 
 
 def test_a_busy_smt_sibling_counts(monkeypatch):

@@ -76,8 +76,9 @@ class Watch:
     def stop(self, own_cpu_seconds: float, wall_seconds: float) -> dict:
         after = read_cpu_times([*self.cpus, *self.siblings])
         waits = read_thread_waits()
-        share = own_cpu_seconds / max(len(self.cpus), 1)  # its threads are spread over its CPUs
-        per_cpu = {c: max(after[c].busy - self.cpu_before[c].busy - share, 0.0) / wall_seconds
+        ran = {t: (run - self.waits_before.get(t, (0, 0))[0]) / 1e9 for t, (run, _) in waits.items()}
+        share = own_share_by_cpu(ran, thread_cpus(), self.cpus, own_cpu_seconds)
+        per_cpu = {c: max(after[c].busy - self.cpu_before[c].busy - share[c], 0.0) / wall_seconds
                    for c in self.cpus if c in after and c in self.cpu_before} if wall_seconds > 0 else {}
         siblings = {c: (after[c].busy - self.cpu_before[c].busy) / wall_seconds
                     for c in self.siblings if c in after and c in self.cpu_before} if wall_seconds > 0 else {}
@@ -95,6 +96,30 @@ class Watch:
             "sibling_busy": {str(c): v for c, v in siblings.items()},
             "steal_fraction": steal / (wall_seconds * len(self.cpus)) if wall_seconds > 0 else 0.0,
         }
+
+
+def thread_cpus() -> dict[int, list[int]]:
+    """The CPUs each thread of this process may run on."""
+    from corescale.machine.instance_env import thread_affinities
+
+    return thread_affinities()
+
+
+def own_share_by_cpu(ran: dict[int, float], allowed: dict[int, list[int]], cpus, own_cpu_seconds: float
+                     ) -> dict[int, float]:
+    """This process's CPU seconds on each pinned CPU: each thread's run time over the pinned CPUs it may run on
+    (a thread an OpenMP runtime bound to one CPU loads that CPU alone), and what no live thread accounts for (threads
+    that ended) spread evenly. Spreading it all evenly would count own threads crowding one CPU as foreign load."""
+    cpus = list(cpus)
+    share = dict.fromkeys(cpus, 0.0)
+    counted = 0.0
+    for thread, seconds in ran.items():
+        where = [c for c in allowed.get(thread, cpus) if c in share] or cpus
+        for cpu in where:
+            share[cpu] += seconds / len(where)
+        counted += seconds
+    rest = max(own_cpu_seconds - counted, 0.0) / max(len(cpus), 1)
+    return {cpu: value + rest for cpu, value in share.items()}
 
 
 def foreign_seconds(before, after, own_cpu_seconds: float, cpus=None) -> float:
