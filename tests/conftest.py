@@ -6,7 +6,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import library_installed, run_record
+from helpers import TOY_ENV, library_installed, run_record
 
 pytest_plugins = ("pytester",)
 
@@ -71,6 +71,28 @@ def pytest_runtest_makereport(item, call):
 @pytest.fixture
 def out_dir(tmp_path):
     return tmp_path / "outputs"
+
+
+@pytest.fixture
+def toy():
+    """The toy backend (tests/toy_backend) registered in this process for one test, then removed (the other tests'
+    spaces stay as they are)."""
+    from toy_backend.options import TOY
+
+    from corescale.backends import BACKENDS, OPTIONS, register
+
+    register("toy", TOY)
+    yield TOY
+    BACKENDS.pop("toy")
+    OPTIONS.pop("toy")
+
+
+@pytest.fixture
+def toy_everywhere(toy, monkeypatch):
+    """The toy registered in this process and in every process the test starts (the workers: TOY_ENV)."""
+    for name, value in TOY_ENV.items():
+        monkeypatch.setenv(name, value)
+    return toy
 
 
 # ---- real runs that test files share (test_backends_common.py checks what both backends below have in common) ----

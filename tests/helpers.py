@@ -13,6 +13,13 @@ ROOT = Path(__file__).resolve().parent.parent
 FAST = ["model=bert-tiny", "duration=0.5", "min_iterations=5", "calibrate=false", "warmup.max_iterations=5",
         "sequence_length=32"]
 QUICK_ANY_MODEL = [*FAST[1:], "quality_samples=32"]  # FAST's settings for the model a test names (a real one)
+# The toy backend (tests/toy_backend: pure numpy, a real registered backend run in real worker processes, without
+# PyTorch's seconds of imports): what every process started with TOY_ENV inherits, the workers included, is the
+# toy's module and its registration. LOOP is FAST on the toy, for the tests of the loop's mechanics (resume,
+# signals, locks, failures, repeats, paths), not of a framework.
+TOY_ENV = {"PYTHONPATH": os.pathsep.join(p for p in (str(ROOT / "tests"), os.environ.get("PYTHONPATH")) if p),
+           "CORESCALE_BACKENDS": "toy_backend"}
+LOOP = [*FAST, "backend=toy"]
 needs_two_cpus = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 usable CPUs")
 
 

@@ -4,7 +4,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers import FAST, ROOT, corescale
+from helpers import LOOP, ROOT, corescale
 
 from corescale.config import BenchmarkConfig, ExecutorConfig, RayExecutorConfig
 from corescale.errors import UserError
@@ -95,9 +95,9 @@ def test_missing_ray_names_the_extra():
 
 
 @pytest.mark.slow
-def test_local_loop_runs_and_commits_each_trial(tmp_path):
-    out = tmp_path / "out"
-    planned = [Planned(n, [f"batch_size={b}"], prepare_trial(compose([*FAST, f"output_dir={out}", f"batch_size={b}"])))
+def test_local_loop_runs_and_commits_each_trial(tmp_path, toy_everywhere):
+    out = tmp_path / "out"  # the toy backend's trials (real workers): the subject is the loop, not a framework
+    planned = [Planned(n, [f"batch_size={b}"], prepare_trial(compose([*LOOP, f"output_dir={out}", f"batch_size={b}"])))
                for n, b in enumerate((1, 2), 1)]
     seen = []
 

@@ -10,7 +10,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from helpers import FAST, ROOT, needs_two_cpus, processes_with_env
+from helpers import FAST, LOOP, ROOT, needs_two_cpus, processes_with_env
 
 from corescale.measure.forkserver import ForkServers
 from corescale.overrides import expand_sweep
@@ -74,10 +74,11 @@ def test_tensorflow_is_never_forked(tmp_path):
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
 @pytest.mark.slow
+@pytest.mark.usefixtures("toy_everywhere")  # the toy is forked from its server as PyTorch is; it starts sooner
 def test_killed_sweep_leaves_no_worker_or_server(tmp_path, sig):
     marker = f"CORESCALE_FORKSERVER_TEST_{uuid.uuid4().hex}"
     env = {**os.environ, marker: "1", "TMPDIR": str(tmp_path)}
-    proc = subprocess.Popen([sys.executable, "-m", "corescale.cli", "run", "-m", *FAST, "duration=60",
+    proc = subprocess.Popen([sys.executable, "-m", "corescale.cli", "run", "-m", *LOOP, "duration=60",
                              "batch_size=1,2", f"output_dir={tmp_path / 'out'}", "--no-progress"], cwd=ROOT, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120

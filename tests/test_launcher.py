@@ -1,4 +1,6 @@
-"""Faults of real instances: killed, stopped, overrunning, raising. The run fails, nothing survives it."""
+"""Faults of real instances: killed, stopped, overrunning, raising. The run fails, nothing survives it. The
+instances run the toy backend (LOOP, a real one in real processes) where the subject is the launcher, not a
+framework; the overrun needs a warm-up that cannot settle in time, which PyTorch's slower calls give."""
 
 import dataclasses
 import os
@@ -8,7 +10,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from helpers import FAST, corescale, execute, needs_two_cpus, processes_with_env
+from helpers import FAST, LOOP, corescale, execute, needs_two_cpus, processes_with_env
 
 from corescale.measure.launcher import Launcher
 from corescale.measure.runner import prepare_trial
@@ -52,9 +54,11 @@ class Saboteur:
 
 
 def trial(tmp_path, *overrides):
-    return prepare_trial(compose([*FAST, f"output_dir={tmp_path}", *TWO, *overrides]))
+    """Two toy instances (the test registers the toy here and for its workers: toy_everywhere)."""
+    return prepare_trial(compose([*LOOP, f"output_dir={tmp_path}", *TWO, *overrides]))
 
 
+@pytest.mark.usefixtures("toy_everywhere")
 def test_killed_instance_fails_the_run_and_stops_the_others(tmp_path):
     saboteur = Saboteur({(1, "progress"): (1, signal.SIGKILL)})  # first progress = inside the window
     outcome = execute(trial(tmp_path, "duration=20"), on_event=saboteur)
@@ -72,6 +76,7 @@ def test_killed_instance_fails_the_run_and_stops_the_others(tmp_path):
     assert all(not process_group(pid) for pid in saboteur.pids.values()), "orphan worker processes"
 
 
+@pytest.mark.usefixtures("toy_everywhere")
 def test_partial_samples_of_finished_instances_are_kept_but_invalid(tmp_path):
     # instance 1 is frozen in its window, so instance 0 finishes first; then instance 1 is killed
     saboteur = Saboteur({(1, "progress"): (1, signal.SIGSTOP), (0, "result"): (1, signal.SIGKILL)})
@@ -92,6 +97,7 @@ def test_partial_samples_of_finished_instances_are_kept_but_invalid(tmp_path):
     assert all(not process_group(pid) for pid in saboteur.pids.values())
 
 
+@pytest.mark.usefixtures("toy_everywhere")
 def test_instance_raising_an_error_reports_its_traceback(tmp_path):
     t = trial(tmp_path)
     work = tmp_path / "work"

@@ -13,7 +13,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from helpers import FAST, ROOT, corescale
+from helpers import FAST, LOOP, ROOT, corescale
 
 from corescale.errors import UserError
 from corescale.machine import scratch
@@ -213,6 +213,7 @@ def test_a_write_that_fails_during_the_commit_is_one_line_and_leaves_nothing(tmp
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("toy_everywhere")  # the toy backend measures: the subject is the commit
 def test_a_full_disk_during_a_real_commit_ends_the_run_with_one_line(tmp_path):
     """A tiny tmpfs as output_dir, filled but for a few KiB: the trial measures, its commit fails, the CLI says
     so in one line, exits 2 and leaves no half-written result."""
@@ -233,7 +234,7 @@ def test_a_full_disk_during_a_real_commit_ends_the_run_with_one_line(tmp_path):
             os.close(fd)
         os.truncate(filler, max(filler.stat().st_size - 8192, 0))  # room for the write probe, not a result
         out = disk / f"out-{uuid.uuid4().hex[:6]}"
-        proc = corescale("run", *FAST, f"output_dir={out}", "--no-progress", timeout=300)
+        proc = corescale("run", *LOOP, f"output_dir={out}", "--no-progress", timeout=300)
         assert proc.returncode == 2, proc.stdout + proc.stderr
         lines = [x for x in proc.stderr.strip().splitlines() if not x.startswith("waiting for another")]
         assert len(lines) == 1, proc.stderr

@@ -238,10 +238,11 @@ def _unreadable_lock_as_nobody(path):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("toy_everywhere")  # the toy backend measures: the subject is the lock
 def test_a_ray_nodes_trial_waits_for_that_machines_lock(tmp_path, monkeypatch):
     """The Ray task (run_on_node, called here as Ray calls it) holds the node's machine lock while it measures: a
     local run or `info --peak` there is never measured beside it."""
-    from helpers import FAST
+    from helpers import LOOP
 
     from corescale.machine import lock
     from corescale.measure.runner import prepare_trial
@@ -250,7 +251,7 @@ def test_a_ray_nodes_trial_waits_for_that_machines_lock(tmp_path, monkeypatch):
 
     path = tmp_path / "lock"
     monkeypatch.setattr(lock, "LOCK_PATH", path)
-    trial = prepare_trial(compose([*FAST, f"output_dir={tmp_path / 'out'}"]))
+    trial = prepare_trial(compose([*LOOP, f"output_dir={tmp_path / 'out'}"]))
     holding = hold_in_another_process(path)
     done = []
     task = threading.Thread(target=lambda: done.append(run_on_node(trial, {})), daemon=True)

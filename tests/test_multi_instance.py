@@ -7,7 +7,7 @@ import re
 import numpy as np
 import pandas as pd
 import pytest
-from helpers import FAST, corescale, execute, needs_two_cpus, raw_record
+from helpers import FAST, LOOP, corescale, execute, needs_two_cpus, raw_record
 
 from corescale.errors import UserError
 from corescale.machine import instance_env
@@ -159,11 +159,12 @@ def test_result_json_records_the_launch(two_instances):
 
 
 @needs_two_cpus
+@pytest.mark.usefixtures("toy_everywhere")
 def test_warm_up_starts_only_when_every_instance_is_loaded(tmp_path):
     """The barrier before warm-up: no instance reports a warm-up call before every instance has loaded, and no
-    timed call comes before the common start."""
+    timed call comes before the common start (the loop's barrier: the toy backend measures)."""
     events = []
-    trial = prepare_trial(compose([*FAST, f"output_dir={tmp_path}", "instances=2", "cores_per_instance=1"]))
+    trial = prepare_trial(compose([*LOOP, f"output_dir={tmp_path}", "instances=2", "cores_per_instance=1"]))
     outcome = execute(trial, on_event=lambda instance, event: events.append((instance, event["event"])))
     assert outcome.ok, outcome.record.reason
     loaded = [i for i, (_, kind) in enumerate(events) if kind == "loaded"]

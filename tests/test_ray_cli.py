@@ -1,20 +1,21 @@
-"""`corescale run -m executor=ray` end to end: a private loopback Ray, results with their node, resume."""
+"""`corescale run -m executor=ray` end to end: a private loopback Ray, results with their node, resume. The trials
+measure the toy backend (LOOP) in real workers on the Ray node: the subject is the dispatch, not a framework."""
 
 import json
 from pathlib import Path
 
 import pytest
-from helpers import FAST, corescale
+from helpers import LOOP, corescale
 
 pytest.importorskip("ray")
 
-pytestmark = pytest.mark.slow  # every test here starts processes
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("toy_everywhere")]  # every test here starts processes
 
 
 def test_cli_sweep_on_private_ray_resumes(tmp_path):
     out = tmp_path / "out"
     env = {"RAY_AUTH_MODE": "disabled", "RAY_TMPDIR": f"/tmp/rayc{tmp_path.name[-6:]}"}
-    args = ["run", "-m", "executor=ray", *FAST, "batch_size=1,2", f"output_dir={out}", "--no-progress"]
+    args = ["run", "-m", "executor=ray", *LOOP, "batch_size=1,2", f"output_dir={out}", "--no-progress"]
     first = corescale(*args, env=env)
     assert first.returncode == 0, first.stderr
     records = [json.loads((p / "result.json").read_text()) for p in out.iterdir()]
@@ -32,7 +33,7 @@ def test_single_run_goes_through_ray_and_reserves_the_node(tmp_path):
 
     out = tmp_path / "out"
     env = {"RAY_AUTH_MODE": "disabled", "RAY_TMPDIR": f"/tmp/rays{tmp_path.name[-6:]}"}
-    proc = corescale("run", "executor=ray", *FAST, f"output_dir={out}", "--no-progress", env=env)
+    proc = corescale("run", "executor=ray", *LOOP, f"output_dir={out}", "--no-progress", env=env)
     assert proc.returncode == 0, proc.stderr
     (run,) = list(out.iterdir())
     record = json.loads((run / "result.json").read_text())
@@ -46,7 +47,7 @@ def test_study_runs_on_ray(tmp_path):
     """`corescale study ... executor=ray` measures its trials on the Ray node (not here) and draws its table."""
     out = tmp_path / "out"
     env = {"RAY_AUTH_MODE": "disabled", "RAY_TMPDIR": f"/tmp/rayt{tmp_path.name[-6:]}"}
-    proc = corescale("study", "cores", "executor=ray", *FAST, "--values", "1", f"output_dir={out}", "--no-progress",
+    proc = corescale("study", "cores", "executor=ray", *LOOP, "--values", "1", f"output_dir={out}", "--no-progress",
                      env=env)
     assert proc.returncode == 0, proc.stderr
     (study_dir,) = out.glob("study-cores-*")

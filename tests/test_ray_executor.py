@@ -2,6 +2,10 @@
 
 Node `a` sees every CPU; node `b` was started pinned to one CPU, so it is a smaller machine kind: a trial
 that asks for 2 threads is valid on the driver but a bad config on `b`.
+
+The executor's mechanics (retries, resume, fail-fast, concurrent sweeps, the tune's fan-out) are measured on the
+toy backend (LOOP: real trials in real worker processes, without PyTorch's imports); what concerns the frameworks'
+threads on a node stays on PyTorch.
 """
 
 import ipaddress
@@ -18,7 +22,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from helpers import FAST, ROOT, corescale, needs_two_cpus, raw_record
+from helpers import FAST, LOOP, ROOT, TOY_ENV, corescale, needs_two_cpus, raw_record
 
 from corescale.overrides import expand_sweep
 from corescale.record.files import iter_run_dirs
@@ -28,10 +32,11 @@ from corescale.trials.sweep import plan_sweep
 
 pytest.importorskip("ray", reason="Ray is the optional extra corescale[ray]")
 CPUS = sorted(os.sched_getaffinity(0))
-pytestmark = [needs_two_cpus, pytest.mark.timeout(240)]
+pytestmark = [needs_two_cpus, pytest.mark.timeout(240), pytest.mark.usefixtures("toy")]  # toy trials planned here
 RAY_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 LOOPBACK = "127.0.0.1"
-QUICK = [*FAST, "warmup.max_iterations=3", "timeout=120"]
+ON_NODES = ["warmup.max_iterations=3", "timeout=120"]
+QUICK, QUICK_TOY = [*FAST, *ON_NODES], [*LOOP, *ON_NODES]
 
 
 @contextmanager
@@ -48,8 +53,10 @@ def affinity(cpus):
 def cluster():
     tmp = Path(tempfile.mkdtemp(prefix="ray", dir="/tmp"))  # short: Ray's unix socket paths are <= 107 chars
     patch = pytest.MonkeyPatch()
-    # the nodes' machine lock is the cluster's own: trials of other test sessions on this machine do not stall it
-    for name, value in {**RAY_ENV, "RAY_TMPDIR": str(tmp), "CORESCALE_LOCK": str(tmp / "machine.lock")}.items():
+    # the nodes' machine lock is the cluster's own: trials of other test sessions on this machine do not stall it;
+    # the nodes' workers (and the CLIs the tests start) import and register the toy backend (TOY_ENV)
+    env = {**RAY_ENV, **TOY_ENV, "RAY_TMPDIR": str(tmp), "CORESCALE_LOCK": str(tmp / "machine.lock")}
+    for name, value in env.items():
         patch.setenv(name, value)
     patch.delenv("OMP_NUM_THREADS", raising=False)
     from ray.cluster_utils import Cluster
@@ -68,8 +75,8 @@ def cluster():
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def trials_for(address, out, sweep):
-    return plan_sweep([[*QUICK, f"output_dir={out}", "executor=ray", f"executor.address={address}", *overrides]
+def trials_for(address, out, sweep, settings=QUICK_TOY):
+    return plan_sweep([[*settings, f"output_dir={out}", "executor=ray", f"executor.address={address}", *overrides]
                        for overrides in expand_sweep(sweep)])
 
 
@@ -102,7 +109,7 @@ def dispatched_together(x, y):
 @pytest.mark.slow
 def test_sweep_over_node_types_runs_one_trial_per_node(cluster, tmp_path):
     out = tmp_path / "out"
-    trials = trials_for(cluster.address, out, ["executor.node_type=a,b"])  # >1 trial per node: the tune test
+    trials = trials_for(cluster.address, out, ["executor.node_type=a,b"], QUICK)  # >1 trial per node: the tune test
     _, outcomes = run_trials(trials)
 
     assert len(outcomes) == 2
@@ -227,9 +234,9 @@ RayExecutor(planned[0].trial.cfg.executor).run(planned, Printer())
 @pytest.mark.slow
 def test_killed_driver_resumes_without_duplicates(cluster, tmp_path):
     out = tmp_path / "out"
-    sweep = [*QUICK, f"output_dir={out}", "executor=ray", f"executor.address={cluster.address}",
+    sweep = [*QUICK_TOY, f"output_dir={out}", "executor=ray", f"executor.address={cluster.address}",
              "batch_size=1,2,3"]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join((str(ROOT), TOY_ENV["PYTHONPATH"]))}
     driver = subprocess.Popen([sys.executable, "-c", DRIVER, *sweep], stdout=subprocess.PIPE, text=True, env=env)
     try:
         first = driver.stdout.readline()  # the first committed result, then the driver dies
@@ -312,8 +319,9 @@ def listening_sockets(entry: str):
 def test_private_local_ray_binds_loopback_only_without_dashboard(tmp_path):
     ray_tmp = Path(tempfile.mkdtemp(prefix="ray", dir="/tmp"))
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-    env.update(RAY_AUTH_MODE="disabled", RAY_TMPDIR=str(ray_tmp), PYTHONPATH=str(ROOT))
-    driver = subprocess.Popen([sys.executable, "-c", LOCAL, *QUICK, f"output_dir={tmp_path / 'out'}",
+    env.update(TOY_ENV, RAY_AUTH_MODE="disabled", RAY_TMPDIR=str(ray_tmp),
+               PYTHONPATH=os.pathsep.join((str(ROOT), TOY_ENV["PYTHONPATH"])))
+    driver = subprocess.Popen([sys.executable, "-c", LOCAL, *QUICK_TOY, f"output_dir={tmp_path / 'out'}",
                                "executor=ray"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
     try:
         assert driver.stdout.readline() == "running\n"
@@ -432,7 +440,7 @@ def test_unreachable_cluster_fails_fast(tmp_path):
     assert time.monotonic() - started < 10
 
 
-TUNE = [*QUICK, "duration=0.6", "tune.screen=0.3", "tune.top_k=1", "tune.repeats=2", "space.backend=[pytorch]",
+TUNE = [*QUICK_TOY, "duration=0.6", "tune.screen=0.3", "tune.top_k=1", "tune.repeats=2", "space.backend=[toy]",
         "space.precision=[fp32]", "space.batch_size=[1,2]", "--no-progress", "--no-report"]
 
 

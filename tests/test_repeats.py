@@ -5,7 +5,7 @@ import json
 from types import SimpleNamespace
 
 import pytest
-from helpers import FAST, assert_one_line_error, corescale
+from helpers import LOOP, assert_one_line_error, corescale
 
 from corescale.overrides import compose
 from corescale.record.repeats import Interval, across_repeats
@@ -58,9 +58,10 @@ def test_bad_repeat_and_openmp_settings_are_one_line(overrides, message):
 
 
 @pytest.mark.slow
-def test_run_with_repeats_measures_each_in_fresh_processes_and_resumes(tmp_path):
+def test_run_with_repeats_measures_each_in_fresh_processes_and_resumes(tmp_path, toy_everywhere):
+    """On the toy backend (a real one, in real worker processes): the subject is the loop, not a framework."""
     out = tmp_path / "out"
-    proc = corescale("run", *FAST, "repeats=3", f"output_dir={out}", "--no-progress")
+    proc = corescale("run", *LOOP, "repeats=3", f"output_dir={out}", "--no-progress")
     assert proc.returncode == 0, proc.stderr
     assert "across repeats" in proc.stdout and "this configuration" in proc.stdout
     records = [TrialRecord.from_json(json.loads((d / "result.json").read_text())) for d in sorted(out.iterdir())]
@@ -69,7 +70,7 @@ def test_run_with_repeats_measures_each_in_fresh_processes_and_resumes(tmp_path)
     assert len({r.started_at + str(r.elapsed_s) for r in records}) == 3  # three runs, one after another
     summary = across_repeats(records)
     assert summary.repeats == 3 and summary.throughput.low < summary.throughput.mean < summary.throughput.high
-    sweep = corescale("run", "-m", *FAST, "repeats=3", "batch_size=1,2", f"output_dir={out}", "--no-progress")
+    sweep = corescale("run", "-m", *LOOP, "repeats=3", "batch_size=1,2", f"output_dir={out}", "--no-progress")
     assert sweep.returncode == 0, sweep.stderr
     assert "6 trials: 3 measured ok, 0 failed, 3 skipped" in sweep.stdout  # batch 1's repeats were done
     assert len(list(out.iterdir())) == 6

@@ -1,5 +1,6 @@
 """Killing the CLI (SIGTERM, SIGHUP, SIGINT) mid-window stops every worker, removes its temp directories, records
-the trial as interrupted with the calls the instances had streamed, and exits 130 with one line."""
+the trial as interrupted with the calls the instances had streamed, and exits 130 with one line. The runs measure
+the toy backend (LOOP) in real worker processes: the subject is the loop's handling of signals, not a framework."""
 
 import json
 import os
@@ -11,9 +12,9 @@ import uuid
 
 import pandas as pd
 import pytest
-from helpers import FAST, ROOT, needs_two_cpus, processes_with_env
+from helpers import LOOP, ROOT, needs_two_cpus, processes_with_env
 
-pytestmark = [pytest.mark.slow, needs_two_cpus]
+pytestmark = [pytest.mark.slow, needs_two_cpus, pytest.mark.usefixtures("toy_everywhere")]
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
@@ -23,7 +24,7 @@ def test_signal_mid_window_leaves_nothing_behind(tmp_path, sig):
     tmp.mkdir()
     out = tmp_path / "out"
     env = {**os.environ, marker: "1", "TMPDIR": str(tmp)}
-    proc = subprocess.Popen([sys.executable, "-m", "corescale.cli", "run", *FAST, "duration=60", "instances=2",
+    proc = subprocess.Popen([sys.executable, "-m", "corescale.cli", "run", *LOOP, "duration=60", "instances=2",
                              "cores_per_instance=1", f"output_dir={out}", "--no-progress"], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
@@ -54,7 +55,7 @@ def test_workers_die_with_a_killed_parent(tmp_path):
     """SIGKILL cannot be handled: the kernel's parent-death signal stops the workers instead."""
     marker = f"CORESCALE_SIGNAL_TEST_{uuid.uuid4().hex}"
     env = {**os.environ, marker: "1", "TMPDIR": str(tmp_path)}
-    proc = subprocess.Popen([sys.executable, "-m", "corescale.cli", "run", *FAST, "duration=60",
+    proc = subprocess.Popen([sys.executable, "-m", "corescale.cli", "run", *LOOP, "duration=60",
                              f"output_dir={tmp_path / 'out'}", "--no-progress"], cwd=ROOT, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
@@ -75,7 +76,7 @@ def test_nohup_keeps_sighup_ignored_and_sigterm_still_stops_the_run(tmp_path):
     tmp.mkdir()
     out = tmp_path / "out"
     env = {**os.environ, marker: "1", "TMPDIR": str(tmp)}
-    proc = subprocess.Popen([sys.executable, "-m", "corescale.cli", "run", *FAST, "duration=60",
+    proc = subprocess.Popen([sys.executable, "-m", "corescale.cli", "run", *LOOP, "duration=60",
                              f"output_dir={out}", "--no-progress"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True,
                             preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))

@@ -5,7 +5,7 @@ import shutil
 
 import pandas as pd
 import pytest
-from helpers import FAST, corescale
+from helpers import LOOP, TOY_ENV, corescale
 
 from corescale.analysis import store
 from corescale.errors import UserError
@@ -16,9 +16,10 @@ from corescale.workload.models import resolve_model
 
 @pytest.fixture(scope="module")
 def root(tmp_path_factory):
-    """One real run, plus a later attempt of the same trial and a corrupted copy."""
+    """One real run (the toy backend: the subject is the table, not a framework), plus a later attempt of the same
+    trial and a corrupted copy. The tests that read it know the toy too (toy_everywhere)."""
     out = tmp_path_factory.mktemp("store") / "outputs"
-    proc = corescale("run", *FAST, "batch_size=2", f"output_dir={out}", "--no-progress")
+    proc = corescale("run", *LOOP, "batch_size=2", f"output_dir={out}", "--no-progress", env=TOY_ENV)
     assert proc.returncode == 0, proc.stderr
     (run,) = list(out.iterdir())
     later = out / f"{run.name}-again"
@@ -34,6 +35,7 @@ def root(tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("toy_everywhere")
 def test_latest_attempt_per_key_and_every_attempt(root):
     table = store.load(root)
     assert len(table.frame) == 1 and table.frame.loc[0, "status"] == "failed"  # the later attempt wins
@@ -62,6 +64,7 @@ def test_filters():
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("toy_everywhere")
 def test_results_command_lists_filters_and_exports(root, tmp_path):
     proc = corescale("results", str(root), "--all")
     assert proc.returncode == 0
@@ -84,6 +87,7 @@ def test_results_command_lists_filters_and_exports(root, tmp_path):
     (["{root}", "--sort", "colour"], "unknown sort column 'colour'"),
 ])
 @pytest.mark.slow
+@pytest.mark.usefixtures("toy_everywhere")
 def test_bad_input_is_one_line(root, tmp_path, args, message):
     (tmp_path / "empty").mkdir()
     paths = {"missing": tmp_path / "missing", "empty": tmp_path / "empty", "root": root}
@@ -109,6 +113,7 @@ def test_local_model_files_change_the_key(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("toy_everywhere")
 def test_csv_to_an_unwritable_place_is_one_line(root, tmp_path):
     proc = corescale("results", str(root), "--csv", str(tmp_path / "no" / "such" / "dir" / "x.csv"))
     assert proc.returncode == 2 and "cannot write --csv" in proc.stderr

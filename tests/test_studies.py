@@ -8,9 +8,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from helpers import FAST, corescale, needs_two_cpus
+from helpers import LOOP, corescale, needs_two_cpus
 from matplotlib.figure import Figure
-from test_toy_backend import TOY_ENV
 
 from corescale.errors import UserError
 from corescale.report import plots
@@ -154,9 +153,8 @@ def test_figures_skip_failed_trials():
     assert sorted(len(line.get_xdata()) for line in solid) == [2, 3]
 
 
-# ---- real studies on bert-tiny ---------------------------------------------------------------------------
-
-TINY = [o for o in FAST if not o.startswith("duration")] + ["duration=0.5"]
+# ---- real studies on bert-tiny, measured by the toy backend (a real one, in real worker processes): their subject
+# is the study (its grid, sums, files and resume), not a framework ----------------------------------------------
 
 
 def check_study_dir(out: Path, kind: str, rows: int) -> pd.DataFrame:
@@ -174,8 +172,9 @@ def check_study_dir(out: Path, kind: str, rows: int) -> pd.DataFrame:
 
 @needs_two_cpus
 @pytest.mark.slow
+@pytest.mark.usefixtures("toy_everywhere")
 def test_cores_study_cli(tmp_path):
-    proc = corescale("study", "cores", *TINY, f"output_dir={tmp_path}", "--no-progress")
+    proc = corescale("study", "cores", *LOOP, f"output_dir={tmp_path}", "--no-progress")
     assert proc.returncode == 0, proc.stderr
     table = check_study_dir(tmp_path, "cores", 2)
     assert table["cores"].tolist() == [1, 2] and table["efficiency"].iloc[0] == 1.0
@@ -184,8 +183,9 @@ def test_cores_study_cli(tmp_path):
 
 @needs_two_cpus
 @pytest.mark.slow
+@pytest.mark.usefixtures("toy_everywhere")
 def test_instances_study(tmp_path):
-    study = studies.run_study("instances", [*TINY, f"output_dir={tmp_path}"])
+    study = studies.run_study("instances", [*LOOP, f"output_dir={tmp_path}"])
     write_study(study)
     table = study.frame
     assert study.failures == 0 and study.state.count("ok") == 2
@@ -199,8 +199,9 @@ def test_instances_study(tmp_path):
 
 @needs_two_cpus
 @pytest.mark.slow
+@pytest.mark.usefixtures("toy_everywhere")
 def test_batch_study(tmp_path):
-    study = studies.run_study("batch", [*TINY, "total_batch_size=4", f"output_dir={tmp_path}"])
+    study = studies.run_study("batch", [*LOOP, "total_batch_size=4", f"output_dir={tmp_path}"])
     write_study(study)
     table = study.frame
     assert study.failures == 0
@@ -210,12 +211,13 @@ def test_batch_study(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("toy_everywhere")
 def test_study_records_a_failed_trial_and_resumes_by_key(tmp_path):
     # the toy backend's second trial refuses to load inside the instance (a user error there): recorded as that
     # trial's failure, not the end
-    args = ["study", "cores", *TINY, "backend=toy", "backend.refuse=no,broken", f"output_dir={tmp_path}",
+    args = ["study", "cores", *LOOP, "backend.refuse=no,broken", f"output_dir={tmp_path}",
             "--values", "1", "--no-progress"]
-    first = corescale(*args, env=TOY_ENV)
+    first = corescale(*args)
     assert first.returncode == 1, first.stderr
     assert "1 of 2 trial(s) failed" in first.stderr
     (study_dir,) = [p for p in tmp_path.iterdir() if p.name.startswith("study-cores-")]
@@ -225,7 +227,7 @@ def test_study_records_a_failed_trial_and_resumes_by_key(tmp_path):
     assert all(t["trial_key"] for t in document["trials"]) and not any(t["resumed"] for t in document["trials"])
     runs = {p.name for p in study_dir.iterdir() if (p / "result.json").is_file()}
     time.sleep(1.1)  # a new study directory name
-    again = corescale(*args, env=TOY_ENV)
+    again = corescale(*args)
     assert again.returncode == 1 and "1 trial(s) resumed from earlier results" in again.stdout
     (second,) = [p for p in tmp_path.iterdir() if p.name.startswith("study-cores-") and p != study_dir]
     redone = json.loads((second / "study.json").read_text())
@@ -236,18 +238,20 @@ def test_study_records_a_failed_trial_and_resumes_by_key(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("toy_everywhere")
 def test_study_errors_are_one_line_exit_2(tmp_path):
-    proc = corescale("study", "instances", *TINY, "instances=2", f"output_dir={tmp_path}")
+    proc = corescale("study", "instances", *LOOP, "instances=2", f"output_dir={tmp_path}")
     assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0
     assert "sets instances itself" in proc.stderr
-    proc = corescale("study", "cores", *TINY, f"output_dir={tmp_path}", "--values", "1,x")
+    proc = corescale("study", "cores", *LOOP, f"output_dir={tmp_path}", "--values", "1,x")
     assert proc.returncode == 2 and "--values '1,x'" in proc.stderr
     assert not any(tmp_path.iterdir())
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("toy_everywhere")
 def test_study_with_repeats_reports_means_and_intervals(tmp_path):
-    study = studies.run_study("cores", [*TINY, "repeats=2", f"output_dir={tmp_path}"], values=[1])
+    study = studies.run_study("cores", [*LOOP, "repeats=2", f"output_dir={tmp_path}"], values=[1])
     (row,) = study.frame.to_dict(orient="records")
     records = [r.record for r in study.state.rows]
     assert row["repeats"] == 2 and len(records) == 2 and sorted(r.repeat for r in records) == [0, 1]
@@ -258,11 +262,12 @@ def test_study_with_repeats_reports_means_and_intervals(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("toy_everywhere")
 def test_study_on_ray_goes_to_the_cluster_never_silently_local(tmp_path):
     """A study dispatches like a sweep: with executor=ray an unreachable cluster is the Ray executor's one-line
     error (before, the study ran locally without a word), and nothing is measured or written."""
     pytest.importorskip("ray")
-    proc = corescale("study", "cores", *TINY, "executor=ray", "executor.address=127.0.0.1:1", "--values", "1",
+    proc = corescale("study", "cores", *LOOP, "executor=ray", "executor.address=127.0.0.1:1", "--values", "1",
                      f"output_dir={tmp_path}", "--no-progress")
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().count("\n") == 0 and "cannot reach the Ray cluster at '127.0.0.1:1'" in proc.stderr

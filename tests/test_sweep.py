@@ -1,4 +1,5 @@
-"""Sweeps through the real CLI: resume, failures recorded, SIGKILL mid-sweep, concurrent writers."""
+"""Sweeps through the real CLI: resume, failures recorded, SIGKILL mid-sweep, concurrent writers. The loop's
+mechanics, not a framework's: the trials measure the toy backend (LOOP) in real worker processes."""
 
 import json
 import os
@@ -10,13 +11,14 @@ from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 
 import pytest
-from helpers import FAST, ROOT, corescale
+from helpers import FAST, LOOP, ROOT, corescale
 
 from corescale.analysis import store
 from corescale.record.files import PendingRun, iter_run_dirs, read_result
 from corescale.trials.sweep import plan_sweep
 
-pytestmark = pytest.mark.slow  # every test here starts processes
+# every test here starts processes; they and this one (which reads the records) know the toy backend
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("toy_everywhere")]
 
 
 def run_dirs(root):
@@ -30,15 +32,17 @@ def expected_keys(overrides):
 
 
 def test_failed_trial_is_recorded_and_the_sweep_goes_on(out_dir):
-    # int8 drifts from the fp32 reference by far more than 1e-12: a real failure found by the worker, with a
-    # reason (a timeout would not do: it is not part of the trial key, so both trials would be one)
-    grid = [*FAST, "precision=int8", "reference=pytorch", "drift_tolerance=1e-12,1", f"output_dir={out_dir}"]
+    # the toy refuses to load inside the worker when told to: a real failure found by the worker, with a reason
+    # (a timeout would not do: it is not part of the trial key, so both trials would be one)
+    grid = [*LOOP, "backend.refuse=no,broken", f"output_dir={out_dir}"]
     proc = corescale("run", "-m", *grid, "--no-progress")
     assert proc.returncode == 1
-    assert "1 measured ok, 1 failed" in proc.stdout and "outputs drift from pytorch" in proc.stderr
-    table = store.load(out_dir).frame.set_index("drift_tolerance")
-    assert table.loc[1e-12, "status"] == "failed" and "drift" in table.loc[1e-12, "reason"]
-    assert table.loc[1.0, "status"] == "ok"
+    assert "1 measured ok, 1 failed" in proc.stdout and "the toy backend refuses to load: broken" in proc.stderr
+    records = {r.config.backend.refuse: r for r in map(read_result, run_dirs(out_dir))}
+    assert records["broken"].status == "failed" and "refuses to load: broken" in records["broken"].reason
+    assert records["no"].status == "ok"
+    table = store.load(out_dir).frame
+    assert sorted(table["status"]) == ["failed", "ok"]
 
     rerun = corescale("run", "-m", *grid, "--no-progress")  # the failure is redone, the success is not
     assert rerun.returncode == 1 and "0 measured ok, 1 failed, 1 skipped" in rerun.stdout
@@ -49,14 +53,14 @@ def test_failed_trial_is_recorded_and_the_sweep_goes_on(out_dir):
 
 
 def test_fail_fast_stops_at_first_failure(out_dir):
-    grid = ["precision=int8", "reference=pytorch", "drift_tolerance=1e-12,1"]  # the first drifts: it fails
-    proc = corescale("run", "-m", *FAST, *grid, f"output_dir={out_dir}", "--no-progress", "--fail-fast")
+    grid = ["backend.refuse=broken,no"]  # the first refuses to load in its worker: it fails
+    proc = corescale("run", "-m", *LOOP, *grid, f"output_dir={out_dir}", "--no-progress", "--fail-fast")
     assert proc.returncode == 1 and "--fail-fast" in proc.stderr
     assert [r.status for r in map(read_result, run_dirs(out_dir))] == ["failed"]
 
 
 def test_sigkill_mid_sweep_then_resume_gives_exactly_the_grid(out_dir):
-    grid = [*FAST, "batch_size=1,2", f"output_dir={out_dir}"]
+    grid = [*LOOP, "batch_size=1,2", f"output_dir={out_dir}"]
     command = [sys.executable, "-m", "corescale.cli", "run", "-m", *grid, "--no-progress"]
     proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 240
@@ -82,7 +86,7 @@ def test_sigkill_mid_sweep_then_resume_gives_exactly_the_grid(out_dir):
 
 
 def test_two_sweeps_into_one_root_lose_nothing(out_dir):
-    grids = ([*FAST, "batch_size=1", f"output_dir={out_dir}"], [*FAST, "batch_size=2", f"output_dir={out_dir}"])
+    grids = ([*LOOP, "batch_size=1", f"output_dir={out_dir}"], [*LOOP, "batch_size=2", f"output_dir={out_dir}"])
     procs = [subprocess.Popen([sys.executable, "-m", "corescale.cli", "run", "-m", *grid, "--no-progress"], cwd=ROOT,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for grid in grids]
     for proc in procs:
@@ -98,7 +102,7 @@ def test_two_sweeps_into_one_root_lose_nothing(out_dir):
 def test_the_same_sweep_twice_at_once_commits_each_key_once(out_dir):
     """Both plan every trial; the one that gets the machine lock second finds each result committed meanwhile
     (re-checked under the lock, and again under the commit lock) and measures nothing."""
-    grid = [*FAST, "batch_size=1,2", f"output_dir={out_dir}"]
+    grid = [*LOOP, "batch_size=1,2", f"output_dir={out_dir}"]
     procs = [subprocess.Popen([sys.executable, "-m", "corescale.cli", "run", "-m", *grid, "--no-progress"], cwd=ROOT,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
     outs = []
@@ -134,15 +138,15 @@ def test_unknown_sweep_key_is_one_clear_line(out_dir):
 
 
 def test_resume_counts_only_this_machines_results_unless_asked(out_dir, tmp_path):
-    first = corescale("run", "-m", *FAST, f"output_dir={out_dir}", "--no-progress")
+    first = corescale("run", "-m", *LOOP, f"output_dir={out_dir}", "--no-progress")
     assert first.returncode == 0, first.stderr
     (run,) = run_dirs(out_dir)
     record = json.loads((run / "result.json").read_text())
     record["environment"]["cpu"]["model"] = "a CPU this machine is not"
     (run / "result.json").write_text(json.dumps(record))
-    foreign = corescale("run", "-m", *FAST, f"output_dir={out_dir}", "--no-progress", "--accept-foreign")
+    foreign = corescale("run", "-m", *LOOP, f"output_dir={out_dir}", "--no-progress", "--accept-foreign")
     assert foreign.returncode == 0 and "0 measured ok, 0 failed, 1 skipped" in foreign.stdout
-    again = corescale("run", "-m", *FAST, f"output_dir={out_dir}", "--no-progress")
+    again = corescale("run", "-m", *LOOP, f"output_dir={out_dir}", "--no-progress")
     assert again.returncode == 0 and "1 measured ok, 0 failed, 0 skipped" in again.stdout
     assert len(run_dirs(out_dir)) == 2
 
@@ -151,7 +155,7 @@ def test_a_result_measured_under_another_inherited_environment_is_measured_again
     """An allocator or OpenMP variable inherited from the shell changes what runs: its results resume only under
     the same values (and results without any resume only without)."""
     def sweep(**env):
-        proc = corescale("run", "-m", *FAST, f"output_dir={out_dir}", "--no-progress", env=env)
+        proc = corescale("run", "-m", *LOOP, f"output_dir={out_dir}", "--no-progress", env=env)
         assert proc.returncode == 0, proc.stderr
         return proc.stdout
 

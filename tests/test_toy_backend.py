@@ -4,31 +4,15 @@ incomplete or malformed entry is refused at registration."""
 
 import dataclasses
 import json
-import os
 from pathlib import Path
 
 import pytest
-from helpers import FAST, corescale
+from helpers import FAST, LOOP, TOY_ENV, corescale
 
 from corescale.backends import BACKENDS, OPTIONS, BackendEntry, RegistrationError, register
 from corescale.errors import UserError
 
-TESTS = Path(__file__).resolve().parent
-# what every process started below inherits, the workers included: the toy's module and its registration
-TOY_ENV = {"PYTHONPATH": os.pathsep.join(p for p in (str(TESTS), os.environ.get("PYTHONPATH")) if p),
-           "CORESCALE_BACKENDS": "toy_backend"}
-TOY_RUN = [*FAST, "backend=toy", "--no-progress"]
-
-
-@pytest.fixture
-def toy():
-    """The toy registered in this process for one test, then removed (the other tests' spaces stay as they are)."""
-    from toy_backend.options import TOY
-
-    register("toy", TOY)
-    yield TOY
-    BACKENDS.pop("toy")
-    OPTIONS.pop("toy")
+TOY_RUN = [*LOOP, "--no-progress"]
 
 
 def _results(out: Path) -> list[dict]:
