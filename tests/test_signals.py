@@ -17,6 +17,13 @@ from helpers import LOOP, ROOT, needs_two_cpus, processes_with_env
 pytestmark = [pytest.mark.slow, needs_two_cpus, pytest.mark.usefixtures("toy_everywhere")]
 
 
+def default_signals():
+    """The run starts as from a terminal: a suite started under `nohup … &` ignores SIGHUP and SIGINT, and an
+    ignored signal is inherited (corescale then keeps it ignored, as nohup asks)."""
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
 def test_signal_mid_window_leaves_nothing_behind(tmp_path, sig):
     marker = f"CORESCALE_SIGNAL_TEST_{uuid.uuid4().hex}"
@@ -26,7 +33,7 @@ def test_signal_mid_window_leaves_nothing_behind(tmp_path, sig):
     env = {**os.environ, marker: "1", "TMPDIR": str(tmp)}
     proc = subprocess.Popen([sys.executable, "-m", "corescale.cli", "run", *LOOP, "duration=60", "instances=2",
                              "cores_per_instance=1", f"output_dir={out}", "--no-progress"], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_signals)
     deadline = time.monotonic() + 120
     streams = []
     while time.monotonic() < deadline and proc.poll() is None:  # wait for the window: calls streamed to disk
