@@ -114,3 +114,14 @@ def test_a_server_qps_tune_measures_each_layout_as_a_service(tmp_path):
     assert [list(spec.cpus) for spec in bundle.specs] == [i["cpus"] for i in served["instances"]]
     assert bundle.manifest["config"]["endpoint"] is None and bundle.manifest["measured"]["max_valid_qps"]
     assert f"serve it: corescale serve {doc['recipe']['bundle']}" in proc.stdout
+
+
+def test_a_bundle_of_a_server_at_a_url_is_refused_before_measuring(tmp_path):
+    from corescale.errors import UserError
+    from corescale.overrides import compose
+    from corescale.serve.bundle import check_destination
+
+    cfg = compose(["scenario=server", "endpoint=http://127.0.0.1:9", "api=tei", "target_qps=5"])
+    with pytest.raises(UserError, match="has no artifact here") as info:
+        check_destination(tmp_path / "bundle", cfg)
+    assert "\n" not in str(info.value) and not (tmp_path / "bundle").exists()

@@ -45,6 +45,9 @@ FEATURES = {"fp32": ("avx2", "fma", "avx512f"),
 
 def check_destination(directory: Path, cfg) -> None:
     """Before any measurement: the folder is new (or empty) and writable, and the model has a tokenizer."""
+    if cfg.endpoint and cfg.endpoint != "managed":
+        raise UserError("--bundle needs what ran here or in a managed service; a server measured at endpoint=URL "
+                        "has no artifact here: measure its layout with endpoint=managed or in process")
     directory = Path(directory)
     if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
         raise UserError(f"bundle folder '{directory}' exists and is not empty: give a new folder")
