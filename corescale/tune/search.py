@@ -32,7 +32,7 @@ from corescale.tune import study as studies
 from corescale.tune import verdict as verdicts
 from corescale.tune.plan import Tune, complexity, config_label, merge
 from corescale.tune.progress import Progress
-from corescale.tune.settings import LOAD_MARGIN_S
+from corescale.tune.settings import LOAD_MARGIN_S, budget_text
 
 if TYPE_CHECKING:
     import optuna
@@ -132,9 +132,9 @@ class Tuner:
         if p.budget_s is not None and self._count() >= 1:  # a budget that allows the baseline allows one trial
             per = (sum(p.screen_s) / len(p.screen_s)) if p.screen_s else self.tune.screen_s + LOAD_MARGIN_S
             if p.elapsed() + per + self.reserve() > p.budget_s:
-                self.search_end = (f"the budget ({_minutes(p.budget_s)}) ended it, keeping "
-                                   f"{_minutes(self.reserve())} for the final repeats "
-                                   f"(budget={_minutes(3 * p.budget_s)} searches more)")
+                self.search_end = (f"the budget ({budget_text(p.budget_s)}) ended it, keeping "
+                                   f"{budget_text(self.reserve())} for the final repeats "
+                                   f"(budget={budget_text(3 * p.budget_s)} searches more)")
                 return True
         return False
 
@@ -257,15 +257,6 @@ class Tuner:
     def _save_elapsed(self) -> None:
         study, progress = self._running()
         study.set_user_attr("elapsed_s", progress.elapsed())
-
-
-def _minutes(seconds: float) -> str:
-    """'5m', '90s', '1h30m': as budget= takes it."""
-    seconds = round(seconds)
-    if seconds < 120:
-        return f"{seconds}s"
-    hours, minutes = divmod(round(seconds / 60), 60)
-    return f"{hours}h{minutes}m" if hours and minutes else f"{hours}h" if hours else f"{minutes}m"
 
 
 def _cores_used(records: list[TrialRecord]) -> int:

@@ -116,6 +116,15 @@ def parse_budget(text: str) -> float:
     return total
 
 
+def budget_text(seconds: float) -> str:
+    """Seconds as budget= takes them (parse_budget's inverse, to the second): '90s', '5m', '1h30m'."""
+    seconds = round(seconds)
+    if seconds < 120:
+        return f"{seconds}s"
+    hours, minutes = divmod(round(seconds / 60), 60)
+    return f"{hours}h{minutes}m" if hours and minutes else f"{hours}h" if hours else f"{minutes}m"
+
+
 def parse_list(key: str, text: str) -> list[str]:
     """`[a,b]`, `a,b` or `a` -> ['a', 'b']."""
     inner = text.strip()
