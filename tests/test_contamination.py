@@ -76,6 +76,8 @@ def test_a_thread_bound_to_one_cpu_loads_that_cpu_alone_in_the_real_accounting()
     import threading
     import time
 
+    from corescale.machine.instance_env import thread_affinities
+
     cpus = sorted(os.sched_getaffinity(0))[:2]
     bound, done, found = threading.Event(), threading.Event(), {}
 
@@ -92,7 +94,7 @@ def test_a_thread_bound_to_one_cpu_loads_that_cpu_alone_in_the_real_accounting()
         bound.wait(10)
         before = contamination.read_thread_waits()
         time.sleep(0.3)
-        after, allowed = contamination.read_thread_waits(), contamination.thread_cpus()
+        after, allowed = contamination.read_thread_waits(), thread_affinities()
     finally:
         done.set()
         thread.join()

@@ -74,10 +74,12 @@ class Watch:
         self.waits_before = read_thread_waits()
 
     def stop(self, own_cpu_seconds: float, wall_seconds: float) -> dict:
+        from corescale.machine.instance_env import thread_affinities
+
         after = read_cpu_times([*self.cpus, *self.siblings])
         waits = read_thread_waits()
         ran = {t: (run - self.waits_before.get(t, (0, 0))[0]) / 1e9 for t, (run, _) in waits.items()}
-        share = own_share_by_cpu(ran, thread_cpus(), self.cpus, own_cpu_seconds)
+        share = own_share_by_cpu(ran, thread_affinities(), self.cpus, own_cpu_seconds)
         per_cpu = {c: max(after[c].busy - self.cpu_before[c].busy - share[c], 0.0) / wall_seconds
                    for c in self.cpus if c in after and c in self.cpu_before} if wall_seconds > 0 else {}
         siblings = {c: (after[c].busy - self.cpu_before[c].busy) / wall_seconds
@@ -96,13 +98,6 @@ class Watch:
             "sibling_busy": {str(c): v for c, v in siblings.items()},
             "steal_fraction": steal / (wall_seconds * len(self.cpus)) if wall_seconds > 0 else 0.0,
         }
-
-
-def thread_cpus() -> dict[int, list[int]]:
-    """The CPUs each thread of this process may run on."""
-    from corescale.machine.instance_env import thread_affinities
-
-    return thread_affinities()
 
 
 def own_share_by_cpu(ran: dict[int, float], allowed: dict[int, list[int]], cpus, own_cpu_seconds: float
