@@ -20,7 +20,7 @@ DIR/st-model so the peers' exports land there), the texts the first --texts of c
   call, as encode() includes it) on the same texts and batch size, padded per length-sorted batch as encode()
   does (pad=sorted), truncated at the model's 256 tokens; the configuration is --corescale's overrides, or by
   default the winner of a short `corescale tune` (--tune-budget) with the same fixed keys.
-Each peer process is pinned to --cores (os.sched_setaffinity) with that many threads; a peer warms up on a few
+Each peer process is pinned to --cores (corescale's own spawn, as a trial's workers) with that many threads; a peer warms up on a few
 batches, then one encode() of all the texts is timed (texts/s = texts ÷ its wall time); corescale's figure is
 samples/s of its timed window, which covers every batch of the texts at least once. Rounds alternate the peers
 (A B C A B C ...). Quality: each peer's embeddings against sentence-transformers torch fp32 on the same texts
@@ -190,11 +190,16 @@ def run_pinned(cmd: list[str], cores: list[int], threads: int, log: Path, timeou
 
     root = str(Path(corescale.__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])])
+    from corescale.machine import instance_env
+
+    # corescale's own spawn: pinned before exec, its own session, killed with this process (as a trial's workers)
     with log.open("w") as handle:
+        child = instance_env.start(instance_env.Launch([], env, tuple(cores)), cmd, stdout=handle,
+                                   stderr=subprocess.STDOUT)
         try:
-            return subprocess.run(cmd, stdout=handle, stderr=subprocess.STDOUT, env=env, timeout=timeout,
-                                  preexec_fn=lambda: os.sched_setaffinity(0, cores)).returncode
+            return child.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
+            instance_env.kill(child)
             handle.write(f"\ntimed out after {timeout:.0f} s\n")
             return 124
 

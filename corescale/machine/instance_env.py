@@ -160,11 +160,16 @@ class Launch:
 
 
 def spawn(launch: Launch, module: str, *args: str, **popen) -> subprocess.Popen:
-    """`python -m MODULE ARGS` as a pinned child: pinned to launch.cpus before exec (so before the interpreter and
-    any framework), with launch.env from its first instruction, behind the numactl prefix, in its own session (a
-    process group to stop whole), killed when this process dies. `popen`: the streams and pass_fds."""
-    return subprocess.Popen([*launch.prefix, sys.executable, "-m", module, *args], env=launch.env,
-                            start_new_session=True, preexec_fn=pin_before_exec(launch.cpus), **popen)
+    """`python -m MODULE ARGS` (this interpreter) as a pinned child: see start()."""
+    return start(launch, [sys.executable, "-m", module, *args], **popen)
+
+
+def start(launch: Launch, argv: list[str], **popen) -> subprocess.Popen:
+    """ARGV as a pinned child: pinned to launch.cpus before exec (so before the interpreter and any framework),
+    with launch.env from its first instruction, behind the numactl prefix, in its own session (a process group to
+    stop whole), killed when this process dies. `popen`: the streams and pass_fds."""
+    return subprocess.Popen([*launch.prefix, *argv], env=launch.env, start_new_session=True,
+                            preexec_fn=pin_before_exec(launch.cpus), **popen)
 
 
 def kill(process: subprocess.Popen) -> None:
