@@ -72,7 +72,7 @@ EXECUTORS: dict[str, type[ExecutorConfig]] = {"local": ExecutorConfig, "ray": Ra
 
 @dataclass
 class ServerConfig:
-    """`scenario=server|single_stream`: each instance's dynamic batcher and LoadGen's settings (docs/server.md)."""
+    """`scenario=server|single_stream`: each instance's dynamic batcher and LoadGen's settings (docs/scenarios.md)."""
 
     max_batch: int = 8  # queries one instance call may take
     max_queue_ms: float = 2.0  # how long the oldest waiting query may wait for a batch to fill
@@ -139,11 +139,11 @@ class BenchmarkConfig:
     cache_dir: str = "~/.cache/corescale"
     drift_tolerance: Optional[float] = None  # max_rel_error allowed vs the reference; None = the precision's
     executor: ExecutorConfig = field(default_factory=ExecutorConfig)
-    # scenario and workload (docs/server.md)
+    # scenario and workload (docs/scenarios.md)
     scenario: str = "offline"
     target_qps: Any = None  # a number, or "auto": the highest QPS whose p99 meets slo_p99_ms
     slo_p99_ms: Optional[float] = None
-    # scenario=server over HTTP: a running server is measured, no local instance is started (docs/server.md)
+    # scenario=server over HTTP: a running server is measured, no local instance is started (docs/scenarios.md)
     endpoint: Optional[str] = None  # http://HOST:PORT of the server
     api: Optional[str] = None  # openai (POST /v1/embeddings, the default) | tei (POST /embed)
     request_timeout: float = 60.0  # seconds one request may take before it counts as an error

@@ -1,5 +1,5 @@
 """The keys of a server measured over HTTP (`endpoint=URL|managed api=openai|tei`), checked with the config: what
-needs neither the server nor the model (docs/server.md). The checks that need them are measure/endpoint.py's."""
+needs neither the server nor the model (docs/scenarios.md). The checks that need them are measure/endpoint.py's."""
 
 from __future__ import annotations
 

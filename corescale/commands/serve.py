@@ -1,4 +1,4 @@
-"""`corescale serve BUNDLE`: an HTTP service running exactly what a bundle measured (docs/serve.md)."""
+"""`corescale serve BUNDLE`: an HTTP service running exactly what a bundle measured (docs/deploy.md)."""
 
 from __future__ import annotations
 

@@ -1,1 +1,1 @@
-"""`corescale serve`: the deployment bundle and the HTTP service that runs it (docs/serve.md)."""
+"""`corescale serve`: the deployment bundle and the HTTP service that runs it (docs/deploy.md)."""
