@@ -5,6 +5,7 @@ sweep; CORESCALE_FORKSERVER=0 starts each worker from scratch), one progress lin
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 
@@ -27,3 +28,20 @@ def measure(setups: dict[str, list[str]], repeats: int = 1, stop_at_failure: boo
         failed = next(row for row in state.rows if row.status == "failed")
         raise SystemExit(f"{failed.item.label} failed: {failed.record.reason}")
     return {item.label: state.records_of(item) for item in planned}
+
+
+def max_valid_qps(cfg, slo_p99_ms: float, **server) -> tuple[float | None, object]:
+    """The server scenario as one figure: cfg as a `scenario=server target_qps=auto` search under slo_p99_ms
+    (`server` sets server.*: max_batch=, max_queue_ms=, ...) through the ordinary trial loop (machine lock, fresh
+    pinned instances, atomic result directory with LoadGen's logs). Returns (the max valid QPS, or None when the
+    trial failed or no rate met the SLO; the TrialOutcome)."""
+    from corescale.config import validate
+    from corescale.measure.runner import TrialOutcome, prepare_trial
+    from corescale.trials.local import run_trial
+
+    searched = validate(dataclasses.replace(cfg, scenario="server", target_qps="auto", slo_p99_ms=slo_p99_ms,
+                                            server=dataclasses.replace(cfg.server, **server)))
+    outcome = run_trial(prepare_trial(searched), None, None)
+    assert isinstance(outcome, TrialOutcome), "without done_meanwhile the trial is measured, never found"
+    record = outcome.record
+    return (record.server.max_valid_qps if record.ok and record.server else None), outcome

@@ -20,11 +20,12 @@ DIR/st-model so the peers' exports land there), the texts the first --texts of c
   call, as encode() includes it) on the same texts and batch size, padded per length-sorted batch as encode()
   does (pad=sorted), truncated at the model's 256 tokens; the configuration is --corescale's overrides, or by
   default the winner of a short `corescale tune` (--tune-budget) with the same fixed keys.
-Each peer process is pinned to --cores (corescale's own spawn, as a trial's workers) with that many threads; a peer warms up on a few
-batches, then one encode() of all the texts is timed (texts/s = texts ÷ its wall time); corescale's figure is
-samples/s of its timed window, which covers every batch of the texts at least once. Rounds alternate the peers
-(A B C A B C ...). Quality: each peer's embeddings against sentence-transformers torch fp32 on the same texts
-(per-text cosine min/p1/mean, recall@10); corescale's is its own `quality` section (its fp32 PyTorch reference).
+Each peer process is pinned to --cores (corescale's own spawn, as a trial's workers) with that many threads; a peer
+warms up on a few batches, then one encode() of all the texts is timed (texts/s = texts ÷ its wall time);
+corescale's figure is samples/s of its timed window, which covers every batch of the texts at least once. Rounds
+alternate the peers (A B C A B C ...). Quality: each peer's embeddings against sentence-transformers torch fp32 on
+the same texts (per-text cosine min/p1/mean, recall@10); corescale's is its own `quality` section (its fp32 PyTorch
+reference).
 A peer that fails to install, export or run is a row with its error. Prints a markdown table and writes
 DIR/peers.json with every raw figure. The reranker peer (CrossEncoder.predict) is benchmarks/rerank_peers.py; inside
 corescale, `backend=sentence_transformers` is the tune's peer baseline (docs/tune.md).

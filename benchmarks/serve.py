@@ -129,11 +129,12 @@ def main() -> int:
     parser.add_argument("overrides", nargs="*", help="the layout: backend=, instances=, cores_per_instance=, ...")
     args = parser.parse_args()
 
+    from _loop import max_valid_qps
+
     from corescale.measure.managed import started
     from corescale.overrides import compose
     from corescale.record.files import read_result
     from corescale.serve import bundle as bundles
-    from corescale.trials.serving import max_valid_qps
     from corescale.workload.corpus import texts
 
     out = Path(args.reuse or args.output or tempfile.mkdtemp(prefix="corescale-serve-bench-"))

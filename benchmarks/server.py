@@ -37,10 +37,9 @@ def main() -> int:
     parser.add_argument("overrides", nargs="*", help="the deployment: backend=, precision=, backend.* ...")
     args = parser.parse_args()
 
-    from _loop import measure
+    from _loop import max_valid_qps, measure
 
     from corescale.overrides import compose
-    from corescale.trials.serving import max_valid_qps
 
     out = args.output or tempfile.mkdtemp(prefix="corescale-server-bench-")
     base = [f"model={args.model}", f"sequence_length={args.sequence_length}", f"duration={args.duration}",
