@@ -10,12 +10,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, List, Optional
 
-from corescale.backends import BACKENDS, DEFAULT_BACKEND, OPTIONS, PRECISIONS, BackendOptions, named
+from corescale.backends import BACKENDS, DEFAULT_BACKEND, OPTIONS, BackendOptions, named
 from corescale.backends.options import TASKS
 from corescale.bounds import LOAD_MARGIN_S, check_bounded
 from corescale.errors import UserError
 from corescale.http_keys import default_api, validate_endpoint
 from corescale.machine.placement import LAYOUTS as NAMED_LAYOUTS
+from corescale.machine.precisions import PRECISIONS, REFERENCE
 from corescale.userfiles import require_path
 
 SCHEMA_NAME = "corescale"
@@ -106,7 +107,7 @@ class BenchmarkConfig:
     model: str = "bert-base"
     # `backend=NAME backend.OPTION=VALUE`; the field holds the base type so Hydra can merge any backend's node
     backend: BackendOptions = field(default_factory=BackendOptions)
-    precision: str = "fp32"
+    precision: str = REFERENCE
     batch_size: int = 1
     sequence_length: int = 128
     padding_fraction: float = 0.0

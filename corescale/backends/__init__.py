@@ -14,23 +14,16 @@ import os
 
 from corescale.backends.onnxruntime.options import ONNXRUNTIME
 from corescale.backends.openvino.options import OPENVINO
-from corescale.backends.options import (
-    DEFAULT_BACKEND,
-    PRECISIONS,
-    Artifact,
-    BackendEntry,
-    BackendOptions,
-    Profiler,
-    RegistrationError,
-)
+from corescale.backends.options import DEFAULT_BACKEND, Artifact, BackendEntry, BackendOptions, Profiler
 from corescale.backends.pytorch.options import PYTORCH, TORCH_COMPILE, TORCHSCRIPT
 from corescale.backends.sentence_transformers.options import SENTENCE_TRANSFORMERS
 from corescale.backends.tensorflow.options import TENSORFLOW, TENSORFLOW_GRAPH, TENSORFLOW_XLA
-from corescale.errors import UserError
+from corescale.errors import RegistrationError, UserError
+from corescale.machine.precisions import REFERENCE
 
-__all__ = ["DEFAULT_BACKEND", "PRECISIONS", "Artifact", "BackendEntry", "BackendOptions", "Profiler",
-           "RegistrationError", "BACKENDS", "OPTIONS", "register", "entry", "named", "attribute", "check_available",
-           "create_backend", "runs_model", "quality_reference"]
+__all__ = ["DEFAULT_BACKEND", "Artifact", "BackendEntry", "BackendOptions", "Profiler", "RegistrationError",
+           "BACKENDS", "OPTIONS", "register", "entry", "named", "attribute", "check_available", "create_backend",
+           "runs_model", "quality_reference", "onednn_linear_at"]
 PLUGINS_ENV = "CORESCALE_BACKENDS"
 BACKENDS: dict[str, BackendEntry] = {}
 OPTIONS: dict[str, type[BackendOptions]] = {}  # name -> the Hydra group node of `backend=NAME`
@@ -106,7 +99,15 @@ def quality_reference(model) -> str:
     kind = (model.model_file or {}).get("format")
     if kind is None:
         return DEFAULT_BACKEND
-    return next(n for n, e in BACKENDS.items() if kind in e.model_files and "fp32" in e.precisions)
+    return next(n for n, e in BACKENDS.items() if kind in e.model_files and REFERENCE in e.precisions)
+
+
+def onednn_linear_at(name: str, precision: str) -> bool:
+    """Whether backend `name`'s linears can run as torch's prepacked oneDNN linear at this precision: its entry's
+    onednn_linear, at the precisions its options bind backend.linear=onednn to."""
+    found = BACKENDS.get(name)
+    bound = OPTIONS[name].PRECISION_BOUND.get(("linear", "onednn"), ()) if found else ()
+    return found is not None and found.onednn_linear and precision in bound
 
 
 def create_backend(name: str):

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from corescale.errors import UserError
+from corescale.errors import RegistrationError, UserError
+from corescale.machine.precisions import PRECISIONS
 
 DEFAULT_BACKEND = "pytorch"  # `backend=` when none is given; also the tune's baseline and its drift reference
-PRECISIONS = ("fp32", "bf16", "int8")  # every precision a backend may compute in
 TASKS = ("embed", "rerank", "classify", "encode")  # every task a backend's measured call may compute
 MODEL_FILES = ("onnx", "openvino-ir")  # the exported model files a backend may load as they are (model=FILE)
 
@@ -170,7 +170,8 @@ class BackendEntry:
     backend: str = _REQUIRED  # "module:Class" implementing backends/base.py's Backend (imported in the worker only)
     extra: str | None = _REQUIRED  # the optional dependency group that brings the framework (None: a core one)
     requires: tuple[str, ...] = _REQUIRED  # top-level modules that must be importable
-    precisions: tuple[str, ...] = _REQUIRED  # what it computes in (checked in config validation); the tune's choices
+    precisions: tuple[str, ...] = _REQUIRED  # what it computes in, each a registered precision
+    # (machine/precisions.py; checked in config validation); the tune's choices
     openmp: bool = _REQUIRED  # its kernels run on OpenMP threads, so `openmp=` applies to it
     forkable: bool = _REQUIRED  # its workers may be forked from a fork server (False: the framework starts threads
     # on import)
@@ -236,7 +237,3 @@ class BackendEntry:
             problems.append("profiler is not a Profiler or None")
         if problems:
             raise RegistrationError(f"backend '{name}' is malformed: {'; '.join(problems)}")
-
-
-class RegistrationError(ValueError):
-    """A backend entry that lacks a fact or declares one wrongly: a programming error, raised at registration."""

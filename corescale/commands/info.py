@@ -30,10 +30,11 @@ def measure_peaks(args, host: dict) -> list[dict]:
     the machine lock (another process's trial or measurement first)."""
     from pathlib import Path
 
-    from corescale.config import PRECISIONS, BenchmarkConfig
+    from corescale.config import BenchmarkConfig
     from corescale.machine.lock import machine_lock
     from corescale.machine.peak import PeakCache, check_libraries, peak_precision
     from corescale.machine.placement import InstancePlacement, InstanceSpec
+    from corescale.machine.precisions import PRECISIONS
     from corescale.machine.scratch import scratch
     from corescale.machine.topology import Topology
     from corescale.measure.calibrate import with_peaks
