@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from helpers import FAST, corescale
 
-from corescale.measure.drift import TOLERANCES, drift_metrics
+from corescale.machine.precisions import PRECISIONS
+from corescale.measure.drift import drift_metrics
 
 RNG = np.random.default_rng(0)
 REF = RNG.normal(size=(2, 8, 16)).astype(np.float32)
@@ -29,15 +30,16 @@ def test_statistics():
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "int8"])
 def test_tolerance_depends_on_precision(precision):
+    tolerance = {name: p.drift_tolerance for name, p in PRECISIONS.items()}
     signs = RNG.choice([-1.0, 1.0], size=REF.shape)
 
     def off_by(fraction):  # every value off by `fraction` of the tolerance, in max_rel_error's own scale
-        return REF + signs * fraction * TOLERANCES[precision] * (1 + np.abs(REF))
+        return REF + signs * fraction * tolerance[precision] * (1 + np.abs(REF))
     inside = drift_metrics(off_by(0.2), REF, precision)
-    assert inside["max_rel_error"] == pytest.approx(0.2 * TOLERANCES[precision], rel=1e-3)
+    assert inside["max_rel_error"] == pytest.approx(0.2 * tolerance[precision], rel=1e-3)
     assert inside["within_tolerance"], inside
     assert not drift_metrics(off_by(2), REF, precision)["within_tolerance"]
-    assert TOLERANCES["fp32"] < TOLERANCES["bf16"] < TOLERANCES["int8"]
+    assert tolerance["fp32"] < tolerance["bf16"] < tolerance["int8"]
 
 
 def test_explicit_tolerance_overrides_the_precision_default():

@@ -149,3 +149,38 @@ def test_instances_is_only_the_count_on_the_record():
 
     assert [cls.__name__ for cls in (TrialRecord, RunMetrics)
             if "instances" in {f.name for f in dataclasses.fields(cls)}] == []
+
+
+
+PRECISION_NAMES = ("fp32", "bf16", "int8", "fp16")  # the registered ones, and the toy's (tests/toy_precision)
+# modules where a word of PRECISION_NAMES names something else: the words, and what they mean there
+OTHER_MEANINGS = {"machine/environment.py": ({"bf16"}, "aarch64's CPU flag"),
+                  "analysis/catalog.py": ({"bf16"}, "aarch64's ISA name"),
+                  "machine/peak.py": ({"bf16"}, "OpenVINO's element type"),
+                  "workload/modelfile.py": ({"fp32", "bf16", "int8", "fp16"}, "ONNX and OpenVINO element types")}
+
+
+def _literal_precisions(path: Path) -> set[str]:
+    """The precision names written as string literals in a module (docstrings aside)."""
+    tree = ast.parse(path.read_text())
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef)) and node.body
+                  and isinstance(node.body[0], ast.Expr)}
+    return {node.value for node in ast.walk(tree) if isinstance(node, ast.Constant)
+            and node.value in PRECISION_NAMES and id(node) not in docstrings}
+
+
+def test_no_precision_is_named_outside_its_registry():
+    """Every fact of a precision is its entry in machine/precisions.py: no other module compares a precision to a
+    literal name or keeps a table keyed by one (issue 35: a new precision then needs no edit elsewhere). A backend
+    computes in its own precisions (backends/<framework>/, and the int8 options' base in backends/options.py); the
+    default, reference precision is precisions.REFERENCE."""
+    found = {}
+    for path in PACKAGE.rglob("*.py"):
+        name = path.relative_to(PACKAGE).as_posix()
+        if name == "machine/precisions.py" or name.startswith("backends/") and name != "backends/__init__.py":
+            continue
+        words = _literal_precisions(path) - OTHER_MEANINGS.get(name, (set(), ""))[0]
+        if words:
+            found[name] = sorted(words)
+    assert found == {}

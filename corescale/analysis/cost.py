@@ -19,6 +19,7 @@ from corescale.analysis.pricing import is_this, per_million
 from corescale.analysis.projection import MEASURED, PROJECTED, REFUSED, Projection, measured_of, project
 from corescale.analysis.store import ok_rows
 from corescale.errors import UserError
+from corescale.machine.precisions import REFERENCE
 
 __all__ = ["MEASURED", "PROJECTED", "REFUSED", "Machine", "find_machine", "load_catalog"]
 
@@ -60,7 +61,7 @@ def layout_label(row) -> str:
     batch = row.get("instance_batch_size") if row.get("instance_batch_size") is not None else row["batch_size"]
     if row.get("scenario") == "server":
         batch, each = f"≤ {row.get('server.max_batch')} (dynamic)", " each"
-    precision = f" {row.get('precision')}" if row.get("precision") not in (None, "fp32") else ""
+    precision = f" {row.get('precision')}" if row.get("precision") not in (None, REFERENCE) else ""
     return (f"{row['instances']} × {row['cpus_per_instance']} cores · {row['backend']}{precision} · "
             f"batch {batch}{each} · seq {row['sequence_length']}")
 

@@ -19,23 +19,13 @@ import math
 from dataclasses import dataclass, field
 
 from corescale.analysis.catalog import Machine, arch_of
+from corescale.machine.precisions import PRECISIONS, REFERENCE
 
 MEASURED, PROJECTED, REFUSED = "measured", "projected", "refused"
-# per precision and architecture: instruction tiers, best first, with their GEMM peak per core and cycle relative
-# to the tier marked 1 (vendor figures: AMX 2048 int8 / 1024 bf16 ops a cycle, AVX-512 VNNI 256 int8 ops,
-# AVX-512 fp32 64 FLOP with two FMA units; Arm i8mm's SMMLA doubles SDOT's MACs)
-TIERS: dict[tuple[str, str], tuple[tuple[str, float], ...]] = {
-    ("x86_64", "int8"): (("amx", 8.0), ("avx512_vnni", 1.0), ("avx_vnni", 0.5), ("avx512", 1 / 3),
-                         ("avx2", 1 / 6)),
-    ("x86_64", "bf16"): (("amx", 8.0), ("avx512_bf16", 1.0), ("avx512", 0.5), ("avx2", 0.25)),
-    ("x86_64", "fp32"): (("avx512", 1.0), ("avx2", 0.5)),
-    ("aarch64", "int8"): (("i8mm", 2.0), ("neon", 1.0)),
-    ("aarch64", "bf16"): (("bf16", 1.0), ("neon", 0.5)),
-    ("aarch64", "fp32"): (("neon", 1.0),),
-}
 def tier(isa: frozenset[str], arch: str, precision: str) -> tuple[str, float] | None:
-    """(the best tier the CPU has for the precision's GEMMs, its relative peak); None: no tier known."""
-    ladder = TIERS.get((arch, precision)) or TIERS.get((arch, "fp32"), ())
+    """(the best tier the CPU has for the precision's GEMMs, its relative peak: its entry's tiers, the reference's
+    for a precision not registered here); None: no tier known."""
+    ladder = PRECISIONS.get(precision, PRECISIONS[REFERENCE]).tiers.get(arch, ())
     return next(((name, peak) for name, peak in ladder if name in isa or name == "neon" and arch == "aarch64"), None)
 
 
@@ -84,7 +74,7 @@ def measured_of(row) -> LayoutRate:
     isa = frozenset(str(row.get("cpu_isa") or "").split())
     return LayoutRate(
         per_instance=(samples or 0.0) / instances, cores_per_instance=max(math.ceil(cpus / threads), 1),
-        threads_per_core=threads, precision=str(row.get("precision") or "fp32"), isa=isa, arch=arch_of(isa),
+        threads_per_core=threads, precision=str(row.get("precision") or REFERENCE), isa=isa, arch=arch_of(isa),
         bytes_per_sample=bytes_call / batch if bytes_call else None, p99_ms=_number(row.get("latency_p99_ms")),
         tokens_per_sample=tokens / samples if tokens and samples else None)
 

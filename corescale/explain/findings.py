@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from corescale.backends import BACKENDS
+from corescale.backends import onednn_linear_at
 
 LIBRARY_GAIN = 1.15  # oneDNN must beat torch.mm by this much on these cores before it is offered as the remedy
 
@@ -29,9 +29,9 @@ def _has(facts: dict, *names: str) -> bool:
 
 
 def _onednn_linear(f: dict) -> bool:
-    """The explained backend's linears can run as torch's prepacked oneDNN linear (its registry entry says)."""
-    facts = BACKENDS.get(f.get("backend") or "")
-    return facts is not None and facts.onednn_linear
+    """The explained backend's linears can run as torch's prepacked oneDNN linear at the explained precision (its
+    registry entry says)."""
+    return onednn_linear_at(f.get("backend") or "", f.get("precision") or "")
 
 
 def remedy_rates(f: dict) -> tuple[float, float, str] | None:
@@ -47,7 +47,7 @@ def remedy_rates(f: dict) -> tuple[float, float, str] | None:
 def _mkl_path(f: dict) -> bool:
     rates = remedy_rates(f)
     return (_onednn_linear(f) and f.get("linear", "default") == "default"
-            and f.get("precision") == "fp32" and _has(f, "gemm_efficiency", "peak_gflops")
+            and _has(f, "gemm_efficiency", "peak_gflops")
             and f["gemm_efficiency"] < 0.75 and rates is not None and rates[1] > LIBRARY_GAIN * rates[0])
 
 
@@ -67,7 +67,7 @@ def _mkl_says(f: dict) -> str:
 
 def _no_remedy(f: dict) -> bool:
     rates = remedy_rates(f)
-    return (_onednn_linear(f) and f.get("precision") == "fp32" and rates is not None
+    return (_onednn_linear(f) and rates is not None
             and rates[1] <= LIBRARY_GAIN * rates[0])
 
 

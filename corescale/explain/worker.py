@@ -60,13 +60,12 @@ def run(job: dict, out: Path) -> dict:
 
 
 def linear_remedy(cfg, model, batch_size: int) -> dict | None:
-    """A backend whose linears can run as torch's prepacked oneDNN linear (its entry's onednn_linear), at fp32: the
-    model's linear shapes through torch's default linear and through that linear (backend.linear=onednn),
-    measured here, after the profile: the evidence for or against it."""
-    from corescale.backends import entry
-    from corescale.backends.pytorch.options import ONEDNN_PRECISIONS
+    """A backend whose linears can run as torch's prepacked oneDNN linear (its entry's onednn_linear), at a
+    precision backend.linear=onednn holds for: the model's linear shapes through torch's default linear and through
+    that linear (backend.linear=onednn), measured here, after the profile: the evidence for or against it."""
+    from corescale.backends import onednn_linear_at
 
-    if not entry(cfg.backend.name).onednn_linear or cfg.precision not in ONEDNN_PRECISIONS:
+    if not onednn_linear_at(cfg.backend.name, cfg.precision):
         return None
     from corescale.machine import onednn
 

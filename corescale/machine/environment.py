@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import corescale
+from corescale.machine.precisions import PRECISIONS
 from corescale.machine.topology import read_text
 
 ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8",
@@ -48,8 +49,15 @@ def cpuinfo() -> dict:
         "vendor": fields.get("vendor_id", ""),
         "mhz": float(fields["cpu MHz"]) if "cpu MHz" in fields else None,
         "max_mhz": _max_mhz(),
-        "isa": {flag: flag in flags for flag in ISA_FLAGS},
+        "isa": {flag: flag in flags for flag in isa_flags()},
     }
+
+
+def isa_flags() -> tuple[str, ...]:
+    """ISA_FLAGS and every flag a registered precision names (a plug-in's too: its CPU facts are then known)."""
+    named = [flag for p in PRECISIONS.values() for arch in (p.computes, p.requires) for flags in arch.values()
+             for flag in flags]
+    return tuple(dict.fromkeys([*ISA_FLAGS, *named]))
 
 
 def _max_mhz() -> float | None:

@@ -10,8 +10,10 @@ with AVX-512. Measured here:
 - `numpy`         numpy's BLAS as the environment configures it (the OPENBLAS_* variables are left alone)
 - `torch_int_mm`  torch._int_mm, int8 x int8 -> int32 (int8 only)
 
-bf16 and int8 are measured only where the ISA has them (avx512_bf16/amx_bf16; avx512_vnni/avx_vnni/amx_int8);
-elsewhere a run at that precision computes in fp32 and the fp32 peak is its yardstick (the record says so).
+Which libraries measure a precision, in which type, and on which CPUs it is measured at all are its registry
+entry's facts (machine/precisions.py: peak_libraries, gemm_dtype, computes): bf16 and int8 are measured only where
+the ISA has them (avx512_bf16/amx_bf16; avx512_vnni/avx_vnni/amx_int8); elsewhere a run at that precision computes
+in fp32 and the fp32 peak is its yardstick (the record says so).
 Results are cached per machine + software fingerprint under `<cache_dir>/peak/`, one file per (CPUs, threads,
 precision), so a run, a sweep or another day re-measures nothing; `corescale info --peak` measures again.
 The analytic ISA peak (FMA units x vector lanes x 2 x clock x cores) is reported beside it, as an upper bound.
@@ -31,15 +33,10 @@ from typing import Callable
 from corescale.errors import UserError
 from corescale.machine.cpulist import format_cpulist
 from corescale.machine.instance_env import unbind_calling_thread
+from corescale.machine.precisions import PRECISIONS, REFERENCE
 
 METHOD_VERSION = 1  # bump when the way the peak is measured changes: old cache entries are then ignored
 LIBRARIES = ("torch_mm", "torch_onednn", "openvino", "numpy", "torch_int_mm")
-PRECISION_LIBRARIES = {
-    "fp32": ("torch_mm", "torch_onednn", "openvino", "numpy"),
-    "bf16": ("torch_mm", "torch_onednn", "openvino"),
-    "int8": ("torch_int_mm",),
-}
-ISA_FOR = {"bf16": ("avx512_bf16", "amx_bf16"), "int8": ("avx512_vnni", "avx_vnni", "amx_int8")}
 SOFTWARE = ("torch", "numpy", "openvino")  # whose versions decide the measured rates
 MIN_SECONDS = 0.3  # per library: best of the calls within this long (at least 3)
 
@@ -50,10 +47,9 @@ def gemm_size(threads: int) -> int:
 
 
 def peak_precision(precision: str, isa: dict[str, bool]) -> str:
-    """The precision whose peak bounds a run: the run's own where the ISA computes in it, else fp32."""
-    if precision == "fp32" or any(isa.get(flag) for flag in ISA_FOR.get(precision, ())):
-        return precision
-    return "fp32"
+    """The precision whose peak bounds a run: the run's own where the ISA computes in it natively, else the
+    reference's (fp32)."""
+    return precision if PRECISIONS[precision].native(isa) else REFERENCE
 
 
 # --- measuring (in the process whose CPUs and threads are measured) ---------------------------------------------
@@ -74,7 +70,7 @@ def _best_rate(call: Callable[[], object], flops: float, min_seconds: float) -> 
 def _torch_operands(n: int, precision: str):
     import torch
 
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    dtype = getattr(torch, PRECISIONS[precision].gemm_dtype)
     return torch.rand(n, n, dtype=torch.float32).to(dtype), torch.rand(n, n, dtype=torch.float32).to(dtype)
 
 
@@ -106,6 +102,9 @@ def torch_int_mm(n: int, threads: int, precision: str) -> Callable[[], object]:
     return lambda: torch._int_mm(a, b)
 
 
+OPENVINO_TYPES = {"bfloat16": "bf16", "float16": "f16"}  # a gemm_dtype -> OpenVINO's inference precision hint
+
+
 def openvino(n: int, threads: int, precision: str) -> Callable[[], object]:
     import numpy as np
     import openvino as ov
@@ -115,7 +114,7 @@ def openvino(n: int, threads: int, precision: str) -> Callable[[], object]:
     weight = ops.constant(np.random.default_rng(0).random((n, n), dtype=np.float32))
     model = ov.Model([ops.matmul(param, weight, False, False)], [param], "gemm")
     config = {"INFERENCE_NUM_THREADS": threads, "NUM_STREAMS": 1, "PERFORMANCE_HINT": "LATENCY",
-              "INFERENCE_PRECISION_HINT": "bf16" if precision == "bf16" else "f32"}
+              "INFERENCE_PRECISION_HINT": OPENVINO_TYPES.get(PRECISIONS[precision].gemm_dtype, "f32")}
     request = ov.Core().compile_model(model, "CPU", config).create_infer_request()
     data = np.random.default_rng(1).random((n, n), dtype=np.float32)
     return lambda: request.infer({"a": data}, share_inputs=True, share_outputs=True)
@@ -149,7 +148,7 @@ def gemm_peak(threads: int, precision: str, libraries: tuple[str, ...] | None = 
     n = gemm_size(threads)
     rates: dict[str, float] = {}
     errors: dict[str, str] = {}
-    for name in libraries or PRECISION_LIBRARIES[precision]:
+    for name in libraries or PRECISIONS[precision].peak_libraries:
         unbind_calling_thread()  # torch's GNU OpenMP binds this thread to one CPU; the next pool must not inherit it
         try:
             rates[name] = _best_rate(MEASURES[name](n, threads, precision), 2.0 * n**3, min_seconds)

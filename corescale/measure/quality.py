@@ -60,6 +60,7 @@ def _version(name: str) -> str | None:
 def reference_outputs(cfg, model, threads: int, queries: QuerySet) -> tuple[np.ndarray, bool]:
     """(the fp32 reference's outputs, whether they came from the cache)."""
     from corescale.backends import OPTIONS, create_backend, quality_reference
+    from corescale.machine.precisions import REFERENCE
 
     file = Path(os.path.expanduser(cfg.cache_dir)) / "reference" / f"{reference_key(cfg, model, queries)}.npy"
     if file.is_file():
@@ -68,7 +69,7 @@ def reference_outputs(cfg, model, threads: int, queries: QuerySet) -> tuple[np.n
         except (OSError, ValueError):
             pass  # unreadable: computed again, and replaced
     name = quality_reference(model)
-    ref_cfg = dataclasses.replace(cfg, backend=OPTIONS[name](), precision="fp32", reference=None)
+    ref_cfg = dataclasses.replace(cfg, backend=OPTIONS[name](), precision=REFERENCE, reference=None)
     reference = create_backend(name)
     reference.load(model, ref_cfg, threads, queries.rows([0], int(queries.lengths[0]), pad_id(model),
                                                           model.takes_token_type_ids))

@@ -11,13 +11,19 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from corescale.analysis.store import ok_rows
+from corescale.machine.precisions import PRECISIONS, REFERENCE
 from corescale.report import labels
 from corescale.report.charts import log_scale, new_figure
 
 ROOF_COLUMNS = ["roof_peak_gflops", "roof_peak_library", "roof_bandwidth_gbps", "roof_bandwidth_library",
                 "threads_per_instance", "instances"]
-MARKERS = {"fp32": "o", "int8": "s", "bf16": "^", "fp16": "D"}
+MARKERS = "o^sDvP*X"  # a marker per precision, in the registry's order (fp32 o, bf16 ^, int8 s); others: o
 ROOF_STYLES = ["-", "--", "-.", ":"]
+
+
+def marker(precision) -> str:
+    names = list(PRECISIONS)
+    return MARKERS[names.index(precision) % len(MARKERS)] if precision in names else MARKERS[0]
 
 
 def roofline_rows(frame: pd.DataFrame) -> pd.DataFrame:
@@ -34,7 +40,7 @@ def run_label(row) -> str:
     if isinstance(linear, str) and linear != "default":
         backend += f" linear={linear}"
     precision = row.get("precision")
-    if isinstance(precision, str) and precision != "fp32":
+    if isinstance(precision, str) and precision != REFERENCE:
         backend += f" {precision}"
     return f"{backend} bs{row.get('instance_batch_size')} s{row.get('sequence_length')}"
 
@@ -73,9 +79,9 @@ def roofline_figure(rows: pd.DataFrame, recommended: frozenset[str] = frozenset(
     precisions = sorted(rows["precision"].astype(str).unique()) if "precision" in rows else []
     for row in rows.to_dict("records"):
         ax.scatter(row["roofline_intensity"], row["gflops_per_s"], s=34, zorder=3, color=colours[str(row["backend"])],
-                   marker=MARKERS.get(str(row.get("precision")), "o"), edgecolors="white", linewidths=0.5)
+                   marker=marker(row.get("precision")), edgecolors="white", linewidths=0.5)
     handles += [Line2D([], [], ls="", marker="o", color=colours[b], label=b) for b in backends]
-    handles += [Line2D([], [], ls="", marker=MARKERS.get(p, "o"), color="0.3", label=p) for p in precisions]
+    handles += [Line2D([], [], ls="", marker=marker(p), color="0.3", label=p) for p in precisions]
     log_scale(ax)
     ax.set_xlabel("arithmetic intensity (FLOP/byte of minimum memory traffic)")
     ax.set_ylabel("achieved (GFLOP/s)")

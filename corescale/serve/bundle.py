@@ -26,6 +26,7 @@ from corescale.backends import entry
 from corescale.config import BenchmarkConfig
 from corescale.errors import UserError
 from corescale.machine.placement import InstanceSpec
+from corescale.machine.precisions import PRECISIONS
 from corescale.record.trial import TrialRecord
 from corescale.serve import examples
 
@@ -37,10 +38,6 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin", ".h5", ".msgpack", ".onnx", ".pt", ".
 SKIPPED_DIRS = ("onnx", "openvino", ".git", ".cache")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt",
                    "sentencepiece.bpe.model", "spiece.model", "merges.txt", "vocab.json", "added_tokens.json")
-# CPU features each precision's kernels use: the ones the measuring CPU had are required where it is served
-FEATURES = {"fp32": ("avx2", "fma", "avx512f"),
-            "bf16": ("avx2", "fma", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16"),
-            "int8": ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "amx_tile", "amx_int8")}
 
 
 def check_destination(directory: Path, cfg) -> None:
@@ -274,7 +271,8 @@ def contents(tmp: Path, measured: WhatRan) -> None:
         "corescale": dict(record.environment.corescale), "model": cfg.model, "backend": cfg.backend.name,
         "precision": cfg.precision, "head": spec.head.to_json(), "artifact": chain, "config": serving,
         "layout": measured.layout, "measured": figures(record),
-        "requires": {"cpu_features": [f for f in FEATURES.get(cfg.precision, ()) if isa.get(f)],
+        # the CPU features the precision's kernels use (its entry's `requires`) that the measuring CPU had
+        "requires": {"cpu_features": PRECISIONS[cfg.precision].required(isa),
                      "libraries": {n: record.environment.libraries.get(n) for n in backend.libraries}},
         "files": {str(p.relative_to(tmp)): sha256(p) for p in sorted(tmp.rglob("*")) if p.is_file()},
     }

@@ -14,6 +14,7 @@ from corescale.backends import BACKENDS, DEFAULT_BACKEND, OPTIONS, quality_refer
 from corescale.config import BenchmarkConfig
 from corescale.errors import UserError
 from corescale.http_keys import MANAGED
+from corescale.machine.precisions import PRECISIONS, REFERENCE
 from corescale.overrides import assignment, compose, override_key
 from corescale.record.trial import TrialRecord
 from corescale.trials.sweep import plan_sweep
@@ -28,7 +29,6 @@ if TYPE_CHECKING:
     from corescale.machine.topology import Topology
 
 STUDY_FILE = "study.db"
-REDUCED = ("bf16", "int8")  # precisions that must pass a drift check against PyTorch fp32 to count
 
 
 def merge(*groups: list[str]) -> list[str]:
@@ -43,7 +43,7 @@ def merge(*groups: list[str]) -> list[str]:
 def config_label(overrides: list[str]) -> str:
     """A short label of a configuration: what tells it apart from the defaults."""
     values = {override_key(o): o.split("=", 1)[1] for o in overrides}
-    parts = [values.get("backend", DEFAULT_BACKEND), values.get("precision", "fp32")]
+    parts = [values.get("backend", DEFAULT_BACKEND), values.get("precision", REFERENCE)]
     if "instances" in values:
         parts.append(f"{values['instances']}×{values.get('cores_per_instance', '?')}c")
     else:
@@ -59,7 +59,7 @@ def config_label(overrides: list[str]) -> str:
 
 def complexity(overrides: list[str]) -> int:
     """How many settings differ from the out-of-box defaults (ties go to the simpler)."""
-    defaults = {"backend": DEFAULT_BACKEND, "precision": "fp32", "allocator": "default", "openmp": "default",
+    defaults = {"backend": DEFAULT_BACKEND, "precision": REFERENCE, "allocator": "default", "openmp": "default",
                 "instances": "1", "backend.fusion": "false"}
     values = {override_key(o): o.split("=", 1)[1] for o in overrides}
     return sum(1 for k, v in values.items() if k in defaults and v != defaults[k]) + ("threads" in values)
@@ -98,7 +98,7 @@ class Tune:
     def trial_overrides(self, suggested: list[str], duration: float) -> list[str]:
         extra = [f"duration={duration:g}"]
         values = {override_key(o): o.split("=", 1)[1] for o in suggested}
-        if values.get("precision") in REDUCED and self.task == "encode":  # drift vs PyTorch fp32, same inputs
+        if reduced(values.get("precision")) and self.task == "encode":  # drift vs PyTorch fp32, same inputs
             # (a task with a head is judged by its quality on real text in every trial: min_quality)
             extra.append(f"reference={self.reference}")
             if self.settings.max_drift is not None:
@@ -195,17 +195,23 @@ def plan_tune(settings: TuneSettings, topology=None, kind=None, name: str | None
     return tune
 
 
+def reduced(precision: str | None) -> bool:
+    """A reduced precision counts only once it passes a drift check against the reference at REFERENCE (encode) or
+    the quality gate (a head)."""
+    return precision in PRECISIONS and PRECISIONS[precision].reduced
+
+
 def served_precisions(space: spaces.Space) -> None:
     """endpoint=managed: no drift or quality check runs over HTTP, so the service is tuned in fp32 (a reduced
     precision is checked in process first, without endpoint=)."""
-    reduced = sorted({p for found in space.precisions.values() for p in found if p != "fp32"})
-    space.precisions = {b: [p for p in found if p == "fp32"] for b, found in space.precisions.items()}
+    left_out = sorted({p for found in space.precisions.values() for p in found if reduced(p)})
+    space.precisions = {b: [p for p in found if not reduced(p)] for b, found in space.precisions.items()}
     space.backends = [b for b in space.backends if space.precisions.get(b)]
     if not space.backends:
-        raise UserError("endpoint=managed tunes fp32 only (no drift or quality check runs over HTTP); measure "
-                        f"{', '.join(reduced)} in process, without endpoint=")
-    if reduced:
-        space.notes.append(f"precision {', '.join(reduced)}: not with endpoint=managed (no drift or quality check "
+        raise UserError(f"endpoint=managed tunes {REFERENCE} only (no drift or quality check runs over HTTP); "
+                        f"measure {', '.join(left_out)} in process, without endpoint=")
+    if left_out:
+        space.notes.append(f"precision {', '.join(left_out)}: not with endpoint=managed (no drift or quality check "
                            "over HTTP)")
 
 

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from corescale.backends import BACKENDS, DEFAULT_BACKEND, OPTIONS, check_available
 from corescale.config import BenchmarkConfig
 from corescale.errors import UserError
+from corescale.machine.precisions import PRECISIONS
 from corescale.overrides import override_key
 
-BF16_ISA = ("avx512_bf16", "amx_bf16")
 THROUGHPUT_BATCHES = ("1", "2", "4", "8", "16")
 DIMENSIONS = ("backend", "precision", "layout", "threads", "batch_size", "allocator", "openmp")
 
@@ -98,11 +98,12 @@ def derive(cfg: BenchmarkConfig, overrides: list[str], narrow: dict[str, list[st
         unfit = [b for b in backends if kind is not None and kind not in BACKENDS[b].model_files]
         backends = [b for b in backends if b not in unfit]
         notes += [f"backend {b}: does not load {kind} model files" for b in unfit]
-    bf16 = any(isa.get(name) for name in BF16_ISA)
-    if not bf16:
-        notes.append("precision bf16: this CPU has no bf16 instructions (AVX512_BF16/AMX)")
-    # the precisions each backend computes in (its registry entry); bf16 also needs the CPU's bf16 instructions
-    precisions = {b: [p for p in BACKENDS[b].precisions if p != "bf16" or bf16] for b in backends}
+    # the precisions each backend computes in (its registry entry) that the tuner may offer on this CPU (the
+    # precision's entry: bf16 only where the CPU has its instructions)
+    unoffered = [p for p in PRECISIONS if not PRECISIONS[p].offered(isa)]
+    notes += [f"precision {p}: this CPU has none of its instructions ({_flags(PRECISIONS[p].computes)})"
+              for p in unoffered]
+    precisions = {b: [p for p in BACKENDS[b].precisions if p not in unoffered] for b in backends}
     options = {b: OPTIONS[b].tune_values() for b in backends}
     layouts = candidate_layouts(physical_cores)
     threads = {c: [""] + [str(t) for t in powers(c) if t != c] for c in powers(physical_cores)}
@@ -226,6 +227,11 @@ def _check_not_empty(space: Space) -> None:
                         "overrides and space.* lists (space.backend and precision must share a supported pair)")
 
 
+def _flags(computes: dict[str, tuple[str, ...]]) -> str:
+    """A precision's native CPU flags in words: "x86_64: AVX512_BF16/AMX_BF16; aarch64: BF16"."""
+    return "; ".join(f"{arch}: {'/'.join(f.upper() for f in flags)}" for arch, flags in computes.items())
+
+
 def option_values(backend: str, option: str, values: list[str], precision: str) -> list[str]:
     """The values of a backend option that hold at this precision (its options' PRECISION_BOUND)."""
     bound = OPTIONS[backend].PRECISION_BOUND
@@ -257,17 +263,15 @@ def suggest(trial, space: Space) -> list[str]:
     return overrides
 
 
-FASTEST_FIRST = ("int8", "bf16", "fp32")  # reduced precision first: a drift failure is itself a finding
-
-
 def starting_points(space: Space, latency: bool) -> list[dict]:
     """The first trials, one per backend, at the field's known-good corner of the rest of the space: its fastest
     precision and, for throughput (cost, server QPS), the most instances of one core each (the study's finding at
     small batches); for latency, one instance on every core. The backends that run an exported graph (an
     artifact: ONNX Runtime, OpenVINO) come first: they led on each CPU in docs/results-*.md, and a short budget
     may end the search after a few screens (the PyTorch family's int8 is one dynamic quantization, judged alike
-    three times). The sampler draws the other dimensions and takes over from there; a corner that loses (or
-    fails its drift check) is just an early measurement."""
+    three times). Its fastest precision is its lowest rank (machine/precisions.py: reduced first, a drift
+    failure is itself a finding). The sampler draws the other dimensions and takes over from there; a corner that
+    loses (or fails its drift check) is just an early measurement."""
     def cores(layout: str) -> int:
         n, c = (int(x) for x in layout.split("x"))
         return n * c
@@ -282,8 +286,7 @@ def starting_points(space: Space, latency: bool) -> list[dict]:
         precisions = space.precisions[backend]
         point = {"backend": backend} if len(space.backends) > 1 else {}
         if len(precisions) > 1:
-            point[f"precision[{backend}]"] = min(precisions, key=lambda p: FASTEST_FIRST.index(p)
-                                                 if p in FASTEST_FIRST else len(FASTEST_FIRST))
+            point[f"precision[{backend}]"] = min(precisions, key=lambda p: PRECISIONS[p].rank)
         if len(layouts) > 1:
             point["layout"] = layout
         if point:

@@ -10,7 +10,10 @@ export); the bound is meant to refuse shapes that cannot fit, never one that cou
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+
+from corescale.machine.precisions import PRECISIONS, REFERENCE
 
 FLOAT_BYTES = 4
 INT_BYTES = 8
@@ -42,16 +45,13 @@ def parameter_count(spec) -> int:
     return embeddings + encoder_parameter_count(spec)
 
 
-PRECISION_BYTES = {"fp32": 4, "bf16": 2, "int8": 1}
-
-
-def traffic_bytes(spec, batch_size: int, sequence_length: int, precision: str = "fp32") -> int:
+def traffic_bytes(spec, batch_size: int, sequence_length: int, precision: str = REFERENCE) -> int:
     """A lower bound on the memory traffic of one forward call (the roofline's denominator): the encoder's
-    weights read once at the precision's width, the embedding rows the inputs touch (word, position, token
-    type), the int64 inputs and the fp32 output. Activations between layers are not counted (they may stay in
-    the caches), so the intensity is an upper bound and the memory roof never too low."""
+    weights read once at the precision's width (its entry's bytes), the embedding rows the inputs touch (word,
+    position, token type), the int64 inputs and the fp32 output. Activations between layers are not counted (they
+    may stay in the caches), so the intensity is an upper bound and the memory roof never too low."""
     b, s, d = batch_size, sequence_length, spec.hidden
-    weights = PRECISION_BYTES.get(precision, FLOAT_BYTES) * encoder_parameter_count(spec)
+    weights = math.ceil(PRECISIONS[precision].bytes * encoder_parameter_count(spec))
     embeddings = FLOAT_BYTES * (b * s * d + s * d + b * s * d)
     return weights + embeddings + 3 * INT_BYTES * b * s + FLOAT_BYTES * b * s * d
 
