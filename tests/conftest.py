@@ -74,9 +74,21 @@ def out_dir(tmp_path):
 
 
 @pytest.fixture
-def toy():
-    """The toy backend (tests/toy_backend) registered in this process for one test, then removed (the other tests'
-    spaces stay as they are)."""
+def fp16():
+    """The toy precision (tests/toy_precision) registered in this process for one test, then removed."""
+    from toy_precision import FP16
+
+    from corescale.machine.precisions import PRECISIONS, register_precision
+
+    register_precision("fp16", FP16)
+    yield FP16
+    PRECISIONS.pop("fp16")
+
+
+@pytest.fixture
+def toy(fp16):
+    """The toy backend (tests/toy_backend) registered in this process for one test, with the toy precision it
+    computes in, then removed (the other tests' spaces stay as they are)."""
     from toy_backend.options import TOY
 
     from corescale.backends import BACKENDS, OPTIONS, register

@@ -40,7 +40,8 @@ def test_every_stage_reads_the_toys_entry(toy):
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (["backend=toy", "precision=int8"], "backend=toy does not compute in precision=int8; allowed precisions: fp32"),
+    (["backend=toy", "precision=int8"],
+     "backend=toy does not compute in precision=int8; allowed precisions: fp32, fp16"),
     (["backend=toy", "openmp=intel"], "openmp=intel applies to the backends that run on OpenMP threads"),
     (["backend=toy", "backend.activation=gelu"], "unknown backend.activation 'gelu' for backend=toy"),
 ])
@@ -110,8 +111,9 @@ def test_run_and_sweep_measure_the_toy(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("argv, message", [
-    (["run", *TOY_RUN, "precision=bf16"], "backend=toy does not compute in precision=bf16; allowed precisions: fp32"),
-    (["run", "-m", *TOY_RUN, "precision=fp32,int8"], "allowed precisions: fp32"),
+    (["run", *TOY_RUN, "precision=bf16"],
+     "backend=toy does not compute in precision=bf16; allowed precisions: fp32, fp16"),
+    (["run", "-m", *TOY_RUN, "precision=fp32,int8"], "allowed precisions: fp32, fp16"),
     (["explain", *FAST, "backend=toy"], "explain cannot profile backend=toy"),
     (["tune", *TOY_RUN, "precision=int8"], "backend=toy does not compute in precision=int8"),
 ])

@@ -5,6 +5,8 @@ module is its registry line. Processes started by the tests find it with PYTHONP
 CORESCALE_BACKENDS=toy_backend (docs/adding-a-backend.md).
 """
 
+import toy_precision  # noqa: F401 (registers fp16, which the toy computes in, before the toy registers)
+
 from corescale.backends import register
 from toy_backend.options import TOY
 

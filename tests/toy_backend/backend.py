@@ -1,4 +1,5 @@
-"""The toy model: hidden = activation(embedding[input_ids] @ weight), in numpy, seeded."""
+"""The toy model: hidden = activation(embedding[input_ids] @ weight), in numpy, seeded; at precision=fp16 (the toy
+precision, tests/toy_precision) the matmul computes in float16."""
 
 from __future__ import annotations
 
@@ -22,12 +23,14 @@ class ToyBackend(TimedStages):
             self.embedding = rng.standard_normal((vocab, hidden)).astype(np.float32)
             self.weight = (rng.standard_normal((hidden, hidden)) / np.sqrt(hidden)).astype(np.float32)
             self.activation, self.threads = ACTIVATION[cfg.backend.activation], threads
+            self.dtype = np.float16 if cfg.precision == "fp16" else np.float32
 
     def prepare(self, inputs):
         return np.asarray(inputs["input_ids"])
 
     def forward(self, ids):
-        return self.activation(self.embedding[ids] @ self.weight)
+        hidden = self.embedding[ids].astype(self.dtype) @ self.weight.astype(self.dtype)
+        return self.activation(hidden.astype(np.float32))
 
     def to_numpy(self, output) -> np.ndarray:
         return np.asarray(output, dtype=np.float32)
