@@ -95,6 +95,9 @@ def test_gemm_library_rule_needs_onednn_to_win_on_these_cores():
                   "linear_onednn_gflops": 60.0}
     (found,) = [f for f in findings(shapes_win) if f["rule"] == "gemm-library"]
     assert "60 GFLOP/s against 30" in found["text"] and "2.0x" in found["text"]
+    # backend.linear=onednn holds at fp32 only (PyTorch's PRECISION_BOUND): no oneDNN rule at bf16
+    at_bf16 = {f["rule"] for f in findings({**shapes_win, "precision": "bf16"})}
+    assert not {"gemm-library", "same-gemm-library"} & at_bf16
 
 
 def test_analysis_of_a_synthetic_profile():
