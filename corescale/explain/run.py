@@ -3,7 +3,6 @@ measured like a run's), then the explain worker pinned and configured exactly li
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import subprocess
 from pathlib import Path
@@ -25,10 +24,9 @@ def profile(trial, isa: dict, on_lock_wait=None) -> dict:
         (spec,) = trial.instance_specs(Path(work))
         if cfg.calibrate:
             (spec,) = with_peaks([spec], cfg, isa, Path(work), PeakCache(cfg.cache_dir))
-        job, out = Path(work) / "job.json", Path(work) / "profile.json"
-        job.write_text(json.dumps({"config": cfg.to_dict(), "model": dataclasses.asdict(trial.model), "instance":
-                                   spec.to_json()}, default=str))
-        with instance_env.spawn(instance_env.Launch.of(cfg, spec), "corescale.explain.worker", str(job), str(out),
+        (job,) = protocol.Job.each(cfg, trial.model, [spec])
+        path, out = job.write(Path(work) / "job.json"), Path(work) / "profile.json"
+        with instance_env.spawn(instance_env.Launch.of(cfg, spec), "corescale.explain.worker", str(path), str(out),
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) as process:
             try:
                 _, err = process.communicate(timeout=cfg.timeout)

@@ -12,23 +12,22 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from corescale.measure.protocol import Job
 
 ROUNDS = 3
 
 
-def run(job: dict, out: Path) -> dict:
+def run(job: Job, out: Path) -> dict:
     from corescale.backends import create_backend
-    from corescale.config import BenchmarkConfig
     from corescale.explain import profilers
-    from corescale.machine.placement import InstanceSpec
     from corescale.measure.timing import warm_up
     from corescale.workload.inputs import make_inputs
-    from corescale.workload.models import ModelSpec
 
-    cfg = BenchmarkConfig.from_dict(job["config"])
-    spec = InstanceSpec.from_json(job["instance"])
+    cfg, spec, model = job.config, job.instance, job.model
     os.sched_setaffinity(0, list(spec.cpus))  # before any framework creates its thread pool
-    model = ModelSpec(**job["model"])
     inputs = make_inputs(model, spec.batch_size, cfg.sequence_length, cfg.seed, cfg.padding_fraction)
     backend = create_backend(cfg.backend.name)
     backend.load(model, cfg, spec.threads, inputs)
@@ -83,7 +82,7 @@ def main(argv: list[str]) -> int:
     out = Path(argv[1])
     message: protocol.Profiled | protocol.WorkerFailure
     try:
-        message = protocol.Profiled(run(json.loads(Path(argv[0]).read_text()), out))
+        message = protocol.Profiled(run(protocol.Job.read(argv[0]), out))
     except BaseException as exc:  # the parent reports it
         message = protocol.WorkerFailure.of(exc)
     write_json_atomic(out, json.loads(protocol.encode(message)))

@@ -3,8 +3,9 @@
 Written by the trial worker (measure/worker.py) to the launcher (measure/launcher.py), and by the explain worker
 (explain/worker.py) to `corescale explain` (explain/run.py). `encode` and `decode` are the only way across: a line
 that is not JSON, names an unknown event, or lacks a field or holds one of the wrong type is a ProtocolError.
-The parent's words to a worker (`warmup`, `start NS`, `batch N I,J`, `infer N IDS;IDS`, `stop`, `abort`) are
-documented in measure/worker.py.
+The parent's commands to a worker (`Warmup`, `Start`, `Batch`, `Infer`, `Stop`) cross the other way, one text line
+each (`say`, `heard`); measure/worker.py says when each comes. A worker's `Job` (its job file) is built by `Job.each`
+alone.
 """
 
 from __future__ import annotations
@@ -14,14 +15,71 @@ import json
 import types
 import typing
 from dataclasses import dataclass
+from pathlib import Path
 from traceback import format_exc
-from typing import Any, ClassVar, Union
+from typing import TYPE_CHECKING, Any, ClassVar, Union
 
 from corescale.errors import UserError
+
+if TYPE_CHECKING:  # a worker imports these itself, timed (measure/imports.py JOB_MODULES)
+    from corescale.config import BenchmarkConfig
+    from corescale.machine.placement import InstanceSpec
+    from corescale.workload.models import ModelSpec
 
 
 class ProtocolError(ValueError):
     """A line from a worker that is not one of the messages below."""
+
+
+@dataclass(frozen=True)
+class TrialFiles:
+    """The trial's files every worker may read (paths), beside its job."""
+
+    queries: str | None = None  # the query set (.npz): served queries, or the closed loop's batches
+    quality: str | None = None  # the quality set (.npz), checked by instance 0
+    tokenizer: str | None = None  # tokenize=true: the tokenizer's directory
+
+
+NO_FILES = TrialFiles()
+
+
+@dataclass(frozen=True)
+class Job:
+    """What one worker runs: the config, the model, its instance, the CPUs of all the trial's instances (its
+    siblings' load is not foreign) and the trial's files. One JSON file, its path the worker's argument."""
+
+    config: BenchmarkConfig
+    model: ModelSpec
+    instance: InstanceSpec
+    trial_cpus: tuple[int, ...]
+    files: TrialFiles = NO_FILES
+
+    @classmethod
+    def each(cls, cfg: BenchmarkConfig, model: ModelSpec, specs: list[InstanceSpec],
+             files: TrialFiles = NO_FILES) -> list[Job]:
+        """One job per instance of a trial."""
+        cpus = tuple(sorted(c for spec in specs for c in spec.cpus))
+        return [cls(cfg, model, spec, cpus, files) for spec in specs]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"config": self.config.to_dict(), "model": dataclasses.asdict(self.model),
+                "instance": self.instance.to_json(), "trial_cpus": list(self.trial_cpus),
+                **dataclasses.asdict(self.files)}
+
+    def write(self, path: Path) -> Path:
+        path.write_text(json.dumps(self.to_json(), default=str))
+        return path
+
+    @classmethod
+    def read(cls, path: str | Path) -> Job:
+        from corescale.config import BenchmarkConfig
+        from corescale.machine.placement import InstanceSpec
+        from corescale.workload.models import ModelSpec
+
+        data = json.loads(Path(path).read_text())
+        files = TrialFiles(**{f.name: data.get(f.name) for f in dataclasses.fields(TrialFiles)})
+        return cls(BenchmarkConfig.from_dict(data["config"]), ModelSpec(**data["model"]),
+                   InstanceSpec.from_json(data["instance"]), tuple(data["trial_cpus"]), files)
 
 
 @dataclass(frozen=True)
@@ -116,6 +174,90 @@ class WorkerFailure:
         """From the exception being handled (its traceback included)."""
         return cls("user" if isinstance(exc, UserError) else "error", str(exc) or type(exc).__name__,
                    format_exc())
+
+
+@dataclass(frozen=True)
+class Warmup:
+    """Every instance is loaded: warm up under the load the window will see."""
+
+    WORD: ClassVar[str] = "warmup"
+
+
+@dataclass(frozen=True)
+class Start:
+    """Every instance is ready: the timed window (or serving) starts at this instant (time.perf_counter_ns)."""
+
+    WORD: ClassVar[str] = "start"
+    ns: int
+
+
+@dataclass(frozen=True)
+class Batch:
+    """LoadGen's queries, by index into the trial's query set: answered with `Served`."""
+
+    WORD: ClassVar[str] = "batch"
+    number: int
+    queries: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Infer:
+    """`corescale serve`'s rows: each row's token ids, and its token type ids where it has them (a pair);
+    answered with `Answered`, the output rows."""
+
+    WORD: ClassVar[str] = "infer"
+    number: int
+    ids: list[list[int]]
+    types: list[list[int] | None]
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Serving is over: the instance sends its `Result` and ends."""
+
+    WORD: ClassVar[str] = "stop"
+
+
+Command = Union[Warmup, Start, Batch, Infer, Stop]
+COMMANDS: dict[str, type[Command]] = {cls.WORD: cls for cls in typing.get_args(Command)}
+
+
+def say(command: Command) -> str:
+    """The parent's one line to a worker, newline included: the word, then its fields separated by spaces (a
+    batch's indices by commas; an infer's rows by semicolons, each row's ids by commas, `/` before its type ids)."""
+    if isinstance(command, Start):
+        return f"start {command.ns}\n"
+    if isinstance(command, Batch):
+        return f"batch {command.number} {','.join(map(str, command.queries))}\n"
+    if isinstance(command, Infer):
+        rows = (",".join(map(str, ids)) + ("" if types is None else "/" + ",".join(map(str, types)))
+                for ids, types in zip(command.ids, command.types))
+        return f"infer {command.number} {';'.join(rows)}\n"
+    return f"{command.WORD}\n"
+
+
+def heard(line: str) -> Command | None:
+    """The command a worker's input line holds; None at end of input."""
+    words = line.split()
+    if not words:
+        return None
+    cls = COMMANDS.get(words[0])
+    try:
+        if cls is Start:
+            return Start(int(words[1]))
+        if cls is Batch:
+            return Batch(int(words[1]), tuple(int(i) for i in words[2].split(",")))
+        if cls is Infer:
+            rows = [row.partition("/") for row in words[2].split(";")]
+            return Infer(int(words[1]), [[int(i) for i in ids.split(",")] for ids, _, _ in rows],
+                         [[int(i) for i in types.split(",")] if types else None for _, _, types in rows])
+    except (IndexError, ValueError):
+        raise ProtocolError(f"a malformed '{words[0]}' command: {_excerpt(line)}") from None
+    if words == [Warmup.WORD]:
+        return Warmup()
+    if words == [Stop.WORD]:
+        return Stop()
+    raise ProtocolError(f"not a command: {_excerpt(line)} (known: {', '.join(COMMANDS)})")
 
 
 Message = Union[Loaded, Warming, Ready, Progress, Served, Answered, Result, Profiled, WorkerFailure]

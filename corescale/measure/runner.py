@@ -26,6 +26,7 @@ from corescale.machine.topology import Topology
 from corescale.measure.aggregate import InstanceSamples, run_metrics, samples_frame
 from corescale.measure.calibrate import with_peaks
 from corescale.measure.launcher import Launcher, LaunchOutcome
+from corescale.measure.protocol import TrialFiles
 from corescale.measure.server import Server, batches_csv, summarise
 from corescale.measure.timing import read_pairs
 from corescale.measure.trial import Trial, UncommittedResult, check_places, housekeeping_cpus, new_record
@@ -183,6 +184,20 @@ def failed_result(trial: Trial, failure: Failure, host: dict | None, started: fl
     return UncommittedResult(record, None, {})
 
 
+def _trial_files(trial: Trial, work: Path) -> TrialFiles:
+    """The query and quality sets saved in `work`, and the tokenizer's directory (tokenize=true)."""
+    saved = {}
+    for name, found in (("queries", trial.queries), ("quality", trial.quality)):
+        if found is not None:
+            found.save(work / f"{name}.npz")
+            saved[name] = str(work / f"{name}.npz")
+    if trial.cfg.tokenize:
+        from corescale.workload.tokens import tokenizer_dir
+
+        saved["tokenizer"] = str(tokenizer_dir(trial.cfg, trial.model)[0])
+    return TrialFiles(**saved)
+
+
 def run_instances(trial: Trial, on_event=None, host: dict | None = None, forkservers=None) -> UncommittedResult:
     """Runs the trial's instances (forked from `forkservers` when given); a failed instance gives a failed record,
     bad input raises UserError."""
@@ -199,20 +214,13 @@ def run_instances(trial: Trial, on_event=None, host: dict | None = None, forkser
         if trial.cfg.calibrate:  # the yardstick of "% of peak", measured once per CPUs, threads and precision
             specs = with_peaks(specs, trial.cfg, host["cpu"]["isa"], Path(work), PeakCache(trial.cfg.cache_dir))
         record.specs = list(specs)
-        job, server = {}, None
-        if trial.cfg.tokenize:
-            from corescale.workload.tokens import tokenizer_dir
-
-            job["tokenizer"] = str(tokenizer_dir(trial.cfg, trial.model)[0])
-        for name, found in (("queries", trial.queries), ("quality", trial.quality)):
-            if found is not None:
-                found.save(Path(work) / f"{name}.npz")
-                job[name] = str(Path(work) / f"{name}.npz")
+        server = None
+        files = _trial_files(trial, Path(work))
         if trial.cfg.scenario != "offline":
             assert trial.queries is not None, "a served trial has its query set (uses_query_set)"
             server = Server(trial.cfg, trial.queries.lengths, Path(work))
         with housekeeping_cpus(specs) as parent_cpus:
-            outcome = Launcher(Path(work), trial.cfg.timeout, on_event, server, job, forkservers).run(
+            outcome = Launcher(Path(work), trial.cfg.timeout, on_event, server, files, forkservers).run(
                 specs, trial.cfg, trial.model)
         if outcome.failure and outcome.failure.kind == "user":
             raise UserError(outcome.failure.message)

@@ -24,8 +24,9 @@ from pathlib import Path
 
 import numpy as np
 
-from corescale.measure.batching import Batcher
-from corescale.measure.protocol import Served
+from corescale.measure.batching import Batcher, Waiting
+from corescale.measure.instance import dispatch
+from corescale.measure.protocol import Batch, Served, Stop
 from corescale.measure.qps_search import floor_qps, knee, load_curve, search
 from corescale.record.trial import Failure
 
@@ -154,7 +155,7 @@ class Server:
 
     def _stop(self) -> None:
         """The tests are over: the instances stop."""
-        self.launcher.tell_all_quietly("stop")
+        self.launcher.tell_all_quietly(Stop())
 
     def _unreachable(self) -> str | None:
         """Why no rate can meet the SLO, when one query alone (batch 1, warm, at the one length every query has)
@@ -249,30 +250,47 @@ class Server:
         return max(inst.call_ns for inst in self.launcher.instances.values()) or 1_000_000
 
     def _dispatch(self, instance: int, batcher: Batcher) -> None:
+        dispatch(batcher, LoadGenFeeder(self, instance))
+
+
+@dataclass
+class LoadGenFeeder:
+    """One instance's side of a LoadGen test: its batches told by index, each answered query complete to LoadGen
+    (at once when the trial was stopped), each batch a row of the trial's batches.csv."""
+
+    server: Server
+    instance: int
+    number: int = 0  # the batch sent last: numbered across the instances
+
+    def idle(self) -> bool:
+        return True  # the instance answers each batch before this feeder takes the next
+
+    def send(self, batch: list[Waiting]) -> bool:
+        if self.server.aborted:
+            return False
+        with self.server.lock:
+            self.server.batch_count += 1
+            self.number = self.server.batch_count
+        return self.server.launcher.tell(self.instance, Batch(self.number, tuple(w.sample.index for w in batch)))
+
+    def reply(self) -> Served | None:
+        return self.server.replies[self.instance].get()
+
+    def unsent(self, batch: list[Waiting]) -> None:
+        self.complete(batch, 0, None)
+
+    def complete(self, batch: list[Waiting], taken_ns: int, reply: Served | None) -> None:
         import mlperf_loadgen as lg
 
-        replies = self.replies[instance]
-        while True:
-            batch = batcher.take()
-            if batch is None:
-                return
-            taken_ns = time.perf_counter_ns()
-            reply = None
-            if not self.aborted:
-                with self.lock:
-                    self.batch_count += 1
-                    number = self.batch_count
-                indices = ",".join(str(w.sample.index) for w in batch)
-                if self.launcher.tell(instance, f"batch {number} {indices}"):
-                    reply = replies.get()
-            lg.QuerySamplesComplete([lg.QuerySampleResponse(w.sample.id, 0, 0) for w in batch])
-            if reply is None:
-                continue
-            done_ns = time.perf_counter_ns()
-            self.step_batches.append(len(batch))
-            self.outcome.batch_rows.append((
-                len(self.outcome.steps) + 1, instance, number, len(batch), reply.length, reply.real_tokens,
-                batch[0].arrived_ns, taken_ns, reply.start_ns, reply.end_ns, done_ns))
+        lg.QuerySamplesComplete([lg.QuerySampleResponse(w.sample.id, 0, 0) for w in batch])
+        if reply is None:
+            return
+        done_ns = time.perf_counter_ns()
+        outcome = self.server.outcome
+        self.server.step_batches.append(len(batch))
+        outcome.batch_rows.append((len(outcome.steps) + 1, self.instance, self.number, len(batch), reply.length,
+                                   reply.real_tokens, batch[0].arrived_ns, taken_ns, reply.start_ns, reply.end_ns,
+                                   done_ns))
 
 
 def test_settings(cfg, qps: float | None, min_queries: int, expected_latency_ns: int):

@@ -5,25 +5,28 @@ Run as `python -m corescale.measure.worker JOB.json` by the launcher. Protocol w
 - `loaded` -> the parent writes `warmup` once EVERY instance is loaded, so warm-up runs under the load the window
   will see -> `ready` (stable, or not: `converged`) -> the instance keeps calling the model (still warm-up) until
   the parent writes `start <perf_counter_ns>` once every instance is ready -> the timed window from that instant.
-  `abort` (or end of input) at any point ends the instance.
+  End of input (or any other command) at any point ends the instance.
 - serving (scenario=server|single_stream): from the start instant the instance waits for `batch N I,J,...` lines
   (query indices into the trial's query set), answers each with a `served` line, and ends at `stop` with its
   `result`. `corescale serve` sends `infer N IDS;IDS;...` instead (each row's token ids, commas between ids,
   semicolons between rows; `IDS/TYPES` for a pair's token type ids) and gets an `answered` line holding the
   output rows (the task's output: the head is in the measured call).
+The parent's lines are protocol.py's commands (`say` writes them, `heard` reads them here).
 """
 
 from __future__ import annotations
 
 import gc
-import json
 import os
 import resource
 import select
 import sys
 import time
+from typing import TypeVar
 
 from corescale.measure import imports, protocol
+
+Expected = TypeVar("Expected", protocol.Warmup, protocol.Start)
 
 # No framework imports at module level: affinity and threads are set before any framework loads.
 
@@ -36,13 +39,13 @@ class Control:
     def send(self, message: protocol.Message) -> None:
         self.out.write(protocol.encode(message))
 
-    def wait_for(self, word: str) -> list[str] | None:
-        """Blocks for the parent's next line; its words when it is `word`, None on abort or end of input."""
-        line = sys.stdin.readline().split()
-        return line if line and line[0] == word else None
+    def wait_for(self, kind: type[Expected]) -> Expected | None:
+        """Blocks for the parent's next command; it when it is of `kind`, None on any other or end of input."""
+        command = self.next()
+        return command if isinstance(command, kind) else None
 
-    def next_words(self) -> list[str]:
-        return sys.stdin.readline().split()
+    def next(self) -> protocol.Command | None:
+        return protocol.heard(sys.stdin.readline())
 
     def pending(self) -> bool:
         return bool(select.select([sys.stdin], [], [], 0)[0])
@@ -54,10 +57,10 @@ def keep_warm(call, control: Control, durations: list[int]) -> int | None:
     start_ns = None
     while True:
         if start_ns is None and control.pending():
-            words = control.wait_for("start")
-            if words is None:
+            start = control.wait_for(protocol.Start)
+            if start is None:
                 return None
-            start_ns = int(words[1])
+            start_ns = start.ns
         last = durations[-1] if durations else 0
         if start_ns is not None and time.perf_counter_ns() + 2 * last >= start_ns:
             return start_ns
@@ -95,17 +98,12 @@ def process_cpu_seconds() -> float:
 class Instance:
     """One instance's life, as pyperf's WorkerTask: load, warm up, then the closed loop or serving."""
 
-    def __init__(self, job: dict, control: Control) -> None:
+    def __init__(self, job_path: str, control: Control) -> None:
         self.imported = imports.timed_imports(list(imports.JOB_MODULES))
-        from corescale.config import BenchmarkConfig
-        from corescale.machine.placement import InstanceSpec
-        from corescale.workload.models import ModelSpec
-
-        self.job, self.control = job, control
-        self.cfg = BenchmarkConfig.from_dict(job["config"])
-        self.spec = InstanceSpec.from_json(job["instance"])
+        job = protocol.Job.read(job_path)
+        self.files, self.control = job.files, control
+        self.cfg, self.spec, self.model, self.trial_cpus = job.config, job.instance, job.model, job.trial_cpus
         os.sched_setaffinity(0, list(self.spec.cpus))  # before any framework creates its thread pool
-        self.model = ModelSpec(**job["model"])
         self.serving = self.cfg.scenario != "offline"
         self.tokens = TokenCount()
 
@@ -128,7 +126,7 @@ class Instance:
         from corescale.workload.samples import QuerySet
 
         cfg, spec = self.cfg, self.spec
-        self.queries = QuerySet.load(self.job["queries"]) if self.job.get("queries") else None
+        self.queries = QuerySet.load(self.files.queries) if self.files.queries else None
         self.batch = cfg.server.max_batch if cfg.scenario == "server" else 1 if self.serving else spec.batch_size
         self.inputs = make_inputs(self.model, self.batch, cfg.sequence_length, cfg.seed, cfg.padding_fraction)
         backend = self.backend = create_backend(cfg.backend.name)
@@ -157,7 +155,8 @@ class Instance:
 
         from corescale.workload.tokens import fast_tokenizer
 
-        return fast_tokenizer(Path(self.job["tokenizer"]), self.cfg.sequence_length)
+        assert self.files.tokenizer is not None, "a tokenize=true job names its tokenizer"
+        return fast_tokenizer(Path(self.files.tokenizer), self.cfg.sequence_length)
 
     def warm(self) -> int | None:
         """Warm-up under the siblings' load, then warm calls until the start instant (None: aborted)."""
@@ -166,7 +165,7 @@ class Instance:
         control, cfg = self.control, self.cfg
         artifact = getattr(self.backend, "model_path", None)
         control.send(protocol.Loaded(self.load_seconds, None if artifact is None else str(artifact)))
-        if control.wait_for("warmup") is None:  # every sibling is loaded: warm up under the window's load
+        if control.wait_for(protocol.Warmup) is None:  # every sibling is loaded: warm up under the window's load
             return None
         self.warmed = warm_up(self.call, cfg.warmup, progress=lambda n: control.send(protocol.Warming(n)))
         self.durations = list(self.warmed.durations_ns)
@@ -185,7 +184,7 @@ class Instance:
 
         cfg, spec, tokens, cpus = self.cfg, self.spec, self.tokens, list(self.spec.cpus)
         tokens.begin()
-        watch = contamination.Watch(cpus, contamination.smt_siblings(cpus, exclude=self.job.get("trial_cpus", ())))
+        watch = contamination.Watch(cpus, contamination.smt_siblings(cpus, exclude=self.trial_cpus))
         watch.start()
         cpu_before = process_cpu_seconds()
         with open(f"{spec.samples_path}.stream", "wb") as stream:  # the parent reads it if this process dies
@@ -232,12 +231,12 @@ class Instance:
     def quality(self) -> dict | None:
         """Instance 0 checks the task's outputs on the quality set against the fp32 reference (after the window:
         the reference may load in this process)."""
-        if not self.job.get("quality") or self.spec.id != 0:
+        if not self.files.quality or self.spec.id != 0:
             return None
         from corescale.measure import quality
         from corescale.workload.samples import QuerySet
 
-        return quality.check(self.cfg, self.model, self.spec.threads, self.backend, QuerySet.load(self.job["quality"]))
+        return quality.check(self.cfg, self.model, self.spec.threads, self.backend, QuerySet.load(self.files.quality))
 
     def serve(self) -> None:
         """Answers the parent's batches until `stop`; then its result (no timed window of its own)."""
@@ -250,16 +249,15 @@ class Instance:
         served = rows = 0
         busy_ns = 0
         while True:
-            words = control.next_words()
-            if not words or words[0] not in ("batch", "infer"):
-                break
-            inline = words[0] == "infer"  # corescale serve: the token ids themselves, the output rows back
+            command = control.next()
             types = None
-            if inline:
-                chosen, types = token_rows(words[2])
-            else:
+            if isinstance(command, protocol.Infer):  # corescale serve: the token ids themselves, the output rows back
+                chosen, types = token_rows(command)
+            elif isinstance(command, protocol.Batch):
                 assert queries is not None, "a LoadGen worker's job names its query set"
-                chosen = [queries.ids[int(i)] for i in words[2].split(",")]
+                chosen = [queries.ids[i] for i in command.queries]
+            else:
+                break
             start_ns = time.perf_counter_ns()
             length = padded_length([len(q) for q in chosen], cfg_pad, limit)
             inputs = batch_inputs(chosen, length, pad_id(model), model.takes_token_type_ids, types)
@@ -267,8 +265,8 @@ class Instance:
             end_ns = time.perf_counter_ns()
             busy_ns += end_ns - start_ns
             served, rows = served + 1, rows + len(chosen)
-            done = (int(words[1]), start_ns, end_ns, length, sum(len(q) for q in chosen))
-            control.send(answer(done, output) if inline else protocol.Served(*done))
+            done = (command.number, start_ns, end_ns, length, sum(len(q) for q in chosen))
+            control.send(answer(done, output) if isinstance(command, protocol.Infer) else protocol.Served(*done))
         wall = (time.perf_counter_ns() - began) / 1e9
         memory = memory_now()
         threads_cpus = instance_env.thread_affinities()
@@ -334,17 +332,16 @@ class TokenCount:
         return sum(done) / (len(done) * batch) if done else 0.0
 
 
-def token_rows(text: str) -> tuple[list, list | None]:
-    """`infer`'s rows (semicolons between rows): token ids separated by commas, then `/` and the token type ids
-    when the row has them (a pair); (ids, type ids or None)."""
+def token_rows(command: protocol.Infer) -> tuple[list, list | None]:
+    """An `Infer`'s rows as arrays: (token ids, token type ids or None when no row has them; zeros for a row
+    without them beside rows with them)."""
     import numpy as np
 
-    rows = [row.partition("/") for row in text.split(";")]
-    ids = [np.array(row[0].split(","), dtype=np.int64) for row in rows]
-    if not any(row[2] for row in rows):
+    ids = [np.array(row, dtype=np.int64) for row in command.ids]
+    if all(types is None for types in command.types):
         return ids, None
-    return ids, [np.array(row[2].split(","), dtype=np.int64) if row[2] else np.zeros(len(i), dtype=np.int64)
-                 for row, i in zip(rows, ids)]
+    return ids, [np.zeros(len(i), dtype=np.int64) if types is None else np.array(types, dtype=np.int64)
+                 for types, i in zip(command.types, ids)]
 
 
 def answer(done: tuple[int, int, int, int, int], output) -> protocol.Answered:
@@ -398,10 +395,8 @@ def warm_shapes(backend, model, cfg, max_batch: int) -> int | None:
 
 def main(argv: list[str]) -> int:
     control = Control()
-    with open(argv[0]) as handle:
-        job = json.load(handle)
     try:
-        Instance(job, control).run()
+        Instance(argv[0], control).run()
     except BaseException as exc:  # report everything to the parent, which decides what to show
         control.send(protocol.WorkerFailure.of(exc))
         return 3

@@ -1,11 +1,12 @@
 """The bundle's pinned instances behind one queue: started as measurement starts them, fed by the server
 scenario's dynamic batching, restarted when one dies.
 
-Each instance is `python -m corescale.measure.worker JOB` started with `instance_env.spawn` and the launch its
+Each instance is a worker as measurement starts it (measure/instance.py's InstanceHandle) with the launch its
 measurement recorded (CPUs, numactl, thread/OpenMP/allocator environment), in serving mode: it loads, warms up
-(every batch size up to the bundle's max batch), then answers `infer` lines with `answered` lines holding the
+(every batch size up to the bundle's max batch), then answers `Infer` commands with `answered` lines holding the
 output rows (measure/protocol.py). A reader thread per instance follows its messages; a dispatcher thread per
-instance takes the next batch from the one Batcher whenever its instance is ready and idle. An instance that
+instance (measure/instance.py's dispatch loop) takes the next batch from the one Batcher whenever its instance is
+ready and idle. An instance that
 dies fails only the batch it was computing (requests answered 503); a batch it had not been sent goes back to
 the head of the queue; the instance is started again (backing off while it keeps failing).
 """
@@ -14,11 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import dataclasses
-import json
 import queue
-import signal
-import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
@@ -31,6 +28,7 @@ from corescale.errors import UserError
 from corescale.machine import instance_env
 from corescale.measure import protocol
 from corescale.measure.batching import Batcher, Waiting
+from corescale.measure.instance import Handshake, InstanceHandle, dispatch, how_it_ended, stop_all
 from corescale.serve.opened import Bundle
 
 RESTART_BACKOFF_S = (0.5, 30.0)  # first wait after a failed start, and the longest
@@ -75,24 +73,23 @@ class Row:
     index: int
 
 
-def row_text(row: Row) -> str:
-    """One row of an `infer` line: its token ids, then `/` and its token type ids when it has them."""
-    request = row.request
-    ids = ",".join(map(str, request.rows[row.index].tolist()))
-    if request.types is None:
-        return ids
-    return f"{ids}/{','.join(map(str, request.types[row.index].tolist()))}"
+def infer(number: int, rows: list[Row]) -> protocol.Infer:
+    """The rows' token ids (and token type ids, a pair's) as the worker's `Infer` command."""
+    return protocol.Infer(number, [row.request.rows[row.index].tolist() for row in rows],
+                          [None if row.request.types is None else row.request.types[row.index].tolist()
+                           for row in rows])
 
 
-class Instance:
-    """One pinned worker process and the threads that feed and follow it."""
+class ServedInstance:
+    """One pinned worker, started again when it dies (each start a generation of its own), the thread that follows
+    its messages and the one that feeds it batches."""
 
     def __init__(self, pool: Pool, number: int, job: Path, launch: instance_env.Launch, log: Path):
         self.pool, self.id, self.job, self.launch, self.log = pool, number, job, launch, log
         self.ready = threading.Event()
         self.replies: queue.Queue = queue.Queue()
         self.generation = 0
-        self.process: subprocess.Popen | None = None
+        self.handle: InstanceHandle | None = None
         self.restarts = 0
         self.failure: str | None = None  # the last failure's message
         self.failure_kind = "error"  # user: bad input (UserError in the worker)
@@ -103,83 +100,35 @@ class Instance:
 
     def start(self) -> None:
         self.generation += 1
-        with open(self.log, "ab") as stderr:
-            self.process = instance_env.spawn(self.launch, "corescale.measure.worker", str(self.job),
-                                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr)
-        threading.Thread(target=self.follow, args=(self.process, self.generation), daemon=True,
+        self.handle = InstanceHandle.spawn(self.id, self.launch, self.job, self.log, append=True)
+        threading.Thread(target=self.follow, args=(self.handle, self.generation), daemon=True,
                          name=f"corescale-serve-reader-{self.id}").start()
 
-    def tell(self, line: str) -> bool:
-        process = self.process
-        try:
-            assert process is not None and process.stdin is not None
-            process.stdin.write(f"{line}\n".encode())
-            process.stdin.flush()
-            return True
-        except (BrokenPipeError, ValueError, OSError):
-            return False
+    def tell(self, command: protocol.Command) -> bool:
+        return self.handle is not None and self.handle.tell(command)
 
-    def follow(self, process: subprocess.Popen, generation: int) -> None:
+    def follow(self, handle: InstanceHandle, generation: int) -> None:
         """Its messages until it ends: the start handshake, answers, its failure, its result."""
-        assert process.stdout is not None
-        for line in process.stdout:
-            try:
-                message = protocol.decode(line)
-            except protocol.ProtocolError as bad:
-                self.failure = f"sent a malformed message: {bad}"
+        handshake = Handshake([handle])  # each instance starts on its own, at once
+        for message in handle.messages():
+            if isinstance(message, protocol.ProtocolError):
+                self.failure = f"sent a malformed message: {message}"
                 continue
-            if isinstance(message, protocol.Loaded):
-                self.artifact = message.artifact
-                self.tell("warmup")
-            elif isinstance(message, protocol.Ready):
-                self.tell(f"start {time.perf_counter_ns()}")
+            handle.heard(message)
+            if handshake.heard(message) is not None:
                 self.ready.set()
-            elif isinstance(message, protocol.Answered):
+            if isinstance(message, protocol.Answered):
                 self.replies.put((generation, message))
             elif isinstance(message, protocol.WorkerFailure):
                 self.failure, self.failure_kind = message.message, message.kind
-            elif isinstance(message, protocol.Result):
-                self.result = message.report
-        code = process.wait()
+            self.artifact, self.result = handle.artifact or self.artifact, handle.result
+        code = handle.process.wait()
         self.ready.clear()
         self.replies.put((generation, None))
         self.pool.ended(self, code)
 
     def how_it_ended(self, code: int) -> str:
-        how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
-        return f"instance {self.id} {how}" + (f": {self.failure}" if self.failure else "")
-
-    def dispatch(self, batcher: Batcher) -> None:
-        """Takes a batch whenever this instance is ready and idle, until the queue is closed and empty."""
-        number = 0
-        while True:
-            while not self.ready.wait(0.2):
-                if self.pool.stopping and batcher.closed and not batcher.waiting:
-                    return
-            batch = batcher.take()
-            if batch is None:
-                return
-            generation = self.generation
-            number += 1
-            ids = ";".join(row_text(row.sample) for row in batch)
-            if not self.ready.is_set() or not self.tell(f"infer {number} {ids}"):
-                batcher.requeue(batch)  # never sent: another instance (or this one, restarted) takes it
-                continue
-            taken_ns = time.perf_counter_ns()
-            reply = self.next_reply(generation)
-            if reply is None:
-                error = InstanceDied(f"instance {self.id} died while computing this request; it is being restarted")
-                for row in batch:
-                    self.pool.finish(row.sample, None, error)
-                continue
-            self.busy_ns += reply.end_ns - reply.start_ns
-            outputs = np.frombuffer(base64.b64decode(reply.rows), dtype="<f4").reshape(reply.shape)
-            self.pool.metrics.batch(len(batch), (reply.end_ns - reply.start_ns) / 1e9)
-            for position, row in enumerate(batch):
-                request = row.sample.request
-                request.queue_ns = max(request.queue_ns, taken_ns - row.arrived_ns)
-                request.inference_ns = max(request.inference_ns, reply.end_ns - reply.start_ns)
-                self.pool.finish(row.sample, outputs[position], None)
+        return f"instance {self.id} {how_it_ended(code)[0]}" + (f": {self.failure}" if self.failure else "")
 
     def next_reply(self, generation: int) -> protocol.Answered | None:
         while True:
@@ -191,6 +140,51 @@ class Instance:
         return self.busy_ns / max(time.perf_counter_ns() - self.since_ns, 1)
 
 
+@dataclass
+class RequestFeeder:
+    """One instance's side of the service's queue: a batch is sent only while it is ready; one never sent goes
+    back to the head of the queue; one it was computing when it died fails (503)."""
+
+    instance: ServedInstance
+    batcher: Batcher
+    number: int = 0
+    generation: int = 0  # of the instance the batch was sent to
+
+    def idle(self) -> bool:
+        pool = self.instance.pool
+        while not self.instance.ready.wait(0.2):
+            if pool.stopping and self.batcher.closed and not self.batcher.waiting:
+                return False
+        return True
+
+    def send(self, batch: list[Waiting]) -> bool:
+        self.generation = self.instance.generation
+        self.number += 1
+        return self.instance.ready.is_set() and self.instance.tell(infer(self.number, [w.sample for w in batch]))
+
+    def reply(self) -> protocol.Answered | None:
+        return self.instance.next_reply(self.generation)
+
+    def unsent(self, batch: list[Waiting]) -> None:
+        self.batcher.requeue(batch)  # another instance (or this one, restarted) takes it
+
+    def complete(self, batch: list[Waiting], taken_ns: int, reply: protocol.Served | None) -> None:
+        pool, instance = self.instance.pool, self.instance
+        if not isinstance(reply, protocol.Answered):
+            error = InstanceDied(f"instance {instance.id} died while computing this request; it is being restarted")
+            for row in batch:
+                pool.finish(row.sample, None, error)
+            return
+        instance.busy_ns += reply.end_ns - reply.start_ns
+        outputs = np.frombuffer(base64.b64decode(reply.rows), dtype="<f4").reshape(reply.shape)
+        pool.metrics.batch(len(batch), (reply.end_ns - reply.start_ns) / 1e9)
+        for position, row in enumerate(batch):
+            request = row.sample.request
+            request.queue_ns = max(request.queue_ns, taken_ns - row.arrived_ns)
+            request.inference_ns = max(request.inference_ns, reply.end_ns - reply.start_ns)
+            pool.finish(row.sample, outputs[position], None)
+
+
 class Pool:
     def __init__(self, opened: Bundle, work: Path, metrics, max_queue: int):
         self.bundle, self.work, self.metrics, self.max_queue = opened, work, metrics, max_queue
@@ -198,7 +192,7 @@ class Pool:
         self.lock = threading.Lock()
         self.pending = 0  # inputs accepted and not yet answered
         self.stopping = False
-        self.instances: list[Instance] = []
+        self.instances: list[ServedInstance] = []
         self.dispatchers: list[threading.Thread] = []
         self.due: queue.Queue = queue.Queue()  # (when, instance) to start again; (0, None) ends the keeper
         self.keeper = threading.Thread(target=self.keep, daemon=True, name="corescale-serve-keeper")
@@ -209,33 +203,32 @@ class Pool:
 
         cfg = self.bundle.cfg
         model = resolve_model(cfg.model, cfg.trust_remote_code, cfg.task, cfg.cache_dir)
-        cpus = sorted(c for spec in self.bundle.specs for c in spec.cpus)
-        for spec, launch in zip(self.bundle.specs, self.bundle.launches):
-            job = self.work / f"instance-{spec.id}.json"
-            job.write_text(json.dumps({"config": cfg.to_dict(), "model": dataclasses.asdict(model),
-                                       "trial_cpus": cpus, "instance": spec.to_json()}))
-            self.instances.append(Instance(self, spec.id, job, launch, self.work / f"instance-{spec.id}.log"))
+        jobs = protocol.Job.each(cfg, model, self.bundle.specs)
+        for job, spec, launch in zip(jobs, self.bundle.specs, self.bundle.launches):
+            path = job.write(self.work / f"instance-{spec.id}.json")
+            self.instances.append(ServedInstance(self, spec.id, path, launch, self.work / f"instance-{spec.id}.log"))
         for instance in self.instances:
             instance.start()
         deadline = time.monotonic() + timeout_s
         for instance in self.instances:
             while not instance.ready.wait(0.1):
-                if instance.process is not None and instance.process.poll() is not None:
+                if instance.handle is not None and instance.handle.process.poll() is not None:
                     raise self.start_failure(instance)
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"instance {instance.id} was not ready after {timeout_s:g} s "
                                        f"(its log: {instance.log})")
         self.keeper.start()
         for instance in self.instances:
-            thread = threading.Thread(target=instance.dispatch, args=(self.batcher,), daemon=True,
+            thread = threading.Thread(target=dispatch, args=(self.batcher, RequestFeeder(instance, self.batcher)),
+                                      daemon=True,
                                       name=f"corescale-serve-dispatch-{instance.id}")
             thread.start()
             self.dispatchers.append(thread)
 
-    def start_failure(self, instance: Instance) -> Exception:
+    def start_failure(self, instance: ServedInstance) -> Exception:
         time.sleep(0.2)  # its reader may still be reading its last message
-        assert instance.process is not None
-        message = instance.how_it_ended(instance.process.returncode)
+        assert instance.handle is not None
+        message = instance.how_it_ended(instance.handle.process.wait())
         return UserError(message) if instance.failure_kind == "user" else RuntimeError(message)
 
     def submit(self, request: Request) -> None:
@@ -260,7 +253,7 @@ class Pool:
             failed = next((o for o in request.outputs if isinstance(o, BaseException)), None)
             request.settle(None if failed else request.outputs, failed)
 
-    def ended(self, instance: Instance, code: int) -> None:
+    def ended(self, instance: ServedInstance, code: int) -> None:
         """An instance's process ended: unless the service is stopping, it is started again."""
         if self.stopping or not self.dispatchers:
             return
@@ -295,14 +288,5 @@ class Pool:
         for thread in self.dispatchers:
             thread.join()
         for instance in self.instances:
-            instance.tell("stop")
-        deadline = time.monotonic() + STOP_GRACE_S
-        for instance in self.instances:
-            process = instance.process
-            if process is None:
-                continue
-            try:
-                process.wait(timeout=max(deadline - time.monotonic(), 0.01))
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            instance.tell(protocol.Stop())
+        stop_all([i.handle for i in self.instances if i.handle is not None], STOP_GRACE_S, terminate=False)
