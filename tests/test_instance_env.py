@@ -1,5 +1,6 @@
 """Per-instance environment, library search, pinning before exec and the mapped-library check."""
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -69,11 +70,26 @@ def test_intel_binding_and_preload_order(tmp_path, monkeypatch):
     monkeypatch.setenv("OMP_PROC_BIND", "spread")  # would be read by libiomp5 too: dropped
     libs = [tmp_path / "libjemalloc.so.2", tmp_path / "libiomp5.so"]
     config = cfg(allocator="jemalloc", openmp="intel")
-    env = instance_env.environment(config, PLACEMENT, libs)
+    env = instance_env.Launch.of(config, PLACEMENT, libs).env
     assert env["LD_PRELOAD"] == f"{libs[0]}:{libs[1]}:/inherited.so"
     assert env["KMP_AFFINITY"] == "granularity=fine,compact,1,0" and env["KMP_BLOCKTIME"] == "1"
     assert "OMP_PROC_BIND" not in env and "OMP_PLACES" not in env
     assert env["MALLOC_CONF"] == instance_env.JEMALLOC_CONF
+
+
+def test_a_recorded_launch_replays_as_it_was_measured(tmp_path, monkeypatch):
+    monkeypatch.setenv("OMP_PLACES", "cores")  # the user's; dropped under Intel's runtime, here as when measured
+    monkeypatch.delenv("LD_PRELOAD", raising=False)
+    lib = tmp_path / "libiomp5.so"
+    lib.touch()
+    config = cfg(openmp="intel")
+    measured = instance_env.Launch.of(config, PLACEMENT, [lib])
+    replayed = instance_env.Launch.from_recorded(config, PLACEMENT, measured.recorded())
+    assert replayed.env == measured.env and replayed.cpus == measured.cpus and "OMP_PLACES" not in replayed.env
+    assert replayed.recorded() == measured.recorded()
+    lib.unlink()
+    with pytest.raises(UserError, match=f"measured with {lib} preloaded; it is not on this machine"):
+        instance_env.Launch.from_recorded(config, PLACEMENT, measured.recorded())
 
 
 def test_user_tuning_values_win(monkeypatch):
@@ -148,3 +164,18 @@ def test_verify_mapped(config, mapped, error):
     else:
         with pytest.raises(UserError, match=error):
             instance_env.verify_mapped(config, mapped, 3)
+
+
+@pytest.mark.parametrize("openmp", ["intel", "gnu"])
+def test_the_recipe_drops_what_a_replayed_launch_drops(openmp):
+    from helpers import ROOT
+
+    from corescale.record.files import read_result
+    from corescale.tune.recipe import instance_lines
+
+    record = read_result(next((ROOT / "tests/data/tune1").glob("*pytorch-fp32*")) / "result.json")
+    record = dataclasses.replace(record, config=dataclasses.replace(record.config, openmp=openmp))
+    started = [line for line in instance_lines(record) if line.startswith("env")]
+    dropped = "".join(f" -u {name}" for name in instance_env.dropped_variables(record.config))
+    assert started and all(line.startswith(f"env{dropped} OMP_NUM_THREADS=") for line in started)
+    assert (dropped == " -u OMP_PROC_BIND -u OMP_PLACES") == (openmp == "intel")

@@ -12,8 +12,9 @@ import shutil
 import signal
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from corescale.errors import UserError
 from corescale.machine.cpulist import format_cpulist
@@ -113,14 +114,16 @@ def instance_variables(cfg, spec: InstanceSpec, preload: list[Path]) -> dict[str
     return env
 
 
-def environment(cfg, spec: InstanceSpec, preload: list[Path] | None = None) -> dict[str, str]:
-    env = dict(os.environ)
-    if cfg.openmp == "intel":  # GNU binding variables would be read by libiomp5 too
-        env.pop("OMP_PROC_BIND", None)
-        env.pop("OMP_PLACES", None)
-    env.update(instance_variables(cfg, spec, preload_paths(cfg) if preload is None else preload))
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
+def dropped_variables(cfg) -> tuple[str, ...]:
+    """What an instance never inherits from this environment: under Intel's OpenMP runtime, GNU's binding
+    variables (libiomp5 would read them too)."""
+    return ("OMP_PROC_BIND", "OMP_PLACES") if cfg.openmp == "intel" else ()
+
+
+def inherited_with(cfg, variables: dict[str, str]) -> dict[str, str]:
+    """This process's environment, less what an instance never inherits, with `variables` set over it."""
+    dropped = dropped_variables(cfg)
+    return {**{k: v for k, v in os.environ.items() if k not in dropped}, **variables, "PYTHONUNBUFFERED": "1"}
 
 
 @functools.lru_cache(maxsize=8)
@@ -147,16 +150,38 @@ def command_prefix(spec: InstanceSpec) -> list[str]:
 
 @dataclass(frozen=True)
 class Launch:
-    """How one pinned child starts: the command prefix (numactl, or nothing), its whole environment, its CPUs."""
+    """How one pinned child starts: the command prefix (numactl, or nothing), its whole environment, its CPUs, and
+    the variables this tool set in that environment (what a result records)."""
 
     prefix: list[str]
     env: dict[str, str]
     cpus: tuple[int, ...]
+    variables: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def of(cls, cfg, spec: InstanceSpec, preload: list[Path] | None = None) -> Launch:
         """The launch of one instance of `cfg` (preload: the resolved libraries, when the caller has them)."""
-        return cls(command_prefix(spec), environment(cfg, spec, preload), tuple(spec.cpus))
+        variables = instance_variables(cfg, spec, preload_paths(cfg) if preload is None else preload)
+        return cls(command_prefix(spec), inherited_with(cfg, variables), tuple(spec.cpus), variables)
+
+    @classmethod
+    def from_recorded(cls, cfg, spec: InstanceSpec, recorded: dict[str, Any]) -> Launch:
+        """The launch a measurement recorded (`recorded()`), replayed here: its variables over this environment,
+        its numactl prefix where numactl may bind memory here (else pinning alone), its CPUs. A library it
+        preloaded must exist here."""
+        variables = dict(recorded.get("env") or {})
+        for library in filter(None, variables.get("LD_PRELOAD", "").split(":")):
+            if not Path(library).is_file():
+                raise UserError(f"instance {spec.id} was measured with {library} preloaded; it is not on this machine")
+        prefix = list(recorded.get("command_prefix") or [])
+        nodes = format_cpulist(spec.numa_nodes)
+        if prefix and not (nodes and numactl_works(nodes)):
+            prefix = []
+        return cls(prefix, inherited_with(cfg, variables), tuple(spec.cpus), variables)
+
+    def recorded(self) -> dict[str, Any]:
+        """What a result records of it: the command prefix and the variables set."""
+        return {"command_prefix": self.prefix, "env": self.variables}
 
 
 def spawn(launch: Launch, module: str, *args: str, **popen) -> subprocess.Popen:

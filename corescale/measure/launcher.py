@@ -52,7 +52,7 @@ class Launcher:
         self.instances: dict[int, InstanceHandle] = {}
         self.launches: dict[int, dict[str, Any]] = {}  # command prefix and the variables set (recorded)
         self.handshake = Handshake([], START_DELAY_NS)
-        self.server = server  # measure/server.py's Server: serves LoadGen's queries once every instance is ready
+        self.server = server  # measure/server.py's LoadGenServer: serves LoadGen's queries once every instance is ready
         self.files = files  # the trial's files every worker's job names (the query set's path)
         self.deadline = 0.0
 
@@ -69,9 +69,7 @@ class Launcher:
             stderr_path = self.work_dir / f"instance-{spec.id}.stderr.log"
             forked = None if self.forkservers is None else self.forkservers.spawn(
                 launch.prefix, launch.env, launch.cpus, cfg.backend.name, model.model_type, spec_path, stderr_path)
-            self.launches[spec.id] = {"command_prefix": launch.prefix,
-                                      "env": instance_env.instance_variables(cfg, spec, preload),
-                                      "forked_from": getattr(forked, "server_pid", None)}
+            self.launches[spec.id] = {**launch.recorded(), "forked_from": getattr(forked, "server_pid", None)}
             self.instances[spec.id] = (InstanceHandle.spawn(spec.id, launch, spec_path, stderr_path)
                                        if forked is None else InstanceHandle(spec.id, forked, stderr_path))
         self.handshake = Handshake(self.instances.values(), START_DELAY_NS)

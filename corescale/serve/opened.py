@@ -55,8 +55,9 @@ def open_bundle(path: str | Path, runtime: Path | None = None) -> Bundle:
     specs = list(record.specs)
     check_cpus(specs)
     runtime = Path(tempfile.mkdtemp(prefix="corescale-serve-")) if runtime is None else runtime
-    cfg = serving_config(root, manifest, runtime)
-    launches = [launch_of(cfg, spec, entry) for spec, entry in zip(specs, manifest["layout"]["instances"])]
+    cfg = runtime_config(root, manifest, runtime)
+    launches = [instance_env.Launch.from_recorded(cfg, spec, entry)
+                for spec, entry in zip(specs, manifest["layout"]["instances"])]
     if manifest.get("artifact"):
         map_artifact(root, manifest["artifact"], cfg)
     return Bundle(root, manifest, cfg, specs, launches)
@@ -92,8 +93,7 @@ def from_config(cfg: BenchmarkConfig) -> Bundle:
     specs = trial.instance_specs()
     preload = instance_env.preload_paths(cfg)
     launches = [instance_env.Launch.of(cfg, spec, preload) for spec in specs]
-    launched = [(spec, {"command_prefix": launch.prefix, "env": instance_env.instance_variables(cfg, spec, preload)})
-                for spec, launch in zip(specs, launches)]  # as the launcher records them (GET /info shows them)
+    launched = [(spec, launch.recorded()) for spec, launch in zip(specs, launches)]  # GET /info shows them
     return Bundle(None, {"model": cfg.model, "head": trial.model.head.to_json(),
                          "layout": bundle.layout_of(cfg, launched)}, cfg, specs, launches)
 
@@ -156,7 +156,7 @@ def check_cpus(specs: list[InstanceSpec]) -> None:
                             "(or one with those CPUs)")
 
 
-def serving_config(root: Path, manifest: dict[str, Any], runtime: Path) -> BenchmarkConfig:
+def runtime_config(root: Path, manifest: dict[str, Any], runtime: Path) -> BenchmarkConfig:
     data = json.loads(json.dumps(manifest["config"]))
     if data["model"] == bundle.MODEL_DIR:  # else a preset: its name, its weights from the seed
         data["model"] = str((root / bundle.MODEL_DIR).resolve())
@@ -166,26 +166,6 @@ def serving_config(root: Path, manifest: dict[str, Any], runtime: Path) -> Bench
     if not Path(cfg.workload.tokenizer or "", "tokenizer.json").is_file():
         raise UserError(f"bundle '{root}' has no tokenizer.json in '{manifest['config']['workload']['tokenizer']}'")
     return cfg
-
-
-def launch_of(cfg: BenchmarkConfig, spec: InstanceSpec, recorded: dict[str, Any]) -> instance_env.Launch:
-    """The launch the measurement recorded: its variables over this environment, its numactl prefix where numactl
-    may bind memory here (else pinning alone), its CPUs. A preloaded library must exist here."""
-    variables = dict(recorded.get("env") or {})
-    for library in filter(None, variables.get("LD_PRELOAD", "").split(":")):
-        if not Path(library).is_file():
-            raise UserError(f"instance {spec.id} was measured with {library} preloaded; it is not on this machine")
-    env = dict(os.environ)
-    if cfg.openmp == "intel":
-        env.pop("OMP_PROC_BIND", None)
-        env.pop("OMP_PLACES", None)
-    env.update(variables)
-    env["PYTHONUNBUFFERED"] = "1"
-    prefix = list(recorded.get("command_prefix") or [])
-    nodes = format_cpulist(spec.numa_nodes)
-    if prefix and not (nodes and instance_env.numactl_works(nodes)):
-        prefix = []
-    return instance_env.Launch(prefix, env, tuple(spec.cpus))
 
 
 def map_artifact(root: Path, chain: list[str], cfg: BenchmarkConfig) -> None:

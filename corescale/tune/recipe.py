@@ -16,6 +16,7 @@ import yaml
 
 from corescale.backends import attribute, entry
 from corescale.errors import UserError
+from corescale.machine import instance_env
 from corescale.machine.cpulist import format_cpulist
 from corescale.overrides import override_key
 from corescale.record.files import write_atomic
@@ -39,10 +40,12 @@ def serve_words(overrides: list[str]) -> list[str]:
 
 
 def instance_lines(record: TrialRecord) -> list[str]:
-    """One backgrounded line per measured instance: its environment, then its pinning, then the command."""
+    """One backgrounded line per measured instance, replayed as `Launch.from_recorded` replays it: its recorded
+    variables over the inherited environment (less what an instance never inherits), then its pinning (numactl
+    where it may bind memory on the machine that runs the script, else taskset), then the command."""
     lines = []
     count = len(record.specs)
-    unset = " -u OMP_PROC_BIND -u OMP_PLACES" if record.config.openmp == "intel" else ""
+    unset = "".join(f" -u {name}" for name in instance_env.dropped_variables(record.config))
     for spec, report in zip(record.specs, record.instance_reports):
         env = checked_env(report.launch.get("env") or {}, record.trial_key)
         env.update({INDEX_ENV: str(spec.id), COUNT_ENV: str(count)})
