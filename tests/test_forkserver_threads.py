@@ -61,7 +61,7 @@ def test_jemalloc_background_threads_are_known_fork_safe(tmp_path):
 def test_an_unsafe_server_is_closed_and_its_launch_starts_fresh(tmp_path, monkeypatch):
     (tmp_path / "starts_a_thread.py").write_text(STARTS_A_THREAD)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
-    monkeypatch.setattr("corescale.measure.forkserver.modules_for", lambda backend, model_type: ["starts_a_thread"])
+    monkeypatch.setattr("corescale.measure.forkserver.server_modules", lambda backend, model_type: ["starts_a_thread"])
     with ForkServers(tmp_path) as servers:
         if not servers.enabled:
             pytest.skip("this kernel does not let a process become a child subreaper")

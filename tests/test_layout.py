@@ -184,3 +184,23 @@ def test_no_precision_is_named_outside_its_registry():
         if words:
             found[name] = sorted(words)
     assert found == {}
+
+
+# names every module of its package defines on purpose: the interface that package's modules share
+SHARED_NAMES = {
+    "main": "a module run as `python -m` (measure/worker.py, forkserver.py, calibrate.py) has its own entry point",
+    "register": "each command module adds its subcommand's arguments (commands/__init__.py calls them all)",
+    "handle": "each command module runs its subcommand (commands/__init__.py dispatches to them)",
+}
+
+
+def test_no_two_top_level_definitions_of_a_package_share_a_name():
+    """Within one package a name means one thing (0.3 had two `Server`s in measure/, two `serving_config`s in
+    serve/ giving different results); a module's private helpers (`_name`) are its own."""
+    defined = defaultdict(list)
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and \
+                    not node.name.startswith("_") and node.name not in SHARED_NAMES:
+                defined[(str(path.parent.relative_to(PACKAGE)), node.name)].append(path.name)
+    assert {key: files for key, files in defined.items() if len(files) > 1} == {}

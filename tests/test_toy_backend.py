@@ -23,14 +23,14 @@ def _results(out: Path) -> list[dict]:
 
 def test_every_stage_reads_the_toys_entry(toy):
     from corescale.explain.profilers import check_profiler
-    from corescale.measure.forkserver import modules_for
+    from corescale.measure.forkserver import server_modules
     from corescale.overrides import compose
     from corescale.record.trial import measuring_libraries
     from corescale.tune import space as spaces
 
     cfg = compose(["backend=toy", "backend.activation=relu"])
     assert cfg.backend.name == "toy" and cfg.backend.activation == "relu"
-    assert modules_for("toy", "bert")[-1] == "toy_backend.backend"
+    assert server_modules("toy", "bert")[-1] == "toy_backend.backend"
     assert "numpy" in measuring_libraries() and "toy" not in measuring_libraries()
     space = spaces.derive(compose([]), [], {"backend": ["toy"]}, 2, {"avx2": True}, latency=False)
     assert space.backends == ["toy"] and space.precisions["toy"] == ["fp32"]

@@ -50,10 +50,10 @@ def test_pytorch_worker_imports_torch_and_transformers(tmp_path):
 
 
 def test_a_fork_server_imports_what_its_backend_declares():
-    from corescale.measure.forkserver import modules_for
+    from corescale.measure.forkserver import server_modules
 
-    onnx = modules_for("onnxruntime", "bert")
+    onnx = server_modules("onnxruntime", "bert")
     assert "corescale.backends.onnxruntime.backend" in onnx and not {"torch", "transformers"} & set(onnx)
-    torch = modules_for("pytorch", "xlm-roberta")
+    torch = server_modules("pytorch", "xlm-roberta")
     assert torch.index("torch") < torch.index("corescale.backends.pytorch.backend")
     assert "transformers.models.xlm_roberta.modeling_xlm_roberta" in torch

@@ -86,7 +86,7 @@ def ranked(args, catalog) -> int:
     from corescale.analysis import pricing, ranking
     from corescale.errors import UserError
     from corescale.report.console import console, errors, print_wide
-    from corescale.report.tables import ranking_table
+    from corescale.report.tables import cost_ranking_table
 
     groups = ranking.workloads(load_table(args.root, args).frame)
     if not groups:
@@ -103,7 +103,7 @@ def ranked(args, catalog) -> int:
     out = errors if args.csv == "-" else console
     for workload, frame, table, summary in lines:
         if not args.csv:
-            print_wide(ranking_table(table, args.slo_p99_ms, str(frame["cpu_model"].iloc[0]), workload))
+            print_wide(cost_ranking_table(table, args.slo_p99_ms, str(frame["cpu_model"].iloc[0]), workload))
         for line in summary:
             out.print(f"{workload}: {line}" if len(lines) > 1 else line, markup=False, soft_wrap=True)
     return 0 if any(t["rank"].notna().any() for t in tables) else 1

@@ -41,7 +41,7 @@ READY_TIMEOUT_S = 180.0
 PR_SET_CHILD_SUBREAPER = 36
 
 
-def modules_for(backend: str, model_type: str) -> list[str]:
+def server_modules(backend: str, model_type: str) -> list[str]:
     """What a worker of this backend imports before it loads it (the worker's own modules and its backend's)."""
     return ["corescale.measure.worker", *imports.JOB_MODULES, *imports.modules_for(backend, model_type)]
 
@@ -105,7 +105,7 @@ class AdoptedProcess:
 
 
 @dataclass
-class Server:
+class ForkServer:
     process: subprocess.Popen
     channel: socket.socket
     threads: int | None = None  # known once its imports are done (the "ready" line)
@@ -156,7 +156,7 @@ class ForkServers:
 
     def __init__(self, work_dir: Path, limit: int = LIMIT):
         self.work_dir, self.limit = work_dir, limit
-        self.servers: OrderedDict[tuple, Server | None] = OrderedDict()  # None: this launch cannot fork
+        self.servers: OrderedDict[tuple, ForkServer | None] = OrderedDict()  # None: this launch cannot fork
         self.enabled = become_subreaper()
 
     @classmethod
@@ -196,7 +196,7 @@ class ForkServers:
         key = (repeat, tuple(prefix), tuple(sorted(env.items())), tuple(sorted(cpus)), backend)
         if key not in self.servers:
             self._evict()
-            self.servers[key] = self._start(prefix, env, cpus, modules_for(backend, model_type))
+            self.servers[key] = self._start(prefix, env, cpus, server_modules(backend, model_type))
         self.servers.move_to_end(key)
         return key
 
@@ -222,7 +222,7 @@ class ForkServers:
             if server is not None:
                 server.close()
 
-    def _start(self, prefix: list[str], env: dict[str, str], cpus, modules: list[str]) -> Server | None:
+    def _start(self, prefix: list[str], env: dict[str, str], cpus, modules: list[str]) -> ForkServer | None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         log = self.work_dir / f"forkserver-{len(self.servers)}-{time.monotonic_ns()}.log"
         try:
@@ -236,7 +236,7 @@ class ForkServers:
             return None
         finally:
             theirs.close()
-        return Server(process, ours)
+        return ForkServer(process, ours)
 
     def close(self) -> None:
         for server in self.servers.values():

@@ -22,7 +22,7 @@ import numpy as np
 
 from corescale.measure.endpoint import Warm
 from corescale.measure.http_api import TIMING_HEADERS, BadAnswer, api_of, headers, timings
-from corescale.measure.server import Server, StepResult
+from corescale.measure.server import LoadGenServer, StepResult
 
 MAX_CONNECTIONS = 1024  # open loop: a query never waits for another's connection below this many in flight
 # an idle connection is dropped here before servers drop theirs (uvicorn after 5 s): a request sent on a connection
@@ -64,7 +64,7 @@ def stats(values: np.ndarray) -> dict:
             "p99": float(np.percentile(values, 99)), "max": float(values.max())}
 
 
-class HttpServer(Server):
+class HttpServer(LoadGenServer):
     """The server scenario against a running server: `run()` returns once every LoadGen test is done."""
 
     def __init__(self, cfg, bodies: list[bytes], warm: Warm, work_dir: Path):

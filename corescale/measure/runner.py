@@ -27,7 +27,7 @@ from corescale.measure.aggregate import InstanceSamples, run_metrics, samples_fr
 from corescale.measure.calibrate import with_peaks
 from corescale.measure.launcher import Launcher, LaunchOutcome
 from corescale.measure.protocol import TrialFiles
-from corescale.measure.server import Server, batches_csv, summarise
+from corescale.measure.server import LoadGenServer, batches_csv, summarise
 from corescale.measure.timing import read_pairs
 from corescale.measure.trial import Trial, UncommittedResult, check_places, housekeeping_cpus, new_record
 from corescale.record.files import PendingRun, log_name, run_name
@@ -218,7 +218,7 @@ def run_instances(trial: Trial, on_event=None, host: dict | None = None, forkser
         files = _trial_files(trial, Path(work))
         if trial.cfg.scenario != "offline":
             assert trial.queries is not None, "a served trial has its query set (uses_query_set)"
-            server = Server(trial.cfg, trial.queries.lengths, Path(work))
+            server = LoadGenServer(trial.cfg, trial.queries.lengths, Path(work))
         with housekeeping_cpus(specs) as parent_cpus:
             outcome = Launcher(Path(work), trial.cfg.timeout, on_event, server, files, forkservers).run(
                 specs, trial.cfg, trial.model)
@@ -326,7 +326,7 @@ def roofline_of(trial: Trial, metrics: RunMetrics, instances: list[InstanceSampl
     return Roofline(**found) if found else None
 
 
-def _finish_server(record: TrialRecord, trial: Trial, server: Server, outcome: LaunchOutcome,
+def _finish_server(record: TrialRecord, trial: Trial, server: LoadGenServer, outcome: LaunchOutcome,
                    logs: dict[str, bytes], parent_cpus) -> None:
     """The server scenario's record: LoadGen's steps and logs, the batches formed, each instance's report."""
     assert trial.queries is not None, "a served trial has its query set (uses_query_set)"

@@ -84,7 +84,7 @@ class ServeOutcome:
     unreachable: str | None = None  # target_qps=auto found no rate worth testing, and why
 
 
-class Server:
+class LoadGenServer:
     """The launcher's serve hook: begin() once every instance is ready, served() for each reply line."""
 
     def __init__(self, cfg, lengths: np.ndarray, work_dir: Path):
@@ -258,7 +258,7 @@ class LoadGenFeeder:
     """One instance's side of a LoadGen test: its batches told by index, each answered query complete to LoadGen
     (at once when the trial was stopped), each batch a row of the trial's batches.csv."""
 
-    server: Server
+    server: LoadGenServer
     instance: int
     number: int = 0  # the batch sent last: numbered across the instances
 

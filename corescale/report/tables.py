@@ -95,7 +95,7 @@ def costs_table(costs, machine) -> Table:
     return table
 
 
-def ranking_table(ranked, slo_p99_ms: float | None, cpu_model: str, workload: str) -> Table:
+def cost_ranking_table(ranked, slo_p99_ms: float | None, cpu_model: str, workload: str) -> Table:
     """`corescale cost ROOT`: catalog kinds by US$ per 1M inferences (analysis/ranking.py's rank)."""
     condition = f" under p99 <= {slo_p99_ms:g} ms" if slo_p99_ms is not None else ""
     table = Table(title=escape(f"which machine for {workload}: catalog kinds by US$ per 1M inferences{condition}"),

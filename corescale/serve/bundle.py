@@ -161,7 +161,7 @@ def serving(cfg: BenchmarkConfig) -> BenchmarkConfig:
                                tokenize=False, server=dataclasses.replace(cfg.server, max_batch=batch))
 
 
-def serving_config(measured: BenchmarkConfig, folder: Path | None, has_tokenizer_dir: bool) -> dict[str, Any]:
+def manifest_config(measured: BenchmarkConfig, folder: Path | None, has_tokenizer_dir: bool) -> dict[str, Any]:
     """The measured config as the service runs it, the model from the bundle (paths relative to it)."""
     cfg = serving(measured).to_dict()
     if folder is not None:
@@ -261,7 +261,7 @@ def contents(tmp: Path, measured: WhatRan) -> None:
         chain = artifact_chain(model_path)
         shutil.copytree(model_path.parent, tmp / ARTIFACT_DIR, ignore=shutil.ignore_patterns(".*"))
     (tmp / RECORD).write_text(json.dumps(record.to_json(), indent=2, default=str))
-    serving = serving_config(cfg, folder, tokenizer != folder)
+    serving = manifest_config(cfg, folder, tokenizer != folder)
     for name, text in examples.files(serving, measured.layout).items():
         (tmp / name).write_text(text)
     backend = entry(cfg.backend.name)

@@ -152,7 +152,7 @@ def entry(tune, doc: TuneDocument) -> dict:
             "tune_dir": doc.tune_dir}
 
 
-def headline(ranked: list[dict]) -> list[str]:
+def fleet_headline(ranked: list[dict]) -> list[str]:
     priced = [e for e in ranked if e.get("cost_per_1m") is not None and math.isfinite(e["cost_per_1m"])]
     if not priced:
         return ["no node type has a recommended deployment with a cost: see each type's tune"]
@@ -166,6 +166,6 @@ def headline(ranked: list[dict]) -> list[str]:
 
 
 def write_ranking(folder, ranked: list[dict]) -> dict:
-    doc = {"node_types": ranked, "headline": headline(ranked)}
+    doc = {"node_types": ranked, "headline": fleet_headline(ranked)}
     write_json_atomic(folder / RANKING_FILE, doc)
     return doc
