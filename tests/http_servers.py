@@ -8,6 +8,7 @@ import itertools
 import json
 import sys
 import threading
+import time
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -21,7 +22,8 @@ TIMES = {"X-Queue-Time": "2", "X-Tokenization-Time": "1", "X-Inference-Time": "5
 
 class TinyHandler(BaseHTTPRequestHandler):
     """/health, /info, and /embed or /v1/embeddings answering one 4-float embedding; `fail` in the server picks
-    what the embedding routes do: None (answer), "500" (every request), "mixed" (500, drop, answer in turn)."""
+    what the embedding routes do: None (answer), "500" (every request), "mixed" (500, drop, answer in turn);
+    `slow_first` answers that many requests 25 ms late (a warm-up slower than the test, as on a busy machine)."""
 
     protocol_version = "HTTP/1.1"  # keep-alive, as a real server
     disable_nagle_algorithm = True  # headers and body go out as separate writes: no 40 ms delayed-ACK stall
@@ -43,6 +45,8 @@ class TinyHandler(BaseHTTPRequestHandler):
             self._answer(404, b'{"error": "not found"}')
             return
         turn = next(self.server.turns)  # type: ignore[attr-defined]
+        if turn < self.server.slow_first:  # type: ignore[attr-defined]
+            time.sleep(0.025)
         fail = self.server.fail  # type: ignore[attr-defined]
         if fail == "500" or (fail == "mixed" and turn % 3 == 0):
             self._answer(500, b'{"error": "boom"}')
@@ -75,10 +79,10 @@ class TinyServer(ThreadingHTTPServer):
 
 
 @contextmanager
-def tiny_server(fail: str | None = None):
+def tiny_server(fail: str | None = None, slow_first: int = 0):
     """Its URL while it runs (threads of this process)."""
     server = TinyServer(("127.0.0.1", 0), TinyHandler)
-    server.fail, server.turns = fail, itertools.count()  # type: ignore[attr-defined]
+    server.fail, server.turns, server.slow_first = fail, itertools.count(), slow_first  # type: ignore[attr-defined]
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:

@@ -33,6 +33,7 @@ from corescale.record.trial import Failure
 NO_SLO_NS = 3_600 * 10**9  # fixed target_qps without slo_p99_ms: LoadGen needs a bound; an hour judges nothing
 PERCENTILES = ("50.00", "90.00", "95.00", "97.00", "99.00", "99.90")
 LOG_FILES = ("summary", "detail")
+SINGLE_STREAM_QUERIES = 20_000  # the fewest single-stream queries LoadGen pre-generates (single_stream_expected_ns)
 
 
 _ONE_TEST = threading.Lock()
@@ -293,6 +294,14 @@ class LoadGenFeeder:
                                    done_ns))
 
 
+def single_stream_expected_ns(cfg, estimate_ns: int) -> int:
+    """The expected latency LoadGen is told: it pre-generates 2 x min_duration / expected single-stream queries and
+    ends the test when they run out, INVALID (min_duration_met false) if before min_duration. An estimate from a
+    warm-up slowed by a busy machine must not leave too few: 4x the estimate's count, at least SINGLE_STREAM_QUERIES
+    (generating them takes milliseconds; the test still stops once min_duration and min_query_count are met)."""
+    return max(1, min(estimate_ns // 4, int(2e9 * cfg.duration / SINGLE_STREAM_QUERIES)))
+
+
 def test_settings(cfg, qps: float | None, min_queries: int, expected_latency_ns: int):
     import mlperf_loadgen as lg
 
@@ -304,7 +313,7 @@ def test_settings(cfg, qps: float | None, min_queries: int, expected_latency_ns:
     settings.qsl_rng_seed = settings.sample_index_rng_seed = settings.schedule_rng_seed = cfg.seed
     if qps is None:
         settings.scenario = lg.TestScenario.SingleStream
-        settings.single_stream_expected_latency_ns = int(expected_latency_ns)
+        settings.single_stream_expected_latency_ns = single_stream_expected_ns(cfg, expected_latency_ns)
     else:
         settings.scenario = lg.TestScenario.Server
         settings.server_target_qps = float(qps)
