@@ -17,7 +17,7 @@ from corescale.errors import UserError
 from corescale.http_keys import default_api, validate_endpoint
 from corescale.machine.placement import LAYOUTS as NAMED_LAYOUTS
 from corescale.machine.precisions import PRECISIONS, REFERENCE
-from corescale.userfiles import require_path
+from corescale.userfiles import default_cache_dir, require_path
 
 SCHEMA_NAME = "corescale"
 ALLOCATORS = ("default", "jemalloc", "tcmalloc")
@@ -137,7 +137,7 @@ class BenchmarkConfig:
     calibrate: bool = True  # measure the GEMM peak (best library) and the triad bandwidth on the instance cores
     # output checks and caches
     reference: Optional[str] = None  # run this backend (default options) on the same inputs and compare outputs
-    cache_dir: str = "~/.cache/corescale"
+    cache_dir: str = field(default_factory=default_cache_dir)  # $CORESCALE_CACHE_DIR or ~/.cache/corescale
     drift_tolerance: Optional[float] = None  # max_rel_error allowed vs the reference; None = the precision's
     executor: ExecutorConfig = field(default_factory=ExecutorConfig)
     # scenario and workload (docs/scenarios.md)

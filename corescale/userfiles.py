@@ -13,6 +13,12 @@ from corescale.errors import UserError
 
 MAX_TEXT_BYTES = 64 * 2**20  # a document corescale reads whole: configs, results, catalogs, histograms
 MAX_CORPUS_BYTES = 1 << 30  # a workload's texts
+CACHE_ENV = "CORESCALE_CACHE_DIR"  # cache_dir's default when set (the test suite's own cache)
+
+
+def default_cache_dir() -> str:
+    """Where exports, references, peaks and packaged models are cached unless cache_dir= says."""
+    return os.environ.get(CACHE_ENV) or "~/.cache/corescale"
 
 
 def read_text(path: Path | str, what: str, limit: int = MAX_TEXT_BYTES) -> str:

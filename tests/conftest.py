@@ -2,13 +2,37 @@
 
 import contextlib
 import os
+import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
 from helpers import TOY_ENV, library_installed, run_record
 
 pytest_plugins = ("pytester",)
+SUITE = pytest.StashKey[tuple[Path, dict]]()
+
+
+def pytest_configure(config):
+    """The suite's own cache_dir default and machine lock, set before any test imports corescale and inherited by
+    every process the suite starts: no test reads or writes ~/.cache/corescale (the first test that needs an
+    export builds it, as on a fresh clone; later ones reuse it), and no other run's trial on this machine holds
+    the lock inside a test's timing bound. A session started inside a test (pytester) restores them when done."""
+    suite = Path(tempfile.mkdtemp(prefix="corescale-suite-"))
+    own = {"CORESCALE_CACHE_DIR": str(suite / "cache"), "CORESCALE_LOCK": str(suite / "machine.lock")}
+    config.stash[SUITE] = suite, {name: os.environ.get(name) for name in own}
+    os.environ.update(own)
+
+
+def pytest_unconfigure(config):
+    suite, before = config.stash[SUITE]
+    for name, value in before.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    shutil.rmtree(suite, ignore_errors=True)
 
 
 def is_probe(args) -> bool:

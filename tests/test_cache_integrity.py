@@ -182,3 +182,21 @@ def test_the_peak_fingerprint_changes_with_the_clock_settings(clocks):
     base = {"governor": "performance", "no_turbo": "0", "boost": "1", "smt": "on"}
     assert peak.fingerprint(cpu, topology, base) != peak.fingerprint(cpu, topology, {**base, **clocks})
     assert peak.fingerprint(cpu, topology, {}) == peak.fingerprint(cpu, topology)  # none exposed: as before
+
+
+def test_the_cache_default_is_the_environments_then_the_users(monkeypatch):
+    """cache_dir's default is $CORESCALE_CACHE_DIR (conftest.py gives the suite its own: no test touches
+    ~/.cache/corescale), else ~/.cache/corescale; an explicit cache_dir= wins."""
+    from corescale.config import BenchmarkConfig
+    from corescale.overrides import compose
+    from corescale.workload.models import resolve_model
+
+    suite = os.environ["CORESCALE_CACHE_DIR"]
+    assert "corescale-suite-" in suite and not suite.startswith(os.path.expanduser("~/.cache"))
+    assert compose([]).cache_dir == BenchmarkConfig().cache_dir == suite
+    assert compose(["cache_dir=/elsewhere"]).cache_dir == "/elsewhere"
+    monkeypatch.setattr("corescale.workload.models.packaged_model", lambda name, cache_dir: pytest.fail(cache_dir))
+    with pytest.raises(pytest.fail.Exception, match=suite):  # a packaged model is extracted into it
+        resolve_model("all-minilm-l6-v2")
+    monkeypatch.delenv("CORESCALE_CACHE_DIR")
+    assert BenchmarkConfig().cache_dir == "~/.cache/corescale"

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from corescale.errors import UserError
-from corescale.userfiles import read_json
+from corescale.userfiles import default_cache_dir, read_json
 from corescale.workload.heads import HeadSpec, classification_labels, head_for_task, model_head
 from corescale.workload.modelfile import check_text_inputs, graph_task, is_model_file, read_graph, tokenizer_vocab
 from corescale.workload.packaged import PACKAGED, packaged_model
@@ -164,7 +164,7 @@ class ModelSpec:
 
 
 def resolve_model(name: str, trust_remote_code: bool = False, task: str | None = None,
-                  cache_dir: str = "~/.cache/corescale", tokenizer: str | None = None) -> ModelSpec:
+                  cache_dir: str | None = None, tokenizer: str | None = None) -> ModelSpec:
     """The model and the head `task` asks for (None: the model's own); one line for anything it cannot be.
     `tokenizer` (workload.tokenizer) serves a model file, whose vocabulary it gives when no config.json does."""
     if is_model_file(name) and name not in PRESETS:
@@ -173,7 +173,7 @@ def resolve_model(name: str, trust_remote_code: bool = False, task: str | None =
         spec = ModelSpec(name=name, source="preset", config=dict(PRESETS[name]))
         declared = PRESET_HEADS.get(name, HeadSpec())
     elif name in PACKAGED:
-        spec = _local_spec(name, packaged_model(name, cache_dir), source="packaged")
+        spec = _local_spec(name, packaged_model(name, cache_dir or default_cache_dir()), source="packaged")
         declared = spec.head
     else:
         path = Path(os.path.expanduser(name))
