@@ -13,6 +13,7 @@ from helpers import (  # noqa: E402
     corescale,
     error_line,
     library_installed,
+    load,
     needs_two_cpus,
     run_record,
 )
@@ -62,11 +63,26 @@ def test_bf16_runs_within_its_tolerance(tmp_path):
     assert drift["within_tolerance"] and drift["max_abs_error"] > 1e-4, drift  # within bf16's, not fp32's
 
 
-@pytest.mark.skipif(HAS_BF16, reason="this CPU has bf16: the error path cannot be reached")
+@pytest.mark.skipif(HAS_BF16, reason="this CPU has bf16: the next test describes one without")
+@pytest.mark.slow
 def test_bf16_without_cpu_support_is_a_clear_error(tmp_path):
     proc = corescale("run", "--no-progress", *FAST, "backend=openvino", "precision=bf16",
                      f"cache_dir={tmp_path}", f"output_dir={tmp_path / 'out'}")
     assert "needs a CPU with bf16 instructions" in error_line(proc)
+
+
+def test_bf16_on_a_cpu_described_without_it_is_refused_before_any_export(tmp_path, monkeypatch):
+    """The same refusal on every CPU: OpenVINO's capabilities described without BF16 (a stand-in for a CPU this
+    machine cannot be), in this process; nothing is exported into the cache."""
+    from corescale.backends.openvino import backend
+    from corescale.errors import UserError
+
+    monkeypatch.setattr(backend, "cpu_capabilities", lambda core: ["FP32", "INT8", "EXPORT_IMPORT"])
+    with pytest.raises(UserError) as refused:
+        load("openvino", tmp_path, precision="bf16")
+    message = str(refused.value)
+    assert "needs a CPU with bf16 instructions" in message and "offers FP32, INT8, EXPORT_IMPORT" in message
+    assert "\n" not in message and not any(tmp_path.iterdir())
 
 
 @pytest.mark.slow
