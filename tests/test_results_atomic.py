@@ -26,6 +26,7 @@ from corescale.record.files import PendingRun
 root = sys.argv[1]
 big = {"payload": ["x" * 100] * 20000}
 i = 0
+print("ready", flush=True)
 while True:
     run = PendingRun(root, f"run-{i}")
     run.write_samples(pd.DataFrame({"latency_ms": np.random.rand(400_000)}))
@@ -36,10 +37,12 @@ while True:
 """
 
 
-@pytest.mark.parametrize("delay", [0.3, 0.7, 1.1, 1.6])
+@pytest.mark.parametrize("delay", [0.05, 0.3, 0.6, 0.9])
 @pytest.mark.slow
 def test_killed_writer_leaves_no_valid_looking_result(tmp_path, delay):
+    """Killed `delay` s after its imports (each case inside the write loop: a commit or a temp dir to look at)."""
     proc = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
     time.sleep(delay)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
@@ -50,6 +53,7 @@ def test_killed_writer_leaves_no_valid_looking_result(tmp_path, delay):
     committed = {p.name for p in iter_run_dirs(tmp_path)}
     leftovers = [p for p in tmp_path.iterdir() if p.name not in committed]
     assert all(p.name.startswith(".tmp-") for p in leftovers)  # only hidden temp dirs, never a run dir
+    assert committed or leftovers, "killed before the first write: the case checked nothing"
 
 
 def test_discard_and_name_collisions(tmp_path):
