@@ -313,5 +313,5 @@ def test_serve_a_layout_from_overrides(tmp_path):
     assert answer.status_code == 200 and [len(d["embedding"]) for d in answer.json()["data"]] == [128] * 3
     assert too_long.status_code == 413 and "sequence_length 32" in too_long.json()["error"]
     assert code == 0 and "3 inputs served" in out
-    proc = corescale("serve", "model=no-such-model", "backend=onnxruntime", timeout=60)
+    proc = corescale("serve", "model=no-such-model", "backend=onnxruntime", env={"HF_HUB_OFFLINE": "1"}, timeout=60)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "unknown model" in proc.stderr
