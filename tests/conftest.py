@@ -92,6 +92,13 @@ def pytest_runtest_makereport(item, call):
         report.longrepr = f"{item.nodeid} starts a process ({started[0]}) but is not marked slow"
 
 
+@pytest.fixture(scope="session")
+def screenshots(tmp_path_factory):
+    """Where the browser tests' screenshots go: pytest's temporary folder (it keeps the last three sessions'),
+    never the checkout."""
+    return tmp_path_factory.mktemp("screenshots")
+
+
 @pytest.fixture
 def out_dir(tmp_path):
     return tmp_path / "outputs"

@@ -2,6 +2,8 @@
 measure the toy backend (LOOP) in real workers on the Ray node: the subject is the dispatch, not a framework."""
 
 import json
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -12,9 +14,17 @@ pytest.importorskip("ray")
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("toy_everywhere")]  # every test here starts processes
 
 
-def test_cli_sweep_on_private_ray_resumes(tmp_path):
+@pytest.fixture
+def env():
+    """The private Ray's variables: its session dir of its own (short: Ray's socket paths have a length limit),
+    removed after, so two runs of the suite on one machine never share one."""
+    tmp = tempfile.mkdtemp(prefix="ray", dir="/tmp")
+    yield {"RAY_AUTH_MODE": "disabled", "RAY_TMPDIR": tmp}
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_cli_sweep_on_private_ray_resumes(tmp_path, env):
     out = tmp_path / "out"
-    env = {"RAY_AUTH_MODE": "disabled", "RAY_TMPDIR": f"/tmp/rayc{tmp_path.name[-6:]}"}
     args = ["run", "-m", "executor=ray", *LOOP, "batch_size=1,2", f"output_dir={out}", "--no-progress"]
     first = corescale(*args, env=env)
     assert first.returncode == 0, first.stderr
@@ -27,12 +37,11 @@ def test_cli_sweep_on_private_ray_resumes(tmp_path):
     assert len(list(out.iterdir())) == 2
 
 
-def test_single_run_goes_through_ray_and_reserves_the_node(tmp_path):
+def test_single_run_goes_through_ray_and_reserves_the_node(tmp_path, env):
     """`corescale run executor=ray` (no -m) runs on the private Ray node, and its task holds every CPU there."""
     import os
 
     out = tmp_path / "out"
-    env = {"RAY_AUTH_MODE": "disabled", "RAY_TMPDIR": f"/tmp/rays{tmp_path.name[-6:]}"}
     proc = corescale("run", "executor=ray", *LOOP, f"output_dir={out}", "--no-progress", env=env)
     assert proc.returncode == 0, proc.stderr
     (run,) = list(out.iterdir())
@@ -43,10 +52,9 @@ def test_single_run_goes_through_ray_and_reserves_the_node(tmp_path):
     assert node["reserved_cpus"] == len(os.sched_getaffinity(0))
 
 
-def test_study_runs_on_ray(tmp_path):
+def test_study_runs_on_ray(tmp_path, env):
     """`corescale study ... executor=ray` measures its trials on the Ray node (not here) and draws its table."""
     out = tmp_path / "out"
-    env = {"RAY_AUTH_MODE": "disabled", "RAY_TMPDIR": f"/tmp/rayt{tmp_path.name[-6:]}"}
     proc = corescale("study", "cores", "executor=ray", *LOOP, "--values", "1", f"output_dir={out}", "--no-progress",
                      env=env)
     assert proc.returncode == 0, proc.stderr

@@ -8,14 +8,13 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from helpers import FAST, ROOT, corescale
+from helpers import FAST, corescale
 
 from corescale.report.html import CHARTS
 
 pytestmark = pytest.mark.slow  # every test here starts processes
 
 CHROMIUM = "/usr/bin/chromium"
-ARTIFACTS = ROOT / "test-artifacts"
 INJECTED = "<img src=x onerror=\"console.error('injected')\">&-model"
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"]
@@ -72,12 +71,11 @@ def test_strings_are_escaped(report):
     assert "&lt;img src=x onerror=&quot;console.error(&#x27;injected&#x27;)&quot;&gt;&amp;-model" in text
 
 
-def test_renders_in_headless_chromium(report):
+def test_renders_in_headless_chromium(report, screenshots):
     from playwright import sync_api  # pip install 'corescale[test]' (uses the system chromium, no download)
 
     assert Path(CHROMIUM).exists(), "chromium is missing: apt-get install -y chromium (see .ci/setup-system.sh)"
     problems, requests = [], []
-    ARTIFACTS.mkdir(exist_ok=True)
     with sync_api.sync_playwright() as playwright, tempfile.TemporaryDirectory() as profile:
         browser = playwright.chromium.launch_persistent_context(profile, executable_path=CHROMIUM,
                                                                 args=CHROMIUM_FLAGS, headless=True,
@@ -89,7 +87,7 @@ def test_renders_in_headless_chromium(report):
         page.on("request", lambda r: requests.append(r.url) if not r.url.startswith(("data:", "file:")) else None)
         page.goto(report.as_uri())
         page.wait_for_load_state("load")
-        page.screenshot(path=str(ARTIFACTS / "report.png"), full_page=True)
+        page.screenshot(path=str(screenshots / "report.png"), full_page=True)
         for chart in CHARTS:
             width = page.eval_on_selector(f"#chart-{chart.id} img", "img => img.naturalWidth")
             assert width > 300, f"chart {chart.id} did not render"

@@ -2,13 +2,13 @@
 the window (wide tables and figures scroll inside their own box), no empty chart box, every image and chart
 drawn, the sections in the order a reader asks, and no two texts of a chart drawn over each other. Built from a
 real tune's results (tests/data/tune1) and a plain sweep's (tests/data/schema1); screenshots of both widths go
-to test-artifacts/."""
+to the session's screenshots folder (conftest.py)."""
 
 import tempfile
 
 import pytest
 from helpers import ROOT
-from test_report import ARTIFACTS, CHROMIUM, CHROMIUM_FLAGS
+from test_report import CHROMIUM, CHROMIUM_FLAGS
 
 from corescale.report import html as report
 
@@ -53,12 +53,11 @@ def _in_order(ids: list[str]) -> bool:
 
 @pytest.mark.parametrize("width", WIDTHS)
 @pytest.mark.parametrize("name", ["tune1", "schema1"])
-def test_the_report_reads_at_a_laptops_and_a_phones_width(reports, name, width):
+def test_the_report_reads_at_a_laptops_and_a_phones_width(reports, name, width, screenshots):
     from playwright import sync_api
 
     built = reports[name]
     problems: list[str] = []
-    ARTIFACTS.mkdir(exist_ok=True)
     w, h = WIDTHS[width]
     with sync_api.sync_playwright() as playwright, tempfile.TemporaryDirectory() as profile:
         browser = playwright.chromium.launch_persistent_context(profile, executable_path=CHROMIUM,
@@ -72,7 +71,7 @@ def test_the_report_reads_at_a_laptops_and_a_phones_width(reports, name, width):
         page.wait_for_load_state("load")
         page.wait_for_function("""() => Array.from(document.querySelectorAll(".js-plotly-plot")).every(
             d => d.getAttribute("data-labels-placed") === String(d._fullLayout.width))""")  # labels placed
-        page.screenshot(path=str(ARTIFACTS / f"report-{name}-{width}.png"), full_page=True)
+        page.screenshot(path=str(screenshots / f"report-{name}-{width}.png"), full_page=True)
         body_width = page.evaluate("document.documentElement.scrollWidth")
         too_wide = page.evaluate(TOO_WIDE)
         text = page.inner_text("body")
