@@ -126,7 +126,9 @@ def minilm_server(tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.parametrize("api", ["openai", "tei"])
 def test_sentence_transformers_server_over_each_api(minilm_server, api, tmp_path):
-    proc = _run(minilm_server, f"api={api}", "target_qps=25", "model=all-MiniLM-L6-v2", out=tmp_path)
+    """Each API's requests and answers against a real peer; the rate is not the subject: 459 queries arrive
+    within 2.3 s, those the 1-thread server cannot keep up with wait (inside the default hour-long bound)."""
+    proc = _run(minilm_server, f"api={api}", "target_qps=200", "model=all-MiniLM-L6-v2", out=tmp_path)
     assert proc.returncode == 0, proc.stderr
     path, record = _result(tmp_path)
     server = record["server"]

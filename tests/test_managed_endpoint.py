@@ -51,21 +51,24 @@ def test_rerank_over_http_against_corescale_serve(tmp_path):
     layout = " ".join([*TINY, "task=rerank", f"cache_dir={tmp_path / 'cache'}"])
     with Service(layout, tmp_path / "serve.log", "--max-queue", "1000000") as service:  # slow, never refused
         proc = corescale("run", *QUICK, f"endpoint={service.url}", "api=tei", "task=rerank",
-                         "target_qps=20", f"output_dir={tmp_path / 'out'}", "--no-progress")
+                         "scenario=single_stream", "server.min_query_count=64", f"output_dir={tmp_path / 'out'}",
+                         "--no-progress")  # the route is the subject, not a rate: one query at a time
     assert proc.returncode == 0, proc.stderr
     [record] = _records(tmp_path / "out")
     server = record["server"]
     assert server["endpoint"]["path"] == "/rerank" and server["endpoint"]["warmup_errors"] == 0
     step = server["steps"][0]
-    assert step["errors"] == 0 and step["http"]["requests"] == step["queries"] >= 459, step["http"]
+    assert step["errors"] == 0 and step["http"]["requests"] == step["queries"] >= 64, step["http"]
     assert server["queries"]["origin"].startswith("built-in rerank sets")
     assert step["http"]["server_ms"]["inference"]["count"] == step["queries"]  # corescale serve's timing headers
 
 
 @pytest.mark.slow
 def test_classify_with_endpoint_managed_records_the_served_layout(tmp_path):
+    """The layout served and recorded is the subject, not a rate: 459 queries arrive within 2.3 s (those the two
+    instances cannot keep up with wait, inside the default hour-long bound)."""
     proc = corescale("run", *TINY, *QUICK, "task=classify", "endpoint=managed", "instances=2", "cores_per_instance=1",
-                     "server.max_batch=2", "target_qps=20", f"cache_dir={tmp_path / 'cache'}",
+                     "server.max_batch=2", "target_qps=200", f"cache_dir={tmp_path / 'cache'}",
                      f"output_dir={tmp_path / 'out'}", "--no-progress")
     assert proc.returncode == 0, proc.stderr
     [record] = _records(tmp_path / "out")
