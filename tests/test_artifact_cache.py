@@ -1,6 +1,8 @@
 """Derived ONNX artifacts on a cold cache: two instances that start together build each artifact once (under the
 cache's lock, in a private temp dir, renamed into place) and both run on it. Through the real CLI, one fresh
-cache per artifact kind."""
+cache per artifact kind: fusion-int8 takes the export's, the fusion's and the quantization's locks in one run
+(ONNX Runtime's plain export on a cold cache by two instances: conftest.py's onnxruntime_runs,
+test_backends_onnxruntime.py)."""
 
 import pytest
 from helpers import run_record
@@ -10,14 +12,10 @@ from corescale.backends.artifact_cache import LOCK_DIR, MANIFEST, damage
 pytestmark = pytest.mark.slow  # every test here starts processes
 
 KINDS = {
-    "onnxruntime": ["backend=onnxruntime"],
-    "fusion": ["backend=onnxruntime", "backend.fusion=true"],
-    "int8": ["backend=onnxruntime", "precision=int8"],
     "fusion-int8": ["backend=onnxruntime", "backend.fusion=true", "precision=int8"],
     "openvino": ["backend=openvino"],
 }
-STAGES = {"onnxruntime": ["export"], "fusion": ["export", "fuse"], "int8": ["export", "quantize"],
-          "fusion-int8": ["export", "fuse", "quantize"], "openvino": ["export"]}
+STAGES = {"fusion-int8": ["export", "fuse", "quantize"], "openvino": ["export"]}
 
 
 @pytest.mark.parametrize("kind", list(KINDS))

@@ -27,6 +27,8 @@ def test_concurrent_exports_leave_one_complete_cache_entry(onnxruntime_runs, onn
     base = [e for e in entries if "-" not in e]
     assert len(base) == 1 and not [e for e in entries if e.startswith(".")], entries  # no temp dirs left
     assert (cache / "onnx" / base[0] / "model.onnx").stat().st_size > 1e6
+    hits = [inst["framework"]["cache_hits"]["export"] for inst in onnxruntime_runs["two_instances"]["instance_reports"]]
+    assert sorted(hits) == [False, True], hits  # one instance built it; the other waited for the lock and reused it
 
 
 @pytest.mark.slow
