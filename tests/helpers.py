@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -53,6 +54,14 @@ def processes_with_env(marker: str) -> list[int]:
             except OSError:
                 continue
     return found
+
+
+def left_after(marker: str, timeout: float = 10) -> list[int]:
+    """processes_with_env(marker), polled until none is left or `timeout` s have passed (not a fixed wait)."""
+    deadline = time.monotonic() + timeout
+    while (left := processes_with_env(marker)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left
 
 
 def assert_one_line_error(compose_overrides, overrides, message) -> None:

@@ -10,7 +10,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from helpers import FAST, LOOP, ROOT, needs_two_cpus, processes_with_env
+from helpers import FAST, LOOP, ROOT, left_after, needs_two_cpus, processes_with_env
 
 from corescale.measure.forkserver import ForkServers
 from corescale.overrides import expand_sweep
@@ -89,5 +89,4 @@ def test_killed_sweep_leaves_no_worker_or_server(tmp_path, sig):
     assert len(processes_with_env(marker)) >= 3  # the CLI, the fork server and the worker forked from it
     proc.send_signal(sig)
     proc.wait(timeout=60)
-    time.sleep(2)
-    assert processes_with_env(marker) == []
+    assert left_after(marker) == []

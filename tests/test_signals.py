@@ -12,7 +12,7 @@ import uuid
 
 import pandas as pd
 import pytest
-from helpers import LOOP, ROOT, needs_two_cpus, processes_with_env
+from helpers import LOOP, ROOT, left_after, needs_two_cpus, processes_with_env
 
 pytestmark = [pytest.mark.slow, needs_two_cpus, pytest.mark.usefixtures("toy_everywhere")]
 
@@ -45,9 +45,8 @@ def test_signal_mid_window_leaves_nothing_behind(tmp_path, sig):
     time.sleep(1.5)  # a second of progress: the next stream flush
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=60)
-    time.sleep(2)
     assert proc.returncode == 130 and "interrupted" in err and "Traceback" not in err, err
-    assert processes_with_env(marker) == []  # no worker outlived the CLI
+    assert left_after(marker) == []  # no worker outlived the CLI
     assert not [p for p in tmp.glob("corescale-*") if p.is_dir()]  # its temp directories are gone
     (run,) = [p for p in out.iterdir() if not p.name.startswith(".")]
     record = json.loads((run / "result.json").read_text())
@@ -71,8 +70,7 @@ def test_workers_die_with_a_killed_parent(tmp_path):
     assert len(processes_with_env(marker)) >= 2
     proc.kill()
     proc.wait()
-    time.sleep(2)
-    assert processes_with_env(marker) == []
+    assert left_after(marker) == []
 
 
 def test_nohup_keeps_sighup_ignored_and_sigterm_still_stops_the_run(tmp_path):
@@ -105,4 +103,4 @@ def test_nohup_keeps_sighup_ignored_and_sigterm_still_stops_the_run(tmp_path):
     assert proc.returncode == 130 and "Traceback" not in err, err
     (run,) = [p for p in out.iterdir() if not p.name.startswith(".")]
     assert "SIGTERM" in json.loads((run / "result.json").read_text())["reason"]
-    assert processes_with_env(marker) == []
+    assert left_after(marker) == []
