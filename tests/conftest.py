@@ -149,7 +149,6 @@ def onnxruntime_cache(tmp_path_factory):
 @pytest.fixture(scope="session")
 def onnxruntime_runs(tmp_path_factory, onnxruntime_cache):
     """Order matters: the first run (2 instances, empty cache) exports concurrently, the others reuse it."""
-    pytest.importorskip("onnxruntime", reason="needs corescale[onnxruntime]")
 
     def run(name, *overrides):
         return run_record(tmp_path_factory.mktemp(name), "backend=onnxruntime", f"cache_dir={onnxruntime_cache}",
@@ -163,7 +162,6 @@ def onnxruntime_runs(tmp_path_factory, onnxruntime_cache):
 
 @pytest.fixture(scope="session")
 def openvino_runs(tmp_path_factory):
-    pytest.importorskip("openvino", reason="needs corescale[openvino]")
     from corescale.machine import instance_env
 
     cache = tmp_path_factory.mktemp("openvino-cache")

@@ -20,7 +20,6 @@ STAGES = {"fusion-int8": ["export", "fuse", "quantize"], "openvino": ["export"]}
 
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_two_instances_on_a_cold_cache(kind, tmp_path):
-    pytest.importorskip("openvino" if kind == "openvino" else "onnxruntime")
     cache = tmp_path / "cache"
     record = run_record(tmp_path / "out", *KINDS[kind], "instances=2", "cores_per_instance=1",
                         f"cache_dir={cache}")

@@ -2,10 +2,7 @@
 instances agreeing with PyTorch: test_backends_common.py)."""
 
 import pytest
-
-pytest.importorskip("onnxruntime", reason="needs corescale[onnxruntime]")
-
-from helpers import (  # noqa: E402
+from helpers import (
     FAST,
     assert_agrees_with_pytorch,
     assert_threads_honoured,
@@ -15,8 +12,8 @@ from helpers import (  # noqa: E402
     needs_two_cpus,
 )
 
-from corescale.backends.artifact_cache import LOCK_DIR  # noqa: E402
-from corescale.errors import UserError  # noqa: E402
+from corescale.backends.artifact_cache import LOCK_DIR
+from corescale.errors import UserError
 
 
 @pytest.mark.slow

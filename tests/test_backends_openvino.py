@@ -3,11 +3,9 @@ instances agreeing with PyTorch: test_backends_common.py)."""
 
 from pathlib import Path
 
+import openvino as ov
 import pytest
-
-ov = pytest.importorskip("openvino", reason="needs corescale[openvino]")
-
-from helpers import (  # noqa: E402
+from helpers import (
     FAST,
     assert_threads_honoured,
     corescale,
@@ -18,7 +16,7 @@ from helpers import (  # noqa: E402
     run_record,
 )
 
-from corescale.machine import instance_env  # noqa: E402
+from corescale.machine import instance_env
 
 HAS_BF16 = "BF16" in ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
 HAS_JEMALLOC = library_installed(instance_env.ALLOCATORS["jemalloc"])

@@ -1,12 +1,9 @@
 """TensorFlow eager, graph and XLA through the real CLI: same weights as PyTorch, threads, 2 instances."""
 
 import pytest
+from helpers import assert_agrees_with_pytorch, assert_threads_honoured, load, needs_two_cpus, run_record
 
-pytest.importorskip("tensorflow", reason="needs corescale[tensorflow]")
-
-from helpers import assert_agrees_with_pytorch, assert_threads_honoured, load, needs_two_cpus, run_record  # noqa: E402
-
-from corescale.errors import UserError  # noqa: E402
+from corescale.errors import UserError
 
 VARIANTS = {"tensorflow": ("eager", "first_call"), "tensorflow_graph": ("graph", "trace"),
             "tensorflow_xla": ("xla", "compile")}

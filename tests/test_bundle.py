@@ -75,7 +75,6 @@ def test_cpus_this_process_may_not_use(tmp_path):
 
 
 def test_the_front_refuses_inputs_over_the_limits():
-    pytest.importorskip("tokenizers")
     from corescale.serve.tokens import Tokens, TooLarge
     from corescale.workload.models import resolve_model
 

@@ -9,8 +9,6 @@ from pathlib import Path
 import pytest
 from helpers import LOOP, corescale
 
-pytest.importorskip("ray")
-
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("toy_everywhere")]  # every test here starts processes
 
 

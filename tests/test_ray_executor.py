@@ -30,7 +30,6 @@ from corescale.trials.local import Listener
 from corescale.trials.ray import RayExecutor
 from corescale.trials.sweep import plan_sweep
 
-pytest.importorskip("ray", reason="Ray is the optional extra corescale[ray]")
 CPUS = sorted(os.sched_getaffinity(0))
 pytestmark = [needs_two_cpus, pytest.mark.timeout(240), pytest.mark.usefixtures("toy")]  # toy trials planned here
 RAY_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}

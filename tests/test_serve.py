@@ -18,7 +18,6 @@ from helpers import corescale, processes_with_env
 from serving import Service, measure_bundle, minilm_folder
 
 pytestmark = pytest.mark.slow
-pytest.importorskip("onnxruntime", reason="needs corescale[onnxruntime]")
 
 CARD = ["The weather is lovely today.", "It's so sunny outside!", "He drove to the stadium."]
 KEY = "test-key"

@@ -266,7 +266,6 @@ def test_study_with_repeats_reports_means_and_intervals(tmp_path):
 def test_study_on_ray_goes_to_the_cluster_never_silently_local(tmp_path):
     """A study dispatches like a sweep: with executor=ray an unreachable cluster is the Ray executor's one-line
     error (before, the study ran locally without a word), and nothing is measured or written."""
-    pytest.importorskip("ray")
     proc = corescale("study", "cores", *LOOP, "executor=ray", "executor.address=127.0.0.1:1", "--values", "1",
                      f"output_dir={tmp_path}", "--no-progress")
     assert proc.returncode == 2, proc.stderr

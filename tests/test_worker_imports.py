@@ -20,7 +20,6 @@ def imports_of(tmp_path, name, *overrides) -> dict:
 
 @pytest.mark.slow
 def test_onnxruntime_worker_with_a_cached_export_imports_neither_torch_nor_transformers(tmp_path):
-    pytest.importorskip("onnxruntime")
     cache = f"cache_dir={tmp_path / 'cache'}"
     cold = imports_of(tmp_path, "cold", "backend=onnxruntime", cache)
     assert "torch" in cold["imports"]["frameworks"]  # the export needs torch: built, hashed, exported
@@ -36,7 +35,7 @@ def test_onnxruntime_worker_with_a_cached_export_imports_neither_torch_nor_trans
     assert warm["framework"]["model_path"] == cold["framework"]["model_path"]  # the very artifact
     seconds = imports["seconds"]
     assert "onnxruntime" in seconds and "torch" not in seconds
-    assert all(s >= 0 for s in seconds.values()) and imports["fork_server_seconds"] is None
+    assert imports["fork_server_seconds"] is None  # started fresh: every import timed in this worker
     assert warm["output_checksum"] == pytest.approx(cold["output_checksum"], rel=1e-6)
 
 
