@@ -8,7 +8,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from helpers import TOY_ENV, library_installed, run_record
+from helpers import FAST, TOY_ENV, corescale, library_installed, run_record
 
 pytest_plugins = ("pytester",)
 SUITE = pytest.StashKey[tuple[Path, dict]]()
@@ -90,6 +90,18 @@ def pytest_runtest_makereport(item, call):
     if report.when == "call" and report.passed and started:
         report.outcome = "failed"
         report.longrepr = f"{item.nodeid} starts a process ({started[0]}) but is not marked slow"
+
+
+@pytest.fixture(scope="session")
+def plain_run(tmp_path_factory) -> Path:
+    """One plain bert-tiny run through the real CLI (FAST, batch 2, one thread), for the tests that only read a
+    run: its folder, which no test changes (one that needs it beside other runs copies it into its own folder)."""
+    out = tmp_path_factory.mktemp("plain-run") / "outputs"
+    proc = corescale("run", *FAST, "batch_size=2", "threads=1", f"output_dir={out}", "--no-progress")
+    assert proc.returncode == 0, proc.stderr
+    assert "latency p50" in proc.stdout and "throughput (samples/s)" in proc.stdout
+    (run,) = list(out.iterdir())
+    return run
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,8 @@
 """The real CLI in fresh processes: a run writes a complete, consistent result; show re-prints it."""
 
 import json
+import os
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -10,14 +12,9 @@ from helpers import FAST, assert_threads_honoured, corescale, needs_two_cpus, ru
 pytestmark = pytest.mark.slow  # every test here starts processes
 
 
-@pytest.fixture(scope="module")
-def result_dir(tmp_path_factory):
-    out = tmp_path_factory.mktemp("run") / "outputs"
-    proc = corescale("run", *FAST, "batch_size=2", "threads=1", f"output_dir={out}", "--no-progress")
-    assert proc.returncode == 0, proc.stderr
-    assert "latency p50" in proc.stdout and "throughput (samples/s)" in proc.stdout
-    (run,) = [p for p in out.iterdir()]
-    return run
+@pytest.fixture
+def result_dir(plain_run):
+    return plain_run  # conftest.py's session run: FAST, batch 2, one thread
 
 
 def test_result_record(result_dir):
@@ -35,9 +32,12 @@ def test_result_record(result_dir):
     assert m["samples_in_window"] % 2 == 0
     assert m["throughput_tokens_per_s"] == pytest.approx(m["throughput_samples_per_s"] * 32)
     assert m["gflops_per_s"] == pytest.approx(m["throughput_samples_per_s"] * m["flops_per_sample"] / 1e9)
-    assert m["peak_rss_bytes"] > 50e6 and 0 < m["cpu_utilisation"] <= 1.5
+    assert m["peak_rss_bytes"] > 50e6 and 0 < m["cpu_utilisation"] <= 1.1  # one thread (a busy machine: less)
     env = record["environment"]
-    assert env["cpu"]["isa"]["avx2"] in (True, False) and env["topology"]["logical_cpus"] >= 1
+    cpuinfo = Path("/proc/cpuinfo").read_text().splitlines()
+    flags = set(next(line for line in cpuinfo if line.startswith("flags")).split(":")[1].split())
+    assert env["cpu"]["isa"]["avx2"] is ("avx2" in flags)  # what this CPU says of itself
+    assert env["topology"]["logical_cpus"] == os.cpu_count()
     assert "torch" in env["libraries"] and env["corescale"]["version"]
     inst = record["instance_reports"][0]
     assert inst["framework"]["num_threads"] == 1

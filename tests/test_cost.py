@@ -1,6 +1,7 @@
 """Cost per 1M inferences: the arithmetic, the catalog, projections and the cheapest layout under an SLO."""
 
 import io
+import shutil
 from pathlib import Path
 
 import pandas as pd
@@ -71,9 +72,9 @@ def test_projection_to_a_bigger_machine_is_labelled_with_its_assumption():
 
 
 @pytest.mark.slow
-def test_cost_command_end_to_end(tmp_path):
+def test_cost_command_end_to_end(tmp_path, plain_run):
     out = tmp_path / "outputs"
-    assert corescale("run", *FAST, f"output_dir={out}", "--no-progress").returncode == 0
+    shutil.copytree(plain_run, out / plain_run.name)  # a real run (conftest.py's, shared)
     proc = corescale("cost", str(out), "--machine", "c5.metal", "--slo-p99-ms", "10000")
     assert proc.returncode == 0, proc.stderr
     assert "projection to c5.metal" in proc.stdout and "cheapest measured layout that meets p99" in proc.stdout
@@ -87,7 +88,14 @@ def test_cost_command_end_to_end(tmp_path):
     ranked = corescale("cost", str(out), "--slo-p99-ms", "10000")  # the seed's question: the catalog ranked
     assert ranked.returncode == 0, ranked.stderr
     assert "which machine" in ranked.stdout and "this machine, measured" in ranked.stdout
-    assert "refused" in ranked.stdout or "projected" in ranked.stdout
+    table = corescale("cost", str(out), "--slo-p99-ms", "10000", "--csv", "-")  # the same ranking, row by row
+    rows = pd.read_csv(io.StringIO(table.stdout)).to_dict(orient="records")
+    assert len(rows) >= 10 and {r["basis"] for r in rows} <= {"measured", "projected", "refused"}, rows
+    for r in rows:  # a projection is a range of prices; a refusal, or a kind without a price, says why
+        if r["basis"] == "projected" and not pd.isna(r["cost_per_1m_usd"]):
+            assert r["cost_per_1m_low_usd"] <= r["cost_per_1m_usd"], r
+        else:
+            assert r["basis"] == "measured" or (isinstance(r["reason"], str) and r["reason"]), r
 
 
 @pytest.mark.parametrize("args, message", [

@@ -13,13 +13,13 @@ pytestmark = pytest.mark.slow  # one real run
 
 
 @pytest.fixture(scope="module")
-def root(tmp_path_factory):
-    """A real embed run (its quality passes), a withheld copy of it, and a plain encoder's run (no quality)."""
+def root(tmp_path_factory, plain_run):
+    """A real embed run (its quality passes), a withheld copy of it, and a plain encoder's run (no quality:
+    conftest.py's, shared)."""
     out = tmp_path_factory.mktemp("quality") / "outputs"
-    cache = out.parent / "cache"
-    for extra in (["task=embed", "quality_samples=32"], []):
-        proc = corescale("run", *FAST, *extra, f"output_dir={out}", f"cache_dir={cache}", "--no-progress")
-        assert proc.returncode == 0, proc.stderr
+    proc = corescale("run", *FAST, "task=embed", "quality_samples=32", f"output_dir={out}", "--no-progress")
+    assert proc.returncode == 0, proc.stderr
+    shutil.copytree(plain_run, out / plain_run.name)
     judged = next(p for p in out.iterdir() if json.loads((p / "result.json").read_text()).get("quality"))
     copy = out / "withheld-copy"
     shutil.copytree(judged, copy)
