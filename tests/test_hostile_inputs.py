@@ -151,7 +151,8 @@ CASES += [
     ("empty-csv", ["results", "{base}", "--csv", ""], "argument --csv: expected a path"),
     ("empty-info-cache", ["info", "--cache-dir", ""], "argument --cache-dir: expected a path"),
 ]
-CASES += [(f"vocabulary-{name}", [*RUN, f"model={{base}}/{name}"], "config.json: ") for name in VOCABULARIES]
+CASES += [(f"vocabulary-{name}", [*RUN, f"model={{base}}/{name}"], "config.json: {}={}".format(*[*change.items()][-1]))
+          for name, change in VOCABULARIES.items()]  # the line names the value that is wrong
 
 
 def test_every_class_has_several_inputs():

@@ -62,7 +62,9 @@ def test_local_directory_refuses_pickle_unless_allowed(tmp_path):
     local = resolve_model(str(tmp_path / "m"))
     with pytest.raises(UserError, match="pickle"):
         build_torch_model(local, seed=0)
-    assert build_torch_model(local, seed=0, allow_pickle=True) is not None
+    loaded = build_torch_model(local, seed=99, allow_pickle=True)  # another seed: the weights must be the file's
+    key = "encoder.layer.1.output.dense.weight"
+    assert torch.equal(loaded.state_dict()[key], model.state_dict()[key])
 
 
 def test_bad_model_names(tmp_path, monkeypatch):
