@@ -3,6 +3,7 @@ write, one two-CPU skip, and the checks the backend tests have in common. Fixtur
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -84,6 +85,19 @@ def run_record(out_dir, *overrides) -> dict:
     record = json.loads((run / "result.json").read_text())
     assert record["status"] == "ok", record.get("reason")
     return record
+
+
+def assert_judged(quality: dict) -> None:
+    """The record's quality verdict agrees with its own figures: each bound of the gate met unless listed as
+    failed, each failed one really missed, and passed only when none failed."""
+    assert quality["passed"] is (not quality["failed"]) and set(quality["failed"]) <= set(quality["gate"]), quality
+    for bound in quality["gate"]:
+        parsed = re.fullmatch(r"(\w+)(>=|<=)([0-9.]+)", bound)
+        assert parsed, bound
+        name, sign, limit = parsed.groups()
+        value = quality["metrics"][name]
+        met = value >= float(limit) if sign == ">=" else value <= float(limit)
+        assert met is (bound not in quality["failed"]), (bound, value)
 
 
 def library_installed(library) -> bool:

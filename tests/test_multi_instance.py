@@ -71,11 +71,12 @@ def test_barrier_every_instance_starts_at_the_common_instant(two_instances):
     samples = read_samples(path)
     timed = samples[samples["phase"] == "timed"]
     start, end = metrics["window_start_ns"], metrics["window_end_ns"]
+    late_ms = 50  # one scheduler delay of a busy 2-CPU machine, not a barrier missed (instances load seconds apart)
     for instance, rows in timed.groupby("instance"):
         first = rows["start_ns"].min()
-        assert start <= first <= start + 10_000_000, f"instance {instance} started {(first - start) / 1e6} ms late"
+        assert start <= first <= start + late_ms * 1e6, f"instance {instance} started {(first - start) / 1e6} ms late"
         assert rows["end_ns"].max() >= end  # every instance was busy through the whole common window
-    assert 0 <= metrics["max_start_skew_ms"] <= 10
+    assert 0 <= metrics["max_start_skew_ms"] <= late_ms
 
 
 @needs_two_cpus
@@ -173,7 +174,8 @@ def test_warm_up_starts_only_when_every_instance_is_loaded(tmp_path):
     started = next(i for i, (_, kind) in enumerate(events) if kind == "started")
     assert all(kind != "progress" for _, kind in events[:started])  # the window starts after everyone is ready
     metrics = outcome.record.metrics
-    assert metrics.warmup_converged in (True, False) and metrics.max_start_skew_ms < 50
-    report = outcome.record.instance_reports[0]
+    reports = outcome.record.instance_reports
+    assert metrics.warmup_converged is all(r.warmup_converged for r in reports) and metrics.max_start_skew_ms < 50
+    report = reports[0]
     assert report.warmup_iterations >= (report.warmup_stable_iterations or 0) >= 1  # kept warm until the start
     assert report.peak_rss_scope and report.rss_bytes and report.rss_bytes > 0

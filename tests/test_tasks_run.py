@@ -5,7 +5,7 @@ import json
 
 import numpy as np
 import pytest
-from helpers import FAST, corescale, raw_record
+from helpers import FAST, assert_judged, corescale, raw_record
 
 pytestmark = pytest.mark.slow
 
@@ -14,14 +14,14 @@ PUBLISHED = {(0, 1): 0.6660, (0, 2): 0.1046, (1, 2): 0.1411}  # the model card's
 
 
 @pytest.mark.parametrize("backend", ["pytorch", "torchscript", "onnxruntime", "openvino"])
-def test_the_model_cards_similarities_through_each_backend(backend, tmp_path):
+def test_the_model_cards_similarities_through_each_backend(backend):
     from corescale.backends import create_backend
     from corescale.config import BenchmarkConfig
     from corescale.workload.models import resolve_model
     from corescale.workload.samples import QuerySet
     from corescale.workload.tokens import text_encoder
 
-    cfg = BenchmarkConfig(model="all-minilm-l6-v2", backend=backend, cache_dir=str(tmp_path))
+    cfg = BenchmarkConfig(model="all-minilm-l6-v2", backend=backend)  # the suite's cache: one extraction, one export
     spec = resolve_model(cfg.model, cache_dir=cfg.cache_dir)
     ids, types = text_encoder(cfg, spec)(SENTENCES)
     inputs = QuerySet(ids, "model card", types).rows([0, 1, 2], max(map(len, ids)), 0, spec.takes_token_type_ids)
@@ -64,8 +64,9 @@ def test_dynamic_int8_of_the_trained_embedder_is_withheld_with_its_numbers(tmp_p
                               "sequence_length=64")
     assert record["status"] == "failed" and record["valid"] is True  # real figures, outputs not good enough
     assert record["failure"]["kind"] == "quality" and "withheld (quality)" in record["reason"]
-    metrics = record["quality"]["metrics"]
-    assert 0.5 < metrics["cosine_p1"] < 0.99 and record["quality"]["failed"]
+    quality = record["quality"]  # which bound it misses depends on the CPU's int8 kernels: the verdict is judged
+    assert quality["passed"] is False
+    assert_judged(quality)
     assert record["metrics"]["throughput_samples_per_s"] > 0
     lowered, _ = run_result(tmp_path / "lowered", "model=all-minilm-l6-v2", "backend=onnxruntime",
                             "precision=int8", "sequence_length=64", "min_quality=cosine_p1:0.5")
