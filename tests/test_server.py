@@ -242,7 +242,7 @@ def test_cost_prices_server_results_under_the_slo(served, capsys):
 @pytest.mark.slow
 @pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGSEGV])
 def test_a_failed_server_trial_leaves_no_loadgen_test_running_into_the_next(tmp_path, how):
-    """A worker killed 1.5 s into a test whose schedule lasts ~11 s (459 queries at 40 QPS): the trial fails, and
+    """A worker killed 1.5 s into a test whose schedule lasts ~4.6 s (459 queries at 100 QPS): the trial fails, and
     LoadGen's test (which cannot be stopped, only answered at once) has ended before the next trial starts its
     own, whose summary and batches hold only its own queries."""
     from corescale.measure.runner import prepare_trial
@@ -255,7 +255,7 @@ def test_a_failed_server_trial_leaves_no_loadgen_test_running_into_the_next(tmp_
         if event.get("event") == "started":
             threading.Timer(1.5, os.kill, (pids[0], how)).start()
 
-    slow = compose([*SERVE, "target_qps=40", "server.min_query_count=459", "timeout=120", f"output_dir={tmp_path}"])
+    slow = compose([*SERVE, "target_qps=100", "server.min_query_count=459", "timeout=120", f"output_dir={tmp_path}"])
     failed = execute(prepare_trial(slow), on_event=kill_one)
     assert not failed.ok and failed.record.failure.kind in ("signal", "crash"), failed.record.reason
     assert not [t for t in threading.enumerate() if t.name.startswith("corescale-loadgen") and t.is_alive()]
