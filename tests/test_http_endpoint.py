@@ -8,7 +8,8 @@ import json
 
 import pytest
 from helpers import assert_one_line_error, corescale, raw_record
-from http_servers import TIMES, extract_minilm, free_port, st_fastapi, tiny_server
+from http_servers import TIMES, free_port, st_fastapi, tiny_server
+from serving import minilm_folder
 
 from corescale.errors import UserError
 from corescale.measure.http_api import ROUTES, BadAnswer, timings
@@ -118,8 +119,8 @@ def _result(out):
 
 
 @pytest.fixture(scope="module")
-def minilm_server(tmp_path_factory):
-    with st_fastapi(extract_minilm(tmp_path_factory.mktemp("model"))) as url:
+def minilm_server():
+    with st_fastapi(minilm_folder()) as url:  # extracted once into the suite's cache (test_serve.py's too)
         yield url
 
 

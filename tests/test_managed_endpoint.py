@@ -47,7 +47,7 @@ def _records(root):
 
 @pytest.mark.slow
 def test_rerank_over_http_against_corescale_serve(tmp_path):
-    layout = " ".join([*TINY, "task=rerank", f"cache_dir={tmp_path / 'cache'}"])
+    layout = " ".join([*TINY, "task=rerank"])
     with Service(layout, tmp_path / "serve.log", "--max-queue", "1000000") as service:  # slow, never refused
         proc = corescale("run", *QUICK, f"endpoint={service.url}", "api=tei", "task=rerank",
                          "scenario=single_stream", "server.min_query_count=64", f"output_dir={tmp_path / 'out'}",
@@ -67,7 +67,7 @@ def test_classify_with_endpoint_managed_records_the_served_layout(tmp_path):
     """The layout served and recorded is the subject, not a rate: 459 queries arrive within 2.3 s (those the two
     instances cannot keep up with wait, inside the default hour-long bound)."""
     proc = corescale("run", *TINY, *QUICK, "task=classify", "endpoint=managed", "instances=2", "cores_per_instance=1",
-                     "server.max_batch=2", "target_qps=200", f"cache_dir={tmp_path / 'cache'}",
+                     "server.max_batch=2", "target_qps=200",
                      f"output_dir={tmp_path / 'out'}", "--no-progress")
     assert proc.returncode == 0, proc.stderr
     [record] = _records(tmp_path / "out")
@@ -89,7 +89,7 @@ def test_a_server_qps_tune_measures_each_layout_as_a_service(tmp_path):
     proc = corescale("tune", "objective=server_qps", "endpoint=managed", "slo_p99_ms=3000", "model=bert-tiny",
                      "sequence_length=32", "task=embed",
                      *QUICK, "trials=1", "tune.top_k=1", "tune.repeats=2", "space.backend=[onnxruntime]",
-                     "space.layout=[2x1]", "space.batch_size=[2]", f"cache_dir={tmp_path / 'cache'}",
+                     "space.layout=[2x1]", "space.batch_size=[2]",
                      f"output_dir={out}", "--no-progress", timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "not with endpoint=managed" in proc.stderr  # reduced precisions are left out: no drift check over HTTP

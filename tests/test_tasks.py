@@ -34,8 +34,8 @@ POOLING = {"idx": 1, "name": "1", "path": "1_Pooling", "type": ST + "Pooling"}
 NORMALIZE = {"idx": 2, "name": "2", "path": "2_Normalize", "type": ST + "Normalize"}
 
 
-def test_the_packaged_model_is_a_normalised_mean_pooling_embedder(tmp_path):
-    spec = resolve_model("all-minilm-l6-v2", cache_dir=str(tmp_path))
+def test_the_packaged_model_is_a_normalised_mean_pooling_embedder():
+    spec = resolve_model("all-minilm-l6-v2")  # extracted once into the suite's cache
     assert spec.task == "embed" and spec.source == "packaged"
     assert (spec.head.pooling, spec.head.normalize, spec.head.source) == ("mean", True, "sentence-transformers")
     assert spec.layers == 6 and spec.hidden == 384
