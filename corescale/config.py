@@ -11,13 +11,13 @@ from pathlib import Path
 from typing import Any, List, Optional
 
 from corescale.backends import BACKENDS, DEFAULT_BACKEND, OPTIONS, BackendOptions, named
-from corescale.backends.options import TASKS
 from corescale.bounds import LOAD_MARGIN_S, check_bounded
 from corescale.errors import UserError
 from corescale.http_keys import default_api, validate_endpoint
 from corescale.machine.placement import LAYOUTS as NAMED_LAYOUTS
 from corescale.machine.precisions import PRECISIONS, REFERENCE
 from corescale.userfiles import default_cache_dir, require_path
+from corescale.workload.tasks import TASKS
 
 SCHEMA_NAME = "corescale"
 ALLOCATORS = ("default", "jemalloc", "tcmalloc")
@@ -357,10 +357,10 @@ def _get(cfg: Any, dotted: str) -> Any:
 def _validate_task(cfg: BenchmarkConfig) -> None:
     if cfg.task is not None:
         _one_of("task", cfg.task, TASKS)
-        tasks = BACKENDS[cfg.backend.name].tasks
-        if cfg.task not in tasks:
-            raise UserError(f"backend={cfg.backend.name} computes task {', '.join(tasks)} only (got task={cfg.task}): "
-                            "its graph has no place for a head; use another backend")
+        backend = BACKENDS[cfg.backend.name]
+        if not backend.computes(cfg.task):
+            raise UserError(f"backend={cfg.backend.name} computes task {', '.join(backend.tasks())} only (got "
+                            f"task={cfg.task}): its graph has no place for a head; use another backend")
     gate = cfg.min_quality
     if not (gate is None or isinstance(gate, str) or isinstance(gate, dict) and all(
             isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) for k, v in gate.items())):

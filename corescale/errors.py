@@ -9,5 +9,5 @@ class UserError(Exception):
 
 
 class RegistrationError(ValueError):
-    """A registry entry (a backend's, a precision's) that lacks a fact or declares one wrongly: a programming error,
-    raised at registration."""
+    """A registry entry (a backend's, a precision's, a task's) that lacks a fact or declares one wrongly: a
+    programming error, raised at registration."""

@@ -6,11 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 from corescale.errors import UserError
+from corescale.workload.tasks import APIS, TASKS
 
-HTTP_APIS = ("openai", "tei")  # endpoint=: what each query is sent as (measure/http_api.py)
+HTTP_APIS = APIS  # endpoint=: what each query is sent as (measure/http_api.py; each task's routes)
 MANAGED = "managed"  # endpoint=managed: each trial starts `corescale serve` on its own layout, measures it, stops it
-# what each API can ask of a server: OpenAI's has embeddings only; TEI's has a route per task
-API_TASKS = {"openai": ("embed",), "tei": ("embed", "rerank", "classify")}
 LOCAL_ONLY = {"tokenize": "the front tokenizes every request",
               "min_quality": "no quality check runs over HTTP: check it in process (without endpoint=)",
               "reference": "no drift check runs over HTTP: check it in process (without endpoint=)"}
@@ -49,11 +48,19 @@ def validate_endpoint(cfg: Any) -> None:
                         "workload=FILE with real text, or leave it out (the built-in corpus)")
 
 
+def api_tasks(api: str) -> tuple[str, ...]:
+    """The tasks the HTTP measurement can send over `api` (a route of theirs has a request)."""
+    return tuple(name for name, task in TASKS.items() if task.route(api))
+
+
 def check_task(api: str, task: str) -> None:
     """The task is one the API has a route for."""
-    if task not in API_TASKS[api]:
-        routes = {"embed": "/embed", "rerank": "/rerank", "classify": "/predict"}
-        if task in routes and api == "openai":
-            raise UserError(f"api=openai has embeddings only (POST /v1/embeddings); task={task} is sent over TEI's "
-                            f"API: give api=tei (POST {routes[task]})")
-        raise UserError(f"task={task} is not driven over HTTP; allowed with api={api}: {', '.join(API_TASKS[api])}")
+    allowed = api_tasks(api)
+    if task in allowed:
+        return
+    other = [route for a in HTTP_APIS if task in TASKS and (route := TASKS[task].route(a))]
+    if other:
+        sent = ", ".join(f"POST {route.path}" for name in allowed if (route := TASKS[name].route(api)))
+        raise UserError(f"api={api} sends task {', '.join(allowed)} only ({sent}); task={task} is sent over "
+                        f"api={other[0].api}: give api={other[0].api} (POST {other[0].path})")
+    raise UserError(f"task={task} is not driven over HTTP; allowed with api={api}: {', '.join(allowed)}")

@@ -12,7 +12,7 @@ from http_servers import TIMES, free_port, st_fastapi, tiny_server
 from serving import minilm_folder
 
 from corescale.errors import UserError
-from corescale.measure.http_api import ROUTES, BadAnswer, timings
+from corescale.measure.http_api import BadAnswer, route_of, timings
 from corescale.overrides import compose
 
 QUICK = ["scenario=server", "duration=0.5", "server.min_query_count=459", "warmup.max_iterations=8", "timeout=120"]
@@ -28,7 +28,7 @@ QUICK = ["scenario=server", "duration=0.5", "server.min_query_count=459", "warmu
     (["endpoint=http://127.0.0.1:8080", "request_timeout=0"], "request_timeout must be > 0"),
     (["endpoint=http://127.0.0.1:8080", "workload.lengths=uniform(4,8)"], "cannot be sent to a server as text"),
     (["endpoint=http://127.0.0.1:8080", "tokenize=true"], "tokenize= does not apply to a server measured over HTTP"),
-    (["endpoint=http://127.0.0.1:8080", "task=rerank"], "api=openai has embeddings only"),
+    (["endpoint=http://127.0.0.1:8080", "task=rerank"], "api=openai sends task embed only"),
     (["endpoint=http://127.0.0.1:8080", "api=tei", "task=encode"], "task=encode is not driven over HTTP"),
     (["endpoint=managed", "reference=pytorch"], "no drift check runs over HTTP"),
     (["endpoint=managed", "scenario=single_stream", "target_qps=null"], "give scenario=server"),
@@ -53,8 +53,8 @@ def test_what_the_trial_checks_before_any_request_is_one_line(overrides, message
 
 
 def test_requests_and_answers_of_each_api():
-    openai, tei = ROUTES["openai", "embed"], ROUTES["tei", "embed"]
-    rerank, predict = ROUTES["tei", "rerank"], ROUTES["tei", "classify"]
+    openai, tei = route_of("openai", "embed"), route_of("tei", "embed")
+    rerank, predict = route_of("tei", "rerank"), route_of("tei", "classify")
     assert json.loads(openai.body("a text", "m")) == {"input": "a text", "model": "m"}
     assert json.loads(tei.body("a text", "m")) == {"inputs": "a text", "truncate": True}
     assert json.loads(rerank.body(("q", ("a", "b")), "m")) == {"query": "q", "texts": ["a", "b"], "truncate": True}

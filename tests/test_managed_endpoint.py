@@ -28,7 +28,7 @@ def test_managed_with_openai_and_rerank_is_one_line_exit_2(tmp_path):
     proc = corescale("run", *TINY, *QUICK, "endpoint=managed", "api=openai", "task=rerank", "target_qps=5",
                      f"output_dir={tmp_path / 'out'}")
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
-    assert "api=openai has embeddings only" in proc.stderr and not (tmp_path / "out").exists()
+    assert "api=openai sends task embed only" in proc.stderr and not (tmp_path / "out").exists()
 
 
 @pytest.mark.slow

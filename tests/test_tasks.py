@@ -12,7 +12,8 @@ from corescale.measure import quality as measured
 from corescale.workload import corpus
 from corescale.workload.heads import HeadSpec, head_for_task
 from corescale.workload.models import resolve_model
-from corescale.workload.quality import DEFAULT_GATES, METRICS, parse_gate
+from corescale.workload.quality import parse_gate
+from corescale.workload.tasks import TASKS
 
 
 def write_st_dir(root, modules, pooling=None, config=None):
@@ -176,8 +177,8 @@ def test_min_quality_of_another_task_or_malformed_is_one_line(text, task, messag
 
 
 def test_every_default_gate_parses_and_names_its_tasks_metrics():
-    for task, text in DEFAULT_GATES.items():
-        assert {b.metric for b in parse_gate(text, task)} <= set(METRICS[task])
+    for task in TASKS.values():
+        assert {b.metric for b in parse_gate(task.gate, task.name)} <= set(task.directions)
     assert [b.text() for b in parse_gate(None, "embed")] == ["cosine_p1>=0.99", "recall_at_10>=0.95"]
     assert parse_gate("cosine_p1:0.995", "embed") == parse_gate({"cosine_p1": 0.995}, "embed")
     assert [b.text() for b in parse_gate("max_probability_diff:0.1", "classify")] == ["max_probability_diff<=0.1"]

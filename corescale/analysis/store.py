@@ -208,10 +208,10 @@ def summary_columns(frame: pd.DataFrame) -> list[str]:
 
 
 def _quality_names() -> list[str]:
-    from corescale.workload.quality import METRICS
+    from corescale.workload.tasks import TASKS
 
     return [*QUALITY_SUMMARY, "quality_gate", "quality_reference",
-            *dict.fromkeys(f"quality_{m}" for names in METRICS.values() for m in names)]
+            *dict.fromkeys(f"quality_{m}" for task in TASKS.values() for m in task.directions)]
 
 
 QUALITY_COLUMNS = _quality_names()

@@ -20,6 +20,7 @@ import numpy as np
 
 from corescale.errors import UserError
 from corescale.workload import corpus
+from corescale.workload.tasks import TASKS
 from corescale.workload.tokens import text_encoder
 
 _LAYER = re.compile(r"/(?:encoder|transformer)/layer\.(\d+)/")
@@ -30,19 +31,20 @@ _PATTERNS = {
 
 
 def calibration_items(cfg, task: str) -> tuple[list, str]:
-    """The texts (rerank: pairs) calibration runs on, and where they come from relative to the quality set."""
-    count, skip = cfg.backend.calibration_samples, cfg.quality_samples
-    if task != "rerank" and cfg.workload.source and cfg.workload.source != corpus.BUILTIN:
+    """The texts (a pair task's: pairs) calibration runs on, and where they come from relative to the quality
+    set."""
+    count, skip, pairs = cfg.backend.calibration_samples, cfg.quality_samples, TASKS[task].pairs
+    if not pairs and cfg.workload.source and cfg.workload.source != corpus.BUILTIN:
         from corescale.workload.samples import read_texts
 
         texts = read_texts(cfg.workload.source)[skip:skip + count]
         if len(texts) == count:
             return texts, f"{cfg.workload.source} texts {skip}..{skip + count - 1} (after the quality set's)"
     every = corpus.texts()
-    tail = every[-(count + 1 if task == "rerank" else count):]
+    tail = every[-(count + 1 if pairs else count):]
     overlap = max(0, min(skip, len(every)) - (len(every) - len(tail)))
     where = "disjoint from the quality set" if not overlap else f"{overlap} of them in the quality set"
-    items = list(zip(tail, tail[1:])) if task == "rerank" else tail
+    items = list(zip(tail, tail[1:])) if pairs else tail
     return items, f"built-in corpus, its last {len(tail)} texts ({where})"
 
 

@@ -125,7 +125,7 @@ def export(module, spec, path: Path) -> None:
     names = list(example)
     output = spec.head.output_name
     axes = {name: {0: "batch", 1: "sequence"} for name in names}
-    axes[output] = {0: "batch", 1: "sequence"} if spec.task == "encode" else {0: "batch"}
+    axes[output] = {0: "batch", 1: "sequence"} if spec.head.entry.head == "tokens" else {0: "batch"}
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")  # tracer and deprecation warnings about the legacy exporter
         torch.onnx.export(module, tuple(torch.from_numpy(example[n]) for n in names), str(path),

@@ -15,9 +15,9 @@ from typing import Any, ClassVar
 
 from corescale.errors import RegistrationError, UserError
 from corescale.machine.precisions import PRECISIONS
+from corescale.workload.tasks import HEADS, TASKS
 
 DEFAULT_BACKEND = "pytorch"  # `backend=` when none is given; also the tune's baseline and its drift reference
-TASKS = ("embed", "rerank", "classify", "encode")  # every task a backend's measured call may compute
 MODEL_FILES = ("onnx", "openvino-ir")  # the exported model files a backend may load as they are (model=FILE)
 
 
@@ -185,12 +185,19 @@ class BackendEntry:
     # artifact with the chosen options, written beside the tune's recipe.sh
     onednn_linear: bool = _REQUIRED  # its linears can run as torch's prepacked oneDNN linear: explain measures both
     # on the model's shapes and the findings offer backend.linear=onednn
-    tasks: tuple[str, ...] = _REQUIRED  # what its measured call can compute: embed, rerank, classify, encode (the
-    # head inside the graph); config validation refuses the others
+    heads: tuple[str, ...] = _REQUIRED  # the heads its measured call can compute (workload/tasks.py HEADS: tokens,
+    # pooled, logits; inside the graph): it runs every task with one of them, config validation refuses the others
     model_files: tuple[str, ...] = ()  # exported model files it loads as they are (`model=FILE`): "onnx",
     # "openvino-ir" (workload/modelfile.py FORMATS); () = it needs the PyTorch model (a preset or a directory)
     peer_calls: tuple[tuple[str, str], ...] = ()  # (task, the call its users make): a peer baseline of that task,
     # measured beside a tune's out-of-box baseline (tune/peer.py), never searched or recommended
+
+    def computes(self, task: str) -> bool:
+        return TASKS[task].head in self.heads
+
+    def tasks(self) -> tuple[str, ...]:
+        """The registered tasks it runs."""
+        return tuple(name for name in TASKS if self.computes(name))
 
     def peer_call(self, task: str) -> str | None:
         """The call this backend measures as the peer baseline of `task` (None: not a peer of it)."""
@@ -213,15 +220,15 @@ class BackendEntry:
         for fact, value in named.items():
             if not isinstance(value, str) or value.count(":") != 1:
                 problems.append(f"{fact} is not 'module:attribute' (got {value!r})")
-        for fact in ("requires", "precisions", "worker_modules", "libraries", "recorded", "tasks", "model_files"):
+        for fact in ("requires", "precisions", "worker_modules", "libraries", "recorded", "heads", "model_files"):
             value = getattr(self, fact)
             if not isinstance(value, tuple) or not all(isinstance(v, str) for v in value):
                 problems.append(f"{fact} is not a tuple of names (got {value!r})")
         unknown = [p for p in self.precisions if p not in PRECISIONS] if isinstance(self.precisions, tuple) else []
         if not self.precisions or unknown:
             problems.append(f"precisions must be some of {', '.join(PRECISIONS)} (got {self.precisions!r})")
-        if isinstance(self.tasks, tuple) and (not self.tasks or not set(self.tasks) <= set(TASKS)):
-            problems.append(f"tasks must be some of {', '.join(TASKS)} (got {self.tasks!r})")
+        if isinstance(self.heads, tuple) and (not self.heads or not set(self.heads) <= set(HEADS)):
+            problems.append(f"heads must be some of {', '.join(HEADS)} (got {self.heads!r})")
         if isinstance(self.model_files, tuple) and not set(self.model_files) <= set(MODEL_FILES):
             problems.append(f"model_files must be some of {', '.join(MODEL_FILES)} (got {self.model_files!r})")
         if not (isinstance(self.peer_calls, tuple) and all(

@@ -1,6 +1,6 @@
-"""What one query is over HTTP, per API and task (`api=openai|tei`; embed, rerank, classify): the request that
-carries it, the check that the answer is the task's answer to it, and the timing headers a server may send
-(Hugging Face TEI's names, milliseconds)."""
+"""What one query is over HTTP, per API and task (`api=openai|tei`; each task's routes, workload/tasks.py): the
+request that carries it, the check that the answer is the task's answer to it, and the timing headers a server may
+send (Hugging Face TEI's names, milliseconds)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Union
 
 from corescale.http_keys import check_task
+from corescale.workload.tasks import TASKS, Route, resolve
 
 # the breakdown a server may report per response (TEI's headers; corescale serve sends the same)
 TIMING_HEADERS = {"queue": "x-queue-time", "tokenization": "x-tokenization-time",
@@ -26,19 +27,20 @@ class BadAnswer(ValueError):
 @dataclass(frozen=True)
 class HttpApi:
     name: str
-    task: str  # embed | rerank | classify
-    path: str  # POSTed to, under the endpoint
-    about: tuple[str, ...]  # GET paths where a server of this API describes itself
+    task: str
+    route: Route  # the task's route on this API (workload/tasks.py)
+
+    @property
+    def path(self) -> str:  # POSTed to, under the endpoint
+        return self.route.path
+
+    @property
+    def about(self) -> tuple[str, ...]:  # GET paths where a server of this API describes itself
+        return self.route.about
 
     def body(self, query: Query, model: str) -> bytes:
-        """The request of one query, serialised once before the test. TEI: a long text is cut, not refused (413)."""
-        payload: dict[str, Any]
-        if self.task == "rerank":
-            assert isinstance(query, tuple), "a rerank query carries its texts"
-            payload = {"query": query[0], "texts": list(query[1]), "truncate": True}
-        else:
-            payload = {"input": query, "model": model} if self.name == "openai" else {"inputs": query, "truncate": True}
-        return json.dumps(payload).encode()
+        """The request of one query, serialised once before the test."""
+        return json.dumps(resolve(str(self.route.request))(query, model)).encode()
 
     def check(self, content: bytes) -> int | None:
         """BadAnswer unless the answer is the task's answer to one query; the embedding's length (embed), else
@@ -47,41 +49,66 @@ class HttpApi:
             payload = json.loads(content)
         except ValueError:
             raise BadAnswer(f"not JSON: {content[:80]!r}") from None
-        if self.task == "rerank":
-            if not isinstance(payload, list) or not payload or not all(scored(row, "index") for row in payload):
-                raise BadAnswer(f"expected a list of {{index, score}}, got {str(payload)[:80]}")
-            return None
-        if self.task == "classify":
-            rows = payload[0] if isinstance(payload, list) and len(payload) == 1 and isinstance(payload[0], list) \
-                else payload  # TEI answers a list of lists when the inputs were a list
-            if not isinstance(rows, list) or not rows or not all(scored(row, "label") for row in rows):
-                raise BadAnswer(f"expected a list of {{label, score}}, got {str(payload)[:80]}")
-            return None
-        if self.name == "openai":
-            data = payload.get("data") if isinstance(payload, dict) else None
-            vectors = [row.get("embedding") for row in data if isinstance(row, dict)] if isinstance(data, list) else []
-        else:
-            vectors = payload if isinstance(payload, list) else []
-        if len(vectors) != 1 or not isinstance(vectors[0], list) or not vectors[0]:
-            raise BadAnswer(f"expected one embedding, got {str(payload)[:80]}")
-        return len(vectors[0])
+        return resolve(str(self.route.answer))(payload)
+
+
+# the requests and answers of the registered tasks' routes (TEI: a long text is cut, not refused with 413)
+
+def embeddings_request(query: Query, model: str) -> dict[str, Any]:
+    return {"input": query, "model": model}
+
+
+def texts_request(query: Query, model: str) -> dict[str, Any]:
+    return {"inputs": query, "truncate": True}
+
+
+def rerank_request(query: Query, model: str) -> dict[str, Any]:
+    assert isinstance(query, tuple), "a rerank query carries its texts"
+    return {"query": query[0], "texts": list(query[1]), "truncate": True}
+
+
+def ranked_answer(payload: Any) -> None:
+    if not isinstance(payload, list) or not payload or not all(scored(row, "index") for row in payload):
+        raise BadAnswer(f"expected a list of {{index, score}}, got {str(payload)[:80]}")
+
+
+def labelled_answer(payload: Any) -> None:
+    rows = payload[0] if isinstance(payload, list) and len(payload) == 1 and isinstance(payload[0], list) \
+        else payload  # TEI answers a list of lists when the inputs were a list
+    if not isinstance(rows, list) or not rows or not all(scored(row, "label") for row in rows):
+        raise BadAnswer(f"expected a list of {{label, score}}, got {str(payload)[:80]}")
+
+
+def embeddings_answer(payload: Any) -> int:
+    data = payload.get("data") if isinstance(payload, dict) else None
+    return one_vector([row.get("embedding") for row in data if isinstance(row, dict)] if isinstance(data, list)
+                      else [], payload)
+
+
+def vectors_answer(payload: Any) -> int:
+    return one_vector(payload if isinstance(payload, list) else [], payload)
+
+
+def one_vector(vectors: list, payload: Any) -> int:
+    if len(vectors) != 1 or not isinstance(vectors[0], list) or not vectors[0]:
+        raise BadAnswer(f"expected one embedding, got {str(payload)[:80]}")
+    return len(vectors[0])
 
 
 def scored(row: Any, name: str) -> bool:
     return isinstance(row, dict) and name in row and isinstance(row.get("score"), (int, float))
 
 
-ROUTES = {("openai", "embed"): HttpApi("openai", "embed", "/v1/embeddings", ("/v1/models", "/info")),
-          ("tei", "embed"): HttpApi("tei", "embed", "/embed", ("/info",)),
-          ("tei", "rerank"): HttpApi("tei", "rerank", "/rerank", ("/info",)),
-          ("tei", "classify"): HttpApi("tei", "classify", "/predict", ("/info",))}
+def route_of(api: str, task: str) -> HttpApi:
+    """The route `task` is sent to over `api` (one line where it has none)."""
+    check_task(api, task)
+    return HttpApi(api, task, TASKS[task].route(api))  # type: ignore[arg-type]  # check_task found it
 
 
 def api_of(cfg) -> HttpApi:
-    """The API and route a config's queries are sent to (its task: embed unless task= says otherwise)."""
-    task = cfg.task or "embed"
-    check_task(cfg.http_api, task)
-    return ROUTES[cfg.http_api, task]
+    """The API and route a config's queries are sent to (its task: the first registered task unless task= says
+    otherwise)."""
+    return route_of(cfg.http_api, cfg.task or next(iter(TASKS)))
 
 
 def headers() -> dict[str, str]:

@@ -19,8 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-from corescale.workload.quality import METRICS, set_digest
+from corescale.workload.quality import set_digest
 from corescale.workload.samples import QuerySet, pad_id
+from corescale.workload.tasks import TASKS, resolve, softmax
 
 BATCH = 16  # rows per call: padded to the longest in each length-sorted group, as a service would
 
@@ -99,10 +100,10 @@ def _rows_cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (a * b).sum(1) / np.where(norms == 0, 1.0, norms)
 
 
-def embed_metrics(out: np.ndarray, ref: np.ndarray, k: int = 10) -> dict[str, float]:
+def embed_metrics(out: np.ndarray, ref: np.ndarray, groups: np.ndarray | None = None) -> dict[str, float]:
     cosine = _rows_cosine(out, ref)
     return {"cosine_min": float(cosine.min()), "cosine_p1": float(np.percentile(cosine, 1)),
-            "cosine_mean": float(cosine.mean()), "recall_at_10": neighbour_recall(out, ref, k)}
+            "cosine_mean": float(cosine.mean()), "recall_at_10": neighbour_recall(out, ref, 10)}
 
 
 def neighbour_recall(out: np.ndarray, ref: np.ndarray, k: int = 10) -> float:
@@ -131,9 +132,10 @@ def ndcg_at(scores: np.ndarray, reference: np.ndarray, k: int = 10) -> float:
     return float((measured * discount).sum() / (ideal * discount).sum())
 
 
-def rerank_metrics(out: np.ndarray, ref: np.ndarray, groups: np.ndarray) -> dict[str, float]:
+def rerank_metrics(out: np.ndarray, ref: np.ndarray, groups: np.ndarray | None) -> dict[str, float]:
     from scipy.stats import kendalltau
 
+    assert groups is not None, "a rerank quality set names each row's query"
     out, ref = out.reshape(len(out), -1)[:, 0], ref.reshape(len(ref), -1)[:, 0]
     ndcg, tau, top = [], [], []
     for query in np.unique(groups):
@@ -148,26 +150,17 @@ def rerank_metrics(out: np.ndarray, ref: np.ndarray, groups: np.ndarray) -> dict
             "top1_agreement": float(np.mean(top))}
 
 
-def _softmax(logits: np.ndarray) -> np.ndarray:
-    shifted = np.exp(logits - logits.max(axis=1, keepdims=True))
-    return shifted / shifted.sum(axis=1, keepdims=True)
-
-
-def classify_metrics(out: np.ndarray, ref: np.ndarray) -> dict[str, float]:
+def classify_metrics(out: np.ndarray, ref: np.ndarray, groups: np.ndarray | None = None) -> dict[str, float]:
     out, ref = out.astype(np.float64), ref.astype(np.float64)
     return {"label_agreement": float(np.mean(out.argmax(1) == ref.argmax(1))),
-            "max_probability_diff": float(np.abs(_softmax(out) - _softmax(ref)).max())}
+            "max_probability_diff": float(np.abs(softmax(out) - softmax(ref)).max())}
 
 
 def task_metrics(task: str, out: np.ndarray, ref: np.ndarray, groups: np.ndarray | None) -> dict[str, float]:
-    if task == "embed":
-        found = embed_metrics(out, ref)
-    elif task == "rerank":
-        assert groups is not None, "a rerank quality set names each row's query"
-        found = rerank_metrics(out, ref, groups)
-    else:
-        found = classify_metrics(out, ref)
-    assert set(found) == set(METRICS[task]), "every metric the task declares is measured"
+    """The task's metrics (its judge) of the measured outputs against the reference's."""
+    entry = TASKS[task]
+    found = resolve(str(entry.judge))(out, ref, groups)
+    assert set(found) == set(entry.directions), "every metric the task declares is measured"
     return found
 
 

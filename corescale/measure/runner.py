@@ -64,7 +64,7 @@ def prepare_trial(cfg: BenchmarkConfig, topology: Topology | None = None, on_nod
     if cfg.reference:
         runs_model(cfg.reference, model, "reference")
     check_task(cfg, model)
-    if model.task != "encode":  # what the quality check's reference runs on
+    if model.head.entry.judged:  # what the quality check's reference runs on
         check_available(quality_reference(model))
     if model.max_positions is not None and cfg.sequence_length > model.max_positions:
         raise UserError(f"sequence_length={cfg.sequence_length} exceeds the maximum of {model.max_positions} "
@@ -81,7 +81,7 @@ def prepare_trial(cfg: BenchmarkConfig, topology: Topology | None = None, on_nod
     if on_node or cfg.executor.name == "local":  # a Ray driver's memory says nothing about its nodes'
         check_memory(cfg, model)
     queries = build_query_set(cfg, model) if uses_query_set(cfg) else None  # files, fields, tokenizer
-    quality = build_quality_set(cfg, model) if model.task != "encode" else None  # real text, its tokenizer
+    quality = build_quality_set(cfg, model) if model.head.entry.judged else None  # real text, its tokenizer
     check_places(cfg, results=not on_node)  # last: every other check has passed
     key = spec_key(cfg, model)
     if cfg.workload.source and queries is not None:  # the text file's tokens, not only its name
@@ -96,11 +96,11 @@ def check_task(cfg: BenchmarkConfig, model: ModelSpec) -> None:
     """The task the model computes is one the backend can run, and min_quality speaks of that task's metrics."""
     from corescale.workload.quality import parse_gate
 
-    tasks = entry(cfg.backend.name).tasks
-    if model.task not in tasks:
-        raise UserError(f"backend={cfg.backend.name} computes task {', '.join(tasks)} only; model '{cfg.model}' is "
-                        f"task={model.task} ({model.head.summary()}): give task=encode to measure its encoder alone, "
-                        "or use another backend")
+    backend = entry(cfg.backend.name)
+    if not backend.computes(model.task):
+        raise UserError(f"backend={cfg.backend.name} computes task {', '.join(backend.tasks())} only; model "
+                        f"'{cfg.model}' is task={model.task} ({model.head.summary()}): give task=encode to measure "
+                        "its encoder alone, or use another backend")
     parse_gate(cfg.min_quality, model.task)
     cfg.backend.check_model(model)
     if cfg.tokenize and cfg.scenario != "offline":

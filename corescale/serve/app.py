@@ -1,9 +1,10 @@
 """The HTTP front of `corescale serve`: FastAPI (Starlette underneath, pydantic for the request schemas).
 
-Routes: OpenAI's `POST /v1/embeddings`; Hugging Face text-embeddings-inference's `/embed`, `/embed_all`,
-`/rerank`, `/predict`, `/tokenize`; `GET /health`, `GET /info` (TEI's fields, and what runs: the layout and the
-artifact of each instance), `GET /metrics`. Every answer of a computed route carries TEI's timing headers
-(milliseconds): X-Tokenization-Time, X-Queue-Time, X-Inference-Time, X-Total-Time.
+Routes: each registered task's (workload/tasks.py; serve/routes.py: OpenAI's `POST /v1/embeddings`, Hugging Face
+text-embeddings-inference's `/embed`, `/embed_all`, `/rerank`, `/predict`), `/tokenize`; `GET /health`, `GET /info`
+(TEI's fields, and what runs: the layout and the artifact of each instance), `GET /metrics`. Every answer of a
+computed route carries TEI's timing headers (milliseconds): X-Tokenization-Time, X-Queue-Time, X-Inference-Time,
+X-Total-Time.
 Statuses: 401 without the API key (when one is set), 413 an input over the measured length or too many inputs,
 422 malformed JSON or a field of the wrong type (named), 429 the queue is full (Retry-After), 400 a route the
 bundle's task does not serve, 503 the instance computing the request died (it is started again).
@@ -12,10 +13,9 @@ bundle's task does not serve, 503 the instance computing the request died (it is
 from __future__ import annotations
 
 import asyncio
-import base64
 import hmac
 import time
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 import numpy as np
 from fastapi import FastAPI, Request
@@ -25,37 +25,9 @@ from pydantic import BaseModel, Field
 
 from corescale.serve import pool as pools
 from corescale.serve.tokens import Tokens, TooLarge
+from corescale.workload.tasks import TASKS, Route, Task, resolve
 
 TEXTS = str | Annotated[list[str], Field(min_length=1)]
-
-
-class Embeddings(BaseModel):
-    input: TEXTS
-    model: str | None = None
-    encoding_format: Literal["float", "base64"] = "float"
-    dimensions: int | None = None
-    user: str | None = None
-
-
-class Embed(BaseModel):
-    inputs: TEXTS
-    normalize: bool = True
-    truncate: bool = False
-
-
-class Rerank(BaseModel):
-    query: str
-    texts: list[str] = Field(min_length=1)
-    raw_scores: bool = False
-    return_text: bool = False
-    truncate: bool = False
-
-
-class Predict(BaseModel):
-    inputs: str | Annotated[list[str], Field(min_length=1)] | Annotated[list[Annotated[list[str], Field(
-        min_length=2, max_length=2)]], Field(min_length=1)]
-    raw_scores: bool = False
-    truncate: bool = False
 
 
 class Tokenize(BaseModel):
@@ -71,9 +43,6 @@ class Refused(Exception):
 
 def as_list(texts: TEXTS) -> list[str]:
     return [texts] if isinstance(texts, str) else list(texts)
-
-
-TEI_TYPES = {"embed": "embedding", "rerank": "reranker", "classify": "classifier", "encode": "embedding"}
 
 
 class Front:
@@ -119,7 +88,7 @@ class Front:
         layout["instances"] = [{**entry, "artifact": instance.artifact} for entry, instance in
                                zip(layout.get("instances") or [], self.pool.instances)]
         return {"model_id": self.model_name, "model_dtype": opened.cfg.precision,
-                "model_type": {TEI_TYPES.get(str(task), str(task)): self.head},
+                "model_type": {TASKS[str(task)].tei_type if task in TASKS else str(task): self.head},
                 "max_input_length": opened.cfg.sequence_length, "max_client_batch_size": self.tokens.max_inputs,
                 "max_batch_requests": opened.cfg.server.max_batch, "version": version("corescale"),
                 "corescale": {"source": str(opened.root) if opened.root else "overrides",
@@ -168,56 +137,9 @@ def create_app(front: Front, api_key: str | None) -> FastAPI:
         problems = [problem(e) for e in exc.errors()]
         return refusal(Refused(422, "; ".join(dict.fromkeys(problems)), "Validation"))
 
-    @app.post("/v1/embeddings")
-    async def embeddings(body: Embeddings):
-        front.needs("embed", "/v1/embeddings")
-        outputs, timings = await front.compute(as_list(body.input), truncate=False)
-        if body.dimensions is not None and body.dimensions != outputs[0].shape[-1]:
-            raise Refused(422, f"dimensions: this model gives {outputs[0].shape[-1]}, not {body.dimensions}",
-                          "Validation")
-        data = [{"object": "embedding", "index": i, "embedding": base64.b64encode(row.astype("<f4").tobytes()).decode()
-                 if body.encoding_format == "base64" else row.tolist()} for i, row in enumerate(outputs)]
-        usage = {"prompt_tokens": timings["tokens"], "total_tokens": timings["tokens"]}
-        return front.answer("/v1/embeddings", {"object": "list", "data": data, "model": body.model or
-                                               front.model_name, "usage": usage}, timings)
-
-    @app.post("/embed")
-    async def embed(body: Embed):
-        front.needs("embed", "/embed")
-        if not body.normalize and front.head.get("normalize"):
-            raise Refused(422, "normalize: this bundle's head normalises inside the measured graph", "Validation")
-        outputs, timings = await front.compute(as_list(body.inputs), body.truncate)
-        return front.answer("/embed", [row.tolist() for row in outputs], timings)
-
-    @app.post("/embed_all")
-    async def embed_all(body: Embed):
-        front.needs("encode", "/embed_all")
-        outputs, timings = await front.compute(as_list(body.inputs), body.truncate)
-        return front.answer("/embed_all", [row[:length].tolist() for row, length in zip(outputs, timings["lengths"])],
-                            timings)
-
-    @app.post("/rerank")
-    async def rerank(body: Rerank):
-        front.needs("rerank", "/rerank")
-        outputs, timings = await front.compute([(body.query, t) for t in body.texts], body.truncate, pairs=True)
-        logits = np.array([float(row.reshape(-1)[0]) for row in outputs])
-        scores = logits if body.raw_scores else 1 / (1 + np.exp(-logits))
-        ranked = [{"index": int(i), "score": float(scores[i]), **({"text": body.texts[i]} if body.return_text
-                                                                 else {})} for i in np.argsort(-scores)]
-        return front.answer("/rerank", ranked, timings)
-
-    @app.post("/predict")
-    async def predict(body: Predict):
-        front.needs("classify", "/predict")
-        single = isinstance(body.inputs, str)
-        pairs = not single and bool(body.inputs) and isinstance(body.inputs[0], list)
-        texts = [body.inputs] if isinstance(body.inputs, str) else list(body.inputs)
-        outputs, timings = await front.compute(texts, body.truncate, pairs=pairs)
-        labels = list(front.head.get("labels") or [])
-        answers = [[{"label": labels[i] if i < len(labels) else f"LABEL_{i}", "score": float(scores[i])}
-                    for i in np.argsort(-scores)] for scores in (probabilities(row, body.raw_scores)
-                                                                 for row in outputs)]
-        return front.answer("/predict", answers[0] if single else answers, timings)
+    for task in TASKS.values():
+        for route in task.routes:
+            app.post(route.path)(endpoint(front, task, route))
 
     @app.post("/tokenize")
     async def tokenize(body: Tokenize):
@@ -244,20 +166,26 @@ def create_app(front: Front, api_key: str | None) -> FastAPI:
     return app
 
 
+def endpoint(front: Front, task: Task, route: Route):
+    """The FastAPI endpoint of one task's route: its request schema and handler (hooks), refused (400) unless the
+    bundle serves that task."""
+    handler = resolve(route.handler)
+
+    async def post(body):
+        front.needs(task.name, route.path)
+        return await handler(front, task, body)
+
+    post.__annotations__ = {"body": resolve(route.schema)}  # what FastAPI validates the body against (422)
+    post.__name__ = route.handler.split(":")[1]
+    return post
+
+
 def problem(error: dict) -> str:
     """One validation error: the field's path, then what is wrong."""
     where = [str(p) for p in error["loc"][1:]]
     if error.get("type") == "json_invalid":
         return f"body: malformed JSON at character {where[0] if where else '?'}"
     return f"{'.'.join(where) or 'body'}: {error['msg']}"
-
-
-def probabilities(row: np.ndarray, raw: bool) -> np.ndarray:
-    logits = row.reshape(-1).astype(np.float64)
-    if raw:
-        return logits
-    exp = np.exp(logits - logits.max())
-    return exp / exp.sum()
 
 
 def refusal(exc: Refused) -> JSONResponse:

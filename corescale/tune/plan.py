@@ -23,6 +23,7 @@ from corescale.tune import space as spaces
 from corescale.tune import verdict as verdicts
 from corescale.tune.settings import LOAD_MARGIN_S, TuneSettings, scenario_overrides
 from corescale.userfiles import check_writable
+from corescale.workload.tasks import TASKS
 
 if TYPE_CHECKING:
     from corescale.analysis.cost import Machine
@@ -81,7 +82,8 @@ class Tune:
     nodes: int = 1  # trials in flight at once (one per node of the type)
     cpu_model: str = ""
     cpus: frozenset = frozenset()  # executor=ray: the (host, CPU) pairs the type's nodes measure on
-    task: str = "encode"  # what the model computes (its head): encode is judged by drift, the others by quality
+    task: str = "encode"  # what the model computes (its head): judged by quality on real text, or (a plain
+    # encoder) by drift
     reference: str = DEFAULT_BACKEND  # the out-of-box backend and drift reference (a model file: the one loading it)
     peer: list[str] = field(default_factory=list)  # the peer baseline's overrides (tune/peer.py); empty: none
     peer_label: str = ""
@@ -98,7 +100,7 @@ class Tune:
     def trial_overrides(self, suggested: list[str], duration: float) -> list[str]:
         extra = [f"duration={duration:g}"]
         values = {override_key(o): o.split("=", 1)[1] for o in suggested}
-        if reduced(values.get("precision")) and self.task == "encode":  # drift vs PyTorch fp32, same inputs
+        if reduced(values.get("precision")) and not TASKS[self.task].judged:  # drift vs fp32, same inputs
             # (a task with a head is judged by its quality on real text in every trial: min_quality)
             extra.append(f"reference={self.reference}")
             if self.settings.max_drift is not None:
@@ -186,8 +188,8 @@ def plan_tune(settings: TuneSettings, topology=None, kind=None, name: str | None
     reference = quality_reference(model)  # out of the box: the PyTorch model, or a model file on its reference
     tune = Tune(settings, cfg, space, tune_dir, cores, screen, machine, spaces.baseline_overrides(base, reference),
                 base, topology, node_type, kind.nodes if kind is not None else 1,
-                kind.cpu_model if kind is not None else "", kind.cpus if kind is not None else frozenset(), model.task,
-                reference)
+                kind.cpu_model if kind is not None else "", kind.cpus if kind is not None else frozenset(),
+                model.task, reference)
     found = peers.choose(settings.peer, cfg, model, base, settings.objective.scenario)
     tune.peer, tune.peer_label, tune.peer_note = found.overrides, found.label, found.note
     plan_sweep([merge(c, [f"duration={cfg.duration:g}"]) for c in (tune.baseline, tune.peer) if c],
@@ -220,7 +222,7 @@ def tuned_model(cfg: BenchmarkConfig, settings: TuneSettings):
     from corescale.workload.models import resolve_model
 
     model = resolve_model(cfg.model, cfg.trust_remote_code, cfg.task, cfg.cache_dir, cfg.workload.tokenizer)
-    if settings.max_drift is not None and model.task != "encode":
+    if settings.max_drift is not None and model.head.entry.judged:
         raise UserError(f"max_drift judges a plain encoder's hidden state; model '{cfg.model}' is task={model.task}, "
                         "judged by its quality on real text: use min_quality= (docs/tasks.md)")
     return model

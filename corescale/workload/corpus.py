@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from corescale.workload.tasks import TASKS
+
 RERANK_CANDIDATES = 16  # documents per rerank query
 BUILTIN = "builtin"  # `workload=builtin`: these texts as the measured queries
 CORPUS_FILE = Path(__file__).resolve().parent.parent / "data" / "corpus.jsonl"
@@ -55,11 +57,11 @@ class RerankSet:
 
 
 def workload_items(task: str, count: int) -> tuple[list, str]:
-    """`workload=builtin`: the texts (rerank: (query, document) pairs) and their origin."""
-    if task == "rerank":
+    """`workload=builtin`: the texts (a pair task's: (query, document) pairs) and their origin."""
+    if TASKS[task].pairs:
         sets = rerank_sets(max(count // RERANK_CANDIDATES, 2), RERANK_CANDIDATES)
         return [(s.query, d) for s in sets for d in s.documents], (
-            f"built-in rerank pairs ({len(sets)} queries x {RERANK_CANDIDATES} candidates: one-line package "
+            f"built-in {task} pairs ({len(sets)} queries x {RERANK_CANDIDATES} candidates: one-line package "
             "descriptions as queries; their own and the most word-sharing texts as candidates)")
     chosen = texts(count)
     return chosen, f"built-in corpus ({len(chosen)} texts: Debian package descriptions, PyPI summaries)"

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from corescale.config import TASKS
 from corescale.errors import UserError
 from corescale.userfiles import read_json
+from corescale.workload import tasks
 
 POOLING_MODES = ("cls", "mean", "max", "lasttoken")
 # 1_Pooling/config.json's flags -> our mode (sentence-transformers' names)
@@ -31,7 +31,6 @@ _ST = "sentence_transformers.models."
 KNOWN_MODULES = tuple(_ST + name for name in ("Transformer", "Pooling", "Dense", "Normalize"))
 _ACTIVATIONS = {"torch.nn.modules.activation.Tanh": "tanh", "torch.nn.modules.linear.Identity": "identity",
                 "torch.nn.modules.activation.ReLU": "relu", "torch.nn.modules.activation.GELU": "gelu"}
-PRESET_LABELS = ("negative", "neutral", "positive")  # a preset classifier's labels (its head is random)
 
 
 @dataclass(frozen=True)
@@ -47,17 +46,21 @@ class DenseLayer:
 
 @dataclass(frozen=True)
 class HeadSpec:
-    task: str = "encode"
-    pooling: str | None = None  # embed: how token states become one vector
-    normalize: bool = False  # embed: L2-normalise the vector
+    task: str = "encode"  # the plain encoder's (a registered task whose head is "tokens")
+    pooling: str | None = None  # a pooled head: how token states become one vector
+    normalize: bool = False  # a pooled head: L2-normalise the vector
     dense: tuple[DenseLayer, ...] = ()
-    labels: tuple[str, ...] = ()  # rerank: one score; classify: the classes, in logit order
+    labels: tuple[str, ...] = ()  # a logits head: one score, or the classes in logit order
     encoder_path: str | None = None  # the Transformer module's folder (Sentence-Transformers: often the root)
     source: str = "model"  # where the head comes from: "sentence-transformers", "classification", "task=", "model"
 
     @property
+    def entry(self) -> tasks.Task:
+        return tasks.TASKS[self.task]
+
+    @property
     def output_name(self) -> str:
-        return {"embed": "sentence_embedding", "encode": "last_hidden_state"}.get(self.task, "logits")
+        return self.entry.output
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -71,16 +74,17 @@ class HeadSpec:
 
     def identity(self) -> dict[str, Any]:
         """What enters the trial key (only for a head other than the plain encoder's, so old keys hold)."""
-        return {} if self.task == "encode" else {"head": self.to_json()}
+        return {} if self.entry.head == "tokens" else {"head": self.to_json()}
 
     def summary(self) -> str:
+        named = f": {', '.join(self.labels)}" if len(self.entry.labels) > 1 else ""  # classes, not one score
         if self.source == "file":  # a model file's own output, as exported
-            return f"the file's output, as exported{': ' + ', '.join(self.labels) if self.task == 'classify' else ''}"
-        if self.task == "embed":
+            return f"the file's output, as exported{named}"
+        if self.entry.head == "pooled":
             parts = [f"{self.pooling} pooling", *(f"dense {d.in_features}->{d.out_features}" for d in self.dense)]
             return ", ".join(parts + (["L2-normalised"] if self.normalize else []))
-        if self.task in ("rerank", "classify"):
-            return f"{len(self.labels)} logit(s)" + (f": {', '.join(self.labels)}" if self.task == "classify" else "")
+        if self.entry.head == "logits":
+            return f"{len(self.labels)} logit(s){named}"
         return "last hidden state"
 
 
@@ -92,7 +96,7 @@ def model_head(path: Path | None, config: dict[str, Any], name: str) -> HeadSpec
     architectures = config.get("architectures") or []
     if any(str(a).endswith("ForSequenceClassification") for a in architectures):
         labels = classification_labels(config, name)
-        return HeadSpec(task="rerank" if len(labels) == 1 else "classify", labels=labels, source="classification")
+        return HeadSpec(task=str(tasks.of_head("logits", len(labels))), labels=labels, source="classification")
     return HeadSpec()
 
 
@@ -135,7 +139,7 @@ def sentence_transformers_head(path: Path, name: str) -> HeadSpec:
     if pooling is None:
         raise UserError(f"model '{name}': modules.json has no Pooling module, so its embedding is undefined")
     encoder = folder(modules[0])
-    return HeadSpec(task="embed", pooling=pooling, normalize=normalize, dense=tuple(dense),
+    return HeadSpec(task=str(tasks.of_head("pooled")), pooling=pooling, normalize=normalize, dense=tuple(dense),
                     encoder_path=str(encoder.resolve()), source="sentence-transformers")
 
 
@@ -175,22 +179,16 @@ def head_for_task(declared: HeadSpec, task: str | None, source: str, name: str, 
     """The head to measure: the model's own, or `task=`'s where the model can do it (one line where not)."""
     if task is None or task == declared.task:
         return declared
-    if task not in TASKS:
-        raise UserError(f"unknown task '{task}'; allowed: {', '.join(TASKS)}")
-    if task == "encode":  # every model has a last hidden state
-        return dataclasses.replace(declared, task="encode", pooling=None, normalize=False, dense=(), labels=())
-    if declared.task != "encode":
-        raise UserError(f"model '{name}' is a {_NOUNS[declared.task]} (task={declared.task}); it cannot do "
+    wanted = tasks.get(task)
+    if wanted.head == "tokens":  # every model has a last hidden state
+        return dataclasses.replace(declared, task=task, pooling=None, normalize=False, dense=(), labels=())
+    if declared.entry.head != "tokens":
+        raise UserError(f"model '{name}' is a {declared.entry.noun} (task={declared.task}); it cannot do "
                         f"task={task}")
-    if task == "embed":
+    if wanted.head == "pooled":
         pooling = "lasttoken" if decoder else "mean"
-        return HeadSpec(task="embed", pooling=pooling, normalize=True, source="task=")
+        return HeadSpec(task=task, pooling=pooling, normalize=True, source="task=")
     if source != "preset":
-        raise UserError(f"model '{name}' has no {_NOUNS[task]} head (config.json's architectures name no "
+        raise UserError(f"model '{name}' has no {wanted.noun} head (config.json's architectures name no "
                         f"*ForSequenceClassification); task={task} needs one, or use a preset (its head is random)")
-    labels = ("score",) if task == "rerank" else PRESET_LABELS
-    return HeadSpec(task=task, labels=labels, source="task=")
-
-
-_NOUNS = {"embed": "sentence embedder", "rerank": "cross-encoder (reranker)", "classify": "sequence classifier",
-          "encode": "plain encoder"}
+    return HeadSpec(task=task, labels=wanted.labels, source="task=")

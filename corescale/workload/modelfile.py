@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from corescale.errors import UserError
+from corescale.workload.tasks import TASKS, of_head
 
 FORMATS = {".onnx": "onnx", ".xml": "openvino-ir"}
 TEXT_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
@@ -195,19 +196,22 @@ def graph_task(graph: dict, name: str, task: str | None) -> tuple[str, str]:
     """(task, the output that computes it): the task the outputs declare; task= may only agree with it (or ask
     for encode where the graph also has a 3-D output)."""
     outputs = {k: v for k, v in graph["outputs"].items() if v[0] in FLOATS}
-    by_task: dict[str, str] = {}
+    by_head: dict[str, str] = {}  # head -> the output that computes it (logits: its width names the task)
     for output, (_, dims) in outputs.items():
         if output == "sentence_embedding" or len(dims) == 2 and output != "logits":
-            by_task.setdefault("embed", output)
+            by_head.setdefault("pooled", output)
         elif output == "logits" and len(dims) == 2:
-            by_task.setdefault("rerank" if dims[1] == 1 else "classify", output)
+            by_head.setdefault("logits", output)
         elif output == "last_hidden_state" or len(dims) == 3:
-            by_task.setdefault("encode", output)
+            by_head.setdefault("tokens", output)
     if "sentence_embedding" in outputs:
-        by_task["embed"] = "sentence_embedding"
+        by_head["pooled"] = "sentence_embedding"
     if "last_hidden_state" in outputs and len(outputs["last_hidden_state"][1]) == 3:
-        by_task["encode"] = "last_hidden_state"
-    declared = next((t for t in ("embed", "rerank", "classify", "encode") if t in by_task), None)
+        by_head["tokens"] = "last_hidden_state"
+    width = outputs[by_head["logits"]][1][1] if "logits" in by_head else 0
+    by_task = {name: by_head[entry.head] for name, entry in TASKS.items()
+               if entry.head in by_head and name == of_head(entry.head, width)}
+    declared = next(iter(by_task), None)
     if declared is None:
         shown = ", ".join(f"{k} {v[0]} {v[1]}" for k, v in graph["outputs"].items())
         raise UserError(f"model file '{name}' has no output corescale can measure ({shown}); expected "

@@ -19,6 +19,7 @@ from corescale.userfiles import default_cache_dir, read_json
 from corescale.workload.heads import HeadSpec, classification_labels, head_for_task, model_head
 from corescale.workload.modelfile import check_text_inputs, graph_task, is_model_file, read_graph, tokenizer_vocab
 from corescale.workload.packaged import PACKAGED, packaged_model
+from corescale.workload.tasks import TASKS
 
 _BERT = dict(model_type="bert", vocab_size=30522, max_position_embeddings=512, type_vocab_size=2,
              hidden_act="gelu", layer_norm_eps=1e-12)
@@ -221,12 +222,13 @@ def file_spec(name: str, path: Path, task: str | None, tokenizer: str | None) ->
                         "tokenizer.json), or put tokenizer.json or config.json beside the file")
     dims = graph["outputs"][output][1]
     labels: tuple[str, ...] = ()
-    if chosen in ("rerank", "classify"):
+    entry = TASKS[chosen]
+    if entry.head == "logits":  # one score, else the classes ((): unknown)
         labels = classification_labels(config, name) if config.get("id2label") or config.get("num_labels") else \
-            ("score",) if chosen == "rerank" else tuple(f"LABEL_{i}" for i in range(dims[1] or 0))  # (): unknown
+            entry.labels if len(entry.labels) == 1 else tuple(f"LABEL_{i}" for i in range(dims[1] or 0))
     head = HeadSpec(task=chosen, labels=labels, source="file")
     found = {**graph, "output": output, "vocab_size": int(vocab), "sizes": "config.json" if config else "graph",
-             "hidden": dims[-1] if chosen in ("embed", "encode") else None}
+             "hidden": dims[-1] if entry.head != "logits" else None}
     return ModelSpec(name=name, source="file", config=config, path=str(path.resolve()), head_json=head.to_json(),
                      model_file=found)
 
@@ -372,7 +374,7 @@ def build_torch_model(spec: ModelSpec, seed: int, trust_remote_code: bool = Fals
     from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification
 
     head = spec.head
-    classifier = head.task in ("rerank", "classify")
+    classifier = head.entry.head == "logits"
     auto = AutoModelForSequenceClassification if classifier else AutoModel
     if spec.source == "preset":
         config = dict(spec.config)

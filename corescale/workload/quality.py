@@ -1,8 +1,9 @@
-"""Quality in the task's terms: the metrics of each task, the gate (`min_quality=`), and the real text the check
+"""Quality in the task's terms: the gate (`min_quality=`) over each task's metrics, and the real text the check
 runs on (the quality set), all light: built and checked in the parent before any worker starts.
 
 The measured backend's outputs on the quality set are compared with the fp32 PyTorch reference's
-(measure/quality.py). The default gates and why (docs/tasks.md):
+(measure/quality.py; the task's judge). The default gates (each task's entry, workload/tasks.py) and why
+(docs/tasks.md):
 - embed: cosine p1 >= 0.99 (99 % of texts keep their direction within 8 degrees) and recall@10 >= 0.95 (a text's ten
   nearest neighbours in the set change by at most one in two queries on average): what a search index notices;
 - rerank: NDCG@10 >= 0.98 against the reference's order (graded by the reference's ranks) and the same top
@@ -21,22 +22,9 @@ import numpy as np
 from corescale.errors import UserError
 from corescale.workload import corpus
 from corescale.workload.samples import QuerySet
+from corescale.workload.tasks import TASKS
 from corescale.workload.tokens import text_encoder, tokenizer_dir
 
-# metric -> "higher" (better when larger) or "lower"
-METRICS: dict[str, dict[str, str]] = {
-    "embed": {"cosine_min": "higher", "cosine_p1": "higher", "cosine_mean": "higher", "recall_at_10": "higher"},
-    "rerank": {"ndcg_at_10_mean": "higher", "ndcg_at_10_min": "higher", "kendall_tau_mean": "higher",
-               "kendall_tau_min": "higher", "top1_agreement": "higher"},
-    "classify": {"label_agreement": "higher", "max_probability_diff": "lower"},
-    "encode": {},  # a plain encoder's last hidden state is judged by raw drift (reference=, drift_tolerance=)
-}
-DEFAULT_GATES = {
-    "embed": "cosine_p1>=0.99,recall_at_10>=0.95",
-    "rerank": "ndcg_at_10_mean>=0.98,top1_agreement>=0.95",
-    "classify": "label_agreement>=0.99,max_probability_diff<=0.05",
-    "encode": "",  # raw drift (reference=, drift_tolerance=) judges a plain encoder, as before tasks
-}
 _TERM = re.compile(r"\s*([a-z0-9_]+)\s*(>=|<=|:)\s*([0-9.eE+-]+)\s*")
 
 
@@ -56,7 +44,9 @@ class Bound:
 def parse_gate(gate: str | dict | None, task: str) -> list[Bound]:
     """`min_quality` (None: the task's default) as bounds: "m>=v,m<=v", "m:v" (the direction is the metric's) or a
     {metric: bound} mapping; one line for a metric of another task or bad syntax."""
-    spec = DEFAULT_GATES[task] if gate is None else gate
+    entry = TASKS[task]
+    metrics = entry.directions
+    spec = entry.gate if gate is None else gate
     if isinstance(spec, dict):
         spec = ",".join(f"{k}:{v}" for k, v in spec.items())
     bounds = []
@@ -65,24 +55,24 @@ def parse_gate(gate: str | dict | None, task: str) -> list[Bound]:
         if not match:
             raise UserError(f"min_quality term '{term.strip()}' is not METRIC:BOUND, METRIC>=BOUND or METRIC<=BOUND")
         metric, op, raw = match.groups()
-        if not METRICS[task]:
-            raise UserError(f"min_quality applies to tasks {', '.join(t for t in METRICS if METRICS[t])}; task=encode "
-                            "is judged by raw drift (reference=pytorch, drift_tolerance=)")
-        if metric not in METRICS[task]:
-            other = [t for t, names in METRICS.items() if metric in names]
+        if not entry.judged:
+            raise UserError(f"min_quality applies to tasks {', '.join(t for t in TASKS if TASKS[t].judged)}; "
+                            f"task={task} is judged by raw drift (reference=pytorch, drift_tolerance=)")
+        if metric not in metrics:
+            other = [t for t in TASKS if metric in TASKS[t].directions]
             where = f" (a metric of task {', '.join(other)})" if other else ""
             raise UserError(f"min_quality names '{metric}'{where}, not a metric of task={task}; allowed: "
-                            f"{', '.join(METRICS[task])}")
+                            f"{', '.join(metrics)}")
         try:
             value = float(raw)
         except ValueError:
             raise UserError(f"min_quality term '{term.strip()}': '{raw}' is not a number") from None
         if not np.isfinite(value):
             raise UserError(f"min_quality term '{term.strip()}': the bound must be finite")
-        wanted = ">=" if METRICS[task][metric] == "higher" else "<="
+        wanted = ">=" if metrics[metric] == "higher" else "<="
         op = wanted if op == ":" else op
         if op != wanted:
-            raise UserError(f"min_quality: {metric} is better {METRICS[task][metric]}, so bound it with {wanted}")
+            raise UserError(f"min_quality: {metric} is better {metrics[metric]}, so bound it with {wanted}")
         bounds.append(Bound(metric, op, value))
     return bounds
 
@@ -90,9 +80,9 @@ def parse_gate(gate: str | dict | None, task: str) -> list[Bound]:
 # --- the quality set -------------------------------------------------------------------------------------------
 
 def quality_texts(cfg, task: str) -> tuple[list, str]:
-    """The texts (rerank: (query, document) pairs) the check runs on, and their origin: the user's text file
-    when given (not for rerank, whose pairs are built), else the built-in corpus."""
-    if task != "rerank" and cfg.workload.source and cfg.workload.source != corpus.BUILTIN:
+    """The texts (a pair task's: (query, document) pairs) the check runs on, and their origin: the user's text
+    file when given (not for a pair task, whose pairs are built), else the built-in corpus."""
+    if not TASKS[task].pairs and cfg.workload.source and cfg.workload.source != corpus.BUILTIN:
         from corescale.workload.samples import read_texts
 
         texts = read_texts(cfg.workload.source)[:cfg.quality_samples]
@@ -105,7 +95,7 @@ def build_quality_set(cfg, model) -> QuerySet:
     items, origin = quality_texts(cfg, model.task)
     folder, named = tokenizer_dir(cfg, model)
     candidates = corpus.RERANK_CANDIDATES
-    groups = np.repeat(np.arange(len(items) // candidates), candidates) if model.task == "rerank" else None
+    groups = np.repeat(np.arange(len(items) // candidates), candidates) if TASKS[model.task].pairs else None
     if folder is None:  # a preset with no tokenizer that fits: seeded random ids of the texts' lengths
         rng = np.random.default_rng(cfg.seed)
         lengths = [min(cfg.sequence_length, max(2, len(str(t).split()) * 4 // 3)) for t in items]

@@ -20,6 +20,7 @@ import numpy as np
 
 from corescale.errors import UserError
 from corescale.userfiles import MAX_CORPUS_BYTES, read_text
+from corescale.workload.tasks import TASKS
 
 BUCKET_EDGES = (16, 32, 64, 128, 256, 384, 512)
 LOW_ID = 5  # random ids keep clear of special tokens
@@ -183,15 +184,15 @@ def read_texts(source: str) -> list[str]:
 
 def query_texts(cfg) -> tuple[list, str]:
     """The queries sent as text (endpoint=): the workload file's first workload.samples texts, or the built-in
-    corpus's (no workload, or workload=builtin); for task=rerank the built-in rerank sets, each a (query, texts)
-    pair sent whole; and where they came from."""
+    corpus's (no workload, or workload=builtin); for a pair task (task=rerank) the built-in rerank sets, each a
+    (query, texts) pair sent whole; and where they came from."""
     from corescale.workload import corpus
 
     count = cfg.workload.samples
-    if cfg.task == "rerank":
+    if cfg.task is not None and TASKS[cfg.task].pairs:
         if cfg.workload.source and cfg.workload.source != corpus.BUILTIN:
-            raise UserError("task=rerank over HTTP sends the built-in rerank sets (a query and the texts it ranks); "
-                            "a workload file holds texts only: leave workload= out")
+            raise UserError(f"task={cfg.task} over HTTP sends the built-in rerank sets (a query and the texts it "
+                            "ranks); a workload file holds texts only: leave workload= out")
         sets = corpus.rerank_sets(max(count // corpus.RERANK_CANDIDATES, 2), corpus.RERANK_CANDIDATES)
         return [(s.query, s.documents) for s in sets], (
             f"built-in rerank sets ({len(sets)} queries x {corpus.RERANK_CANDIDATES} texts, one query per request)")

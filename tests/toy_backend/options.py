@@ -22,4 +22,4 @@ TOY = BackendEntry(
     options=ToyOptions, backend="toy_backend.backend:ToyBackend", extra=None, requires=("numpy",),
     precisions=("fp32", "fp16"), openmp=False, forkable=True, worker_modules=("toy_backend.backend",), artifacts=(),
     profiler=None, libraries=("numpy",), recorded=(), snippet="toy_backend.recipe:snippet", onednn_linear=False,
-    tasks=("encode",))
+    heads=("tokens",))

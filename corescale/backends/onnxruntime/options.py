@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from corescale.backends.options import KEEP_FP32, ONNX_EXPORT, TASKS, BackendEntry, Int8Options, Profiler
+from corescale.backends.options import KEEP_FP32, ONNX_EXPORT, BackendEntry, Int8Options, Profiler
+from corescale.workload.tasks import HEADS
 
 GRAPH_OPTIMIZATION_LEVELS = ("disable", "basic", "extended", "all")
 EXECUTION_MODES = ("sequential", "parallel")
@@ -40,5 +41,5 @@ ONNXRUNTIME = BackendEntry(
     profiler=Profiler("ONNX Runtime profiling (SessionOptions.enable_profiling)",
                       "corescale.backends.onnxruntime.profiler:OnnxRuntimeProfiler"),
     libraries=("onnxruntime", "onnx"), recorded=(), snippet="corescale.backends.onnxruntime.recipe:snippet",
-    onednn_linear=False, tasks=TASKS,
+    onednn_linear=False, heads=HEADS,
     model_files=("onnx",))

@@ -7,8 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from corescale.backends.options import KEEP_FP32, ONNX_EXPORT, TASKS, BackendEntry, Int8Options, Profiler
+from corescale.backends.options import KEEP_FP32, ONNX_EXPORT, BackendEntry, Int8Options, Profiler
 from corescale.errors import UserError
+from corescale.workload.tasks import HEADS
 
 PERFORMANCE_HINTS = ("LATENCY", "THROUGHPUT", "CUMULATIVE_THROUGHPUT")
 # nncf.quantize (int8 weights and activations, calibrated on real text); nncf.compress_weights (int8 weights only)
@@ -52,5 +53,5 @@ OPENVINO = BackendEntry(
     profiler=Profiler("OpenVINO per-layer performance counters (PERF_COUNT)",
                       "corescale.backends.openvino.profiler:OpenVinoProfiler"),
     libraries=("openvino", "onnx"), recorded=(), snippet="corescale.backends.openvino.recipe:snippet",
-    onednn_linear=False, tasks=TASKS,
+    onednn_linear=False, heads=HEADS,
     model_files=("onnx", "openvino-ir"))

@@ -13,8 +13,9 @@ import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
-from corescale.backends.options import TASKS, BackendEntry, BackendOptions, Profiler
+from corescale.backends.options import BackendEntry, BackendOptions, Profiler
 from corescale.errors import UserError
+from corescale.workload.tasks import HEADS
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 LINEARS = ("default", "onednn")
@@ -74,6 +75,6 @@ PYTORCH = BackendEntry(
     worker_modules=("torch", "transformers", "transformers.models.{model}.modeling_{model}", _BACKEND),
     artifacts=(), profiler=Profiler("torch.profiler", "corescale.backends.pytorch.profiler:TorchProfiler"),
     libraries=("torch", "transformers"), recorded=(), snippet="corescale.backends.pytorch.recipe:snippet",
-    onednn_linear=True, tasks=TASKS)
+    onednn_linear=True, heads=HEADS)
 TORCHSCRIPT = dataclasses.replace(PYTORCH, options=TorchScriptOptions, backend=f"{_BACKEND}:TorchScriptBackend")
 TORCH_COMPILE = dataclasses.replace(PYTORCH, options=TorchCompileOptions, backend=f"{_BACKEND}:CompileBackend")

@@ -58,9 +58,9 @@ class TaskModule(torch.nn.Module):
         if "token_type_ids" in self.input_names:
             kwargs["token_type_ids"] = token_type_ids
         out = self.model(**kwargs)
-        if self.head.task in ("rerank", "classify"):
+        if self.head.entry.head == "logits":
             return out.logits
-        if self.head.task == "encode":
+        if self.head.entry.head == "tokens":
             return out.last_hidden_state
         vector = pool(out.last_hidden_state, attention_mask, self.head.pooling or "mean")
         for layer in self.dense:

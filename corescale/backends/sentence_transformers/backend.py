@@ -24,8 +24,9 @@ class SentenceTransformersBackend(TimedStages):
     def load(self, spec, cfg, threads, inputs) -> None:
         set_torch_threads(threads, cfg.interop_threads)
         self.batch, self.head = cfg.batch_size, spec.head
+        self.pooled = spec.head.entry.head == "pooled"  # an embedder; else a cross-encoder's logits
         with self.stage("build_model"):
-            if spec.head.task == "embed":
+            if self.pooled:
                 from sentence_transformers import SentenceTransformer
 
                 self.embedder = SentenceTransformer(spec.path, device="cpu")
@@ -45,12 +46,12 @@ class SentenceTransformersBackend(TimedStages):
 
     def forward(self, prepared):
         if isinstance(prepared, list):
-            if self.head.task == "embed":
+            if self.pooled:
                 return self.embedder.encode(prepared, batch_size=self.batch, show_progress_bar=False,
                                             normalize_embeddings=self.head.normalize)
             return self.ranker.predict(prepared, batch_size=self.batch, show_progress_bar=False)
         with torch.inference_mode():
-            if self.head.task == "embed":
+            if self.pooled:
                 vector = self.embedder(prepared)["sentence_embedding"]
                 return torch.nn.functional.normalize(vector, dim=1) if self.head.normalize else vector
             return self.ranker.activation_fn(self.model(**prepared).logits)
@@ -65,4 +66,4 @@ class SentenceTransformersBackend(TimedStages):
         return {"framework": "sentence-transformers", "version": sentence_transformers.__version__,
                 "torch": torch.__version__, "num_threads": torch.get_num_threads(),
                 "num_interop_threads": torch.get_num_interop_threads(),
-                "call": "SentenceTransformer.encode" if self.head.task == "embed" else "CrossEncoder.predict"}
+                "call": "SentenceTransformer.encode" if self.pooled else "CrossEncoder.predict"}

@@ -36,6 +36,6 @@ SENTENCE_TRANSFORMERS = BackendEntry(
                     "corescale.backends.sentence_transformers.backend"),
     artifacts=(), profiler=None, libraries=("torch", "transformers", "sentence-transformers"), recorded=(),
     snippet="corescale.backends.sentence_transformers.recipe:snippet", onednn_linear=False,
-    tasks=("embed", "rerank", "classify"),
+    heads=("pooled", "logits"),
     peer_calls=(("embed", "sentence-transformers encode()"), ("rerank", "sentence-transformers CrossEncoder.predict()"),
                 ("classify", "sentence-transformers CrossEncoder.predict()")))

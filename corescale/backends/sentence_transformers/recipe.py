@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from corescale.workload.tasks import TASKS
+
 
 def snippet(cfg, threads: int, model: str) -> str:
-    embed = cfg.task in (None, "embed")
+    embed = cfg.task is None or TASKS[cfg.task].head == "pooled"  # SentenceTransformer, else CrossEncoder
     load = ("from sentence_transformers import SentenceTransformer", 'model = SentenceTransformer(MODEL_DIR, '
             'device="cpu")', f"vectors = model.encode(TEXTS, batch_size={cfg.batch_size})") if embed else (
         "from sentence_transformers import CrossEncoder", 'model = CrossEncoder(MODEL_DIR, device="cpu")',

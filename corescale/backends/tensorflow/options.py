@@ -20,6 +20,6 @@ TENSORFLOW = BackendEntry(
     artifacts=(),
     profiler=None,  # its profiler writes TensorBoard traces without per-call op times corescale can add up
     libraries=("tensorflow",), recorded=("keras", "keras-hub"), snippet="corescale.backends.tensorflow.recipe:snippet",
-    onednn_linear=False, tasks=("encode",))
+    onednn_linear=False, heads=("tokens",))
 TENSORFLOW_GRAPH = dataclasses.replace(TENSORFLOW, options=TensorFlowGraphOptions, backend=f"{_BACKEND}:GraphBackend")
 TENSORFLOW_XLA = dataclasses.replace(TENSORFLOW, options=TensorFlowXlaOptions, backend=f"{_BACKEND}:XlaBackend")
