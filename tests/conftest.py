@@ -143,6 +143,18 @@ def toy(fp16):
 
 
 @pytest.fixture
+def toy_task():
+    """The toy task (tests/toy_task) registered in this process for one test, then removed."""
+    from toy_task import TOYSCORE
+
+    from corescale.workload.tasks import TASKS, register
+
+    register(TOYSCORE)
+    yield TOYSCORE
+    TASKS.pop(TOYSCORE.name)
+
+
+@pytest.fixture
 def toy_everywhere(toy, monkeypatch):
     """The toy registered in this process and in every process the test starts (the workers: TOY_ENV)."""
     for name, value in TOY_ENV.items():

@@ -204,3 +204,28 @@ def test_no_two_top_level_definitions_of_a_package_share_a_name():
                     not node.name.startswith("_") and node.name not in SHARED_NAMES:
                 defined[(str(path.parent.relative_to(PACKAGE)), node.name)].append(path.name)
     assert {key: files for key, files in defined.items() if len(files) > 1} == {}
+
+
+def test_no_module_but_the_task_registry_names_a_task_in_a_branch_or_a_table():
+    """Tasks are entries (workload/tasks.py): no other module compares a task to a literal name (`== "rerank"`,
+    `in ("rerank", "classify")`) or keeps a dict keyed by task names; it reads the entry's facts."""
+    from corescale.workload.tasks import TASKS
+
+    def named(node: ast.AST) -> list[str]:
+        items = node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else [node]
+        return [n.value for n in items if isinstance(n, ast.Constant) and n.value in TASKS]
+
+    found = []
+    for path in PACKAGE.rglob("*.py"):
+        if path == PACKAGE / "workload" / "tasks.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare):
+                names = [name for side in (node.left, *node.comparators) for name in named(side)]
+            elif isinstance(node, ast.Dict):
+                names = [name for key in node.keys if key is not None for name in named(key)]
+            else:
+                continue
+            if names:
+                found.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {', '.join(names)}")
+    assert found == []
