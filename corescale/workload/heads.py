@@ -74,7 +74,7 @@ class HeadSpec:
 
     def identity(self) -> dict[str, Any]:
         """What enters the trial key (only for a head other than the plain encoder's, so old keys hold)."""
-        return {} if self.entry.head == "tokens" else {"head": self.to_json()}
+        return {} if self.task == tasks.of_head("tokens") else {"head": self.to_json()}
 
     def summary(self) -> str:
         named = f": {', '.join(self.labels)}" if len(self.entry.labels) > 1 else ""  # classes, not one score
