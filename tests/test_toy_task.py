@@ -127,7 +127,7 @@ def test_without_it_the_service_has_no_such_route():
      "gate names n, not among its metrics"),
     (Task("odd", "n", "pooled", "o", "t", metrics=(("m", "lower"),)), "a judge is given exactly when there are"),
     (Task("odd", "n", "pooled", "o", "t", routes=(Route("tei", "/embed", "a:B", "a:c"),)),
-     "route /embed is task 'embed''s"),
+     "route /embed is taken by task 'embed'"),
     (Task("odd", "n", "pooled", "o", "t", routes=(Route("grpc", "/x", "a.B", "a:c"),)), "schema is not 'module:"),
 ])
 def test_an_incomplete_or_malformed_entry_is_refused_at_registration(entry, message):

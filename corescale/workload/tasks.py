@@ -143,7 +143,7 @@ def register(task: Task) -> None:
     taken = {(r.api, r.path): t.name for t in TASKS.values() for r in t.routes if t.name != task.name}
     clash = [(r.path, taken[r.api, r.path]) for r in task.routes if (r.api, r.path) in taken]
     if clash:
-        raise RegistrationError(f"task '{task.name}': route {clash[0][0]} is task '{clash[0][1]}''s")
+        raise RegistrationError(f"task '{task.name}': route {clash[0][0]} is taken by task '{clash[0][1]}'")
     TASKS[task.name] = task
 
 
