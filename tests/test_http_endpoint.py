@@ -127,9 +127,11 @@ def minilm_server():
 @pytest.mark.slow
 @pytest.mark.parametrize("api", ["openai", "tei"])
 def test_sentence_transformers_server_over_each_api(minilm_server, api, tmp_path):
-    """Each API's requests and answers against a real peer; the rate is not the subject: 459 queries arrive
-    within 2.3 s, those the 1-thread server cannot keep up with wait (inside the default hour-long bound)."""
-    proc = _run(minilm_server, f"api={api}", "target_qps=200", "model=all-MiniLM-L6-v2", out=tmp_path)
+    """Each API's requests and answers against a real peer; the rate is not the subject (the tiny server's tests
+    drive the server scenario): one query at a time, 64 of them (at 200 QPS a busy machine's 1-thread peer kept
+    up with 15-20, as many seconds as 25 QPS took)."""
+    proc = _run(minilm_server, f"api={api}", "scenario=single_stream", "server.min_query_count=64",
+                "model=all-MiniLM-L6-v2", out=tmp_path)
     assert proc.returncode == 0, proc.stderr
     path, record = _result(tmp_path)
     server = record["server"]
@@ -141,7 +143,7 @@ def test_sentence_transformers_server_over_each_api(minilm_server, api, tmp_path
     if api == "openai":
         assert endpoint["model_field"] == "all-MiniLM-L6-v2" and "/v1/models" in endpoint["reports"]
     step = server["steps"][0]
-    assert step["queries"] >= 459 and step["errors"] == 0 and step["http"]["requests"] == step["queries"]
+    assert step["queries"] >= 64 and step["errors"] == 0 and step["http"]["requests"] == step["queries"]
     assert step["http"]["server_ms"] == {}  # this server sends no timing headers
     response = step["http"]["client_ms"]["response"]
     assert 0 < response["p50"] <= response["p99"] <= step["latency_ms"]["max"] + 1
