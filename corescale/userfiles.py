@@ -1,5 +1,5 @@
 """Files and places the user names: a JSON file to read, a place to write; either refused, before any work, as
-one UserError line that names what it is for."""
+one UserError line that names what it is for. And `fsync_path`, the bottom of every durable write."""
 
 from __future__ import annotations
 
@@ -70,6 +70,15 @@ def read_json(path: Path, what: str, limit: int = MAX_TEXT_BYTES) -> Any:
         raise UserError(f"corrupted {what} '{path}': not valid JSON ({exc})") from None
     except RecursionError:
         raise UserError(f"corrupted {what} '{path}': nested too deeply to be a corescale document") from None
+
+
+def fsync_path(path: Path) -> None:
+    """A file's data, or a folder's entries (a rename in it), on disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def require_path(value: str | None, what: str) -> None:

@@ -6,12 +6,12 @@ from collections import defaultdict
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "corescale"
-TOP_LEVEL = {"__init__.py", "__main__.py", "cli.py", "errors.py", "userfiles.py", "bounds.py", "http_keys.py",
-             "config.py", "overrides.py"}
+TOP_LEVEL = {"__init__.py", "__main__.py", "cli.py", "errors.py", "typed.py", "userfiles.py", "bounds.py",
+             "http_keys.py", "config.py", "overrides.py"}
 # each stage may import the ones before it, never one after it (commands and cli sit on top)
-ORDER = ["errors", "userfiles", "bounds", "workload.tasks", "http_keys", "machine", "backends.options", "config",
-         "overrides", "workload", "record", "measure", "backends", "trials", "analysis", "serve", "explain", "tune",
-         "report", "commands", "cli", "__main__"]
+ORDER = ["errors", "typed", "userfiles", "bounds", "workload.tasks", "http_keys", "machine", "backends.options",
+         "config", "overrides", "workload", "record", "measure", "backends", "trials", "analysis", "serve", "explain",
+         "tune", "report", "commands", "cli", "__main__"]
 
 
 def imports() -> dict[str, set[str]]:

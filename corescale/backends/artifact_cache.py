@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Callable
 
 from corescale.errors import UserError
-from corescale.record.files import fsync_path
+from corescale.userfiles import fsync_path
 
 LOCK_DIR = ".locks"  # beside the artifacts: one lock file per artifact
 MANIFEST = "manifest.json"  # in each artifact: its files' sizes, modification times and hashes

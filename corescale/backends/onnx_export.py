@@ -35,7 +35,7 @@ from typing import Callable
 import numpy as np
 
 from corescale.backends.artifact_cache import cached, damage
-from corescale.record.files import fsync_path
+from corescale.userfiles import fsync_path
 from corescale.workload.inputs import make_inputs
 from corescale.workload.models import source_files
 

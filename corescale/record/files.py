@@ -19,21 +19,12 @@ import yaml
 from corescale.errors import UserError
 from corescale.machine import scratch
 from corescale.record.trial import TrialRecord
-from corescale.userfiles import read_json
+from corescale.userfiles import fsync_path, read_json
 
 RESULT_FILE = "result.json"
 SAMPLES_FILE = "samples.parquet"
 CONFIG_FILE = "config.yaml"
 TMP_PREFIX = ".tmp-"
-
-
-def fsync_path(path: Path) -> None:
-    """A file's data, or a folder's entries (a rename in it), on disk."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def umask() -> int:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from corescale.record.typed import Section
+from corescale.typed import Section
 
 
 @dataclass(frozen=True)

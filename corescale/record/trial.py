@@ -30,7 +30,7 @@ from corescale.record.sections import (
     Quality,
     ServerSummary,
 )
-from corescale.record.typed import Section, plain
+from corescale.typed import Section, plain
 
 SCHEMA_VERSION = 3
 READS = (1, 2, 3)  # schema 2 -> 3: the same JSON, now typed

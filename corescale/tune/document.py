@@ -1,5 +1,5 @@
 """tune.json as a typed, versioned document: written by tune/outputs.py at the end of a tune, read by the
-report, the fleet ranking and the tune command. Reading checks every value (record/typed.py): a malformed
+report, the fleet ranking and the tune command. Reading checks every value (typed.py): a malformed
 document is one UserError line naming where."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from corescale.errors import UserError
-from corescale.record.typed import Section
+from corescale.typed import Section
 from corescale.userfiles import read_json
 
 TUNE_FILE = "tune.json"
