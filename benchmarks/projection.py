@@ -29,9 +29,9 @@ def machine_here():
     topology = Topology.from_sysfs()
     cores, logical = len(topology.physical_cores), len(topology.cpu_ids)
     cpu = cpuinfo()
-    isa = catalog_isa(cpu["isa"])
+    isa = catalog_isa(cpu.isa)
     bandwidth = triad(cores)["gbps"]
-    return Machine("this machine", 1.0, logical, cores, cpu_model=cpu["model"], smt=max(logical // cores, 1),
+    return Machine("this machine", 1.0, logical, cores, cpu_model=cpu.model, smt=max(logical // cores, 1),
                    isa=isa, arch=arch_of(isa), bandwidth_gbps=bandwidth, bandwidth_basis="triad, all cores",
                    date="measured", source="this run")
 

@@ -54,7 +54,7 @@ def test_a_changed_or_missing_file(tmp_path):
 
 
 def test_a_cpu_without_the_measured_features(tmp_path):
-    isa = cpuinfo()["isa"]
+    isa = cpuinfo().isa
     lacking = [f for f in ISA_FLAGS if not isa[f]] or ["amx_fp16"]  # a flag this corescale does not know: lacking
     refusal(fake_bundle(tmp_path, cpu_features=lacking[:1]), f"this CPU lacks {lacking[0]}", "int8", "measure again")
 

@@ -13,6 +13,7 @@ from corescale.backends.artifact_cache import MANIFEST, cached, damage
 from corescale.backends.onnx_export import MODEL_FILE, OnnxModel
 from corescale.errors import UserError
 from corescale.machine import peak
+from corescale.machine.environment import CpuInfo
 
 PAYLOAD = b"onnx graph bytes " * 1000
 
@@ -178,7 +179,7 @@ def test_a_malformed_or_out_of_range_bandwidth_entry_is_measured_again(tmp_path,
 @pytest.mark.parametrize("clocks", [{"governor": "powersave"}, {"no_turbo": "1"}, {"boost": "0"},
                                     {"smt": "off"}])
 def test_the_peak_fingerprint_changes_with_the_clock_settings(clocks):
-    cpu, topology = {"model": "Xeon", "isa": {"avx512f": True}}, {"logical_cpus": 2}
+    cpu, topology = CpuInfo(model="Xeon", isa={"avx512f": True}), {"logical_cpus": 2}
     base = {"governor": "performance", "no_turbo": "0", "boost": "1", "smt": "on"}
     assert peak.fingerprint(cpu, topology, base) != peak.fingerprint(cpu, topology, {**base, **clocks})
     assert peak.fingerprint(cpu, topology, {}) == peak.fingerprint(cpu, topology)  # none exposed: as before

@@ -2,6 +2,7 @@
 runs is part of it (LD_PRELOAD, allocator, OpenMP and framework variables), what every instance sets for itself
 or what changes nothing is not, and a record without any such variable keeps the fingerprint it always had."""
 
+import dataclasses
 import hashlib
 import json
 
@@ -12,11 +13,10 @@ from corescale.record.sections import HostEnvironment
 from corescale.record.trial import machine_fingerprint, measuring_libraries
 
 
-def _host(**env):
+def _host(**env) -> HostEnvironment:
     captured = environment.capture()
-    captured["env"] = {k: v for k, v in captured["env"].items()
-                       if k not in environment.measuring_variables(captured["env"])} | env
-    return HostEnvironment.from_dict(captured, "environment")
+    kept = {k: v for k, v in captured.env.items() if k not in environment.measuring_variables(captured.env)}
+    return dataclasses.replace(captured, env=kept | env)
 
 
 @pytest.mark.parametrize("name, value", [
@@ -50,4 +50,4 @@ def test_the_capture_records_every_family_it_fingerprints(monkeypatch):
     names = {"LD_PRELOAD", "MALLOC_ARENA_MAX", "TCMALLOC_RELEASE_RATE", "GLIBC_TUNABLES", "KMP_BLOCKTIME"}
     for name in names:
         monkeypatch.setenv(name, "x")
-    assert names <= set(environment.capture()["env"])
+    assert names <= set(environment.capture().env)

@@ -7,6 +7,7 @@ import pytest
 from helpers import FAST, corescale
 
 from corescale.machine import peak
+from corescale.machine.environment import CpuInfo
 from corescale.machine.placement import InstancePlacement, InstanceSpec
 from corescale.measure.aggregate import percent_of_peak
 from corescale.measure.calibrate import disturbed, store
@@ -56,10 +57,10 @@ def test_cache_is_per_cpus_threads_precision_and_fingerprint(tmp_path):
 
 
 def test_fingerprint_changes_with_the_machine():
-    a = peak.fingerprint({"model": "EPYC", "isa": {"avx2": True}}, {"logical_cpus": 2})
-    assert a == peak.fingerprint({"model": "EPYC", "isa": {"avx2": True}}, {"logical_cpus": 2})
-    assert a != peak.fingerprint({"model": "EPYC", "isa": {"avx512f": True}}, {"logical_cpus": 2})
-    assert a != peak.fingerprint({"model": "EPYC", "isa": {"avx2": True}}, {"logical_cpus": 96})
+    a = peak.fingerprint(CpuInfo(model="EPYC", isa={"avx2": True}), {"logical_cpus": 2})
+    assert a == peak.fingerprint(CpuInfo(model="EPYC", isa={"avx2": True}), {"logical_cpus": 2})
+    assert a != peak.fingerprint(CpuInfo(model="EPYC", isa={"avx512f": True}), {"logical_cpus": 2})
+    assert a != peak.fingerprint(CpuInfo(model="EPYC", isa={"avx2": True}), {"logical_cpus": 96})
 
 
 def test_percent_of_peak_is_never_above_100():
@@ -71,8 +72,8 @@ def test_percent_of_peak_is_never_above_100():
 
 
 def test_analytic_peak_needs_a_clock():
-    assert peak.analytic_gflops({"isa": {"avx2": True}}, 2) is None
-    analytic = peak.analytic_gflops({"isa": {"avx512f": True}, "mhz": 2000.0}, 2)
+    assert peak.analytic_gflops(CpuInfo(isa={"avx2": True}), 2) is None
+    analytic = peak.analytic_gflops(CpuInfo(isa={"avx512f": True}, mhz=2000.0), 2)
     assert analytic["per_core"] == pytest.approx(2 * 16 * 2 * 2.0) and analytic["gflops"] == 2 * analytic["per_core"]
 
 

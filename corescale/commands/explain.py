@@ -68,7 +68,7 @@ def handle(args) -> int:
     with interruptible():  # SIGTERM/SIGHUP stop it like Ctrl-C: the worker and the temp directory go
         for trial in trials:
             errors.print(f"profiling {analysis.label(trial.cfg)} ...", markup=False)
-            raw = profile(trial, host["cpu"]["isa"], on_lock_wait)
+            raw = profile(trial, host.cpu.isa, on_lock_wait)
             results.append(analysis.explain(raw, trial.cfg, trial.model))
     path = analysis.save(results, trials[0].cfg.results_root)
     png = write_atomic(path.with_suffix(".png"), draw.figure_png(results), "figure")

@@ -25,7 +25,7 @@ def register(sub) -> None:
     parser.set_defaults(handler=handle)
 
 
-def measure_peaks(args, host: dict) -> list[dict]:
+def measure_peaks(args, isa: dict[str, bool]) -> list[dict]:
     """One row per (CPUs, threads, precision): every library's GFLOP/s and the winner, cached like a run's; under
     the machine lock (another process's trial or measurement first)."""
     from pathlib import Path
@@ -45,13 +45,13 @@ def measure_peaks(args, host: dict) -> list[dict]:
     cpus = tuple(Topology.from_sysfs().cpu_ids)
     layouts = {(cpus[0],): 1, cpus: len(cpus)}
     specs = [InstanceSpec(InstancePlacement(i, c, (), len(c)), n, 1) for i, (c, n) in enumerate(layouts.items())]
-    computed = [p for p in PRECISIONS if peak_precision(p, host["cpu"]["isa"]) == p]
+    computed = [p for p in PRECISIONS if peak_precision(p, isa) == p]
     precisions = peak_precisions(args.precisions, computed)
     rows = []
     with machine_lock(on_wait=on_lock_wait), scratch("peak") as work:
         for precision in precisions:
             for spec in specs:  # one at a time: the whole-machine row must not share its cores
-                (done,) = with_peaks([spec], cfg, host["cpu"]["isa"], Path(work), PeakCache(cfg.cache_dir),
+                (done,) = with_peaks([spec], cfg, isa, Path(work), PeakCache(cfg.cache_dir),
                                      force=True, libraries=libraries, precision=precision)
                 rows.append({"cpus": list(spec.cpus), "threads": spec.threads, **(done.peak or {})})
     return rows
@@ -84,21 +84,23 @@ def handle(args) -> int:
             from corescale.errors import UserError
 
             raise UserError(f"{flag} needs --peak")
+    peaks: list[dict] = []
     if args.peak:
         from corescale.trials.local import interruptible
 
         with interruptible():  # SIGTERM/SIGHUP stop it like Ctrl-C: its processes and temp directory go
-            host["peak"] = measure_peaks(args, host)
-    host["analytic_peak"] = analytic_gflops(host["cpu"], len(Topology.from_sysfs().physical_cores))
+            peaks = measure_peaks(args, host.cpu.isa)
+    analytic = analytic_gflops(host.cpu, len(Topology.from_sysfs().physical_cores))
     if args.json:
-        print(json.dumps(host, indent=2, default=str))
+        shown = {**host.to_dict(), **({"peak": peaks} if args.peak else {}), "analytic_peak": analytic}
+        print(json.dumps(shown, indent=2, default=str))
         return 0
-    console.print(host_table(host))
+    console.print(host_table(host, analytic))
     if args.peak:
-        print_wide(peak_table(host["peak"]))
+        print_wide(peak_table(peaks))
         from corescale.measure.calibrate import disturbed
 
-        for row in host["peak"]:
+        for row in peaks:
             for name, why in row.get("errors", {}).items():
                 errors.print(f"{name} ({row['precision']}, {row['threads']} threads) not measured: {why}",
                              soft_wrap=True, markup=False)

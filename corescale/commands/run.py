@@ -55,7 +55,7 @@ def check_cost(settings: list) -> None:
 
     if not any(s.machine or s.catalog for s in settings):
         return
-    cpu, cores = cpuinfo()["model"], len(Topology.from_sysfs().physical_cores)
+    cpu, cores = cpuinfo().model, len(Topology.from_sysfs().physical_cores)
     for one in {(s.price_per_hour, s.machine, s.catalog): s for s in settings}.values():
         check_settings(one, cpu, cores)
 

@@ -1,4 +1,5 @@
-"""What the machine is, as the tool sees it: captured once per run and stored with every result."""
+"""What the machine is, as the tool sees it: captured once per run and stored with every result (the typed
+HostEnvironment, the record's `environment`)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,14 @@ import platform
 import re
 import subprocess
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import corescale
 from corescale.machine.precisions import PRECISIONS
 from corescale.machine.topology import read_text
+from corescale.typed import Section
 
 ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8",
              "asimd", "sve", "sve2", "i8mm", "bf16")  # the last five: aarch64's `Features`
@@ -36,7 +40,50 @@ WATCHED_LIBS = {"jemalloc": "libjemalloc", "tcmalloc": "libtcmalloc", "intel-ope
                 "gnu-openmp": "libgomp", "llvm-openmp": "libomp."}
 
 
-def cpuinfo() -> dict:
+@dataclass(frozen=True)
+class CpuInfo(Section):
+    model: str | None = None
+    vendor: str | None = None
+    mhz: float | None = None
+    max_mhz: float | None = None  # cpufreq's highest clock (absent in many VMs)
+    isa: dict[str, bool] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class HostTopology(Section):
+    sockets: int | None = None
+    numa_nodes: int | None = None
+    physical_cores: int | None = None
+    logical_cpus: int | None = None
+    allowed_cpus: str | None = None
+    summary: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class HostEnvironment(Section):
+    """capture(): the host a trial ran on (an empty one for records that lack it)."""
+
+    hostname: str | None = None
+    cpu: CpuInfo = field(default_factory=CpuInfo)
+    topology: HostTopology = field(default_factory=HostTopology)
+    cgroup_cpu_quota: float | None = None
+    os_cpu_count: int | None = None
+    memory_bytes: int | None = None
+    kernel: str | None = None
+    governor: str | None = None
+    transparent_hugepages: str | None = None
+    python: str | None = None
+    libraries: dict[str, str | None] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    load_average: list[float] = field(default_factory=list)
+    corescale: dict[str, str | None] = field(default_factory=dict)  # version, commit
+    captured_at: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def cpuinfo() -> CpuInfo:
     text = read_text("/proc/cpuinfo") or ""
     fields: dict[str, str] = {}
     for line in text.splitlines():
@@ -44,13 +91,9 @@ def cpuinfo() -> dict:
             key, _, value = line.partition(":")
             fields.setdefault(key.strip(), value.strip())
     flags = set((fields.get("flags") or fields.get("Features", "")).split())
-    return {
-        "model": fields.get("model name", platform.processor()),
-        "vendor": fields.get("vendor_id", ""),
-        "mhz": float(fields["cpu MHz"]) if "cpu MHz" in fields else None,
-        "max_mhz": _max_mhz(),
-        "isa": {flag: flag in flags for flag in isa_flags()},
-    }
+    return CpuInfo(model=fields.get("model name", platform.processor()), vendor=fields.get("vendor_id", ""),
+                   mhz=float(fields["cpu MHz"]) if "cpu MHz" in fields else None, max_mhz=_max_mhz(),
+                   isa={flag: flag in flags for flag in isa_flags()})
 
 
 def isa_flags() -> tuple[str, ...]:
@@ -91,8 +134,8 @@ def libraries() -> tuple[str, ...]:
     return tuple(dict.fromkeys(names))
 
 
-def library_versions() -> dict[str, str]:
-    versions = {}
+def library_versions() -> dict[str, str | None]:
+    versions: dict[str, str | None] = {}
     for name in libraries():
         try:
             versions[name] = importlib.metadata.version(name)
@@ -107,36 +150,23 @@ def thp_setting() -> str | None:
     return match.group(1) if match else text
 
 
-def capture() -> dict:
+def capture() -> HostEnvironment:
     """Host facts (no framework imported). Topology details come from corescale.machine.topology."""
     from corescale.machine.cpulist import format_cpulist
     from corescale.machine.topology import Topology, cgroup_cpu_quota
 
     topo = Topology.from_sysfs()
-    return {
-        "hostname": platform.node(),
-        "cpu": cpuinfo(),
-        "topology": {
-            "sockets": len(topo.sockets),
-            "numa_nodes": len(topo.numa_nodes),
-            "physical_cores": len(topo.physical_cores),
-            "logical_cpus": len(topo.cpu_ids),
-            "allowed_cpus": format_cpulist(topo.cpu_ids),
-            "summary": topo.summary(),
-        },
-        "cgroup_cpu_quota": cgroup_cpu_quota(),
-        "os_cpu_count": os.cpu_count(),
-        "memory_bytes": memory_bytes(),
-        "kernel": platform.release(),
-        "governor": read_text("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor"),
-        "transparent_hugepages": thp_setting(),
-        "python": platform.python_version(),
-        "libraries": library_versions(),
-        "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES) or k in ENV_NAMES},
-        "load_average": list(os.getloadavg()),
-        "corescale": {"version": corescale.__version__, "commit": git_commit()},
-        "captured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
+    topology = HostTopology(sockets=len(topo.sockets), numa_nodes=len(topo.numa_nodes),
+                            physical_cores=len(topo.physical_cores), logical_cpus=len(topo.cpu_ids),
+                            allowed_cpus=format_cpulist(topo.cpu_ids), summary=topo.summary())
+    return HostEnvironment(
+        hostname=platform.node(), cpu=cpuinfo(), topology=topology, cgroup_cpu_quota=cgroup_cpu_quota(),
+        os_cpu_count=os.cpu_count(), memory_bytes=memory_bytes(), kernel=platform.release(),
+        governor=read_text("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor"),
+        transparent_hugepages=thp_setting(), python=platform.python_version(), libraries=library_versions(),
+        env={k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES) or k in ENV_NAMES},
+        load_average=list(os.getloadavg()), corescale={"version": corescale.__version__, "commit": git_commit()},
+        captured_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
 
 
 def mapped_libraries() -> dict[str, str]:

@@ -32,6 +32,7 @@ from typing import Callable
 
 from corescale.errors import UserError
 from corescale.machine.cpulist import format_cpulist
+from corescale.machine.environment import CpuInfo
 from corescale.machine.instance_env import unbind_calling_thread
 from corescale.machine.precisions import PRECISIONS, REFERENCE
 
@@ -164,7 +165,7 @@ def gemm_peak(threads: int, precision: str, libraries: tuple[str, ...] | None = 
 
 # --- the cache (light: no framework import) ---------------------------------------------------------------------
 
-def fingerprint(cpu: dict, topology: dict, clocks: dict | None = None) -> str:
+def fingerprint(cpu: CpuInfo, topology: dict, clocks: dict | None = None) -> str:
     """Machine + software: CPU model and ISA, topology (SMT shows in its logical CPUs), what sets the clock
     (governor, turbo) and the versions of the libraries measured."""
     versions: dict[str, str | None] = {}
@@ -173,7 +174,7 @@ def fingerprint(cpu: dict, topology: dict, clocks: dict | None = None) -> str:
             versions[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
             versions[name] = None
-    identity = {"cpu": cpu.get("model"), "isa": cpu.get("isa"), "topology": topology, "versions": versions,
+    identity = {"cpu": cpu.model, "isa": cpu.isa, "topology": topology, "versions": versions,
                 "method": METHOD_VERSION}
     if clocks:  # only when known: entries of machines without cpufreq keep their fingerprint
         identity["clocks"] = clocks
@@ -266,12 +267,12 @@ def check_libraries(names: list[str]) -> tuple[str, ...]:
     return tuple(names)
 
 
-def analytic_gflops(cpu: dict, cores: int) -> dict | None:
+def analytic_gflops(cpu: CpuInfo, cores: int) -> dict | None:
     """FMA units x lanes x 2 x GHz x cores, assuming 2 full-width FMA units per core; None without a clock."""
-    mhz = cpu.get("max_mhz") or cpu.get("mhz")
+    mhz = cpu.max_mhz or cpu.mhz
     if not mhz:
         return None
-    isa = cpu.get("isa") or {}
+    isa = cpu.isa
     lanes = 16 if isa.get("avx512f") else 8 if isa.get("avx2") or isa.get("fma") else 4
     per_core = 2 * lanes * 2 * mhz / 1e3
     return {"gflops": per_core * cores, "per_core": per_core, "lanes": lanes, "mhz": mhz,

@@ -19,6 +19,7 @@ from corescale.backends import check_available, entry, quality_reference, runs_m
 from corescale.config import BenchmarkConfig
 from corescale.errors import UserError
 from corescale.machine import environment, instance_env
+from corescale.machine.environment import HostEnvironment
 from corescale.machine.peak import PeakCache
 from corescale.machine.placement import InstanceSpec, Plan, plan
 from corescale.machine.scratch import scratch
@@ -177,7 +178,7 @@ class TrialOutcome:
         return self.record.ok
 
 
-def failed_result(trial: Trial, failure: Failure, host: dict | None, started: float) -> UncommittedResult:
+def failed_result(trial: Trial, failure: Failure, host: HostEnvironment | None, started: float) -> UncommittedResult:
     """A trial that ended before producing its own record still leaves one, with its reason."""
     record = new_record(trial, host, started).fail(failure)
     record.elapsed_s = time.time() - started
@@ -198,7 +199,8 @@ def _trial_files(trial: Trial, work: Path) -> TrialFiles:
     return TrialFiles(**saved)
 
 
-def run_instances(trial: Trial, on_event=None, host: dict | None = None, forkservers=None) -> UncommittedResult:
+def run_instances(trial: Trial, on_event=None, host: HostEnvironment | None = None,
+                  forkservers=None) -> UncommittedResult:
     """Runs the trial's instances (forked from `forkservers` when given); a failed instance gives a failed record,
     bad input raises UserError."""
     started = time.time()
@@ -212,7 +214,7 @@ def run_instances(trial: Trial, on_event=None, host: dict | None = None, forkser
     with scratch() as work:
         specs = trial.instance_specs(Path(work))
         if trial.cfg.calibrate:  # the yardstick of "% of peak", measured once per CPUs, threads and precision
-            specs = with_peaks(specs, trial.cfg, host["cpu"]["isa"], Path(work), PeakCache(trial.cfg.cache_dir))
+            specs = with_peaks(specs, trial.cfg, host.cpu.isa, Path(work), PeakCache(trial.cfg.cache_dir))
         record.specs = list(specs)
         server = None
         files = _trial_files(trial, Path(work))

@@ -14,9 +14,9 @@ import pandas as pd
 
 from corescale.backends import entry
 from corescale.config import BenchmarkConfig
+from corescale.machine.environment import HostEnvironment
 from corescale.machine.placement import InstanceSpec, Plan, instance_specs
 from corescale.measure.http_api import Query
-from corescale.record.sections import HostEnvironment
 from corescale.record.trial import TrialRecord
 from corescale.workload.models import ModelSpec
 from corescale.workload.samples import QuerySet
@@ -47,9 +47,9 @@ class UncommittedResult:
     interrupted: BaseException | None = None  # raised again once the record is committed
 
 
-def new_record(trial: Trial, host: dict | None, started: float) -> TrialRecord:
+def new_record(trial: Trial, host: HostEnvironment | None, started: float) -> TrialRecord:
     return TrialRecord(config=trial.cfg, key=trial.cfg.key(), trial_key=trial.key, model=trial.model.identity(),
-                       plan=trial.plan.to_dict(), environment=HostEnvironment.from_dict(host or {}, "environment"),
+                       plan=trial.plan.to_dict(), environment=host or HostEnvironment(),
                        started_at=time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)))
 
 

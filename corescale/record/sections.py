@@ -1,12 +1,15 @@
-"""The typed sections of a trial record: latency summaries, the drift check, each worker's report, the host, and
-the server scenario's summary. Each is a frozen dataclass read with `from_dict` (every value checked, record/
-typed.py) and written with `to_dict` in the same JSON shape schema 2 used."""
+"""The typed sections of a trial record: latency summaries, the drift check, each worker's report, the host (defined
+in machine/environment.py, re-exported here), and the server scenario's summary. Each is a frozen dataclass read with
+`from_dict` (every value checked, typed.py) and written with `to_dict` in the same JSON shape schema 2 used."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
+from corescale.machine.environment import CpuInfo as CpuInfo  # the host's sections live with capture(), read here
+from corescale.machine.environment import HostEnvironment as HostEnvironment
+from corescale.machine.environment import HostTopology as HostTopology
 from corescale.typed import Section
 
 
@@ -116,48 +119,6 @@ class InstanceReport(Section):
     def resident_bytes(self) -> int:
         """Resident memory at the end of the window, else the peak (0 when neither was reported)."""
         return self.rss_bytes or self.peak_rss_bytes or 0
-
-
-@dataclass(frozen=True)
-class CpuInfo(Section):
-    model: str | None = None
-    vendor: str | None = None
-    mhz: float | None = None
-    isa: dict[str, bool] = field(default_factory=dict)
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class HostTopology(Section):
-    sockets: int | None = None
-    numa_nodes: int | None = None
-    physical_cores: int | None = None
-    logical_cpus: int | None = None
-    allowed_cpus: str | None = None
-    summary: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class HostEnvironment(Section):
-    """machine/environment.capture(): the host a trial ran on (an empty one for records that lack it)."""
-
-    hostname: str | None = None
-    cpu: CpuInfo = field(default_factory=CpuInfo)
-    topology: HostTopology = field(default_factory=HostTopology)
-    cgroup_cpu_quota: float | None = None
-    os_cpu_count: int | None = None
-    memory_bytes: int | None = None
-    kernel: str | None = None
-    governor: str | None = None
-    transparent_hugepages: str | None = None
-    python: str | None = None
-    libraries: dict[str, str | None] = field(default_factory=dict)
-    env: dict[str, str] = field(default_factory=dict)
-    load_average: list[float] = field(default_factory=list)
-    corescale: dict[str, str | None] = field(default_factory=dict)  # version, commit
-    captured_at: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

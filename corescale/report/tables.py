@@ -6,6 +6,8 @@ from __future__ import annotations
 from rich.markup import escape
 from rich.table import Table
 
+from corescale.machine.environment import HostEnvironment
+
 RESULT_HEADERS = {"batch_size": "batch", "sequence_length": "seq", "instances": "inst",
                   "cpus_per_instance": "cpus/inst", "threads_per_instance": "threads/inst", "latency_p50_ms": "p50 ms",
                   "latency_p99_ms": "p99 ms", "throughput_samples_per_s": "samples/s", "contaminated": "contam.",
@@ -127,27 +129,26 @@ def placement_table(document: dict) -> Table:
     return table
 
 
-def host_table(host: dict) -> Table:
+def host_table(host: HostEnvironment, analytic: dict | None) -> Table:
     """`corescale info`: the machine as environment.capture() sees it, with its analytic fp32 peak."""
     table = Table(title="corescale info", show_header=False)
     table.add_column(style="bold")
     table.add_column()
-    cpu = host["cpu"]
-    analytic = host["analytic_peak"]
+    cpu = host.cpu
     rows = [
-        ("CPU", f"{cpu['model']} ({cpu['vendor']})"),
-        ("ISA", " ".join(flag for flag, present in cpu["isa"].items() if present) or "-"),
-        ("topology", host["topology"]["summary"]),
-        ("allowed CPUs", host["topology"]["allowed_cpus"]),
-        ("cgroup CPU quota", str(host["cgroup_cpu_quota"] or "none")),
-        ("memory", f"{(host['memory_bytes'] or 0) / 2**30:.1f} GiB"),
-        ("kernel", host["kernel"]),
-        ("governor / THP", f"{host['governor'] or 'unreadable'} / {host['transparent_hugepages'] or 'unreadable'}"),
-        ("load average", " ".join(f"{x:.2f}" for x in host["load_average"])),
-        ("python", host["python"]),
-        ("libraries", ", ".join(f"{k} {v}" for k, v in host["libraries"].items())),
-        ("env", " ".join(f"{k}={v}" for k, v in host["env"].items()) or "-"),
-        ("corescale", f"{host['corescale']['version']} ({host['corescale']['commit'] or 'no git'})"),
+        ("CPU", f"{cpu.model} ({cpu.vendor})"),
+        ("ISA", " ".join(flag for flag, present in cpu.isa.items() if present) or "-"),
+        ("topology", str(host.topology.summary)),
+        ("allowed CPUs", str(host.topology.allowed_cpus)),
+        ("cgroup CPU quota", str(host.cgroup_cpu_quota or "none")),
+        ("memory", f"{(host.memory_bytes or 0) / 2**30:.1f} GiB"),
+        ("kernel", str(host.kernel)),
+        ("governor / THP", f"{host.governor or 'unreadable'} / {host.transparent_hugepages or 'unreadable'}"),
+        ("load average", " ".join(f"{x:.2f}" for x in host.load_average)),
+        ("python", str(host.python)),
+        ("libraries", ", ".join(f"{k} {v}" for k, v in host.libraries.items())),
+        ("env", " ".join(f"{k}={v}" for k, v in host.env.items()) or "-"),
+        ("corescale", f"{host.corescale.get('version')} ({host.corescale.get('commit') or 'no git'})"),
         ("analytic fp32 peak", f"{analytic['gflops']:.0f} GFLOP/s ({analytic['lanes']} lanes at {analytic['mhz']:.0f} "
                                f"MHz; assumes {analytic['assumes']})" if analytic else "clock unreadable"),
     ]

@@ -128,7 +128,7 @@ def check_files(root: Path, manifest: dict[str, Any]) -> None:
 
 
 def check_cpu(manifest: dict[str, Any]) -> None:
-    isa = cpuinfo()["isa"]
+    isa = cpuinfo().isa
     missing = [f for f in manifest["requires"].get("cpu_features", []) if not isa.get(f)]
     if missing:
         raise UserError(f"this CPU lacks {', '.join(missing)}, which the bundle's {manifest.get('precision')} "

@@ -15,16 +15,16 @@ import signal
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
 from corescale.machine import environment
+from corescale.machine.environment import HostEnvironment
 from corescale.machine.lock import folder_lock, machine_lock
 from corescale.measure.forkserver import ForkServers
 from corescale.measure.runner import Trial, TrialOutcome, UncommittedResult, commit, failed_result, run_instances
 from corescale.record.index import ResultIndex
-from corescale.record.sections import HostEnvironment
 from corescale.record.trial import Failure, TrialRecord, machine_fingerprint
 
 FORKSERVER_ENV = "CORESCALE_FORKSERVER"
@@ -151,10 +151,9 @@ class Resume:
         self.indexes: dict[tuple, ResultIndex] = {}
 
     @classmethod
-    def here(cls, enabled: bool, accept_foreign: bool, host: dict) -> Resume:
+    def here(cls, enabled: bool, accept_foreign: bool, host: HostEnvironment) -> Resume:
         """Results of this machine and software count (any machine's: accept_foreign)."""
-        machines = None if accept_foreign else frozenset([machine_fingerprint(HostEnvironment.from_dict(host,
-                                                                                                    "environment"))])
+        machines = None if accept_foreign else frozenset([machine_fingerprint(host)])
         return cls(enabled, lambda item: machines)
 
     def index(self, item: Planned) -> ResultIndex:
@@ -204,13 +203,13 @@ def interruptible():
             signal.signal(sig, handler)
 
 
-def run_trial(trial: Trial, host: dict | None = None, on_event=None, keep_going: bool = True,
+def run_trial(trial: Trial, host: HostEnvironment | None = None, on_event=None, keep_going: bool = True,
               on_lock_wait=None, repeat: int = 0, done_meanwhile=None, forkservers=None) -> TrialOutcome | Path:
     """Measure under the machine lock, then commit (failures too). keep_going: errors become failed records.
     done_meanwhile(), checked once the lock is held, returns a valid result that another process committed
     while this one waited: then nothing is measured and that path is returned."""
     started = time.time()
-    host = {**(host or environment.capture()), "load_average": list(os.getloadavg())}
+    host = replace(host or environment.capture(), load_average=list(os.getloadavg()))
     with interruptible(), machine_lock(on_wait=on_lock_wait) as waited:
         existing = done_meanwhile() if done_meanwhile else None
         if existing is not None:

@@ -28,7 +28,6 @@ from corescale.errors import UserError
 from corescale.machine import environment
 from corescale.machine.lock import machine_lock
 from corescale.measure.runner import Trial, UncommittedResult, failed_result
-from corescale.record.sections import HostEnvironment
 from corescale.record.trial import Failure, machine_fingerprint
 from corescale.trials.local import Listener, LoopState, Planned, Resume, commit_once, schedule, stamp
 
@@ -123,7 +122,7 @@ def run_on_node(trial: Trial, node: dict) -> UncommittedResult:
     restore_thread_env()
     started = time.time()
     host = environment.capture()
-    node = {**node, "hostname": host["hostname"], "cpu_model": host["cpu"]["model"], "pid": os.getpid(),
+    node = {**node, "hostname": host.hostname, "cpu_model": host.cpu.model, "pid": os.getpid(),
             "reserved_cpus": reserved_cpus()}
     try:
         with machine_lock() as waited:  # this node's: a local run or `info --peak` there waits, or this task does
@@ -141,7 +140,7 @@ def node_fingerprint() -> str:
     """The Ray task of resume: the machine and software fingerprint a trial measured on this node gets (in the
     environment run_on_node measures in: Ray's thread variables undone)."""
     restore_thread_env()
-    return machine_fingerprint(HostEnvironment.from_dict(environment.capture(), "environment"))
+    return machine_fingerprint(environment.capture())
 
 
 def reserved_cpus() -> float | None:
@@ -417,7 +416,7 @@ class RayExecutor:
         except RayTaskError as exc:  # raised inside the task: retrying would fail the same way
             cause = _first_line(exc.cause or exc)
             failure = Failure("error", f"trial raised on node {where.display_name()}: {cause}")
-            measured = failed_result(attempt.trial, failure, {"node": node}, started)
+            measured = failed_result(attempt.trial, failure, None, started)  # stamped with its node below
         except RayError as exc:  # the worker or the node died
             attempt.failures.append({**node, "error": _first_line(exc)})
             if len(attempt.failures) <= attempt.max_retries:
@@ -426,7 +425,7 @@ class RayExecutor:
                 return None
             failure = Failure("crash", f"Ray worker or node died {len(attempt.failures)} time(s), last on "
                                        f"{where.display_name()}: {_first_line(exc)}")
-            measured = failed_result(attempt.trial, failure, {"node": node}, started)
+            measured = failed_result(attempt.trial, failure, None, started)  # stamped with its node below
         executor = {**(measured.record.executor or {}), "name": "ray", "submitted": attempt.submitted,
                     "attempt": len(attempt.failures) + 1,
                     "failed_attempts": attempt.failures}

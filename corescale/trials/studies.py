@@ -275,6 +275,6 @@ def run_study(kind: str, overrides: list[str], values: list[int] | None = None, 
                   "repeat": row.repeat} for row, record in zip(done, records)]
     frame = study_frame(kind, rows)
     document = {"study": kind, "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "overrides": overrides,
-                "values": values, "topology": topology.summary(), "environment": environment.capture(),
+                "values": values, "topology": topology.summary(), "environment": environment.capture().to_dict(),
                 "trials": runs, "failed_trials": int((frame["status"] != "ok").sum()) if rows else 0}
     return StudyResult(kind, study_dir, frame, document, state, reused)

@@ -54,7 +54,7 @@ def probe_node() -> dict:
 
     restore_thread_env()
     cpu = environment.cpuinfo()
-    return {"topology": Topology.from_sysfs(), "isa": cpu.get("isa") or {}, "cpu_model": cpu.get("model") or "?",
+    return {"topology": Topology.from_sysfs(), "isa": cpu.isa, "cpu_model": cpu.model or "?",
             "host": host_id()}
 
 

@@ -161,7 +161,7 @@ def plan_tune(settings: TuneSettings, topology=None, kind=None, name: str | None
         raise UserError("executor=ray: the tune probes the cluster's nodes first (corescale tune does)")
     topology = kind.topology if kind is not None else topology or Topology.from_sysfs()
     cores = len(topology.physical_cores)
-    isa = kind.isa if kind is not None else (environment.capture().get("cpu") or {}).get("isa") or {}
+    isa = kind.isa if kind is not None else environment.cpuinfo().isa
     model = tuned_model(cfg, settings)
     space = spaces.derive(cfg, settings.overrides, settings.space, cores, isa, model=model,
                           latency=settings.objective.name == "latency",
