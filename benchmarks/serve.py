@@ -38,9 +38,9 @@ def cpu_seconds() -> float:
 
 
 def front_cpu(url: str) -> float:
-    from corescale.measure.managed import front_cpu_seconds
+    from corescale.measure.managed import scraped_front_cpu
 
-    found = front_cpu_seconds(url)
+    found = scraped_front_cpu(url)
     assert found is not None, "corescale serve reports its front's CPU in /metrics"
     return found
 

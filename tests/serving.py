@@ -9,7 +9,8 @@ from pathlib import Path
 
 from helpers import ROOT, corescale
 
-from corescale.measure.managed import url_in, wait_ready
+from corescale.measure.contract import url_in
+from corescale.measure.managed import wait_ready
 
 
 def minilm_folder() -> Path:

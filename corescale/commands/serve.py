@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 
 from corescale.commands import add_common
+from corescale.measure.contract import API_KEY_ENV
 
 ORDER = 75
-API_KEY_ENV = "CORESCALE_API_KEY"
 
 
 def register(sub) -> None:

@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass
 
 from corescale.errors import UserError
+from corescale.measure.contract import API_KEY_ENV
 from corescale.measure.http_api import BadAnswer, HttpApi, Query, api_of, headers
 from corescale.measure.timing import warm_up
 
@@ -83,7 +84,7 @@ def probe(cfg, query: Query) -> Probed:
 
 def hint(cfg, status: int) -> str:
     if status in (401, 403):
-        return "the server wants a key: set CORESCALE_API_KEY"
+        return f"the server wants a key: set {API_KEY_ENV}"
     other = "tei" if cfg.http_api == "openai" else "openai"
     model = f" or a model= it serves (sent: '{cfg.model}')" if cfg.http_api == "openai" else ""
     return f"is it an api={cfg.http_api} server? try api={other}{model}"

@@ -10,12 +10,12 @@ from dataclasses import dataclass
 from typing import Any, Union
 
 from corescale.http_keys import check_task
+from corescale.measure.contract import API_KEY_ENV
 from corescale.workload.tasks import TASKS, Route, resolve
 
 # the breakdown a server may report per response (TEI's headers; corescale serve sends the same)
 TIMING_HEADERS = {"queue": "x-queue-time", "tokenization": "x-tokenization-time",
                   "inference": "x-inference-time", "total": "x-total-time"}
-API_KEY_ENV = "CORESCALE_API_KEY"  # sent as `Authorization: Bearer KEY` (kept out of the config and the record)
 # one query: a text (embed, classify), or a rerank query with the texts it ranks
 Query = Union[str, tuple[str, tuple[str, ...]]]
 

@@ -77,9 +77,9 @@ def run_endpoint(trial: Trial, record: TrialRecord, started: float) -> Uncommitt
                     housekeeping_cpus(trial.instance_specs()) as client_cpus:
                 cfg = dataclasses.replace(trial.cfg, endpoint=service.url, api=trial.cfg.http_api)
                 probe(cfg, trial.texts[0])
-                front_before, began = managed.front_cpu_seconds(service.url), time.monotonic()
+                front_before, began = managed.scraped_front_cpu(service.url), time.monotonic()
                 measured = over_http(trial, cfg, record, started)
-                front_after, wall = managed.front_cpu_seconds(service.url), time.monotonic() - began
+                front_after, wall = managed.scraped_front_cpu(service.url), time.monotonic() - began
             front_cpu = front_after - front_before if front_before is not None and front_after is not None else None
             facts = Managed(layout_words(trial), service.front, sorted(client_cpus or os.sched_getaffinity(0)),
                             front_cpu, wall, service.exit_code)

@@ -16,9 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from corescale.machine import instance_env
+from corescale.measure.contract import FRONT_CPU_METRIC, READY, front_in, url_in
 
-READY = "listening on http://"
-FRONT = "; front on "  # the ready line's word on where the HTTP front runs
 STOP_S = 90.0  # the drain (60 s at most) and the instances' stop
 LOG_TAIL_LINES = 3
 
@@ -51,8 +50,7 @@ def started(source: list[str], log: Path, *options: str, ready_s: float = 600.0)
     service = Service("", "", process, log)
     try:
         ready = wait_ready(process, log, ready_s)
-        service.url = url_in(ready)
-        service.front = ready.split(FRONT, 1)[1].split(";", 1)[0] if FRONT in ready else ""
+        service.url, service.front = url_in(ready), front_in(ready)
         yield service
     finally:
         service.exit_code, said = stop(process)
@@ -84,11 +82,6 @@ def wait_ready(process: subprocess.Popen, log: Path, timeout_s: float) -> str:
     raise ServeFailed(f"corescale serve {when} ({log_tail(log)})")
 
 
-def url_in(ready: str) -> str:
-    """The base URL a ready line names."""
-    return "http://" + ready.split(READY, 1)[1].strip()
-
-
 def log_tail(log: Path) -> str:
     lines = log.read_text(errors="replace").strip().splitlines() if log.is_file() else []
     return "; ".join(lines[-LOG_TAIL_LINES:]) or "no output"
@@ -107,14 +100,14 @@ def stop(process: subprocess.Popen) -> tuple[int, str]:
     return process.returncode, said or ""
 
 
-def front_cpu_seconds(url: str) -> float | None:
-    """The front's CPU seconds so far (its /metrics `corescale_front_cpu_seconds`); None when it does not say."""
+def scraped_front_cpu(url: str) -> float | None:
+    """The front's CPU seconds so far (its /metrics FRONT_CPU_METRIC); None when it does not say."""
     try:
         with urllib.request.urlopen(url.rstrip("/") + "/metrics", timeout=10) as answer:
             text = answer.read().decode()
     except OSError:
         return None
     for line in text.splitlines():
-        if line.startswith("corescale_front_cpu_seconds "):
+        if line.startswith(f"{FRONT_CPU_METRIC} "):
             return float(line.split()[-1])
     return None

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from corescale.measure.contract import API_KEY_ENV
+
 SYSTEMD, DOCKERFILE, README = "corescale-serve.service", "Dockerfile.example", "README.md"
 
 
@@ -14,7 +16,7 @@ def files(serving: dict[str, Any], layout: dict[str, Any]) -> dict[str, str]:
 
 
 def systemd_unit() -> str:
-    return """# Example: install the bundle at /opt/corescale/bundle and corescale in /opt/corescale/venv, then
+    return f"""# Example: install the bundle at /opt/corescale/bundle and corescale in /opt/corescale/venv, then
 #   cp corescale-serve.service /etc/systemd/system/ && systemctl enable --now corescale-serve
 # SIGTERM (systemctl stop) drains what was accepted and exits 0.
 [Unit]
@@ -23,7 +25,7 @@ After=network-online.target
 
 [Service]
 ExecStart=/opt/corescale/venv/bin/corescale serve /opt/corescale/bundle --host 127.0.0.1 --port 8080
-# the key, when the service is reachable by others: CORESCALE_API_KEY=...
+# the key, when the service is reachable by others: {API_KEY_ENV}=...
 EnvironmentFile=-/etc/corescale/serve.env
 Restart=on-failure
 KillSignal=SIGTERM

@@ -7,6 +7,8 @@ import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 
+from corescale.measure.contract import FRONT_CPU_METRIC
+
 SECONDS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
 ROWS = (1, 2, 4, 8, 16, 32, 64, 128)
 
@@ -41,7 +43,7 @@ class Metrics:
                           "instance spent computing", ["instance"], registry=registry)
         self.queued = Gauge("corescale_queue_inputs", "inputs accepted and not yet answered", registry=registry)
         self.ready = Gauge("corescale_instances_ready", "instances loaded, warm and serving", registry=registry)
-        front = Gauge("corescale_front_cpu_seconds", "the front's CPU time since the service started",
+        front = Gauge(FRONT_CPU_METRIC, "the front's CPU time since the service started",
                       registry=registry)
         front.set_function(lambda: front_cpu_seconds() - self.cpu_at_start)
         cores = Gauge("corescale_front_cores_used", "the front's CPU time ÷ wall time since the service started",

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from corescale.errors import UserError
 from corescale.machine.cpulist import format_cpulist
+from corescale.measure.contract import ready_line
 from corescale.measure.trial import housekeeping_cpus
 from corescale.serve.opened import Bundle, from_config_file, from_overrides, open_bundle
 
@@ -90,8 +91,8 @@ def run(source: list[str], options: Options) -> int:
             with housekeeping_cpus(opened.specs) as front_cpus:
                 where = f"CPUs {format_cpulist(sorted(front_cpus))}" if front_cpus else "shared with the instances"
                 host, port = sock.getsockname()[:2]
-                say(f"{len(opened.specs)} instance(s) of {opened.manifest.get('model')} on {cfg.backend.name} "
-                    f"({cfg.precision}) ready; front on {where}; listening on http://{host}:{port}")
+                say(ready_line(f"{len(opened.specs)} instance(s) of {opened.manifest.get('model')} on "
+                               f"{cfg.backend.name} ({cfg.precision})", where, host, port))
                 app = create_app(Front(pool, tokens, opened.head, str(opened.manifest.get("model")), metrics),
                                  options.api_key)
                 server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=options.access_log,
