@@ -42,7 +42,34 @@ def test_not_a_bundle(tmp_path):
     (tmp_path / bundle.MANIFEST).write_text("{")
     refusal(tmp_path, "is not JSON")
     (tmp_path / bundle.MANIFEST).write_text(json.dumps({"format": 99}))
-    refusal(tmp_path, "not of format 1")
+    refusal(tmp_path, "is not of format 1 or 2 (format 99")
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"files": None}, ["manifest.files: expected an object, got None"]),
+    ({"requires": {"cpu_features": "avx2"}}, ["manifest.requires.cpu_features: expected a list, got 'avx2'"]),
+    ({"layout": {"instances": [{"id": 0}]}}, ["manifest.layout.instances[0]: 'cpus' is missing"]),
+    ({"head": {"task": "embed", "colour": "red"}}, ["manifest.head:", "colour"]),
+])
+def test_a_malformed_manifest_is_one_line_naming_the_field(tmp_path, change, words):
+    root = fake_bundle(tmp_path)
+    manifest = json.loads((root / bundle.MANIFEST).read_text())
+    (root / bundle.MANIFEST).write_text(json.dumps({**manifest, **change}))
+    refusal(root, f"bundle '{root}'", "is malformed", *words)
+
+
+def test_a_format_1_manifest_is_read_with_its_onnx_chain(tmp_path):
+    from corescale.serve.manifest import read_manifest
+
+    root = fake_bundle(tmp_path)
+    manifest = json.loads((root / bundle.MANIFEST).read_text())
+    chain = ["a" * 24, "a" * 24 + "-fused-1"]
+    (root / bundle.MANIFEST).write_text(json.dumps({**manifest, "format": 1, "artifact": chain}))
+    read = read_manifest(root)
+    assert read.format == 2 and read.artifact is not None and (read.artifact.kind, read.artifact.steps) == ("onnx",
+                                                                                                         chain)
+    (root / bundle.MANIFEST).write_text(json.dumps({**manifest, "format": 1, "artifact": None}))
+    assert read_manifest(root).artifact is None and read_manifest(root).head_spec.task == "embed"
 
 
 def test_a_changed_or_missing_file(tmp_path):

@@ -111,10 +111,11 @@ def test_a_server_qps_tune_measures_each_layout_as_a_service(tmp_path):
     (winner,) = [f for f in [*doc["finalists"], doc["baseline"]] if f["role"] == "winner"]
     served = raw_record(winner["paths"][0])["server"]["endpoint"]["reports"]["/info"]["corescale"]["layout"]
     bundle = open_bundle(doc["recipe"]["bundle"])
-    assert bundle.manifest["layout"]["instances"] == [{k: v for k, v in i.items() if k != "artifact"}
-                                                      for i in served["instances"]]
+    assert [i.to_dict() for i in bundle.layout.instances] == [{k: v for k, v in i.items() if k != "artifact"}
+                                                              for i in served["instances"]]
     assert [list(spec.cpus) for spec in bundle.specs] == [i["cpus"] for i in served["instances"]]
-    assert bundle.manifest["config"]["endpoint"] is None and bundle.manifest["measured"]["max_valid_qps"]
+    assert bundle.manifest is not None and bundle.manifest.config["endpoint"] is None
+    assert bundle.manifest.measured["max_valid_qps"]
     assert f"serve it: corescale serve {doc['recipe']['bundle']}" in proc.stdout
 
 

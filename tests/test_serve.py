@@ -75,7 +75,8 @@ def test_the_bundle_holds_the_measured_artifact_and_layout(bundle):
     assert manifest["layout"]["instances"][0]["cpus"] == record["specs"][0]["cpus"]
     assert manifest["layout"]["instances"][0]["env"] == record["instance_reports"][0]["launch"]["env"]
     assert manifest["config"]["server"]["max_batch"] == 4 and manifest["head"]["task"] == "embed"
-    assert len(manifest["artifact"]) == 2 and "-fused-" in manifest["artifact"][1]  # the export, then its fusion
+    steps = manifest["artifact"]["steps"]  # the ONNX export's hooks: the export, then its fusion
+    assert manifest["artifact"]["kind"] == "onnx" and len(steps) == 2 and "-fused-" in steps[1]
     assert "Attention" in record["instance_reports"][0]["framework"]["operators"]
     assert (bundle / "corescale-serve.service").is_file() and (bundle / "Dockerfile.example").is_file()
 

@@ -73,6 +73,14 @@ def test_a_malformed_entry_is_refused_at_registration(toy, change, message):
     assert "toy2" not in BACKENDS
 
 
+def test_an_artifact_with_one_hook_is_refused_at_registration(toy):
+    (artifact,) = toy.artifacts
+    for hooks in ({"install": None}, {"collect": "toy_backend.artifact.collect"}):
+        with pytest.raises(RegistrationError, match="toy weights (install|collect) is not 'module:attribute'"):
+            register("toy2", dataclasses.replace(toy, artifacts=(dataclasses.replace(artifact, **hooks),)))
+    assert "toy2" not in BACKENDS
+
+
 def test_a_name_is_registered_once_and_must_be_the_options_name(toy):
     with pytest.raises(RegistrationError, match="backend 'toy' is registered already"):
         register("toy", BACKENDS["pytorch"])
@@ -139,3 +147,33 @@ def test_tune_searches_the_toys_options_and_writes_its_snippet(tmp_path):
     doc = json.loads((tune_dir / "tune.json").read_text())
     assert doc["space"]["backends"] == ["toy"] and doc["space"]["options"]["toy"] == {"activation": ["tanh", "relu"]}
     assert "the toy model" in (tune_dir / "recipe" / "snippet.py").read_text()
+
+
+@pytest.mark.slow
+def test_the_toys_own_artifact_is_bundled_and_served_through_its_hooks(tmp_path):
+    """backend.weights=file: the toy runs a weights file its entry's Artifact builds; `--bundle` copies it with the
+    artifact's collect hook and `corescale serve` loads the bundle's copy through its install hook (a new artifact
+    kind needs no edit in serve/), answering what the bundled weights compute."""
+    import httpx
+    import numpy as np
+    from serving import Service
+    from tokenizers import Tokenizer
+
+    bundle = tmp_path / "bundle"
+    proc = corescale("run", *TOY_RUN, "backend.weights=file", f"cache_dir={tmp_path / 'cache'}",
+                     f"output_dir={tmp_path / 'out'}", "--bundle", str(bundle), env=TOY_ENV)
+    assert proc.returncode == 0, proc.stderr
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    assert manifest["format"] == 2 and manifest["artifact"]["kind"] == "toy" and "artifact/weights.npz" in \
+        manifest["files"]
+    with Service(bundle, tmp_path / "serve.log", env=TOY_ENV) as service:
+        (instance,) = httpx.get(f"{service.url}/info").json()["corescale"]["layout"]["instances"]
+        assert Path(instance["artifact"]).resolve() == (bundle / "artifact" / "weights.npz").resolve()
+        answer = httpx.post(f"{service.url}/embed_all", json={"inputs": "a toy"}, timeout=60)
+    assert answer.status_code == 200, answer.text
+    tokenizer = Tokenizer.from_file(str(bundle / manifest["config"]["workload"]["tokenizer"] / "tokenizer.json"))
+    tokenizer.no_padding()
+    ids = tokenizer.encode("a toy").ids
+    with np.load(bundle / "artifact" / "weights.npz") as saved:
+        expected = np.tanh(saved["embedding"][ids] @ saved["weight"])
+    np.testing.assert_allclose(np.array(answer.json()[0]), expected, rtol=1e-4, atol=1e-5)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
 from corescale.backends.onnxruntime.options import ONNXRUNTIME
 from corescale.backends.openvino.options import OPENVINO
@@ -21,9 +23,12 @@ from corescale.backends.tensorflow.options import TENSORFLOW, TENSORFLOW_GRAPH, 
 from corescale.errors import RegistrationError, UserError
 from corescale.machine.precisions import REFERENCE
 
+if TYPE_CHECKING:
+    import numpy as np
+
 __all__ = ["DEFAULT_BACKEND", "Artifact", "BackendEntry", "BackendOptions", "Profiler", "RegistrationError",
            "BACKENDS", "OPTIONS", "register", "entry", "named", "attribute", "check_available", "create_backend",
-           "runs_model", "quality_reference", "onednn_linear_at"]
+           "runs_model", "quality_reference", "onednn_linear_at", "Backend", "framework_report", "bundled_artifact"]
 PLUGINS_ENV = "CORESCALE_BACKENDS"
 BACKENDS: dict[str, BackendEntry] = {}
 OPTIONS: dict[str, type[BackendOptions]] = {}  # name -> the Hydra group node of `backend=NAME`
@@ -70,6 +75,17 @@ def attribute(path: str):
     return getattr(importlib.import_module(module), name)
 
 
+def bundled_artifact(name: str, kind: str | None = None) -> Artifact:
+    """The artifact a bundle of backend `name` carries (of `kind`, its cache folder, as a manifest names it): one
+    line when the backend has none with bundle hooks (Artifact.collect, .install)."""
+    found = [a for a in entry(name).artifacts if a.bundled and kind in (None, a.cache)]
+    if not found:
+        what = f"an artifact of kind '{kind}'" if kind else "its artifact"
+        raise UserError(f"backend {name} cannot bundle {what}: its entry declares no collect and install hooks for "
+                        "it (docs/adding-a-backend.md)")
+    return found[0]
+
+
 def check_available(name: str) -> BackendEntry:
     """Fails with the extra to install when the backend's framework is missing (no framework import)."""
     found = entry(name)
@@ -110,8 +126,39 @@ def onednn_linear_at(name: str, precision: str) -> bool:
     return found is not None and found.onednn_linear and precision in bound
 
 
-def create_backend(name: str):
+class Backend(Protocol):
+    """The one small protocol every framework implements: load -> prepare inputs -> forward -> outputs (its
+    shared parts: backends/base.py)."""
+
+    name: str
+    timings: dict[str, float]  # seconds spent converting/exporting/compiling, by stage, outside inference
+    model_path: Path | None  # the file load() opened, built by one of the entry's artifacts (None: none): the
+    # worker reports it, and a bundle copies it through that artifact's collect hook
+
+    def load(self, spec, cfg, threads: int, inputs: dict[str, np.ndarray]) -> None:
+        """Build the model for `threads` intra-op threads; may run `inputs` once to trace/compile."""
+
+    def prepare(self, inputs: dict[str, np.ndarray]) -> Any:
+        """Framework-native inputs, built once before timing."""
+
+    def forward(self, prepared: Any) -> Any:
+        """One inference call; the only thing timed."""
+
+    def to_numpy(self, output: Any) -> np.ndarray:
+        """Last hidden state as float32 [batch, sequence, hidden]."""
+
+    def info(self) -> dict[str, Any]:
+        """Framework name, version and what it reports about its threads."""
+
+
+def create_backend(name: str) -> Backend:
     return attribute(check_available(name).backend)()
+
+
+def framework_report(backend: Backend) -> dict[str, Any]:
+    """What an instance's record says of its backend: its info(), and the artifact it ran as `model_path`."""
+    path = backend.model_path
+    return {**backend.info(), **({"model_path": str(path)} if path is not None else {})}
 
 
 def _load_plugins() -> None:

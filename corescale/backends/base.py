@@ -1,35 +1,15 @@
-"""The one small protocol every framework implements: load -> prepare inputs -> forward -> outputs."""
+"""What the backends share: the precision guard and the timed stages (the protocol, `Backend`, is declared with
+the registry in backends/__init__.py)."""
 
 from __future__ import annotations
 
 import time
 from contextlib import contextmanager
-from typing import Any, Protocol
+from pathlib import Path
 
-import numpy as np
-
+from corescale.backends import Backend  # noqa: F401 - the protocol, declared with the registry
 from corescale.errors import UserError
 from corescale.machine.instance_env import unbind_calling_thread  # noqa: F401 - what the backends call
-
-
-class Backend(Protocol):
-    name: str
-    timings: dict[str, float]  # seconds spent converting/exporting/compiling, by stage, outside inference
-
-    def load(self, spec, cfg, threads: int, inputs: dict[str, np.ndarray]) -> None:
-        """Build the model for `threads` intra-op threads; may run `inputs` once to trace/compile."""
-
-    def prepare(self, inputs: dict[str, np.ndarray]) -> Any:
-        """Framework-native inputs, built once before timing."""
-
-    def forward(self, prepared: Any) -> Any:
-        """One inference call; the only thing timed."""
-
-    def to_numpy(self, output: Any) -> np.ndarray:
-        """Last hidden state as float32 [batch, sequence, hidden]."""
-
-    def info(self) -> dict[str, Any]:
-        """Framework name, version and what it reports about its threads."""
 
 
 def require_precision(backend: str, precision: str) -> None:
@@ -44,6 +24,8 @@ def require_precision(backend: str, precision: str) -> None:
 
 class TimedStages:
     """Mixin: records how long each non-inference stage took."""
+
+    model_path: Path | None = None  # set by load() where the backend opens a built artifact
 
     def __init__(self) -> None:
         self.timings: dict[str, float] = {}

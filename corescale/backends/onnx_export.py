@@ -35,9 +35,10 @@ from typing import Callable
 import numpy as np
 
 from corescale.backends.artifact_cache import cached, damage
+from corescale.errors import UserError
 from corescale.userfiles import fsync_path
 from corescale.workload.inputs import make_inputs
-from corescale.workload.models import source_files
+from corescale.workload.models import resolve_model, source_files
 
 OPSET = 17
 MODEL_FILE = "model.onnx"
@@ -267,3 +268,29 @@ def file_export(cfg, source: str, model: OnnxModel) -> None:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def collect(model_path: Path, into: Path) -> list[str]:
+    """ONNX_EXPORT's bundle hook: the folder of the file that ran, copied into `into`; returns the cache folders
+    it was built through, first (the export) to last (what ran): its own folder and every sibling whose name + '-'
+    begins its name (fusion, then quantization, each named by its step)."""
+    final = model_path.parent
+    steps = [d.name for d in final.parent.iterdir() if d.is_dir() and final.name.startswith(f"{d.name}-")]
+    shutil.copytree(final, into, ignore=shutil.ignore_patterns(".*"))
+    return sorted(steps, key=len) + [final.name]
+
+
+def install(folder: Path, steps: list[str], cfg) -> None:
+    """ONNX_EXPORT's serve hook: the export cache's entry for this model's source names the bundle's copy in
+    `folder` as final (linked under its export key), so the backend's own load opens the measured file and applies
+    no build step (fusion, quantization) to it again."""
+    spec = resolve_model(cfg.model, cfg.trust_remote_code, cfg.task, cfg.cache_dir)
+    source = source_key(spec, cfg, make_inputs(spec, 1, 8, cfg.seed))
+    if source is None:
+        raise UserError(f"bundle artifact '{folder}': the model's files cannot be listed")
+    artifact = folder.resolve()
+    key = steps[0]  # the export's key: the name the cache's entries take
+    cache_root(cfg).mkdir(parents=True, exist_ok=True)
+    os.symlink(artifact, cache_root(cfg) / key)
+    large = any(p.name != MODEL_FILE and p.name.startswith(MODEL_FILE) for p in artifact.iterdir())
+    file_export(cfg, source, OnnxModel(artifact_file(artifact), key, large, True, final=True))

@@ -137,12 +137,24 @@ def without_options(name: str, class_name: str, module: str) -> type[BackendOpti
 
 @dataclass(frozen=True)
 class Artifact:
-    """A file a backend measures that is built before its worker measures and cached between trials."""
+    """A file a backend measures that is built before its worker measures and cached between trials. The backend
+    names the file it runs as its `model_path` (backends/base.py); a bundle copies it with `collect` and
+    `corescale serve` files that copy in its runtime cache with `install`, so the backend's own load opens it as
+    built (docs/adding-a-backend.md). An artifact without them cannot be bundled."""
 
     name: str  # what it is, for messages ("ONNX export")
-    cache: str  # its folder under cache_dir (the run checks cache_dir is writable before any worker starts)
+    cache: str  # its folder under cache_dir (the run checks cache_dir is writable before any worker starts); also
+    # its kind in a bundle's manifest
     builder: str  # the module that builds it (imported by the worker only)
     modules: tuple[str, ...]  # what building it imports; a worker whose artifact is already built needs none of them
+    collect: str | None = None  # "module:function": (model_path, into) -> steps: copies the files that make the
+    # artifact whose file is model_path into the new folder `into`; `steps` (names) is what install needs
+    install: str | None = None  # "module:function": (folder, steps, cfg) -> None: files the bundle's copy in
+    # `folder` in cfg.cache_dir so the backend's load finds it as built and applies no build step to it again
+
+    @property
+    def bundled(self) -> bool:
+        return self.collect is not None and self.install is not None
 
 
 @dataclass(frozen=True)
@@ -156,7 +168,8 @@ class Profiler:
 
 # the ONNX Runtime and OpenVINO backends measure the same export (backends/onnx_export.py)
 ONNX_EXPORT = Artifact("ONNX export", cache="onnx", builder="corescale.backends.onnx_export",
-                       modules=("torch", "transformers"))
+                       modules=("torch", "transformers"), collect="corescale.backends.onnx_export:collect",
+                       install="corescale.backends.onnx_export:install")
 
 _REQUIRED: Any = object()  # a fact not given: register() names every one missing
 
@@ -214,9 +227,13 @@ class BackendEntry:
             problems.append("options is not a BackendOptions dataclass")
         elif self.options().name != name:
             problems.append(f"options' name default is '{self.options().name}', not '{name}'")
-        named = {"backend": self.backend, "snippet": self.snippet}
+        named: dict[str, Any] = {"backend": self.backend, "snippet": self.snippet}
         if isinstance(self.profiler, Profiler):
             named["profiler.factory"] = self.profiler.factory
+        for artifact in self.artifacts if isinstance(self.artifacts, tuple) else ():
+            if isinstance(artifact, Artifact) and (artifact.collect or artifact.install):  # both, or neither
+                named.update({f"{artifact.name} collect": artifact.collect,
+                              f"{artifact.name} install": artifact.install})
         for fact, value in named.items():
             if not isinstance(value, str) or value.count(":") != 1:
                 problems.append(f"{fact} is not 'module:attribute' (got {value!r})")

@@ -21,7 +21,7 @@ ROUNDS = 3
 
 
 def run(job: Job, out: Path) -> dict:
-    from corescale.backends import create_backend
+    from corescale.backends import create_backend, framework_report
     from corescale.explain import profilers
     from corescale.measure.timing import warm_up
     from corescale.workload.inputs import make_inputs
@@ -53,7 +53,7 @@ def run(job: Job, out: Path) -> dict:
     calls = profiler.finish()
     rates = linear_remedy(cfg, model, spec.batch_size)
     return {"latencies_us": latencies, "calls": calls, "linear_rates": rates,
-            "profiler": profilers.check_profiler(cfg.backend.name).name, "framework": backend.info(),
+            "profiler": profilers.check_profiler(cfg.backend.name).name, "framework": framework_report(backend),
             "stage_seconds": dict(backend.timings), "warmup_iterations": len(warm.durations_ns),
             "warmup_converged": warm.converged}
 

@@ -42,8 +42,12 @@ class InstanceLayout(Section):
     batch_size: int
     command_prefix: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
-    artifact: str | None = None  # GET /info only: the file its backend runs (None: it has none)
+    artifact: str | None = None  # GET /info only: the file its backend runs (None: not said)
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = super().to_dict()
+        return data if self.artifact is not None else {k: v for k, v in data.items() if k != "artifact"}
 
 
 @dataclass(frozen=True)

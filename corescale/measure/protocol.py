@@ -88,7 +88,7 @@ class Loaded:
 
     EVENT: ClassVar[str] = "loaded"
     load_seconds: float
-    artifact: str | None = None  # the file the backend runs (its info()'s model_path), where it has one
+    artifact: str | None = None  # the file the backend runs (its model_path), where it has one
 
 
 @dataclass(frozen=True)

@@ -163,7 +163,7 @@ class Instance:
         from corescale.measure.timing import warm_up
 
         control, cfg = self.control, self.cfg
-        artifact = getattr(self.backend, "model_path", None)
+        artifact = self.backend.model_path
         control.send(protocol.Loaded(self.load_seconds, None if artifact is None else str(artifact)))
         if control.wait_for(protocol.Warmup) is None:  # every sibling is loaded: warm up under the window's load
             return None
@@ -277,6 +277,7 @@ class Instance:
 
     def result(self, cpu_seconds: float, wall: float, threads_cpus: dict, measured: dict, **after) -> protocol.Result:
         """The report: the fields every scenario has, around what `measured` holds, then `after`."""
+        from corescale.backends import framework_report
         from corescale.machine import environment
 
         return protocol.Result({
@@ -286,7 +287,7 @@ class Instance:
             "imports": self.imports, **measured,
             "affinity": sorted(set().union(*threads_cpus.values())),  # every CPU any of its threads may use
             "thread_affinity": {str(tid): cpus for tid, cpus in threads_cpus.items()},
-            "framework": self.backend.info(), "mapped_libraries": environment.mapped_libraries(),
+            "framework": framework_report(self.backend), "mapped_libraries": environment.mapped_libraries(),
             "thread_count": environment.os_thread_count(), **after,
         })
 

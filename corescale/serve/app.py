@@ -23,8 +23,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 
+from corescale.measure.contract import Served, ServiceInfo
 from corescale.serve import pool as pools
 from corescale.serve.tokens import Tokens, TooLarge
+from corescale.workload.heads import HeadSpec
 from corescale.workload.tasks import TASKS, Route, Task, resolve
 
 TEXTS = str | Annotated[list[str], Field(min_length=1)]
@@ -48,12 +50,12 @@ def as_list(texts: TEXTS) -> list[str]:
 class Front:
     """What the routes share: the pool, the tokenizer, the head, the metrics."""
 
-    def __init__(self, pool: pools.Pool, tokens: Tokens, head: dict[str, Any], model_name: str, metrics):
+    def __init__(self, pool: pools.Pool, tokens: Tokens, head: HeadSpec, model_name: str, metrics):
         self.pool, self.tokens, self.head, self.model_name, self.metrics = pool, tokens, head, model_name, metrics
 
     def needs(self, task: str, route: str) -> None:
-        if self.head.get("task") != task:
-            raise Refused(400, f"{route} needs a {task} bundle; this one serves task '{self.head.get('task')}'",
+        if self.head.task != task:
+            raise Refused(400, f"{route} needs a {task} bundle; this one serves task '{self.head.task}'",
                           "Validation")
 
     async def compute(self, texts: list, truncate: bool, pairs: bool = False) -> tuple[list[np.ndarray], dict]:
@@ -78,22 +80,22 @@ class Front:
                    "tokens": encoded.tokens, "lengths": [len(row) for row in encoded.rows]}
         return outputs, timings
 
-    def info(self) -> dict[str, Any]:
+    def info(self) -> ServiceInfo:
         """GET /info: Hugging Face TEI's fields, and under `corescale` what runs: the source, the serving config,
         the layout (each instance's CPUs, threads, the variables set, the artifact it loaded)."""
+        import dataclasses
         from importlib.metadata import version
 
-        opened, task = self.pool.bundle, self.head.get("task")
-        layout = dict(opened.manifest.get("layout") or {})
-        layout["instances"] = [{**entry, "artifact": instance.artifact} for entry, instance in
-                               zip(layout.get("instances") or [], self.pool.instances)]
-        return {"model_id": self.model_name, "model_dtype": opened.cfg.precision,
-                "model_type": {TASKS[str(task)].tei_type if task in TASKS else str(task): self.head},
-                "max_input_length": opened.cfg.sequence_length, "max_client_batch_size": self.tokens.max_inputs,
-                "max_batch_requests": opened.cfg.server.max_batch, "version": version("corescale"),
-                "corescale": {"source": str(opened.root) if opened.root else "overrides",
-                              "backend": opened.cfg.backend.name, "precision": opened.cfg.precision,
-                              "config": opened.cfg.to_dict(), "layout": layout}}
+        opened, task = self.pool.bundle, self.head.task
+        layout = dataclasses.replace(opened.layout, instances=[
+            dataclasses.replace(entry, artifact=instance.artifact)
+            for entry, instance in zip(opened.layout.instances, self.pool.instances)])
+        runs = Served(str(opened.root) if opened.root else "overrides", opened.cfg.backend.name, opened.cfg.precision,
+                      opened.cfg.to_dict(), layout)
+        return ServiceInfo(self.model_name, opened.cfg.precision,
+                           {TASKS[task].tei_type if task in TASKS else task: self.head.to_json()},
+                           opened.cfg.sequence_length, self.tokens.max_inputs, opened.cfg.server.max_batch,
+                           version("corescale"), runs)
 
     def answer(self, route: str, body: Any, timings: dict) -> JSONResponse:
         self.metrics.answered(route, 200, timings)
@@ -157,7 +159,7 @@ def create_app(front: Front, api_key: str | None) -> FastAPI:
 
     @app.get("/info")
     async def info():
-        return JSONResponse(front.info())
+        return JSONResponse(front.info().to_dict())
 
     @app.get("/metrics")
     async def metrics():

@@ -1,12 +1,13 @@
 """The deployment bundle: what one measured result ran, in one folder that `corescale serve BUNDLE` starts again.
 
-It holds the artifact the instances loaded (the ONNX file as built: exported, fused, quantized; found through
-the backend's own `info()["model_path"]`), the model folder's configuration and tokenizer (its weights too when
-the backend builds from them: PyTorch, TensorFlow), the head, the layout read from the result's record (each
-instance's CPUs, memory binding, threads and the environment the launcher really set: never derived again), the
-measured figures with their quality and CPU, and `manifest.json`: every file's sha256 and what the machine must
-have (CPU features the precision uses that the measuring CPU had; the backend's library versions, which name
-the artifact's build steps). Written whole into a temporary folder, then renamed: nothing half-written.
+It holds the artifact the instances loaded (the file the backend reported as its `model_path`, copied by its
+Artifact's collect hook: the ONNX export as built, exported, fused, quantized), the model folder's configuration
+and tokenizer (its weights too when the backend builds from them: PyTorch, TensorFlow), the head, the layout read
+from the result's record (each instance's CPUs, memory binding, threads and the environment the launcher really
+set: never derived again), the measured figures with their quality and CPU, and `manifest.json`
+(serve/manifest.py's BundleManifest): every file's sha256 and what the machine must have (CPU features the
+precision uses that the measuring CPU had; the backend's library versions, which name the artifact's build
+steps). Written whole into a temporary folder, then renamed: nothing half-written.
 """
 
 from __future__ import annotations
@@ -22,16 +23,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from corescale.backends import entry
+from corescale.backends import attribute, bundled_artifact, entry
 from corescale.config import BenchmarkConfig
 from corescale.errors import UserError
 from corescale.machine.placement import InstanceSpec
 from corescale.machine.precisions import PRECISIONS
+from corescale.measure.contract import InstanceLayout, Layout, ServiceInfo
 from corescale.record.trial import TrialRecord
 from corescale.serve import examples
+from corescale.serve.manifest import FORMAT, MANIFEST, BundledArtifact, BundleManifest, Requires
 
-MANIFEST = "manifest.json"
-FORMAT = 1
 MODEL_DIR, TOKENIZER_DIR, ARTIFACT_DIR = "model", "tokenizer", "artifact"
 RECORD = "record.json"  # the measured result; not result.json, which a results root would count as a run
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".h5", ".msgpack", ".onnx", ".pt", ".ckpt", ".xml")
@@ -107,14 +108,6 @@ def copy_folder(source: Path, target: Path, encoder: Path | None) -> None:
         shutil.copy2(item.resolve(), target / relative)
 
 
-def artifact_chain(model_path: Path) -> list[str]:
-    """The cache folders the artifact was built through, first (the export) to last (what ran): its own folder
-    and every sibling whose name + '-' begins its name (fusion, then quantization, each named by its step)."""
-    final = model_path.parent
-    steps = [d.name for d in final.parent.iterdir() if d.is_dir() and final.name.startswith(f"{d.name}-")]
-    return sorted(steps, key=len) + [final.name]
-
-
 def figures(record: TrialRecord) -> dict[str, Any]:
     """The figures the bundle's layout was measured at, with their quality and the CPU."""
     metrics, server = record.metrics, record.server
@@ -133,23 +126,19 @@ def figures(record: TrialRecord) -> dict[str, Any]:
     return found
 
 
-def layout(record: TrialRecord) -> dict[str, Any]:
+def layout(record: TrialRecord) -> Layout:
     """Each instance as it ran: CPUs, memory nodes, threads, batch, and the launch the launcher recorded."""
     return layout_of(record.config, [(spec, report.launch) for spec, report in zip(record.specs,
                                                                                   record.instance_reports)])
 
 
-def layout_of(cfg: BenchmarkConfig, launched: list[tuple[InstanceSpec, dict[str, Any]]]) -> dict[str, Any]:
+def layout_of(cfg: BenchmarkConfig, launched: list[tuple[InstanceSpec, dict[str, Any]]]) -> Layout:
     """The layout of instances started with these launches (command prefix, the variables set)."""
-    return {
-        "instances": [{"id": spec.id, "cpus": list(spec.cpus), "numa_nodes": list(spec.numa_nodes),
-                       "threads": spec.threads, "batch_size": spec.batch_size,
-                       "command_prefix": list(launch.get("command_prefix") or []),
-                       "env": dict(launch.get("env") or {})}
-                      for spec, launch in launched],
-        "allocator": cfg.allocator, "openmp": cfg.openmp, "interop_threads": cfg.interop_threads,
-        "front": "the CPUs no instance uses when there are any, else shared with the instances",
-    }
+    instances = [InstanceLayout(spec.id, list(spec.cpus), list(spec.numa_nodes), spec.threads, spec.batch_size,
+                                list(launch.get("command_prefix") or []), dict(launch.get("env") or {}))
+                 for spec, launch in launched]
+    return Layout(instances, cfg.allocator, cfg.openmp, cfg.interop_threads,
+                  "the CPUs no instance uses when there are any, else shared with the instances")
 
 
 def serving(cfg: BenchmarkConfig) -> BenchmarkConfig:
@@ -176,8 +165,8 @@ class WhatRan:
     service's with the specs it served)."""
 
     cfg: BenchmarkConfig
-    artifact: Path | None
-    layout: dict[str, Any]
+    artifact: Path | None  # the file the backend ran (its model_path), where it ran one
+    layout: Layout
     record: TrialRecord
 
     @classmethod
@@ -186,31 +175,33 @@ class WhatRan:
             framework = record.instance_reports[0].framework if record.instance_reports else {}
             artifact = Path(framework["model_path"]) if framework.get("model_path") else None
             return cls(record.config, artifact, layout(record), record)
-        described = service_description(record)
-        instances = described["layout"]["instances"]
-        artifacts = {entry.get("artifact") for entry in instances}
+        served = service_description(record).corescale.layout
+        artifacts = {instance.artifact for instance in served.instances}
         if len(artifacts) != 1:
             raise UserError(f"the managed service's instances ran different artifacts ({sorted(map(str, artifacts))})")
-        specs = [InstanceSpec.from_json(entry) for entry in instances]
-        kept = {**described["layout"], "instances": [{k: v for k, v in entry.items() if k != "artifact"}
-                                                     for entry in instances]}
-        artifact = next(iter(artifacts))
-        return cls(dataclasses.replace(record.config, endpoint=None, api=None), Path(artifact) if artifact else None,
+        specs = [InstanceSpec.from_json(instance.to_dict()) for instance in served.instances]
+        kept = dataclasses.replace(served, instances=[dataclasses.replace(instance, artifact=None)
+                                                      for instance in served.instances])
+        ran = next(iter(artifacts))
+        return cls(dataclasses.replace(record.config, endpoint=None, api=None), Path(ran) if ran else None,
                    kept, dataclasses.replace(record, specs=specs))
 
 
-def service_description(record: TrialRecord) -> dict[str, Any]:
+def service_description(record: TrialRecord) -> ServiceInfo:
     """endpoint=managed: what the service said of its layout and artifact (its GET /info, kept in the record)."""
     endpoint = record.server.endpoint if record.server is not None else None
     if endpoint is None or endpoint.managed is None:
         raise UserError("no bundle from a server measured over HTTP (endpoint=URL): no artifact was measured here; "
                         "measure the layout in process (`corescale run ... --bundle DIR`) or with endpoint=managed")
-    described = (endpoint.reports.get("/info") or {}).get("corescale")
-    if not isinstance(described, dict) or not isinstance(described.get("layout"), dict) or \
-            not isinstance(described["layout"].get("instances"), list) or not described["layout"]["instances"]:
-        raise UserError("the managed service's record holds no layout (GET /info of a corescale serve before "
-                        "2026-12-03): serve it again with `corescale serve` and its overrides (tune.json's "
-                        "recipe.serve_words)")
+    try:
+        described = ServiceInfo.from_dict(endpoint.reports.get("/info"), "GET /info")
+    except UserError as exc:
+        raise UserError(f"the managed service's record holds no layout ({exc}; a corescale serve before 2026-12-03?): "
+                        "serve it again with `corescale serve` and its overrides (tune.json's recipe.serve_words)") \
+            from None
+    if not described.corescale.layout.instances:
+        raise UserError("the managed service's record holds no instance in its layout: serve it again with "
+                        "`corescale serve` and its overrides (tune.json's recipe.serve_words)")
     return described
 
 
@@ -256,24 +247,22 @@ def contents(tmp: Path, measured: WhatRan) -> None:
         for name in TOKENIZER_FILES:
             if (tokenizer / name).is_file():
                 shutil.copy2(tokenizer / name, tmp / TOKENIZER_DIR / name)
-    chain = None
+    artifact = None
     if model_path is not None:
-        chain = artifact_chain(model_path)
-        shutil.copytree(model_path.parent, tmp / ARTIFACT_DIR, ignore=shutil.ignore_patterns(".*"))
+        kind = bundled_artifact(cfg.backend.name)
+        artifact = BundledArtifact(kind.cache, attribute(str(kind.collect))(model_path, tmp / ARTIFACT_DIR))
     (tmp / RECORD).write_text(json.dumps(record.to_json(), indent=2, default=str))
     serving = manifest_config(cfg, folder, tokenizer != folder)
     for name, text in examples.files(serving, measured.layout).items():
         (tmp / name).write_text(text)
     backend = entry(cfg.backend.name)
     isa = record.environment.cpu.isa
-    manifest = {
-        "format": FORMAT, "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "corescale": dict(record.environment.corescale), "model": cfg.model, "backend": cfg.backend.name,
-        "precision": cfg.precision, "head": spec.head.to_json(), "artifact": chain, "config": serving,
-        "layout": measured.layout, "measured": figures(record),
-        # the CPU features the precision's kernels use (its entry's `requires`) that the measuring CPU had
-        "requires": {"cpu_features": PRECISIONS[cfg.precision].required(isa),
-                     "libraries": {n: record.environment.libraries.get(n) for n in backend.libraries}},
-        "files": {str(p.relative_to(tmp)): sha256(p) for p in sorted(tmp.rglob("*")) if p.is_file()},
-    }
-    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, default=str))
+    # the CPU features the precision's kernels use (its entry's `requires`) that the measuring CPU had
+    requires = Requires(PRECISIONS[cfg.precision].required(isa),
+                        {n: record.environment.libraries.get(n) for n in backend.libraries})
+    manifest = BundleManifest(
+        format=FORMAT, created_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), corescale=dict(record.environment.corescale),
+        model=cfg.model, backend=cfg.backend.name, precision=cfg.precision, head=spec.head.to_json(),
+        artifact=artifact, config=serving, layout=measured.layout, measured=figures(record), requires=requires,
+        files={str(p.relative_to(tmp)): sha256(p) for p in sorted(tmp.rglob("*")) if p.is_file()})
+    (tmp / MANIFEST).write_text(json.dumps(manifest.to_dict(), indent=2, default=str))

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from corescale.measure.contract import API_KEY_ENV
+from corescale.measure.contract import API_KEY_ENV, Layout
 
 SYSTEMD, DOCKERFILE, README = "corescale-serve.service", "Dockerfile.example", "README.md"
 
 
-def files(serving: dict[str, Any], layout: dict[str, Any]) -> dict[str, str]:
-    cpus = sorted({c for inst in layout["instances"] for c in inst["cpus"]})
-    count = len(layout["instances"])
+def files(serving: dict[str, Any], layout: Layout) -> dict[str, str]:
+    cpus = sorted({c for inst in layout.instances for c in inst.cpus})
+    count = len(layout.instances)
     return {SYSTEMD: systemd_unit(), DOCKERFILE: dockerfile(cpus), README: readme(serving, count, cpus)}
 
 

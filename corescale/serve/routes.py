@@ -58,7 +58,7 @@ async def embeddings(front: Front, task: Task, body: Embeddings) -> JSONResponse
 
 
 async def embed(front: Front, task: Task, body: Embed) -> JSONResponse:
-    if not body.normalize and front.head.get("normalize"):
+    if not body.normalize and front.head.normalize:
         raise Refused(422, "normalize: this bundle's head normalises inside the measured graph", "Validation")
     outputs, timings = await front.compute(as_list(body.inputs), body.truncate)
     return front.answer("/embed", [row.tolist() for row in outputs], timings)
@@ -84,7 +84,7 @@ async def predict(front: Front, task: Task, body: Predict) -> JSONResponse:
     pairs = not single and bool(body.inputs) and isinstance(body.inputs[0], list)
     texts = [body.inputs] if isinstance(body.inputs, str) else list(body.inputs)
     outputs, timings = await front.compute(texts, body.truncate, pairs=pairs)
-    labels = list(front.head.get("labels") or [])
+    labels = list(front.head.labels)
     answers = [[{"label": labels[i] if i < len(labels) else f"LABEL_{i}", "score": float(scores[i])}
                 for i in np.argsort(-scores)] for scores in (task.scored(row.reshape(-1).astype(np.float64),
                                                                          body.raw_scores) for row in outputs)]

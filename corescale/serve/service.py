@@ -91,9 +91,9 @@ def run(source: list[str], options: Options) -> int:
             with housekeeping_cpus(opened.specs) as front_cpus:
                 where = f"CPUs {format_cpulist(sorted(front_cpus))}" if front_cpus else "shared with the instances"
                 host, port = sock.getsockname()[:2]
-                say(ready_line(f"{len(opened.specs)} instance(s) of {opened.manifest.get('model')} on "
+                say(ready_line(f"{len(opened.specs)} instance(s) of {opened.model} on "
                                f"{cfg.backend.name} ({cfg.precision})", where, host, port))
-                app = create_app(Front(pool, tokens, opened.head, str(opened.manifest.get("model")), metrics),
+                app = create_app(Front(pool, tokens, opened.head, opened.model, metrics),
                                  options.api_key)
                 server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=options.access_log,
                                                        timeout_graceful_shutdown=GRACEFUL_S, lifespan="off"))

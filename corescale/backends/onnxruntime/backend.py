@@ -151,7 +151,6 @@ class OnnxRuntimeBackend(TimedStages):
             "inter_op_num_threads": self.options.inter_op_num_threads,
             "graph_optimization_level": str(self.options.graph_optimization_level),
             "execution_mode": str(self.options.execution_mode),
-            "model_path": str(self.model_path),
             "cache_hits": self.cache_hits,
             "quantization": self.quantization,
             "operators": dict(Counter(node.op_type for node in graph.node).most_common()),

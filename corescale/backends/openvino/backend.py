@@ -80,6 +80,5 @@ class OpenVinoBackend(TimedStages):
             "cpu_capabilities": self.capabilities,
             "cache_hits": self.cache_hits,
             "quantization": self.quantization,
-            "model_path": str(self.model_path),
             **{key.lower(): _plain(self.compiled.get_property(key)) for key in REPORTED},
         }
