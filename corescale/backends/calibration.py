@@ -15,13 +15,18 @@ from __future__ import annotations
 
 import hashlib
 import re
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from corescale.backends.options import Int8Options, options_as
 from corescale.errors import UserError
 from corescale.workload import corpus
 from corescale.workload.tasks import TASKS
 from corescale.workload.tokens import text_encoder
+
+if TYPE_CHECKING:
+    from corescale.config import BenchmarkConfig
 
 _LAYER = re.compile(r"/(?:encoder|transformer)/layer\.(\d+)/")
 _PATTERNS = {
@@ -30,10 +35,11 @@ _PATTERNS = {
 }
 
 
-def calibration_items(cfg, task: str) -> tuple[list, str]:
+def calibration_items(cfg: BenchmarkConfig, task: str) -> tuple[list, str]:
     """The texts (a pair task's: pairs) calibration runs on, and where they come from relative to the quality
     set."""
-    count, skip, pairs = cfg.backend.calibration_samples, cfg.quality_samples, TASKS[task].pairs
+    count, skip = options_as(cfg.backend, Int8Options).calibration_samples, cfg.quality_samples
+    pairs = TASKS[task].pairs
     if not pairs and cfg.workload.source and cfg.workload.source != corpus.BUILTIN:
         from corescale.workload.samples import read_texts
 
@@ -48,7 +54,7 @@ def calibration_items(cfg, task: str) -> tuple[list, str]:
     return items, f"built-in corpus, its last {len(tail)} texts ({where})"
 
 
-def calibration_feeds(spec, cfg, input_names) -> tuple[list[dict[str, np.ndarray]], str, str]:
+def calibration_feeds(spec, cfg: BenchmarkConfig, input_names) -> tuple[list[dict[str, np.ndarray]], str, str]:
     """One feed per calibration text (batch 1, padded to sequence_length), their origin, and their digest (part of
     the artifact's key)."""
     items, origin = calibration_items(cfg, spec.task)

@@ -30,7 +30,7 @@ import tempfile
 import warnings
 from importlib import metadata
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
@@ -39,6 +39,9 @@ from corescale.errors import UserError
 from corescale.userfiles import fsync_path
 from corescale.workload.inputs import make_inputs
 from corescale.workload.models import resolve_model, source_files
+
+if TYPE_CHECKING:
+    from corescale.config import BenchmarkConfig
 
 OPSET = 17
 MODEL_FILE = "model.onnx"
@@ -52,7 +55,7 @@ EXTERNAL_DATA_BYTES = 3 << 29  # 1.5 GiB: derived models keep weights in model.o
 # the exporter itself switches to external data files at that limit)
 
 
-def cache_root(cfg) -> Path:
+def cache_root(cfg: BenchmarkConfig) -> Path:
     return Path(os.path.expanduser(cfg.cache_dir)) / "onnx"
 
 
@@ -161,7 +164,7 @@ class OnnxModel:
         return OnnxModel(target / file, target.name, self.large, hit)
 
 
-def model_file(spec, cfg) -> OnnxModel:
+def model_file(spec, cfg: BenchmarkConfig) -> OnnxModel:
     """The user's model file as it is (model=FILE: nothing exported); its derived variants are cached under a key
     of its name, size and modification time, and its graph."""
     files = source_files(spec)
@@ -170,7 +173,7 @@ def model_file(spec, cfg) -> OnnxModel:
                      root=cache_root(cfg))
 
 
-def onnx_model(spec, cfg, inputs: dict[str, np.ndarray], stages) -> OnnxModel:
+def onnx_model(spec, cfg: BenchmarkConfig, inputs: dict[str, np.ndarray], stages) -> OnnxModel:
     """The model as ONNX: the model file itself (model=FILE); from its source's entry when this source was
     exported before (no torch, no Transformers); otherwise built and hashed, exported only when the cache does not
     have it, and filed."""
@@ -186,7 +189,7 @@ def onnx_model(spec, cfg, inputs: dict[str, np.ndarray], stages) -> OnnxModel:
     return model
 
 
-def exported_model(spec, cfg, inputs: dict[str, np.ndarray], stages) -> OnnxModel:
+def exported_model(spec, cfg: BenchmarkConfig, inputs: dict[str, np.ndarray], stages) -> OnnxModel:
     """Built in torch and hashed; exported only when the cache does not have it."""
     from corescale.backends.pytorch.task import task_module
 
@@ -208,7 +211,7 @@ def drop_if_hit(stages, name: str, model: OnnxModel) -> OnnxModel:
     return model
 
 
-def source_key(spec, cfg, inputs) -> str | None:
+def source_key(spec, cfg: BenchmarkConfig, inputs) -> str | None:
     """What an export is made from, known without torch; None when the model's files cannot be found."""
     files = source_files(spec)
     if files is None:
@@ -226,11 +229,11 @@ def _version(distribution: str) -> str | None:
         return None
 
 
-def sources_root(cfg) -> Path:
+def sources_root(cfg: BenchmarkConfig) -> Path:
     return Path(os.path.expanduser(cfg.cache_dir)) / SOURCES_DIR
 
 
-def known_export(cfg, source: str) -> OnnxModel | None:
+def known_export(cfg: BenchmarkConfig, source: str) -> OnnxModel | None:
     """The artifact filed under `source`, when both are still there and intact (else it is built again)."""
     try:
         with open(sources_root(cfg) / f"{source}.json", "rb") as handle:
@@ -252,7 +255,7 @@ def artifact_file(artifact: Path) -> Path:
         else artifact / IR_FILE
 
 
-def file_export(cfg, source: str, model: OnnxModel) -> None:
+def file_export(cfg: BenchmarkConfig, source: str, model: OnnxModel) -> None:
     """Files the artifact under its source, atomically: a worker reads a whole entry or none."""
     root = sources_root(cfg)
     root.mkdir(parents=True, exist_ok=True)
@@ -280,7 +283,7 @@ def collect(model_path: Path, into: Path) -> list[str]:
     return sorted(steps, key=len) + [final.name]
 
 
-def install(folder: Path, steps: list[str], cfg) -> None:
+def install(folder: Path, steps: list[str], cfg: BenchmarkConfig) -> None:
     """ONNX_EXPORT's serve hook: the export cache's entry for this model's source names the bundle's copy in
     `folder` as final (linked under its export key), so the backend's own load opens the measured file and applies
     no build step (fusion, quantization) to it again."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from corescale.errors import RegistrationError, UserError
 from corescale.machine.precisions import PRECISIONS
@@ -121,6 +121,16 @@ class Int8Options(BackendOptions):
         if self.quantization != self.STATIC and calibrated:
             raise UserError(f"backend.{calibrated[0]} applies to backend.quantization={self.STATIC} only (got "
                             f"{self.quantization}) on backend={self.name}")
+
+
+Chosen = TypeVar("Chosen", bound="BackendOptions")
+
+
+def options_as(options: BackendOptions, kind: type[Chosen]) -> Chosen:
+    """A config's `backend` group as its backend's own options class (the one its registry entry composes)."""
+    if not isinstance(options, kind):
+        raise TypeError(f"backend={options.name}'s options are {type(options).__name__}, not {kind.__name__}")
+    return options
 
 
 MAX_CALIBRATION_SAMPLES = 1000  # the built-in corpus's tail holds this many texts past the largest default quality set

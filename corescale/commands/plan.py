@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 from corescale.commands import add_common
 from corescale.commands._common import path_arg
+
+if TYPE_CHECKING:
+    from corescale.config import BenchmarkConfig
 
 ORDER = 15
 
@@ -44,7 +48,7 @@ def load_topology(lscpu: str | None, allowed_cpus: str | None):
     return Topology(tuple(c for c in whole.cpus if c.id in set(allowed)))
 
 
-def plan_document(cfg, topology) -> dict:
+def plan_document(cfg: BenchmarkConfig, topology) -> dict:
     from corescale.machine.placement import instance_specs
     from corescale.measure.runner import check_threads, placement_for
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import statistics
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from corescale.explain.findings import findings
 from corescale.explain.opclasses import ALL_CLASSES, OP_CLASSES, breakdown, classify
@@ -15,11 +16,14 @@ from corescale.record.files import slug, write_json_atomic
 from corescale.workload.flops import class_flops, forward_flops
 from corescale.workload.memory import traffic_bytes
 
+if TYPE_CHECKING:
+    from corescale.config import BenchmarkConfig
+
 CLOSURE_TOLERANCE = 0.05  # op classes + overhead must equal the measured latency within this fraction
 EXPLAIN_DIR = "explain"
 
 
-def label(cfg) -> str:
+def label(cfg: BenchmarkConfig) -> str:
     changed = " ".join(f"{k}={v}" for k, v in cfg.backend.changed().items())
     return f"{cfg.backend.name} {changed}".strip()
 
@@ -29,7 +33,7 @@ def median_call(calls: list[dict]) -> dict:
     return ordered[(len(ordered) - 1) // 2]
 
 
-def explain(profile: dict, cfg, model) -> dict:
+def explain(profile: dict, cfg: BenchmarkConfig, model) -> dict:
     """Everything `explain` shows and saves about one configuration."""
     batch, length = cfg.instance_batch_size, cfg.sequence_length
     call = median_call(profile["calls"])

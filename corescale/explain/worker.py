@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from corescale.config import BenchmarkConfig
     from corescale.measure.protocol import Job
 
 ROUNDS = 3
@@ -58,7 +59,7 @@ def run(job: Job, out: Path) -> dict:
             "warmup_converged": warm.converged}
 
 
-def linear_remedy(cfg, model, batch_size: int) -> dict | None:
+def linear_remedy(cfg: BenchmarkConfig, model, batch_size: int) -> dict | None:
     """A backend whose linears can run as torch's prepacked oneDNN linear (its entry's onednn_linear), at a
     precision backend.linear=onednn holds for: the model's linear shapes through torch's default linear and through
     that linear (backend.linear=onednn), measured here, after the profile: the evidence for or against it."""

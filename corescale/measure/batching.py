@@ -8,11 +8,14 @@ import collections
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from corescale.workload.samples import padded_length
+
+if TYPE_CHECKING:
+    from corescale.config import BenchmarkConfig
 
 
 @dataclass
@@ -25,7 +28,7 @@ class Waiting:
 class Batcher:
     """The one queue every instance takes its batches from."""
 
-    def __init__(self, cfg, lengths: np.ndarray):
+    def __init__(self, cfg: BenchmarkConfig, lengths: np.ndarray):
         self.max_batch = cfg.server.max_batch if cfg.scenario == "server" else 1
         self.max_queue_ns = int(cfg.server.max_queue_ms * 1e6)
         self.max_tokens = cfg.server.max_batch_tokens

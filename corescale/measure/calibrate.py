@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from corescale.machine import instance_env
 from corescale.machine.lock import machine_lock
@@ -18,11 +19,15 @@ from corescale.machine.placement import InstanceSpec
 from corescale.measure.contamination import CONTAMINATION_THRESHOLD, foreign_fraction, foreign_seconds, read_cpu_times
 from corescale.record.files import write_json_atomic
 
+if TYPE_CHECKING:
+    from corescale.config import BenchmarkConfig
+
 TIMEOUT_S = 180.0
 BANDWIDTH = "bandwidth"  # the calibration process's word for "measure the triad, not a GEMM"
 
 
-def with_peaks(specs: list[InstanceSpec], cfg, isa: dict, work_dir: Path, cache: PeakCache, force: bool = False,
+def with_peaks(specs: list[InstanceSpec], cfg: BenchmarkConfig, isa: dict, work_dir: Path, cache: PeakCache,
+               force: bool = False,
                libraries: tuple[str, ...] = (), precision: str | None = None) -> list[InstanceSpec]:
     """The specs with their peak entries; measures (and caches) those the cache does not hold (all: force)."""
     precision = precision or peak_precision(cfg.precision, isa)
@@ -37,7 +42,8 @@ def with_peaks(specs: list[InstanceSpec], cfg, isa: dict, work_dir: Path, cache:
             for spec in specs]
 
 
-def with_bandwidth(specs: list[InstanceSpec], cfg, work_dir: Path, cache: PeakCache, force: bool = False) -> dict:
+def with_bandwidth(specs: list[InstanceSpec], cfg: BenchmarkConfig, work_dir: Path, cache: PeakCache,
+                   force: bool = False) -> dict:
     """The memory roof of each instance (machine/bandwidth.py), measured all at once like the instances run (they
     share the memory bus); from the cache where it holds them. A failed measurement is None, never cached."""
     known = {spec.id: None if force else cache.get_bandwidth(spec.cpus, spec.threads) for spec in specs}
@@ -86,7 +92,7 @@ def measured_alone(measure) -> dict:
     return {**entry, "foreign_load": foreign_fraction(foreign, time.monotonic() - started, len(cpus))}
 
 
-def _run_calibrations(specs: list[InstanceSpec], cfg, precision: str, work_dir: Path,
+def _run_calibrations(specs: list[InstanceSpec], cfg: BenchmarkConfig, precision: str, work_dir: Path,
                       libraries: tuple[str, ...]) -> list[dict]:
     if not specs:
         return []

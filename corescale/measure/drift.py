@@ -8,9 +8,14 @@ measurements behind them); drift_tolerance= replaces the first.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from corescale.machine.precisions import PRECISIONS, REFERENCE
+
+if TYPE_CHECKING:
+    from corescale.config import BenchmarkConfig
 
 
 def drift_metrics(output: np.ndarray, reference: np.ndarray, precision: str,
@@ -37,14 +42,16 @@ def drift_metrics(output: np.ndarray, reference: np.ndarray, precision: str,
     }
 
 
-def compare_with_reference(cfg, model, threads: int, inputs, output: np.ndarray) -> dict:
+def compare_with_reference(cfg: BenchmarkConfig, model, threads: int, inputs, output: np.ndarray) -> dict:
     """Runs the reference backend at fp32 in this process (after the timed window) and compares."""
     import dataclasses
 
     from corescale.backends import OPTIONS, create_backend
 
-    ref_cfg = dataclasses.replace(cfg, backend=OPTIONS[cfg.reference](), precision=REFERENCE, reference=None)
-    reference = create_backend(cfg.reference)
+    name = cfg.reference
+    assert name is not None, "called for a config with a reference"
+    ref_cfg = dataclasses.replace(cfg, backend=OPTIONS[name](), precision=REFERENCE, reference=None)
+    reference = create_backend(name)
     reference.load(model, ref_cfg, threads, inputs)
     ref_out = reference.to_numpy(reference.forward(reference.prepare(inputs)))
     metrics = drift_metrics(output, ref_out, cfg.precision, cfg.drift_tolerance)

@@ -8,11 +8,15 @@ import itertools
 import json
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from corescale.errors import UserError
 from corescale.measure.contract import API_KEY_ENV
 from corescale.measure.http_api import BadAnswer, HttpApi, Query, api_of, headers
 from corescale.measure.timing import warm_up
+
+if TYPE_CHECKING:
+    from corescale.config import BenchmarkConfig
 
 PROBE_TIMEOUT_S = 10.0
 OUR_MISTAKES = (400, 401, 403, 404, 405, 413, 415, 422)  # the request is wrong for this server: refused, not measured
@@ -25,14 +29,15 @@ class Probed:
     health: int | None  # GET /health's status; None when the server has none (a first request answered)
 
 
-def client(cfg, timeout: float | None = None):
+def client(cfg: BenchmarkConfig, timeout: float | None = None):
     import httpx
 
+    assert cfg.endpoint, "a config measured over HTTP names its endpoint"
     return httpx.Client(base_url=cfg.endpoint.rstrip("/"), headers=headers(),
                         timeout=timeout or min(cfg.request_timeout, PROBE_TIMEOUT_S))
 
 
-def check_settings(cfg) -> None:
+def check_settings(cfg: BenchmarkConfig) -> None:
     """What config.validate leaves to the trial: a URL a client can send to."""
     from urllib.parse import urlsplit
 
@@ -47,7 +52,7 @@ def check_settings(cfg) -> None:
                         "are added to it: /v1/embeddings, /embed, /health), or endpoint=managed")
 
 
-def probe(cfg, query: Query) -> Probed:
+def probe(cfg: BenchmarkConfig, query: Query) -> Probed:
     """GET /health, then one real request; UserError (one line) when the server cannot be reached, is not healthy,
     or refuses the request as malformed for it (wrong api=, model= or key). A first request that fails on the
     server's side (5xx, reset) is left to the measurement, which counts such errors."""
@@ -82,7 +87,7 @@ def probe(cfg, query: Query) -> Probed:
     return Probed(status)
 
 
-def hint(cfg, status: int) -> str:
+def hint(cfg: BenchmarkConfig, status: int) -> str:
     if status in (401, 403):
         return f"the server wants a key: set {API_KEY_ENV}"
     other = "tei" if cfg.http_api == "openai" else "openai"
@@ -98,7 +103,7 @@ class Warm:
     dimension: int | None
 
 
-def warm(cfg, bodies: list[bytes], api: HttpApi) -> Warm:
+def warm(cfg: BenchmarkConfig, bodies: list[bytes], api: HttpApi) -> Warm:
     """One request at a time, cycling over the queries, until the latency settles (the warmup.* keys, at least
     WARM_MIN_REQUESTS requests)."""
     import httpx
@@ -124,7 +129,7 @@ def warm(cfg, bodies: list[bytes], api: HttpApi) -> Warm:
     return Warm(len(done.durations_ns), errors, good, dimension)
 
 
-def self_description(cfg, api: HttpApi) -> tuple[int | None, dict]:
+def self_description(cfg: BenchmarkConfig, api: HttpApi) -> tuple[int | None, dict]:
     """GET /health's status now (None: the server has none), and what the server says about itself at the API's
     paths (JSON answers only, each kept up to a size)."""
     import httpx

@@ -7,11 +7,14 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import TYPE_CHECKING, Any, Union
 
 from corescale.http_keys import check_task
 from corescale.measure.contract import API_KEY_ENV
 from corescale.workload.tasks import TASKS, Route, resolve
+
+if TYPE_CHECKING:
+    from corescale.config import BenchmarkConfig
 
 # the breakdown a server may report per response (TEI's headers; corescale serve sends the same)
 TIMING_HEADERS = {"queue": "x-queue-time", "tokenization": "x-tokenization-time",
@@ -105,7 +108,7 @@ def route_of(api: str, task: str) -> HttpApi:
     return HttpApi(api, task, TASKS[task].route(api))  # type: ignore[arg-type]  # check_task found it
 
 
-def api_of(cfg) -> HttpApi:
+def api_of(cfg: BenchmarkConfig) -> HttpApi:
     """The API and route a config's queries are sent to (its task: the first registered task unless task= says
     otherwise)."""
     return route_of(cfg.http_api, cfg.task or next(iter(TASKS)))

@@ -17,12 +17,16 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from corescale.measure.endpoint import Warm
 from corescale.measure.http_api import TIMING_HEADERS, BadAnswer, api_of, headers, timings
 from corescale.measure.server import LoadGenServer, StepResult
+
+if TYPE_CHECKING:
+    from corescale.config import BenchmarkConfig
 
 MAX_CONNECTIONS = 1024  # open loop: a query never waits for another's connection below this many in flight
 # an idle connection is dropped here before servers drop theirs (uvicorn after 5 s): a request sent on a connection
@@ -67,9 +71,10 @@ def stats(values: np.ndarray) -> dict:
 class HttpServer(LoadGenServer):
     """The server scenario against a running server: `run()` returns once every LoadGen test is done."""
 
-    def __init__(self, cfg, bodies: list[bytes], warm: Warm, work_dir: Path):
+    def __init__(self, cfg: BenchmarkConfig, bodies: list[bytes], warm: Warm, work_dir: Path):
         super().__init__(cfg, np.ones(len(bodies), dtype=np.int64), work_dir)  # lengths: only their count (the QSL)
         self.api, self.bodies, self.warm = api_of(cfg), bodies, warm
+        assert cfg.endpoint, "a config measured over HTTP names its endpoint"
         self.url = cfg.endpoint.rstrip("/") + self.api.path
         self.loop = asyncio.new_event_loop()
         self.tasks: set[asyncio.Task] = set()
@@ -192,10 +197,11 @@ class HttpServer(LoadGenServer):
 
     def _unreachable(self) -> str | None:
         """Why no rate can meet the SLO: even the fastest request alone, warm, took longer."""
-        if not self.warm.durations_ms or min(self.warm.durations_ms) <= self.cfg.slo_p99_ms:
+        slo = self.cfg.slo_p99_ms
+        if slo is None or not self.warm.durations_ms or min(self.warm.durations_ms) <= slo:
             return None
         return (f"one request alone takes {min(self.warm.durations_ms):.1f} ms at the fastest (warm-up, "
-                f"{len(self.warm.durations_ms)} requests), over the SLO of {self.cfg.slo_p99_ms:g} ms: no "
+                f"{len(self.warm.durations_ms)} requests), over the SLO of {slo:g} ms: no "
                 "arrival rate can meet it")
 
     def _single_ms(self) -> float:

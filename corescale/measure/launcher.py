@@ -12,7 +12,7 @@ import selectors
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from corescale.machine import instance_env
 from corescale.machine.placement import InstanceSpec
@@ -20,6 +20,9 @@ from corescale.measure import protocol
 from corescale.measure.forkserver import RepeatServers
 from corescale.measure.instance import Handshake, InstanceHandle, how_it_ended, stop_all
 from corescale.record.trial import Failure
+
+if TYPE_CHECKING:
+    from corescale.config import BenchmarkConfig
 
 START_DELAY_NS = 100_000_000  # the common start instant is this far (plus two calls) after the last is ready
 STOP_GRACE_S = 3.0  # SIGTERM, then SIGKILL after this long
@@ -56,7 +59,7 @@ class Launcher:
         self.files = files  # the trial's files every worker's job names (the query set's path)
         self.deadline = 0.0
 
-    def start(self, specs: list[InstanceSpec], cfg, model) -> None:
+    def start(self, specs: list[InstanceSpec], cfg: BenchmarkConfig, model) -> None:
         preload = instance_env.preload_paths(cfg)  # a missing library is a UserError before anything starts
         jobs = protocol.Job.each(cfg, model, specs, self.files)
         launches = [(spec, instance_env.Launch.of(cfg, spec, preload)) for spec in specs]
@@ -74,7 +77,7 @@ class Launcher:
                                        if forked is None else InstanceHandle(spec.id, forked, stderr_path))
         self.handshake = Handshake(self.instances.values(), START_DELAY_NS)
 
-    def run(self, specs: list[InstanceSpec], cfg, model) -> LaunchOutcome:
+    def run(self, specs: list[InstanceSpec], cfg: BenchmarkConfig, model) -> LaunchOutcome:
         outcome = LaunchOutcome()
         try:
             self.start(specs, cfg, model)

@@ -3,10 +3,15 @@ and what its steps show: the load curve and its knee."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
+if TYPE_CHECKING:
+    from corescale.config import BenchmarkConfig
 
-def floor_qps(cfg) -> float:
+
+def floor_qps(cfg: BenchmarkConfig) -> float:
     """Below this rate LoadGen's minimum query count would take more than half the timeout per test."""
     return cfg.server.min_query_count / (0.5 * cfg.timeout)
 

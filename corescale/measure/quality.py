@@ -16,12 +16,16 @@ import os
 import tempfile
 from importlib import metadata
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from corescale.workload.quality import set_digest
 from corescale.workload.samples import QuerySet, pad_id
 from corescale.workload.tasks import TASKS, resolve, softmax
+
+if TYPE_CHECKING:
+    from corescale.config import BenchmarkConfig
 
 BATCH = 16  # rows per call: padded to the longest in each length-sorted group, as a service would
 
@@ -41,7 +45,7 @@ def outputs(backend, model, queries: QuerySet) -> np.ndarray:
     return np.stack([found[i] for i in range(len(order))]).astype(np.float32)
 
 
-def reference_key(cfg, model, queries: QuerySet) -> str:
+def reference_key(cfg: BenchmarkConfig, model, queries: QuerySet) -> str:
     from corescale.backends import entry, quality_reference
     from corescale.workload.models import source_files
 
@@ -58,7 +62,7 @@ def _version(name: str) -> str | None:
         return None
 
 
-def reference_outputs(cfg, model, threads: int, queries: QuerySet) -> tuple[np.ndarray, bool]:
+def reference_outputs(cfg: BenchmarkConfig, model, threads: int, queries: QuerySet) -> tuple[np.ndarray, bool]:
     """(the fp32 reference's outputs, whether they came from the cache)."""
     from corescale.backends import OPTIONS, create_backend, quality_reference
     from corescale.machine.precisions import REFERENCE
@@ -164,7 +168,7 @@ def task_metrics(task: str, out: np.ndarray, ref: np.ndarray, groups: np.ndarray
     return found
 
 
-def check(cfg, model, threads: int, backend, queries: QuerySet) -> dict:
+def check(cfg: BenchmarkConfig, model, threads: int, backend, queries: QuerySet) -> dict:
     """The quality section of an instance's report (the parent applies the gate)."""
     import time
 

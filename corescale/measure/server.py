@@ -21,6 +21,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -29,6 +30,9 @@ from corescale.measure.instance import dispatch
 from corescale.measure.protocol import Batch, Served, Stop
 from corescale.measure.qps_search import floor_qps, knee, load_curve, search
 from corescale.record.trial import Failure
+
+if TYPE_CHECKING:
+    from corescale.config import BenchmarkConfig
 
 NO_SLO_NS = 3_600 * 10**9  # fixed target_qps without slo_p99_ms: LoadGen needs a bound; an hour judges nothing
 PERCENTILES = ("50.00", "90.00", "95.00", "97.00", "99.00", "99.90")
@@ -88,7 +92,7 @@ class ServeOutcome:
 class LoadGenServer:
     """The launcher's serve hook: begin() once every instance is ready, served() for each reply line."""
 
-    def __init__(self, cfg, lengths: np.ndarray, work_dir: Path):
+    def __init__(self, cfg: BenchmarkConfig, lengths: np.ndarray, work_dir: Path):
         self.cfg, self.lengths, self.work_dir = cfg, lengths, work_dir
         self.outcome = ServeOutcome()
         self.failure: Failure | None = None
@@ -294,7 +298,7 @@ class LoadGenFeeder:
                                    done_ns))
 
 
-def single_stream_expected_ns(cfg, estimate_ns: int) -> int:
+def single_stream_expected_ns(cfg: BenchmarkConfig, estimate_ns: int) -> int:
     """The expected latency LoadGen is told: it pre-generates 2 x min_duration / expected single-stream queries and
     ends the test when they run out, INVALID (min_duration_met false) if before min_duration. An estimate from a
     warm-up slowed by a busy machine must not leave too few: 4x the estimate's count, at least SINGLE_STREAM_QUERIES
@@ -302,7 +306,7 @@ def single_stream_expected_ns(cfg, estimate_ns: int) -> int:
     return max(1, min(estimate_ns // 4, int(2e9 * cfg.duration / SINGLE_STREAM_QUERIES)))
 
 
-def test_settings(cfg, qps: float | None, min_queries: int, expected_latency_ns: int):
+def test_settings(cfg: BenchmarkConfig, qps: float | None, min_queries: int, expected_latency_ns: int):
     import mlperf_loadgen as lg
 
     settings = lg.TestSettings()
@@ -377,7 +381,7 @@ def _cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def summarise(cfg, outcome: ServeOutcome, queries: dict, endpoint: dict | None = None) -> dict:
+def summarise(cfg: BenchmarkConfig, outcome: ServeOutcome, queries: dict, endpoint: dict | None = None) -> dict:
     """The record's `server` section (`endpoint`: the server measured over HTTP, as it describes itself)."""
     steps = [s.to_json() for s in outcome.steps]
     met = [s for s in steps if s["meets_slo"] and s["target_qps"] is not None]

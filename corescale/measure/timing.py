@@ -8,9 +8,12 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from corescale.config import WarmupConfig
 
 Progress = Callable[[int], None]
 PROGRESS_INTERVAL_NS = 100_000_000  # at most 10 progress reports a second, always between calls
@@ -41,7 +44,7 @@ def is_stable(durations: list[int], window: int, tolerance: float) -> bool:
     return abs(last - before) <= tolerance * before
 
 
-def warm_up(call: Callable[[], object], cfg, progress: Progress | None = None) -> WarmupResult:
+def warm_up(call: Callable[[], object], cfg: WarmupConfig, progress: Progress | None = None) -> WarmupResult:
     durations: list[int] = []
     deadline = time.perf_counter_ns() + int(cfg.max_seconds * 1e9)
     while len(durations) < cfg.max_iterations:

@@ -22,9 +22,12 @@ import resource
 import select
 import sys
 import time
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from corescale.measure import imports, protocol
+
+if TYPE_CHECKING:
+    from corescale.config import BenchmarkConfig
 
 Expected = TypeVar("Expected", protocol.Warmup, protocol.Start)
 
@@ -300,7 +303,7 @@ class TokenCount:
         self.calls = 0
         self.first = 0
 
-    def cycle(self, backend, model, queries, batch: int, cfg, tokenizer=None):
+    def cycle(self, backend, model, queries, batch: int, cfg: BenchmarkConfig, tokenizer=None):
         """The calls over the query set's batches, prepared before timing; with a tokenizer, each call tokenizes
         its batch's texts first (end to end, as a service computes)."""
         from corescale.workload.samples import offline_batches, pad_id, padded_length
@@ -357,7 +360,7 @@ def answer(done: tuple[int, int, int, int, int], output) -> protocol.Answered:
                              base64.b64encode(rows.tobytes()).decode())
 
 
-def tokenized(tokenizer, items: list, model, cfg):
+def tokenized(tokenizer, items: list, model, cfg: BenchmarkConfig):
     """A batch of texts (or pairs) through the fast tokenizer, padded as the pad policy says."""
     import numpy as np
 
@@ -370,7 +373,7 @@ def tokenized(tokenizer, items: list, model, cfg):
     return batch_inputs(ids, length, pad_id(model), model.takes_token_type_ids, types)
 
 
-def warm_shapes(backend, model, cfg, max_batch: int) -> int | None:
+def warm_shapes(backend, model, cfg: BenchmarkConfig, max_batch: int) -> int | None:
     """Serving meets every batch size up to max_batch (and, padded to buckets, every bucket length): each is
     called twice before the start, so no first-call cost at a new shape lands in the measured latencies."""
     from corescale.workload.inputs import make_inputs

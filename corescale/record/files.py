@@ -11,7 +11,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import pandas as pd
 import yaml
@@ -20,6 +20,9 @@ from corescale.errors import UserError
 from corescale.machine import scratch
 from corescale.record.trial import TrialRecord
 from corescale.userfiles import fsync_path, read_json
+
+if TYPE_CHECKING:
+    from corescale.config import BenchmarkConfig
 
 RESULT_FILE = "result.json"
 SAMPLES_FILE = "samples.parquet"
@@ -84,7 +87,7 @@ def log_name(name: object) -> str:
     return f"log-{plain}" if plain in (RESULT_FILE, SAMPLES_FILE, CONFIG_FILE) else plain
 
 
-def run_name(cfg) -> str:
+def run_name(cfg: BenchmarkConfig) -> str:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     if cfg.endpoint:  # a server measured over HTTP: its address, not a local deployment
         return f"{stamp}-endpoint-{slug(cfg.endpoint.split('://', 1)[-1])}-{cfg.http_api}-{cfg.key()[:8]}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.markup import escape
@@ -11,6 +12,9 @@ from rich.table import Table
 
 from corescale.record.stats import ms
 from corescale.record.trial import TrialRecord
+
+if TYPE_CHECKING:
+    from corescale.config import BenchmarkConfig
 
 console = Console(stderr=False, highlight=False)
 errors = Console(stderr=True, highlight=False)
@@ -236,7 +240,7 @@ class TrialProgress:
 
     REDRAW_S = 0.5
 
-    def __init__(self, cfg, enabled: bool = True):
+    def __init__(self, cfg: BenchmarkConfig, enabled: bool = True):
         self.cfg = cfg
         self.progress = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[info]}"),
                                  TimeRemainingColumn(), auto_refresh=False, transient=True, console=errors,
@@ -279,7 +283,7 @@ class TrialProgress:
 class SweepProgress(TrialProgress):
     """The trial's bars plus one over the whole loop."""
 
-    def __init__(self, cfg, enabled: bool, done: int, total: int, eta: str):
+    def __init__(self, cfg: BenchmarkConfig, enabled: bool, done: int, total: int, eta: str):
         super().__init__(cfg, enabled)
         self.sweep = (done, total, eta)
 

@@ -41,7 +41,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
                    "sentencepiece.bpe.model", "spiece.model", "merges.txt", "vocab.json", "added_tokens.json")
 
 
-def check_destination(directory: Path, cfg) -> None:
+def check_destination(directory: Path, cfg: BenchmarkConfig) -> None:
     """Before any measurement: the folder is new (or empty) and writable, and the model has a tokenizer."""
     if cfg.endpoint and cfg.endpoint != "managed":
         raise UserError("--bundle needs what ran here or in a managed service; a server measured at endpoint=URL "
@@ -55,13 +55,13 @@ def check_destination(directory: Path, cfg) -> None:
     tokenizer_source(cfg)
 
 
-def model_spec(cfg):
+def model_spec(cfg: BenchmarkConfig):
     from corescale.workload.models import resolve_model
 
     return resolve_model(cfg.model, cfg.trust_remote_code, cfg.task, cfg.cache_dir)
 
 
-def model_folder(cfg) -> Path | None:
+def model_folder(cfg: BenchmarkConfig) -> Path | None:
     """The model's own folder (a local or packaged directory, or a cached hub snapshot); None for a preset."""
     from corescale.workload.models import hub_snapshot
 
@@ -74,7 +74,7 @@ def model_folder(cfg) -> Path | None:
     return folder
 
 
-def tokenizer_source(cfg) -> Path:
+def tokenizer_source(cfg: BenchmarkConfig) -> Path:
     """The tokenizer a bundle carries: the one the measurement's text went through (workload/tokens.py)."""
     from corescale.workload.tokens import tokenizer_dir
 

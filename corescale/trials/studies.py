@@ -15,6 +15,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -24,6 +25,9 @@ from corescale.errors import UserError
 from corescale.overrides import assignment, override_key
 from corescale.record.stats import ms
 from corescale.record.trial import TrialRecord
+
+if TYPE_CHECKING:
+    from corescale.config import BenchmarkConfig
 
 KINDS = STUDY_KINDS
 AXIS = {"cores": "cores", "instances": "instances", "batch": "instances"}  # the x of each study
@@ -73,7 +77,8 @@ def _values(values: list[int] | None, allowed: list[int], default: list[int], wh
     return sorted(set(values))
 
 
-def axis_trials(kind: str, cfg, physical_cores: int, values: list[int] | None) -> list[tuple[int, list[str]]]:
+def axis_trials(kind: str, cfg: BenchmarkConfig, physical_cores: int,
+                values: list[int] | None) -> list[tuple[int, list[str]]]:
     """(axis value, overrides the study adds) for one group, given its composed config."""
     if kind == "cores":
         counts = _values(values, list(range(1, physical_cores + 1)), default_values(physical_cores),

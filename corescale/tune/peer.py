@@ -10,10 +10,14 @@ installed, loads the model (a directory) and the tune times real text (`workload
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from corescale.backends import BACKENDS, check_available, entry
 from corescale.errors import UserError
 from corescale.tune.space import baseline_overrides
+
+if TYPE_CHECKING:
+    from corescale.config import BenchmarkConfig
 
 AUTO, NONE = "auto", "none"
 
@@ -25,7 +29,7 @@ class Peer:
     note: str = ""  # why none is measured (auto)
 
 
-def choose(setting: str, cfg, model, base: list[str], scenario: str) -> Peer:
+def choose(setting: str, cfg: BenchmarkConfig, model, base: list[str], scenario: str) -> Peer:
     """The peer of this tune; an explicit one that cannot run here is one line (the caller checks it runs)."""
     if setting == NONE:
         return Peer(note="peer=none")
@@ -51,7 +55,7 @@ def _peer(name: str, task: str, base: list[str]) -> Peer:
     return Peer(baseline_overrides(base, name), f"peer: {entry(name).peer_call(task)}")
 
 
-def _unfit(name: str, cfg, model, scenario: str) -> str:
+def _unfit(name: str, cfg: BenchmarkConfig, model, scenario: str) -> str:
     """Why backend `name` cannot be auto's peer here ('' when it can)."""
     try:
         check_available(name)

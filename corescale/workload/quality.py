@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -25,6 +26,8 @@ from corescale.workload.samples import QuerySet
 from corescale.workload.tasks import TASKS
 from corescale.workload.tokens import text_encoder, tokenizer_dir
 
+if TYPE_CHECKING:
+    from corescale.config import BenchmarkConfig
 _TERM = re.compile(r"\s*([a-z0-9_]+)\s*(>=|<=|:)\s*([0-9.eE+-]+)\s*")
 
 
@@ -79,7 +82,7 @@ def parse_gate(gate: str | dict | None, task: str) -> list[Bound]:
 
 # --- the quality set -------------------------------------------------------------------------------------------
 
-def quality_texts(cfg, task: str) -> tuple[list, str]:
+def quality_texts(cfg: BenchmarkConfig, task: str) -> tuple[list, str]:
     """The texts (a pair task's: (query, document) pairs) the check runs on, and their origin: the user's text
     file when given (not for a pair task, whose pairs are built), else the built-in corpus."""
     if not TASKS[task].pairs and cfg.workload.source and cfg.workload.source != corpus.BUILTIN:
@@ -90,7 +93,7 @@ def quality_texts(cfg, task: str) -> tuple[list, str]:
     return corpus.workload_items(task, cfg.quality_samples)
 
 
-def build_quality_set(cfg, model) -> QuerySet:
+def build_quality_set(cfg: BenchmarkConfig, model) -> QuerySet:
     """The quality set's token ids (and type ids, and the rerank query of each row), checked in the parent."""
     items, origin = quality_texts(cfg, model.task)
     folder, named = tokenizer_dir(cfg, model)

@@ -14,13 +14,16 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from corescale.errors import UserError
 from corescale.userfiles import MAX_CORPUS_BYTES, read_text
 from corescale.workload.tasks import TASKS
+
+if TYPE_CHECKING:
+    from corescale.config import BenchmarkConfig
 
 BUCKET_EDGES = (16, 32, 64, 128, 256, 384, 512)
 LOW_ID = 5  # random ids keep clear of special tokens
@@ -77,12 +80,12 @@ class QuerySet:
                 "p50_length": float(np.percentile(lengths, 50)), "p90_length": float(np.percentile(lengths, 90))}
 
 
-def uses_query_set(cfg) -> bool:
+def uses_query_set(cfg: BenchmarkConfig) -> bool:
     """Whether queries differ from the closed loop's one fixed random batch."""
     return bool(cfg.workload.source or cfg.workload.lengths) or cfg.scenario != "offline"
 
 
-def build_query_set(cfg, model) -> QuerySet:
+def build_query_set(cfg: BenchmarkConfig, model) -> QuerySet:
     """Every check on the workload a user gave (files, fields, tokenizer) happens here, in the parent."""
     rng = np.random.default_rng(cfg.seed)
     count, limit = cfg.workload.samples, cfg.sequence_length
@@ -182,7 +185,7 @@ def read_texts(source: str) -> list[str]:
     return texts
 
 
-def query_texts(cfg) -> tuple[list, str]:
+def query_texts(cfg: BenchmarkConfig) -> tuple[list, str]:
     """The queries sent as text (endpoint=): the workload file's first workload.samples texts, or the built-in
     corpus's (no workload, or workload=builtin); for a pair task (task=rerank) the built-in rerank sets, each a
     (query, texts) pair sent whole; and where they came from."""

@@ -5,15 +5,19 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from corescale.errors import UserError
 
+if TYPE_CHECKING:
+    from corescale.config import BenchmarkConfig
+
 BUILTIN_TOKENIZER_MODEL = "all-minilm-l6-v2"  # its BERT WordPiece tokenizer serves presets that have none
 
 
-def tokenizer_dir(cfg, model) -> tuple[Path | None, str]:
+def tokenizer_dir(cfg: BenchmarkConfig, model) -> tuple[Path | None, str]:
     """Where the tokenizer comes from, and how the record names it: workload.tokenizer, the model's own folder,
     or for a BERT preset the built-in BERT WordPiece one (the same 30,522-token vocabulary); None when there is
     none."""
@@ -68,7 +72,7 @@ def encode_texts(tokenizer, items: list, vocab: int, where: str) -> tuple[list[n
     return ids, [np.asarray(e.type_ids, dtype=np.int64) for e in encoded]
 
 
-def text_encoder(cfg, model):
+def text_encoder(cfg: BenchmarkConfig, model):
     """items (texts, or (query, document) pairs) -> (ids, type ids): the model's fast tokenizer, else its
     Transformers tokenizer (one line when it has neither)."""
     folder, named = tokenizer_dir(cfg, model)
@@ -91,7 +95,7 @@ def text_encoder(cfg, model):
     return encode
 
 
-def load_tokenizer(cfg, model):
+def load_tokenizer(cfg: BenchmarkConfig, model):
     """The model's tokenizer (a local directory or a hub id already cached; HF_HUB_OFFLINE is respected)."""
     name = cfg.workload.tokenizer or (model.path if model.source == "local" else None) or (
         cfg.model if model.source == "hub" else None)
@@ -114,7 +118,7 @@ def load_tokenizer(cfg, model):
                         "directory holding tokenizer.json or tokenizer_config.json") from None
 
 
-def served_tokenizer(cfg, model) -> Path:
+def served_tokenizer(cfg: BenchmarkConfig, model) -> Path:
     """The folder of the fast tokenizer (tokenizer.json) a service tokenizes text with; UserError when there is
     none."""
     folder, _ = tokenizer_dir(cfg, model)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnxruntime as ort
@@ -12,7 +13,12 @@ from corescale.backends.calibration import calibration_feeds, kept_fp32
 from corescale.backends.onnx_export import drop_if_hit, onnx_model
 from corescale.backends.onnxruntime.options import EXECUTION_MODES as MODE_NAMES
 from corescale.backends.onnxruntime.options import GRAPH_OPTIMIZATION_LEVELS as LEVEL_NAMES
+from corescale.backends.onnxruntime.options import OnnxRuntimeOptions
+from corescale.backends.options import options_as
 from corescale.errors import UserError
+
+if TYPE_CHECKING:
+    from corescale.config import BenchmarkConfig
 
 # keyed by the names OnnxRuntimeOptions accepts
 GRAPH_OPTIMIZATION_LEVELS = dict(zip(LEVEL_NAMES, (
@@ -78,12 +84,12 @@ def quantize_calibrated(options, nodes_to_exclude: list[str], feeds: list[dict])
 QUANTIZED_OPS = ("MatMul",)
 
 
-def int8_step(spec, cfg, model_path, input_names):
+def int8_step(spec, cfg: BenchmarkConfig, model_path, input_names):
     """The int8 step: (variant, builder, what the record says of it); the variant names every option that shapes
     the artifact and the calibration texts' digest."""
     import onnx
 
-    o = cfg.backend
+    o = options_as(cfg.backend, OnnxRuntimeOptions)
     names = [node.name for node in onnx.load(str(model_path), load_external_data=False).graph.node]
     excluded = kept_fp32(names, o.keep_fp32)
     shape = f"pc{int(o.per_channel)}-keep-{o.keep_fp32}"
@@ -101,16 +107,17 @@ def int8_step(spec, cfg, model_path, input_names):
 class OnnxRuntimeBackend(TimedStages):
     name = "onnxruntime"
 
-    def load(self, spec, cfg, threads, inputs) -> None:
+    def load(self, spec, cfg: BenchmarkConfig, threads, inputs) -> None:
         require_precision(self.name, cfg.precision)
+        chosen = options_as(cfg.backend, OnnxRuntimeOptions)
         options = ort.SessionOptions()
-        options.graph_optimization_level = GRAPH_OPTIMIZATION_LEVELS[cfg.backend.graph_optimization_level]
-        options.execution_mode = EXECUTION_MODES[cfg.backend.execution_mode]
+        options.graph_optimization_level = GRAPH_OPTIMIZATION_LEVELS[chosen.graph_optimization_level]
+        options.execution_mode = EXECUTION_MODES[chosen.execution_mode]
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = cfg.interop_threads
         model = onnx_model(spec, cfg, inputs, self)
         self.cache_hits = {"export": model.cache_hit}
-        steps = [("fuse", f"fused-ort{ort.__version__}", fuse(spec))] if cfg.backend.fusion else []
+        steps = [("fuse", f"fused-ort{ort.__version__}", fuse(spec))] if chosen.fusion else []
         self.quantization: dict = {}
         for stage, variant, build in steps:  # each a cached derivative of the previous model
             with self.stage(stage):

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from corescale.backends.onnxruntime.options import OnnxRuntimeOptions
+from corescale.backends.options import options_as
+
+if TYPE_CHECKING:
+    from corescale.config import BenchmarkConfig
+
 LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED",
           "all": "ORT_ENABLE_ALL"}
 MODES = {"sequential": "ORT_SEQUENTIAL", "parallel": "ORT_PARALLEL"}
 
 
-def snippet(cfg, threads: int, model: str) -> str:
-    o = cfg.backend
+def snippet(cfg: BenchmarkConfig, threads: int, model: str) -> str:
+    o = options_as(cfg.backend, OnnxRuntimeOptions)
     steps = ["import onnxruntime as ort", "", model + 'MODEL = "model.onnx"  # torch.onnx.export of the model'
              " (corescale caches its export under cache_dir)"]
     if o.fusion:

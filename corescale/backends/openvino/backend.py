@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import openvino as ov
 
 from corescale.backends.base import TimedStages, require_precision, unbind_calling_thread
 from corescale.backends.onnx_export import IR_FILE, drop_if_hit, onnx_model
+from corescale.backends.openvino.options import OpenVinoOptions
 from corescale.backends.openvino.quantize import int8_step
+from corescale.backends.options import options_as
 from corescale.errors import UserError
+
+if TYPE_CHECKING:
+    from corescale.config import BenchmarkConfig
 
 # int8: the IR's quantized nodes run in int8, the rest in f32 (left unset, OpenVINO would pick bf16 on AMX CPUs)
 INFERENCE_PRECISIONS = {"fp32": "f32", "bf16": "bf16", "int8": "f32"}
@@ -29,7 +36,7 @@ def _plain(value):
 class OpenVinoBackend(TimedStages):
     name = "openvino"
 
-    def load(self, spec, cfg, threads, inputs) -> None:
+    def load(self, spec, cfg: BenchmarkConfig, threads, inputs) -> None:
         require_precision(self.name, cfg.precision)
         unbind_calling_thread()  # OpenVINO reads this thread's CPUs when its CPU plugin loads
         core = ov.Core()
@@ -52,7 +59,7 @@ class OpenVinoBackend(TimedStages):
         config = {
             "INFERENCE_NUM_THREADS": threads,
             "NUM_STREAMS": 1,  # one stream per instance: instances are the unit of parallelism here
-            "PERFORMANCE_HINT": cfg.backend.performance_hint,
+            "PERFORMANCE_HINT": options_as(cfg.backend, OpenVinoOptions).performance_hint,
             # explicit: OpenVINO would otherwise pick bf16 by itself on CPUs that have it
             "INFERENCE_PRECISION_HINT": INFERENCE_PRECISIONS[cfg.precision],
         }

@@ -6,18 +6,24 @@ f32)."""
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 import openvino as ov
 
 from corescale.backends.calibration import calibration_feeds, kept_fp32
+from corescale.backends.openvino.options import OpenVinoOptions
+from corescale.backends.options import options_as
+
+if TYPE_CHECKING:
+    from corescale.config import BenchmarkConfig
 
 
-def int8_step(spec, cfg, core: ov.Core, model_path, input_names):
+def int8_step(spec, cfg: BenchmarkConfig, core: ov.Core, model_path, input_names):
     """(variant, builder, what the record says of it); the variant names every option that shapes the artifact
     and the calibration texts' digest."""
     import nncf
 
-    o = cfg.backend
+    o = options_as(cfg.backend, OpenVinoOptions)
     names = [op.get_friendly_name() for op in core.read_model(str(model_path)).get_ops()]
     ignored = kept_fp32(names, o.keep_fp32)
     facts = {"quantization": o.quantization, "keep_fp32": o.keep_fp32, "fp32_nodes": len(ignored),

@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
 
-def snippet(cfg, threads: int, model: str) -> str:
+from corescale.backends.openvino.options import OpenVinoOptions
+from corescale.backends.options import options_as
+
+if TYPE_CHECKING:
+    from corescale.config import BenchmarkConfig
+
+
+def snippet(cfg: BenchmarkConfig, threads: int, model: str) -> str:
     precision = {"fp32": "f32", "bf16": "bf16"}.get(cfg.precision, "f32")
-    steps = int8_steps(cfg.backend) if cfg.precision == "int8" else ""
+    options = options_as(cfg.backend, OpenVinoOptions)
+    steps = int8_steps(options) if cfg.precision == "int8" else ""
     source = "int8" if steps else 'core.read_model("model.onnx")'
     return (f"import openvino as ov\n\n{model}core = ov.Core()\n{steps}compiled = core.compile_model({source}, "
             f'"CPU", {{\n    "INFERENCE_NUM_THREADS": {threads}, "NUM_STREAMS": 1,\n'
-            f'    "PERFORMANCE_HINT": "{cfg.backend.performance_hint}", "INFERENCE_PRECISION_HINT": '
+            f'    "PERFORMANCE_HINT": "{options.performance_hint}", "INFERENCE_PRECISION_HINT": '
             f'"{precision}",\n}})\nrequest = compiled.create_infer_request()\n')
 
 

@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import contextlib
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from corescale.backends.base import TimedStages
+from corescale.backends.options import options_as
+from corescale.backends.pytorch.options import TorchCompileOptions
 from corescale.backends.pytorch.task import task_module
 from corescale.errors import UserError
+
+if TYPE_CHECKING:
+    from corescale.config import BenchmarkConfig
 
 
 def set_torch_threads(threads: int, interop_threads: int) -> None:
@@ -22,7 +28,7 @@ class EagerBackend(TimedStages):
     name = "pytorch"
     scripts_linears = False  # backend.linear=onednn: TorchScript compiles the replaced linears before tracing
 
-    def load(self, spec, cfg, threads, inputs) -> None:
+    def load(self, spec, cfg: BenchmarkConfig, threads, inputs) -> None:
         set_torch_threads(threads, cfg.interop_threads)
         self.precision = cfg.precision
         with self.stage("build_model"):
@@ -95,8 +101,8 @@ class TorchScriptBackend(EagerBackend):
 class CompileBackend(EagerBackend):
     name = "torch_compile"
 
-    def load(self, spec, cfg, threads, inputs) -> None:
-        self.mode = cfg.backend.mode
+    def load(self, spec, cfg: BenchmarkConfig, threads, inputs) -> None:
+        self.mode = options_as(cfg.backend, TorchCompileOptions).mode
         super().load(spec, cfg, threads, inputs)
 
     def optimize(self, inputs) -> None:

@@ -9,11 +9,16 @@ task's one output tensor out. Every backend measures this: PyTorch runs it, Torc
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 
 from corescale.workload.heads import DenseLayer, HeadSpec
 from corescale.workload.models import build_torch_model
+
+if TYPE_CHECKING:
+    from corescale.config import BenchmarkConfig
 
 ACTIVATIONS = {"tanh": torch.nn.Tanh, "identity": torch.nn.Identity, "relu": torch.nn.ReLU, "gelu": torch.nn.GELU}
 
@@ -68,6 +73,6 @@ class TaskModule(torch.nn.Module):
         return F.normalize(vector, p=2.0, dim=1) if self.head.normalize else vector
 
 
-def task_module(spec, cfg, inputs) -> TaskModule:
+def task_module(spec, cfg: BenchmarkConfig, inputs) -> TaskModule:
     model = build_torch_model(spec, cfg.seed, cfg.trust_remote_code, cfg.allow_pickle)
     return TaskModule(model, spec.head, tuple(inputs)).eval()

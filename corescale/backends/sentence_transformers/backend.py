@@ -10,18 +10,23 @@ closing output check) run through the same modules without the tokenizer.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
 
 from corescale.backends.base import TimedStages
 from corescale.backends.pytorch.backend import set_torch_threads
 
+if TYPE_CHECKING:
+    from corescale.config import BenchmarkConfig
+
 
 class SentenceTransformersBackend(TimedStages):
     name = "sentence_transformers"
     takes_text = True  # the closed loop and the quality check hand it the texts, not token ids
 
-    def load(self, spec, cfg, threads, inputs) -> None:
+    def load(self, spec, cfg: BenchmarkConfig, threads, inputs) -> None:
         set_torch_threads(threads, cfg.interop_threads)
         self.batch, self.head = cfg.batch_size, spec.head
         self.pooled = spec.head.entry.head == "pooled"  # an embedder; else a cross-encoder's logits

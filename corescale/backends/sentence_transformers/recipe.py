@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from corescale.workload.tasks import TASKS
 
+if TYPE_CHECKING:
+    from corescale.config import BenchmarkConfig
 
-def snippet(cfg, threads: int, model: str) -> str:
+
+def snippet(cfg: BenchmarkConfig, threads: int, model: str) -> str:
     embed = cfg.task is None or TASKS[cfg.task].head == "pooled"  # SentenceTransformer, else CrossEncoder
     load = ("from sentence_transformers import SentenceTransformer", 'model = SentenceTransformer(MODEL_DIR, '
             'device="cpu")', f"vectors = model.encode(TEXTS, batch_size={cfg.batch_size})") if embed else (

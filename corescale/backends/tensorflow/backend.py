@@ -6,6 +6,7 @@ Needs only `tensorflow-cpu`.
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # hide TF's INFO lines in the instance logs
 
@@ -14,6 +15,9 @@ import tensorflow as tf  # noqa: E402
 
 from corescale.backends.base import TimedStages, require_precision, unbind_calling_thread  # noqa: E402
 from corescale.backends.tensorflow.encoder import Encoder, encoder_weights  # noqa: E402
+
+if TYPE_CHECKING:
+    from corescale.config import BenchmarkConfig
 
 
 def set_tf_threads(threads: int, interop_threads: int) -> None:
@@ -33,7 +37,7 @@ class EagerBackend(TimedStages):
     mode = "eager"
     first_call_stage = "first_call"  # what the first call does: nothing special, tracing, XLA compilation
 
-    def load(self, spec, cfg, threads, inputs) -> None:
+    def load(self, spec, cfg: BenchmarkConfig, threads, inputs) -> None:
         require_precision(self.name, cfg.precision)
         set_tf_threads(threads, cfg.interop_threads)  # before any TF op initialises the runtime
         from corescale.workload.models import build_torch_model
