@@ -23,6 +23,15 @@ def test_a_tune_over_http_is_managed_and_searches_qps(words, message):
     assert_one_line_error(tune_settings.parse, words, message)
 
 
+@pytest.mark.parametrize("front", ["CPUs 2-3", "shared with the instances"])
+def test_the_ready_line_serve_prints_is_the_one_the_trial_reads(front):
+    from corescale.measure.contract import front_in, ready_line, url_in
+
+    line = ready_line("2 instance(s) of bert-tiny on onnxruntime (fp32)", front, "127.0.0.1", 40123)
+    assert url_in(line) == "http://127.0.0.1:40123" and front_in(line) == front
+    assert front_in("listening on http://127.0.0.1:1") == ""  # a line that does not say where its front runs
+
+
 @pytest.mark.slow
 def test_managed_with_openai_and_rerank_is_one_line_exit_2(tmp_path):
     proc = corescale("run", *TINY, *QUICK, "endpoint=managed", "api=openai", "task=rerank", "target_qps=5",
