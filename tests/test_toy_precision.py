@@ -101,7 +101,7 @@ def test_the_machine_reads_its_cpu_flags_and_measures_its_peak_where_they_are(fp
     from corescale.machine.environment import cpuinfo
     from corescale.machine.peak import peak_precision
 
-    assert {"avx512_fp16", "amx_fp16", "asimdhp"} <= set(cpuinfo()["isa"])  # recorded with every result
+    assert {"avx512_fp16", "amx_fp16", "asimdhp"} <= set(cpuinfo().isa)  # recorded with every result
     assert peak_precision("fp16", FP16_CPU) == "fp16" and peak_precision("fp16", AVX2_CPU) == REFERENCE
 
 
