@@ -25,7 +25,7 @@ class Section:
 
     @classmethod
     def from_dict(cls: type[S], data: Any, where: str = "") -> S:
-        return parse(cls, data, where or cls.__name__)
+        return checked(cls, data, where or cls.__name__)
 
     def to_dict(self) -> dict[str, Any]:
         out = {f.name: plain(getattr(self, f.name)) for f in dataclasses.fields(self) if f.name != EXTRA}
@@ -44,7 +44,7 @@ def plain(value: Any) -> Any:
     return value
 
 
-def parse(cls: type[T], data: Any, where: str) -> T:
+def checked(cls: type[T], data: Any, where: str) -> T:
     """An instance of dataclass `cls` from its JSON object `data` (`where` names it in errors)."""
     if isinstance(data, cls):
         return data
@@ -124,7 +124,7 @@ def _value(kind: Any, value: Any, where: str) -> Any:
         item = args[1] if len(args) == 2 else Any
         return {str(k): _value(item, v, f"{where}.{k}") for k, v in value.items()}
     if isinstance(kind, type) and dataclasses.is_dataclass(kind):
-        return parse(kind, value, where)
+        return checked(kind, value, where)
     raise TypeError(f"{where}: unsupported annotation {kind!r}")
 
 

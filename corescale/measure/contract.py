@@ -63,7 +63,7 @@ class Layout(Section):
 
 
 @dataclass(frozen=True)
-class Served(Section):
+class WhatRuns(Section):
     """GET /info's `corescale` part: what runs (the source, the serving config, the layout)."""
 
     source: str  # the bundle folder, or "overrides"
@@ -85,5 +85,5 @@ class ServiceInfo(Section):
     max_client_batch_size: int
     max_batch_requests: int
     version: str
-    corescale: Served
+    corescale: WhatRuns
     extra: dict[str, Any] = field(default_factory=dict)

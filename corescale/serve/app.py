@@ -23,7 +23,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 
-from corescale.measure.contract import Served, ServiceInfo
+from corescale.measure.contract import ServiceInfo, WhatRuns
 from corescale.serve import pool as pools
 from corescale.serve.tokens import Tokens, TooLarge
 from corescale.workload.heads import HeadSpec
@@ -90,7 +90,7 @@ class Front:
         layout = dataclasses.replace(opened.layout, instances=[
             dataclasses.replace(entry, artifact=instance.artifact)
             for entry, instance in zip(opened.layout.instances, self.pool.instances)])
-        runs = Served(str(opened.root) if opened.root else "overrides", opened.cfg.backend.name, opened.cfg.precision,
+        runs = WhatRuns(str(opened.root) if opened.root else "overrides", opened.cfg.backend.name, opened.cfg.precision,
                       opened.cfg.to_dict(), layout)
         return ServiceInfo(self.model_name, opened.cfg.precision,
                            {TASKS[task].tei_type if task in TASKS else task: self.head.to_json()},
