@@ -10,6 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from corescale.errors import RegistrationError, UserError
+from corescale.measure.contract import Layout
 from corescale.overrides import compose
 from corescale.workload.heads import HeadSpec
 from corescale.workload.tasks import TASKS, Route, Task, register
@@ -79,7 +80,7 @@ class Pool:
 
     def __init__(self):
         self.instances = [SimpleNamespace(artifact=None)]
-        self.bundle = SimpleNamespace(manifest={}, cfg=compose([]), root=None)
+        self.bundle = SimpleNamespace(layout=Layout([]), cfg=compose([]), root=None)
 
     def submit(self, request):
         request.future.set_result([np.array([3.0, 4.0]) for _ in request.rows])
@@ -99,7 +100,7 @@ def client(task: str) -> TestClient:
     from corescale.serve.app import Front, create_app
     from corescale.serve.metrics import Metrics
 
-    head = dataclasses.replace(HeadSpec(task=task), pooling="mean").to_json()
+    head = dataclasses.replace(HeadSpec(task=task), pooling="mean")
     return TestClient(create_app(Front(Pool(), Tokens(), head, "m", Metrics()), None))
 
 
