@@ -17,14 +17,14 @@ import httpx
 import numpy as np
 import optuna
 import pytest
-from helpers import FAST, ROOT, corescale
+from helpers import FAST, LOOP, ROOT, TOY_ENV, corescale
 from serving import Service
 
 from corescale.errors import UserError
 from corescale.tune import settings as tune_settings
 from corescale.tune import space as spaces
 
-TUNE = [*FAST, "duration=0.6", "tune.screen=0.3", "trials=3", "tune.top_k=2", "tune.repeats=2",
+TUNE = [*FAST, "duration=0.6", "tune.screen=0.3", "trials=3", "tune.top_k=1", "tune.repeats=2",
         "space.backend=[pytorch]", "space.precision=[fp32,int8]", "space.batch_size=[1,2]", "--no-progress"]
 
 
@@ -70,18 +70,20 @@ def test_resumed_without_measuring_anything_twice(tuned):
 @pytest.mark.timeout(1200)  # a whole (small) tune: minutes on a busy 2-core machine
 def test_a_second_tune_on_a_running_tunes_folder_is_one_line_and_the_first_finishes(tmp_path):
     """The same command twice at once: the second names the first (pid, command) and exits 2 before touching
-    the study, whose recovery would mark the first's running trial failed; the first ends normally."""
-    words = [*FAST, "duration=0.3", "tune.screen=0.15", "trials=1", "tune.top_k=1", "tune.repeats=2",
-             "space.backend=[pytorch]", "space.precision=[fp32]", "space.batch_size=[1,2]", "--no-progress",
+    the study, whose recovery would mark the first's running trial failed; the first ends normally. The tunes'
+    folder lock is the subject, not a framework: the toy backend's trials (no PyTorch imports)."""
+    words = [*LOOP, "duration=0.3", "tune.screen=0.15", "trials=1", "tune.top_k=1", "tune.repeats=2",
+             "space.backend=[toy]", "space.precision=[fp32]", "space.batch_size=[1,2]", "--no-progress",
              f"output_dir={tmp_path / 'out'}"]
     first = subprocess.Popen([sys.executable, "-m", "corescale.cli", "tune", *words], cwd=ROOT,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             env=dict(os.environ, **TOY_ENV))
     try:
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline and not list((tmp_path / "out").glob("tune-*/*/result.json")):
             assert first.poll() is None, first.stdout.read()
             time.sleep(0.2)
-        seconds = [corescale("tune", *words, timeout=120) for _ in range(2)]  # refused every time, at once
+        seconds = [corescale("tune", *words, env=TOY_ENV, timeout=120) for _ in range(2)]  # refused every time, at once
         out, _ = first.communicate(timeout=1000)
     finally:
         first.kill()
