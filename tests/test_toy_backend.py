@@ -136,7 +136,7 @@ def test_what_the_toy_cannot_do_is_refused_in_one_line(argv, message, tmp_path):
 @pytest.mark.slow
 def test_tune_searches_the_toys_options_and_writes_its_snippet(tmp_path):
     out = tmp_path / "out"
-    proc = corescale("tune", *TOY_RUN, "duration=0.6", "tune.screen=0.3", "trials=2", "tune.top_k=1",
+    proc = corescale("tune", *TOY_RUN, "duration=0.6", "tune.screen=0.3", "trials=1", "tune.top_k=1",
                      "tune.repeats=2", "space.backend=[toy]", "space.batch_size=[1]", "space.precision=[fp32]",
                      f"output_dir={out}", env=TOY_ENV, timeout=600)  # fp32: on a CPU with AVX512_FP16 the toy
     # precision would be drawn too, and judged against PyTorch's model, which the toy is not
