@@ -283,7 +283,7 @@ def test_target_qps_auto_converges(tmp_path):
     best = server.max_valid_qps
     assert best is not None and best == max(s.target_qps or 0 for s in steps if s.meets_slo)
     missed = [s.target_qps for s in steps if s.meets_slo is False and s.target_qps and s.target_qps > best]
-    assert len(steps) == 6 or (missed and (min(missed) - best) / best <= 0.25), steps
+    assert len(steps) == 6 or (missed and (min(missed) - best) / best <= 0.25 + 1e-9), steps  # 133.5 / 106.8
     assert [p.target_qps for p in server.load_curve] == sorted(s.target_qps or 0 for s in steps)
     assert len(list(outcome.path.glob("loadgen-*-summary.txt"))) >= len(steps)
     from corescale.report.html import build
