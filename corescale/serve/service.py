@@ -75,7 +75,7 @@ def run(source: list[str], options: Options) -> int:
     with tempfile.TemporaryDirectory(prefix="corescale-serve-") as work:
         opened = opened_source(source, Path(work))
         cfg = opened.cfg
-        tokens = Tokens(opened.tokenizer, cfg.sequence_length, options.max_inputs)
+        tokens = Tokens(opened.tokenizer, cfg.sequence_length, options.max_inputs, opened.head.prompt)
         sock = bind(options.host, options.port)
         metrics = Metrics()
         pool = Pool(opened, Path(work), metrics, options.max_queue)

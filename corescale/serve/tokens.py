@@ -13,6 +13,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # its thread pool woul
 
 from tokenizers import Encoding, Tokenizer  # noqa: E402 - after the variable above, which it reads on import
 
+from corescale.workload.heads import with_prompt  # noqa: E402
+
 
 class TooLarge(ValueError):
     """An input over the length limit, or a request with too many inputs (413)."""
@@ -26,7 +28,7 @@ class Encoded:
 
 
 class Tokens:
-    def __init__(self, path: Path, max_length: int, max_inputs: int):
+    def __init__(self, path: Path, max_length: int, max_inputs: int, prompt: str = ""):
         self.tokenizer = Tokenizer.from_file(str(path))
         self.tokenizer.no_padding()
         self.tokenizer.no_truncation()
@@ -34,13 +36,14 @@ class Tokens:
         self.truncating.no_padding()
         self.truncating.enable_truncation(max_length)
         self.max_length, self.max_inputs = max_length, max_inputs
+        self.prompt = prompt  # the model's default prompt, before each text as its library puts it
 
     def encode(self, texts: list, truncate: bool = False, pairs: bool = False) -> Encoded:
         """Token ids of each input (a text, or a (text, text) pair); TooLarge past a limit."""
         if len(texts) > self.max_inputs:
             raise TooLarge(f"{len(texts)} inputs in one request; at most {self.max_inputs} (--max-inputs)")
         tokenizer = self.truncating if truncate else self.tokenizer
-        encodings = tokenizer.encode_batch([tuple(t) for t in texts] if pairs else texts)
+        encodings = tokenizer.encode_batch(with_prompt([tuple(t) for t in texts] if pairs else texts, self.prompt))
         for index, encoding in enumerate(encodings):
             if len(encoding.ids) > self.max_length:
                 raise TooLarge(f"input {index} has {len(encoding.ids)} tokens; the bundle was measured at "

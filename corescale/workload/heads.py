@@ -27,8 +27,21 @@ POOLING_MODES = ("cls", "mean", "max", "lasttoken")
 _POOLING_FLAGS = {"pooling_mode_cls_token": "cls", "pooling_mode_mean_tokens": "mean",
                   "pooling_mode_max_tokens": "max", "pooling_mode_lasttoken": "lasttoken"}
 _UNSUPPORTED_FLAGS = ("pooling_mode_mean_sqrt_len_tokens", "pooling_mode_weightedmean_tokens")
-_ST = "sentence_transformers.models."
-KNOWN_MODULES = tuple(_ST + name for name in ("Transformer", "Pooling", "Dense", "Normalize"))
+# modules.json's "type" of each module corescale runs, as every released sentence-transformers wrote it (read from
+# each version's sources): 2.0-3.0 the module's path (`type(module).__module__`), 3.1-5.3 its class's path under
+# `sentence_transformers.models`, 5.4 and later the class's path in the package's new layout (Normalize moved to
+# `base.modules` in 6.0). Each maps to the module's kind.
+_OLD = "sentence_transformers.models."
+MODULE_TYPES: dict[str, str] = {
+    **{_OLD + kind: kind for kind in ("Transformer", "Pooling", "Dense", "Normalize")},
+    **{f"{_OLD}{kind}.{kind}": kind for kind in ("Transformer", "Pooling", "Dense", "Normalize")},
+    "sentence_transformers.base.modules.transformer.Transformer": "Transformer",
+    "sentence_transformers.sentence_transformer.modules.pooling.Pooling": "Pooling",
+    "sentence_transformers.base.modules.dense.Dense": "Dense",
+    "sentence_transformers.sentence_transformer.modules.normalize.Normalize": "Normalize",  # 5.4-5.x
+    "sentence_transformers.base.modules.normalize.Normalize": "Normalize",  # 6.0 and later
+}
+KNOWN_MODULES = tuple(MODULE_TYPES)
 _ACTIVATIONS = {"torch.nn.modules.activation.Tanh": "tanh", "torch.nn.modules.linear.Identity": "identity",
                 "torch.nn.modules.activation.ReLU": "relu", "torch.nn.modules.activation.GELU": "gelu"}
 
@@ -53,6 +66,7 @@ class HeadSpec:
     labels: tuple[str, ...] = ()  # a logits head: one score, or the classes in logit order
     encoder_path: str | None = None  # the Transformer module's folder (Sentence-Transformers: often the root)
     source: str = "model"  # where the head comes from: "sentence-transformers", "classification", "task=", "model"
+    prompt: str = ""  # prepended to every text (a Sentence-Transformers model's default prompt), as the library does
 
     @property
     def entry(self) -> tasks.Task:
@@ -63,7 +77,8 @@ class HeadSpec:
         return self.entry.output
 
     def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        found = dataclasses.asdict(self)
+        return found if self.prompt else {k: v for k, v in found.items() if k != "prompt"}  # older keys hold
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> HeadSpec:
@@ -80,12 +95,13 @@ class HeadSpec:
         named = f": {', '.join(self.labels)}" if len(self.entry.labels) > 1 else ""  # classes, not one score
         if self.source == "file":  # a model file's own output, as exported
             return f"the file's output, as exported{named}"
+        prompted = [f"prompt {self.prompt!r}"] if self.prompt else []
         if self.entry.head == "pooled":
             parts = [f"{self.pooling} pooling", *(f"dense {d.in_features}->{d.out_features}" for d in self.dense)]
-            return ", ".join(parts + (["L2-normalised"] if self.normalize else []))
+            return ", ".join(prompted + parts + (["L2-normalised"] if self.normalize else []))
         if self.entry.head == "logits":
-            return f"{len(self.labels)} logit(s){named}"
-        return "last hidden state"
+            return ", ".join(prompted + [f"{len(self.labels)} logit(s){named}"])
+        return ", ".join(prompted + ["last hidden state"])
 
 
 def model_head(path: Path | None, config: dict[str, Any], name: str) -> HeadSpec:
@@ -119,42 +135,95 @@ def sentence_transformers_head(path: Path, name: str) -> HeadSpec:
     if not isinstance(modules, list) or not all(isinstance(m, dict) and isinstance(m.get("type"), str)
                                                 for m in modules):
         raise UserError(f"model '{name}': modules.json must be a list of modules, each with a \"type\"")
-    kinds = [m["type"] for m in modules]
-    unknown = [k for k in kinds if k not in KNOWN_MODULES]
+    unknown = [m["type"] for m in modules if m["type"] not in MODULE_TYPES]
     if unknown:
         raise UserError(f"model '{name}': modules.json names module '{unknown[0]}', which corescale cannot run; "
-                        f"known: {', '.join(k.rsplit('.', 1)[1] for k in KNOWN_MODULES)}")
-    if not kinds or kinds[0] != KNOWN_MODULES[0]:
+                        f"known: {', '.join(dict.fromkeys(MODULE_TYPES.values()))} (sentence-transformers 2 to 6)")
+    kinds = [MODULE_TYPES[m["type"]] for m in modules]
+    if not kinds or kinds[0] != "Transformer":
         raise UserError(f"model '{name}': modules.json must start with a Transformer module")
-    folder = lambda m: path / str(m.get("path") or "")  # noqa: E731 - one name for a module's folder
+    folders = [module_folder(path, m.get("path"), name) for m in modules]
+    prompt = default_prompt(path, name)
+    if kinds == ["Transformer"]:  # a cross-encoder saved by sentence-transformers 5.4 and later: its config says
+        config = read_json(folders[0] / "config.json", f"model '{name}': config.json")
+        declared = model_head(None, config if isinstance(config, dict) else {}, name)
+        if declared.entry.head == "logits":
+            return dataclasses.replace(declared, encoder_path=str(folders[0]), prompt=prompt)
     pooling, dense, normalize = None, [], False
-    for module in modules[1:]:
-        kind = module["type"].rsplit(".", 1)[1]
+    for kind, folder in zip(kinds[1:], folders[1:]):
         if kind == "Pooling":
-            pooling = pooling_mode(folder(module) / "config.json", name)
+            pooling = pooling_mode(folder / "config.json", name, bool(prompt))
         elif kind == "Dense":
-            dense.append(dense_layer(folder(module), name))
+            dense.append(dense_layer(folder, name))
         elif kind == "Normalize":
             normalize = True
     if pooling is None:
         raise UserError(f"model '{name}': modules.json has no Pooling module, so its embedding is undefined")
-    encoder = folder(modules[0])
     return HeadSpec(task=str(tasks.of_head("pooled")), pooling=pooling, normalize=normalize, dense=tuple(dense),
-                    encoder_path=str(encoder.resolve()), source="sentence-transformers")
+                    encoder_path=str(folders[0]), source="sentence-transformers", prompt=prompt)
 
 
-def pooling_mode(config_file: Path, name: str) -> str:
+def module_folder(root: Path, relative: Any, name: str) -> Path:
+    """A module's folder: a relative path inside the model's directory (as the library requires), nothing else."""
+    text = str(relative or "")
+    inside = root.resolve()
+    folder = (inside / text).resolve()
+    if Path(text).is_absolute() or (folder != inside and inside not in folder.parents):
+        raise UserError(f"model '{name}': modules.json names the module path '{text[:80]}', outside the model's "
+                        "directory; a module's path is a folder inside it")
+    return folder
+
+
+def default_prompt(path: Path, name: str) -> str:
+    """The prompt `SentenceTransformer.encode` prepends to every text: `prompts[default_prompt_name]` of
+    config_sentence_transformers.json ("" when it names none)."""
+    file = path / "config_sentence_transformers.json"
+    if not file.is_file():
+        return ""
+    config = read_json(file, f"model '{name}': config_sentence_transformers.json")
+    chosen = config.get("default_prompt_name") if isinstance(config, dict) else None
+    if chosen is None:
+        return ""
+    prompts = config.get("prompts") or {}
+    if not isinstance(prompts, dict) or not isinstance(prompts.get(chosen), str):
+        raise UserError(f"model '{name}': config_sentence_transformers.json names default_prompt_name "
+                        f"'{str(chosen)[:40]}', which its prompts do not hold")
+    return str(prompts[chosen])
+
+
+def with_prompt(items: list, prompt: str) -> list:
+    """The texts as the library encodes them: the prompt before each text, or before a pair's first text."""
+    if not prompt:
+        return items
+    return [(prompt + item[0], *item[1:]) if isinstance(item, (tuple, list)) else prompt + str(item)
+            for item in items]
+
+
+def pooling_mode(config_file: Path, name: str, prompted: bool = False) -> str:
+    """The one pooling mode of a Pooling module's config: `pooling_mode` (sentence-transformers 5.4 and later: a
+    name, or a list of one) or the older `pooling_mode_*` flags."""
     config = read_json(config_file, f"model '{name}': {config_file.parent.name}/config.json")
     if not isinstance(config, dict):
         raise UserError(f"model '{name}': {config_file} must hold a JSON object")
-    chosen = [mode for flag, mode in _POOLING_FLAGS.items() if config.get(flag) is True]
-    other = [flag for flag in _UNSUPPORTED_FLAGS if config.get(flag) is True]
+    if prompted and config.get("include_prompt") is False:
+        raise UserError(f"model '{name}': its Pooling module leaves the prompt's tokens out (include_prompt=false), "
+                        "which corescale does not compute; supported: pooling over every token")
+    named = config.get("pooling_mode")
+    if named is not None:
+        modes = [named] if isinstance(named, str) else list(named) if isinstance(named, list) else [None]
+        flags = {f"pooling_mode_{mode}" for mode in modes}
+        chosen = [str(mode) for mode in modes]
+    else:
+        flags = {flag for flag in (*_POOLING_FLAGS, *_UNSUPPORTED_FLAGS) if config.get(flag) is True}
+        chosen = [mode for flag, mode in _POOLING_FLAGS.items() if flag in flags]
+    other = [flag for flag in _UNSUPPORTED_FLAGS if flag in flags] + \
+        [f"pooling_mode_{m}" for m in chosen if m not in POOLING_MODES]
     if other:
         raise UserError(f"model '{name}': pooling {other[0].removeprefix('pooling_mode_')} is not supported; "
                         f"supported: {', '.join(POOLING_MODES)}")
     if not chosen:
-        raise UserError(f"model '{name}': {config_file.parent.name}/config.json sets no pooling mode; set one of "
-                        f"{', '.join(_POOLING_FLAGS)} to true")
+        raise UserError(f"model '{name}': {config_file.parent.name}/config.json sets no pooling mode; set "
+                        f"pooling_mode to one of {', '.join(POOLING_MODES)}")
     if len(chosen) > 1:
         raise UserError(f"model '{name}': {config_file.parent.name}/config.json sets several pooling modes "
                         f"({', '.join(chosen)}); corescale runs exactly one")

@@ -74,14 +74,18 @@ def encode_texts(tokenizer, items: list, vocab: int, where: str) -> tuple[list[n
 
 def text_encoder(cfg: BenchmarkConfig, model):
     """items (texts, or (query, document) pairs) -> (ids, type ids): the model's fast tokenizer, else its
-    Transformers tokenizer (one line when it has neither)."""
+    Transformers tokenizer (one line when it has neither); the model's prompt first, as its library puts it."""
+    from corescale.workload.heads import with_prompt
+
     folder, named = tokenizer_dir(cfg, model)
+    prompt = model.head.prompt
     if folder is not None and (folder / "tokenizer.json").is_file():
         tokenizer = fast_tokenizer(folder, cfg.sequence_length)
-        return lambda items: encode_texts(tokenizer, items, model.vocab_size, named)
+        return lambda items: encode_texts(tokenizer, with_prompt(items, prompt), model.vocab_size, named)
     slow = load_tokenizer(cfg, model)
 
     def encode(items):
+        items = with_prompt(items, prompt)
         pairs = bool(items) and isinstance(items[0], tuple)
         args = ([a for a, _ in items], [b for _, b in items]) if pairs else (items,)
         found = slow(*args, truncation=True, max_length=cfg.sequence_length)
