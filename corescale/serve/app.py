@@ -18,6 +18,7 @@ import time
 from typing import Annotated, Any
 
 import numpy as np
+import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
@@ -35,6 +36,14 @@ TEXTS = str | Annotated[list[str], Field(min_length=1)]
 class Tokenize(BaseModel):
     inputs: TEXTS
     add_special_tokens: bool = True
+
+
+class Answer(JSONResponse):
+    """A computed route's answer, encoded by orjson: numpy rows (float32) go to JSON in C, no Python float lists
+    in between (the stdlib encoder was the largest single item of the front's profile, docs/serve-profile.md)."""
+
+    def render(self, content: Any) -> bytes:
+        return orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
 class Refused(Exception):
@@ -97,11 +106,11 @@ class Front:
                            opened.cfg.sequence_length, self.tokens.max_inputs, opened.cfg.server.max_batch,
                            version("corescale"), runs)
 
-    def answer(self, route: str, body: Any, timings: dict) -> JSONResponse:
+    def answer(self, route: str, body: Any, timings: dict) -> Answer:
         self.metrics.answered(route, 200, timings)
         headers = {f"X-{name.title()}-Time": f"{timings[name] * 1e3:.3f}"
                    for name in ("tokenization", "queue", "inference", "total")}
-        return JSONResponse(body, headers=headers)
+        return Answer(body, headers=headers)
 
 
 class KeyCheck:

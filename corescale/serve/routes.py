@@ -51,7 +51,7 @@ async def embeddings(front: Front, task: Task, body: Embeddings) -> JSONResponse
         raise Refused(422, f"dimensions: this model gives {outputs[0].shape[-1]}, not {body.dimensions}",
                       "Validation")
     data = [{"object": "embedding", "index": i, "embedding": base64.b64encode(row.astype("<f4").tobytes()).decode()
-             if body.encoding_format == "base64" else row.tolist()} for i, row in enumerate(outputs)]
+             if body.encoding_format == "base64" else row} for i, row in enumerate(outputs)]
     usage = {"prompt_tokens": timings["tokens"], "total_tokens": timings["tokens"]}
     return front.answer("/v1/embeddings", {"object": "list", "data": data, "model": body.model or
                                            front.model_name, "usage": usage}, timings)
@@ -61,12 +61,12 @@ async def embed(front: Front, task: Task, body: Embed) -> JSONResponse:
     if not body.normalize and front.head.normalize:
         raise Refused(422, "normalize: this bundle's head normalises inside the measured graph", "Validation")
     outputs, timings = await front.compute(as_list(body.inputs), body.truncate)
-    return front.answer("/embed", [row.tolist() for row in outputs], timings)
+    return front.answer("/embed", outputs, timings)
 
 
 async def embed_all(front: Front, task: Task, body: Embed) -> JSONResponse:
     outputs, timings = await front.compute(as_list(body.inputs), body.truncate)
-    return front.answer("/embed_all", [row[:length].tolist() for row, length in zip(outputs, timings["lengths"])],
+    return front.answer("/embed_all", [row[:length] for row, length in zip(outputs, timings["lengths"])],
                         timings)
 
 
