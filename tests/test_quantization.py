@@ -106,13 +106,24 @@ def test_static_int8_builds_runs_and_is_judged(runs):
 def test_openvino_int8_threads_keep_every_cpu_of_the_instance(runs):
     """NNCF loads torch midway through the load, whose GNU OpenMP binds the loading thread to the instance's first
     CPU; the threads started since inherited it, and one instance of two CPUs ran on one (measured: half the CPU
-    time of fp32, its threads waiting in the run queue 86 % of the window)."""
+    time of fp32, its threads waiting in the run queue 86 % of the window: 9 of its 10 threads on CPU 0).
+
+    OpenVINO's own ENABLE_CPU_PINNING (on by default with the LATENCY hint, in the record) narrows the threads of
+    its stream to one CPU each while they run it, and TBB gives them their mask back when they leave it, so a
+    snapshot taken at the report may catch up to INFERENCE_NUM_THREADS of them on one CPU (measured on the Zen 5:
+    a thread NNCF's TBB started, on CPU 1 at the report, on CPUs 0-1 two milliseconds later; with pinning off,
+    never). What the tool guarantees is every other thread: each keeps every CPU of the instance."""
     _, records = runs
     for name in ("ov", "ov_weights"):
         cpus = set(records[name]["plan"]["instances"][0]["cpus"])
         report = records[name]["instance_reports"][0]
-        assert report["thread_affinity"] and all(set(c) == cpus for c in report["thread_affinity"].values()), \
-            (name, cpus, report["thread_affinity"])
+        framework = report["framework"]
+        masks = [set(c) for c in report["thread_affinity"].values()]
+        narrowed = [mask for mask in masks if mask != cpus]
+        pinned = framework["enable_cpu_pinning"] is True and framework["inference_num_threads"] == len(cpus)
+        assert masks and all(mask <= cpus for mask in masks), (name, cpus, report["thread_affinity"])
+        assert len(narrowed) <= (len(cpus) if pinned else 0) and all(len(mask) == 1 for mask in narrowed), \
+            (name, cpus, report["thread_affinity"], framework)
 
 
 @pytest.mark.slow
