@@ -26,6 +26,7 @@ REPEAT_ORDERS = ("interleaved", "shuffled")
 LAYOUTS = ("none", *NAMED_LAYOUTS)  # none: instances and cores_per_instance as given
 SCENARIOS = ("offline", "single_stream", "server")  # offline: closed loop; the others: MLPerf LoadGen drives load
 PAD_POLICIES = ("max", "bucket", "sorted")
+QUEUE_DELAYS = ("fixed", "adaptive")  # server.queue_delay (measure/batching.py)
 STUDY_KINDS = ("cores", "instances", "batch")  # corescale study KIND
 # 0.1's flat backend options -> (backend, option in its group), as each backend's options declare them
 RENAMED_OPTIONS = {old: (name, option) for name, cls in OPTIONS.items() for old, option in cls.RENAMED.items()}
@@ -77,6 +78,9 @@ class ServerConfig:
 
     max_batch: int = 8  # queries one instance call may take
     max_queue_ms: float = 2.0  # how long the oldest waiting query may wait for a batch to fill
+    # fixed: a batch that is not full waits max_queue_ms | adaptive: it waits only while the arrival rate says
+    # another query comes within what is left of max_queue_ms (a slow stream goes at once, a fast one fills)
+    queue_delay: str = "fixed"
     max_batch_tokens: Optional[int] = None  # padded tokens per call (rows x padded length); None = no budget
     min_query_count: int = 1024  # LoadGen's minimum per test (its minimum duration is `duration`)
     search_precision: float = 0.05  # target_qps=auto stops when (hi - lo) / lo is below this
@@ -405,6 +409,7 @@ def _validate_scenario(cfg: BenchmarkConfig) -> None:
         raise UserError(f"server.max_batch must be a whole number from 1 to 4096 (got {server.max_batch})")
     if server.max_queue_ms < 0:
         raise UserError(f"server.max_queue_ms must be >= 0 (got {server.max_queue_ms})")
+    _one_of("server.queue_delay", server.queue_delay, QUEUE_DELAYS)
     if server.max_batch_tokens is not None and server.max_batch_tokens < cfg.sequence_length:
         raise UserError(f"server.max_batch_tokens={server.max_batch_tokens} cannot hold one query of up to "
                         f"sequence_length={cfg.sequence_length} tokens; allowed: >= {cfg.sequence_length}")

@@ -63,7 +63,7 @@ def corpus(tmp_path_factory):
 
 def _cfg(**server):
     pad = server.pop("pad", "max")
-    settings = {"max_batch": 4, "max_queue_ms": 0.0, "max_batch_tokens": None, **server}
+    settings = {"max_batch": 4, "max_queue_ms": 0.0, "max_batch_tokens": None, "queue_delay": "fixed", **server}
     return types.SimpleNamespace(scenario="server", pad=pad, sequence_length=128,
                                  server=types.SimpleNamespace(**settings))
 
@@ -219,6 +219,10 @@ def test_server_dispatches_to_both_instances_and_forms_batches(served):
     assert max(int(r["rows"]) for r in rows) > 1
     assert all(int(r["rows"]) * int(r["padded_length"]) <= 256 for r in rows)  # the token budget
     assert all(int(r["padded_length"]) in (16, 32, 64) for r in rows)  # pad=bucket
+    batching = record["server"]["batching"]  # the calls' histograms, in the record (issue 31)
+    assert sum(batching["rows_histogram"].values()) == len(rows) == batching["batches"]
+    assert set(batching["padded_length_histogram"]) <= {"16", "32", "64"}
+    assert batching["real_tokens"] == sum(int(r["real_tokens"]) for r in rows) < batching["padded_tokens"]
     assert sum(i["queries_served"] for i in record["instance_reports"]) == sum(int(r["rows"]) for r in rows)
     assert all(int(r["first_arrival_ns"]) <= int(r["instance_start_ns"]) < int(r["completed_ns"]) for r in rows)
     workload = record["workload"]

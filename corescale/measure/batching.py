@@ -1,6 +1,11 @@
 """Dynamic batching of the server scenario: the one queue every instance takes its batches from (up to
 server.max_batch queries and server.max_batch_tokens padded tokens, waiting at most server.max_queue_ms after
-the oldest query arrived)."""
+the oldest query arrived; with server.queue_delay=adaptive only as long as the arrival rate says another query
+comes in time).
+
+Padding follows `pad`: to the batch's longest row (max, sorted) or that length's bucket (bucket), never to the
+measured sequence length; the token budget counts padded tokens (rows x padded length), as TEI's
+max_batch_tokens does."""
 
 from __future__ import annotations
 
@@ -18,6 +23,9 @@ if TYPE_CHECKING:
     from corescale.config import BenchmarkConfig
 
 
+GAP_WEIGHT = 0.1  # each arrival's weight in the moving average of the time between arrivals
+
+
 @dataclass
 class Waiting:
     sample: Any  # LoadGen's QuerySample (id, index): LoadGen has no types; corescale serve's input row
@@ -32,6 +40,9 @@ class Batcher:
         self.max_batch = cfg.server.max_batch if cfg.scenario == "server" else 1
         self.max_queue_ns = int(cfg.server.max_queue_ms * 1e6)
         self.max_tokens = cfg.server.max_batch_tokens
+        self.adaptive = cfg.server.queue_delay == "adaptive"
+        self.gap_ns = float(self.max_queue_ns) or 1.0  # the mean time between arrivals (moving average)
+        self.last_ns = 0
         self.pad, self.limit, self.lengths = cfg.pad, cfg.sequence_length, lengths
         self.cond = threading.Condition()
         self.waiting: collections.deque[Waiting] = collections.deque()
@@ -44,8 +55,20 @@ class Batcher:
 
     def add(self, items: list[Waiting]) -> None:
         with self.cond:
+            if items and self.last_ns:
+                self.arrived(items[0].arrived_ns - self.last_ns, len(items))
+            self.last_ns = items[-1].arrived_ns if items else self.last_ns
             self.waiting.extend(items)
-            self.cond.notify_all()
+            self.cond.notify()  # one taker: the others would find the batch gone
+
+    def arrived(self, gap_ns: int, count: int) -> None:
+        """The moving average of the time between arrivals (a request of several rows: the rest came at once)."""
+        for gap in (max(gap_ns, 0), *([0] * (count - 1))):
+            self.gap_ns += GAP_WEIGHT * (gap - self.gap_ns)
+
+    def worth_waiting(self, left_ns: int) -> bool:
+        """Fixed: always, until the delay is over; adaptive: while the next query is expected within it."""
+        return left_ns > 0 and (not self.adaptive or self.gap_ns < left_ns)
 
     def requeue(self, items: list[Waiting]) -> None:
         """A batch no instance started (its instance died first) goes back to the head of the queue."""
@@ -68,8 +91,11 @@ class Batcher:
                     self.cond.wait()
                     continue
                 left_ns = self.waiting[0].arrived_ns + self.max_queue_ns - time.perf_counter_ns()
-                if len(self.waiting) >= self.max_batch or left_ns <= 0 or self.closed:
-                    return self._pop()
+                if len(self.waiting) >= self.max_batch or not self.worth_waiting(left_ns) or self.closed:
+                    batch = self._pop()
+                    if self.waiting:
+                        self.cond.notify()  # what is left is another taker's
+                    return batch
                 self.cond.wait(left_ns / 1e9)
 
     def _pop(self) -> list[Waiting]:

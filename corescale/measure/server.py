@@ -402,9 +402,11 @@ def summarise(cfg: BenchmarkConfig, outcome: ServeOutcome, queries: dict, endpoi
         "unreachable": outcome.unreachable,
         "batching": None if cfg.endpoint else {  # over HTTP the server batches, out of sight
             "max_batch": cfg.server.max_batch, "max_queue_ms": cfg.server.max_queue_ms,
-            "max_batch_tokens": cfg.server.max_batch_tokens, "pad": cfg.pad, "batches": int(len(rows)),
+            "max_batch_tokens": cfg.server.max_batch_tokens, "pad": cfg.pad, "batches": len(outcome.batch_rows),
             "mean_rows": float(rows.mean()), "max_rows": int(rows.max()),
-            "padding_waste": 1 - real / padded if padded else 0.0},
+            "padding_waste": 1 - real / padded if padded else 0.0, "queue_delay": cfg.server.queue_delay,
+            "real_tokens": int(real), "padded_tokens": int(padded), "rows_histogram": histogram(rows),
+            "padded_length_histogram": histogram(lengths)},
         "parent": {"cpu_seconds": cpu, "wall_seconds": wall, "cores_used": cpu / wall if wall else None},
         "queries": queries,
         "errors": sum(s["errors"] for s in steps),
@@ -413,6 +415,12 @@ def summarise(cfg: BenchmarkConfig, outcome: ServeOutcome, queries: dict, endpoi
     if cfg.scenario == "single_stream":
         summary["max_valid_qps"] = None
     return summary
+
+
+def histogram(values: np.ndarray) -> dict[str, int]:
+    """Each value's count, smallest first (none for no calls)."""
+    found, counts = np.unique(values[values > 0], return_counts=True)
+    return {str(int(v)): int(c) for v, c in zip(found, counts)}
 
 
 def batches_csv(rows: list[tuple]) -> bytes:

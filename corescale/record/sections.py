@@ -192,6 +192,11 @@ class Batching(Section):
     mean_rows: float
     max_rows: int
     padding_waste: float
+    queue_delay: str = "fixed"
+    real_tokens: int = 0
+    padded_tokens: int = 0  # rows x padded length, summed over the calls
+    rows_histogram: dict[str, int] = field(default_factory=dict)  # rows per call -> calls
+    padded_length_histogram: dict[str, int] = field(default_factory=dict)  # the length a call was padded to -> calls
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,8 @@ from corescale.measure.contract import FRONT_CPU_METRIC
 
 SECONDS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
 ROWS = (1, 2, 4, 8, 16, 32, 64, 128)
+LENGTHS = (8, 16, 24, 32, 48, 64, 96, 128, 256, 384, 512)  # padded lengths (tokens)
+WASTE = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)  # a call's share of padded tokens
 
 
 def front_cpu_seconds() -> float:
@@ -29,6 +31,12 @@ class Metrics:
         self.inputs = Counter("corescale_inputs", "inputs (texts, pairs) computed", registry=registry)
         self.batch_rows = Histogram("corescale_batch_size", "inputs per instance call (dynamic batching)",
                                     buckets=ROWS, registry=registry)
+        self.padded_length = Histogram("corescale_batch_padded_length", "the length (tokens) each instance call "
+                                       "was padded to", buckets=LENGTHS, registry=registry)
+        self.padding = Histogram("corescale_batch_padding_fraction", "the share of padding tokens in each "
+                                 "instance call (1 - real ÷ rows x padded length)", buckets=WASTE, registry=registry)
+        self.tokens = Counter("corescale_tokens", "tokens computed: real ones, and padded (rows x padded length)",
+                              ["kind"], registry=registry)
         self.queue = Histogram("corescale_queue_seconds", "a request's wait for an instance", buckets=SECONDS,
                                registry=registry)
         self.inference = Histogram("corescale_inference_seconds", "one instance call", buckets=SECONDS,
@@ -60,10 +68,16 @@ class Metrics:
         self.queued.set_function(lambda: pool.pending)
         self.ready.set_function(pool.ready_count)
 
-    def batch(self, rows: int, seconds: float) -> None:
+    def batch(self, rows: int, seconds: float, padded_length: int = 0, real_tokens: int = 0) -> None:
         self.batch_rows.observe(rows)
         self.inference.observe(seconds)
         self.inputs.inc(rows)
+        if padded_length:
+            padded = rows * padded_length
+            self.padded_length.observe(padded_length)
+            self.padding.observe(1 - real_tokens / padded)
+            self.tokens.labels("real").inc(real_tokens)
+            self.tokens.labels("padded").inc(padded)
 
     def restarted(self, instance: int) -> None:
         self.restarts.labels(str(instance)).inc()

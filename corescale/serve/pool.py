@@ -177,7 +177,7 @@ class RequestFeeder:
             return
         instance.busy_ns += reply.end_ns - reply.start_ns
         outputs = np.frombuffer(base64.b64decode(reply.rows), dtype="<f4").reshape(reply.shape)
-        pool.metrics.batch(len(batch), (reply.end_ns - reply.start_ns) / 1e9)
+        pool.metrics.batch(len(batch), (reply.end_ns - reply.start_ns) / 1e9, reply.length, reply.real_tokens)
         for position, row in enumerate(batch):
             request = row.sample.request
             request.queue_ns = max(request.queue_ns, taken_ns - row.arrived_ns)
