@@ -141,6 +141,37 @@ def worker(spec: dict) -> dict:
                          if _installed(n)}}
 
 
+def worker_slices(spec: dict) -> dict:
+    """Shared-host mode: loaded and warmed once, then one timed encode() of the texts per `go` line on stdin (a
+    JSON line of its figures on stdout), until `stop`; the last slice's embeddings are saved."""
+    import numpy as np
+
+    if spec["peer"] == "st-torch":
+        import torch
+
+        torch.set_num_threads(spec["threads"])
+    texts = json.loads(Path(spec["texts"]).read_text())
+    model = worker_model(spec["peer"], spec["model"], spec["isa"])
+    model.max_seq_length = MAX_LENGTH
+    batch = spec["batch"]
+    model.encode(texts[:batch * WARMUP_BATCHES], batch_size=batch, normalize_embeddings=True)
+    print(json.dumps({"status": "ready"}), flush=True)
+    cpus = sorted(os.sched_getaffinity(0))
+    vectors = None
+    for line in sys.stdin:
+        if line.strip() != "go":
+            break
+        own, busy, started = time.process_time(), cpu_busy(cpus), time.perf_counter()
+        vectors = model.encode(texts, batch_size=batch, normalize_embeddings=True, convert_to_numpy=True)
+        wall = time.perf_counter() - started
+        own, busy = time.process_time() - own, cpu_busy(cpus) - busy
+        print(json.dumps({"status": "ok", "seconds": wall, "texts_per_s": len(texts) / wall, "at": time.time(),
+                          "foreign_load": max(0.0, (busy - own) / (wall * len(cpus)))}), flush=True)
+    if vectors is not None:
+        np.save(spec["embeddings"], np.asarray(vectors, dtype=np.float32))
+    return {"status": "ok"}
+
+
 def _installed(name: str) -> bool:
     from importlib import metadata
 
@@ -154,7 +185,7 @@ def _installed(name: str) -> bool:
 def worker_main(spec_file: str) -> int:
     spec = json.loads(Path(spec_file).read_text())
     try:
-        found = worker(spec)
+        found = worker_slices(spec) if spec.get("slices") else worker(spec)
     except BaseException as exc:  # the parent reports it as the peer's row
         found = {"status": "failed", "error": f"{type(exc).__name__}: {exc}"[:600], "traceback": traceback.format_exc()}
     Path(spec["result"]).write_text(json.dumps(found))
@@ -372,6 +403,126 @@ class Bench:
                     self.errors[peer] = found.get("error") or "failed"
 
 
+    def slices(self) -> None:
+        """Shared-host mode: every sentence-transformers peer loaded once in its own pinned process, then --slices
+        short alternating slices (one encode() of the texts each; corescale: one `corescale run` of --duration s),
+        in order on even slices and reversed on odd ones, the speed sentinel read on the cores before each slice and
+        after the last. A slice's ratio compares figures taken seconds apart."""
+        from corescale.machine import instance_env
+        from corescale.machine.lock import machine_lock
+        from corescale.measure.sentinel import Sentinel
+
+        sentinel = Sentinel()
+        self.sentinel: list[dict] = []
+        live = [p for p in self.args.peers if p not in self.errors]
+        workers: dict[str, tuple[subprocess.Popen, Path]] = {}
+        for peer in [p for p in live if p != "corescale"]:
+            self.count += 1
+            folder = self.out / "runs" / f"{self.count:03d}-{peer}-slices"
+            folder.mkdir(parents=True)
+            spec = {"peer": peer, "model": str(self.out / "st-model"), "isa": self.isa, "threads": self.threads,
+                    "batch": self.args.batch, "texts": str(self.out / "texts.json"), "slices": True,
+                    "embeddings": str(folder / "embeddings.npy"), "result": str(folder / "result.json")}
+            (folder / "spec.json").write_text(json.dumps(spec))
+            env = {**os.environ, "OMP_NUM_THREADS": str(self.threads), "TOKENIZERS_PARALLELISM": "false",
+                   "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+            child = instance_env.start(instance_env.Launch([], env, tuple(self.cores)),
+                                       [self.python_of(peer), str(Path(__file__).resolve()), "--worker",
+                                        str(folder / "spec.json")], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                       stderr=(folder / "log.txt").open("w"), text=True, bufsize=1)
+            assert child.stdout is not None
+            ready = child.stdout.readline()
+            if '"ready"' not in ready:
+                instance_env.kill(child)
+                self.errors[peer] = "did not start: " + tail(folder / "log.txt")
+                continue
+            workers[peer] = (child, folder)
+        live = [p for p in live if p not in self.errors]
+        try:
+            for number in range(self.args.slices):
+                self.sentinel.append({**sentinel.read(self.cores, f"slice {number + 1}"), "slice": number + 1})
+                for peer in (live if number % 2 == 0 else live[::-1]):
+                    print(f"[slice {number + 1}/{self.args.slices}] {peer} ...", file=sys.stderr, flush=True)
+                    if peer == "corescale":
+                        found = self.corescale_run()
+                    else:
+                        child, folder = workers[peer]
+                        assert child.stdin is not None and child.stdout is not None
+                        with machine_lock():
+                            child.stdin.write("go\n")
+                            child.stdin.flush()
+                            answer = child.stdout.readline()
+                        found = json.loads(answer) if answer.strip() else {
+                            "status": "failed", "error": "the worker ended: " + tail(folder / "log.txt")}
+                        found["folder"] = str(folder)
+                        if found["status"] == "ok":
+                            found["tokens_per_s"] = found["texts_per_s"] * self.tokens / len(self.texts)
+                    found["slice"] = number + 1
+                    self.runs[peer].append(found)
+            self.sentinel.append({**sentinel.read(self.cores, "end"), "slice": self.args.slices + 1})
+        finally:
+            for child, _ in workers.values():
+                assert child.stdin is not None
+                try:
+                    child.stdin.write("stop\n")
+                    child.stdin.close()
+                    child.wait(timeout=120)
+                except (OSError, subprocess.TimeoutExpired):
+                    instance_env.kill(child)
+        import numpy as np
+
+        from corescale.measure.quality import embed_metrics
+
+        for peer, (_, folder) in workers.items():
+            if (folder / "embeddings.npy").is_file():
+                metrics = {"metrics": embed_metrics(np.load(folder / "embeddings.npy"), self.reference)}
+                for found in self.runs[peer]:
+                    found["quality"] = metrics
+
+
+def slice_ratios(bench: Bench, best: str | None) -> dict | None:
+    """Per slice, corescale ÷ the best sentence-transformers backend measured in that slice; their mean with a 95 %
+    interval over slices (Student's t), min and max; the sentinel's range over the run (ratio of each reading to
+    the first), and which slices it moved around (their ratios are marked)."""
+    from scipy import stats
+
+    from corescale.measure.sentinel import moved
+
+    if not best or not getattr(bench, "sentinel", None):
+        return None
+    ours = {r["slice"]: r["texts_per_s"] for r in bench.runs.get("corescale", []) if r.get("texts_per_s")}
+    theirs = {r["slice"]: r["texts_per_s"] for r in bench.runs.get(best, []) if r.get("texts_per_s")}
+    readings = {r["slice"]: r for r in bench.sentinel}
+    rows = []
+    for number in sorted(set(ours) & set(theirs)):
+        around = [readings[n] for n in (number, number + 1) if n in readings]
+        rows.append({"slice": number, "ratio": ours[number] / theirs[number], "corescale": ours[number],
+                     best: theirs[number], "sentinel_moved": any(r["moved"] for r in around)})
+    if not rows:
+        return None
+    ratios = [r["ratio"] for r in rows]
+    mean = statistics.fmean(ratios)
+    half = stats.t.ppf(0.975, len(ratios) - 1) * statistics.stdev(ratios) / len(ratios) ** 0.5 \
+        if len(ratios) > 1 else float("nan")
+    steady = [r["ratio"] for r in rows if not r["sentinel_moved"]]
+    sentinel = [r["ratio"] for r in bench.sentinel]
+    return {"best": best, "slices": rows, "mean": mean, "interval95": [mean - half, mean + half],
+            "min": min(ratios), "max": max(ratios), "steady_mean": statistics.fmean(steady) if steady else None,
+            "steady_slices": len(steady), "sentinel_range": [min(sentinel), max(sentinel)],
+            "sentinel_moved": any(moved(r) for r in sentinel), "sentinel": bench.sentinel}
+
+
+def slices_text(found: dict) -> str:
+    marks = " ".join(f"{r['ratio']:.2f}{'*' if r['sentinel_moved'] else ''}" for r in found["slices"])
+    low, high = found["interval95"]
+    steady = f"{found['steady_mean']:.2f}× over the {found['steady_slices']} slices it did not move around" \
+        if found["steady_mean"] is not None else "no slice without a moved sentinel"
+    return (f"corescale ÷ {found['best']} per slice: {marks} (* the sentinel moved around that slice)\n"
+            f"ratio {found['mean']:.2f}× (95 % interval over {len(found['slices'])} slices {low:.2f}–{high:.2f}×, "
+            f"min {found['min']:.2f}×, max {found['max']:.2f}×); sentinel {found['sentinel_range'][0]:.2f}–"
+            f"{found['sentinel_range'][1]:.2f}× its first reading (tolerance ±25 %); {steady}")
+
+
 def tail(path: Path, lines: int = 6) -> str:
     text = path.read_text(errors="replace") if path.is_file() else ""
     return " | ".join(line.strip() for line in text.strip().splitlines()[-lines:])[-800:]
@@ -470,6 +621,9 @@ def main(argv=None) -> int:
     parser.add_argument("--tune-budget", default="5m")
     parser.add_argument("--duration", type=float, default=2.0, help="corescale's timed window (s), at least")
     parser.add_argument("--timeout", type=float, default=900.0, help="per process (s)")
+    parser.add_argument("--slices", type=int, default=0,
+                        help="shared-host mode: this many short alternating slices, the sentence-transformers peers "
+                             "loaded once, the sentinel read between slices (instead of --repeats rounds)")
     parser.add_argument("--output", type=Path, default=None)
     parser.add_argument("--corescale", nargs="+", default=None, metavar="OVERRIDE",
                         help="corescale's configuration (e.g. backend=onnxruntime instances=2); default: a tune's "
@@ -485,16 +639,22 @@ def main(argv=None) -> int:
     started = datetime.datetime.now(datetime.timezone.utc)
     bench = Bench(args, out)
     bench.prepare()
-    bench.rounds()
+    if args.slices:
+        bench.slices()
+    else:
+        bench.rounds()
     rows = summary(bench)
     found = verdict(rows)
+    sliced = slice_ratios(bench, found.get("st_best_backend")) if args.slices else None
     cpu = bench.cpu
     where = f", {cpu['hypervisor']}" if cpu["hypervisor"] else ""
     title = (f"{cpu['model_name']} (family {cpu['family']} model {cpu['model']}{where}), "
              f"{cpu['cpus']} CPUs, flags {' '.join(cpu['flags'])}; pinned to CPUs {','.join(map(str, args.cores))} "
              f"with {bench.threads} threads; {started:%Y-%m-%d %H:%M} UTC")
+    rounds = f"{args.slices} alternating slices (shared-host mode)" if args.slices else \
+        f"{args.repeats} alternated rounds"
     print(f"**{title}**\n\nall-MiniLM-L6-v2, {len(bench.texts)} built-in texts ({bench.tokens:,} real tokens, "
-          f"truncated at {MAX_LENGTH}), batch {args.batch}, {args.repeats} alternated rounds; corescale: "
+          f"truncated at {MAX_LENGTH}), batch {args.batch}, {rounds}; corescale: "
           f"{' '.join(getattr(bench, 'corescale_overrides', []) or ['-'])}\n")
     best = found.get("st_best_backend")
     print(table(rows, best))
@@ -503,12 +663,14 @@ def main(argv=None) -> int:
               f"{found['vs_best']:.2f}× (>= {GOAL_BACKEND}), its cosine p1 {found['cosine_p1']:.4f} (>= {GOAL_P1}): "
               f"{'met' if found['met'] else 'NOT met'}; on the best of each: "
               f"{found['best_of']['vs_default']:.2f}× and {found['best_of']['vs_best']:.2f}×")
+    if sliced:
+        print("\n" + slices_text(sliced))
     document = {"date": started.isoformat(), "cpu": cpu, "cores": args.cores, "threads": bench.threads,
                 "texts": len(bench.texts), "real_tokens": bench.tokens, "batch": args.batch, "repeats": args.repeats,
                 "isa_preset": bench.isa, "command": [Path(sys.argv[0]).name, *argv],
                 "corescale_overrides": getattr(bench, "corescale_overrides", None),
                 "tune": getattr(bench, "tune_doc", None), "peers": rows, "goal": found,
-                "runs": bench.runs, "load_average": os.getloadavg()}
+                "runs": bench.runs, "load_average": os.getloadavg(), "slices": sliced}
     (out / "peers.json").write_text(json.dumps(document, indent=1, default=str))
     print(f"\nraw figures: {out / 'peers.json'}", file=sys.stderr)
     return 0

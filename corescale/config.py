@@ -138,6 +138,7 @@ class BenchmarkConfig:
     openmp: str = "default"
     # worker supervision
     timeout: float = 600.0  # seconds an instance may take in all before it is killed
+    sentinel: bool = True  # time the speed sentinel on the measured CPUs before and after each trial (sentinel.py)
     calibrate: bool = True  # measure the GEMM peak (best library) and the triad bandwidth on the instance cores
     # output checks and caches
     reference: Optional[str] = None  # run this backend (default options) on the same inputs and compare outputs

@@ -1,5 +1,6 @@
 """Foreign load on pinned CPUs: the /proc/stat arithmetic, and a real CPU burner flagging a real run."""
 
+import json
 import os
 import subprocess
 import sys
@@ -11,6 +12,7 @@ from helpers import FAST, execute, needs_two_cpus
 from corescale.measure import contamination
 from corescale.measure.runner import prepare_trial
 from corescale.overrides import compose
+from corescale.record.trial import TrialRecord
 from corescale.report.console import print_result
 
 TICK = os.sysconf("SC_CLK_TCK")
@@ -140,7 +142,10 @@ def test_message_names_instances_figure_and_threshold():
 
 
 @pytest.mark.slow
-def test_cpu_burner_on_the_pinned_cpu_flags_the_result(tmp_path, capsys):
+def test_cpu_burner_on_the_pinned_cpu_flags_the_result(tmp_path, capsys, monkeypatch):
+    from corescale.measure import sentinel
+
+    monkeypatch.setattr(sentinel, "_RUN", sentinel.Sentinel())  # this trial's "before" reading is the reference
     cpu = min(os.sched_getaffinity(0))
     trial = prepare_trial(compose([*FAST, "duration=1", "cores_per_instance=1", f"output_dir={tmp_path}"]))
     assert trial.plan.instances[0].cpus == (cpu,)
@@ -166,5 +171,14 @@ def test_cpu_burner_on_the_pinned_cpu_flags_the_result(tmp_path, capsys):
     instance = metrics.per_instance[0]
     assert instance.contaminated and instance.foreign_load == metrics.foreign_load
     assert instance.cpu_utilisation < 0.8  # its own CPU time fell well short of wall x threads
+    # the speed sentinel after the trial shares the CPU with the busy loop, which is still running: about 2x slower
+    found = outcome.record.contamination
+    assert found is not None and [r.phase for r in found.sentinel] == ["before", "after"]
+    assert found.sentinel[0].ratio == 1.0 and found.sentinel[1].moved and found.sentinel[1].ratio > 1.25
+    assert found.sentinel_moved and found.foreign_load == metrics.foreign_load
+    assert found.steal_fraction is not None and str(cpu) in found.steal_by_cpu
+    again = TrialRecord.from_json(json.loads(json.dumps(outcome.record.to_json())))
+    assert again.contamination == found
     print_result(outcome.record)
-    assert "contaminated" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "contaminated" in err and "sentinel" in err

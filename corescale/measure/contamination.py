@@ -87,7 +87,9 @@ class Watch:
         waited = [(waits[t][1] - self.waits_before[t][1]) / 1e9 / wall_seconds
                   for t in waits if t in self.waits_before and wall_seconds > 0
                   and (waits[t][0] - self.waits_before[t][0]) / 1e9 > 0.1 * wall_seconds]  # threads that worked
-        steal = sum(after[c].steal - self.cpu_before[c].steal for c in self.cpus if c in after)
+        stolen = {c: after[c].steal - self.cpu_before[c].steal for c in self.cpus
+                  if c in after and c in self.cpu_before}
+        steal = sum(stolen.values())
         parts = {"cpu": max(per_cpu.values(), default=0.0), "smt_sibling": max(siblings.values(), default=0.0),
                  "runqueue_wait": max(waited, default=0.0)}
         return {
@@ -97,6 +99,7 @@ class Watch:
             "foreign_by_cpu": {str(c): v for c, v in per_cpu.items()},
             "sibling_busy": {str(c): v for c, v in siblings.items()},
             "steal_fraction": steal / (wall_seconds * len(self.cpus)) if wall_seconds > 0 else 0.0,
+            "steal_by_cpu": {str(c): v / wall_seconds for c, v in stolen.items()} if wall_seconds > 0 else {},
         }
 
 

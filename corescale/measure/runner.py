@@ -32,7 +32,7 @@ from corescale.measure.server import LoadGenServer, batches_csv, summarise
 from corescale.measure.timing import read_pairs
 from corescale.measure.trial import Trial, UncommittedResult, check_places, housekeeping_cpus, new_record
 from corescale.record.files import PendingRun, log_name, run_name
-from corescale.record.sections import InstanceReport, ServerSummary
+from corescale.record.sections import Contamination, InstanceReport, ServerSummary
 from corescale.record.trial import Failure, Partial, Roofline, RunMetrics, TrialRecord, spec_key, trial_key
 from corescale.workload.flops import forward_flops
 from corescale.workload.models import ModelSpec, resolve_model
@@ -221,9 +221,14 @@ def run_instances(trial: Trial, on_event=None, host: HostEnvironment | None = No
         if trial.cfg.scenario != "offline":
             assert trial.queries is not None, "a served trial has its query set (uses_query_set)"
             server = LoadGenServer(trial.cfg, trial.queries.lengths, Path(work))
+        cpus = sorted({cpu for spec in specs for cpu in spec.cpus})
+        readings = [sentinel_reading(trial.cfg, cpus, "before")]
         with housekeeping_cpus(specs) as parent_cpus:
             outcome = Launcher(Path(work), trial.cfg.timeout, on_event, server, files, forkservers).run(
                 specs, trial.cfg, trial.model)
+        readings.append(sentinel_reading(trial.cfg, cpus, "after"))
+        record.contamination = contamination_of(trial.cfg, [r for r in readings if r is not None],
+                                                list(outcome.results.values()))
         if outcome.failure and outcome.failure.kind == "user":
             raise UserError(outcome.failure.message)
         logs = {p.name: p.read_bytes()[-200_000:] for p in Path(work).glob("instance-*.stderr.log")
@@ -250,6 +255,28 @@ def run_instances(trial: Trial, on_event=None, host: HostEnvironment | None = No
                                1 - metrics.throughput_tokens_per_s / metrics.padded_tokens_per_s}
     record.elapsed_s = time.time() - started
     return UncommittedResult(record, samples, logs, outcome.interrupted)
+
+
+def sentinel_reading(cfg: BenchmarkConfig, cpus: list[int], phase: str) -> dict | None:
+    """The run's speed sentinel on the trial's CPUs (None: sentinel=false)."""
+    if not cfg.sentinel:
+        return None
+    from corescale.measure.sentinel import run_sentinel
+
+    return run_sentinel().read(cpus, phase)
+
+
+def contamination_of(cfg: BenchmarkConfig, readings: list[dict], reports: list[dict]) -> Contamination:
+    """Steal over the timed window from the workers' reports (each over its own CPUs), the worst foreign load, and
+    the sentinel's readings."""
+    from corescale.measure.sentinel import run_sentinel
+
+    by_cpu = {cpu: float(v) for r in reports for cpu, v in (r.get("steal_by_cpu") or {}).items()}
+    foreign = [float(r["foreign_load"]) for r in reports if r.get("foreign_load") is not None]
+    return Contamination.from_dict({
+        "steal_fraction": sum(by_cpu.values()) / len(by_cpu) if by_cpu else None, "steal_by_cpu": by_cpu,
+        "foreign_load": max(foreign) if foreign else None, "sentinel": readings,
+        "sentinel_tolerance": run_sentinel().tolerance if cfg.sentinel else None}, "contamination")
 
 
 def commit(measured: UncommittedResult) -> TrialOutcome:

@@ -269,3 +269,49 @@ class Managed(Section):
     @property
     def front_cores(self) -> float | None:
         return self.front_cpu_s / self.front_wall_s if self.front_cpu_s is not None and self.front_wall_s else None
+
+
+@dataclass(frozen=True)
+class SentinelReading(Section):
+    """One reading of the speed sentinel (measure/sentinel.py): per measured CPU the fixed GEMM's and the triad's
+    milliseconds, and the worst part's ratio to the run's first reading on that CPU (1.0 = unchanged)."""
+
+    at: float  # epoch seconds
+    phase: str  # before | after (the trial's instances)
+    compute_ms: dict[str, float]
+    memory_ms: dict[str, float]
+    ratio: float
+    moved: bool  # the ratio is beyond the tolerance (slower or faster)
+
+
+@dataclass(frozen=True)
+class Contamination(Section):
+    """What may have taken the measured CPUs during the trial, beyond its own processes: the hypervisor's steal
+    over the timed window (all measured CPUs together and per CPU, a fraction of the window), the worst foreign load
+    (RunMetrics.foreign_load, repeated here) and the speed sentinel's readings before and after the trial.
+    Absent (None) in records before corescale 0.4."""
+
+    steal_fraction: float | None = None  # None: not measured (a served trial, a worker that did not report it)
+    steal_by_cpu: dict[str, float] = field(default_factory=dict)
+    foreign_load: float | None = None
+    sentinel: list[SentinelReading] = field(default_factory=list)
+    sentinel_tolerance: float | None = None  # None: the sentinel was off (sentinel=false)
+    rerun_of_moved: bool = False  # this trial measures again one whose sentinel moved (repeats, a tune's final)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def sentinel_moved(self) -> bool:
+        return any(r.moved for r in self.sentinel)
+
+    @property
+    def sentinel_range(self) -> tuple[float, float] | None:
+        """The lowest and highest ratio of its readings to the run's first (None without readings)."""
+        ratios = [r.ratio for r in self.sentinel]
+        return (min(ratios), max(ratios)) if ratios else None
+
+    @property
+    def stolen(self) -> bool:
+        return (self.steal_fraction or 0.0) > STEAL_THRESHOLD
+
+
+STEAL_THRESHOLD = 0.02  # steal above 2 % of the measured CPUs' window is shown on the console and in the report

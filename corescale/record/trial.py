@@ -23,6 +23,7 @@ from corescale.config import BenchmarkConfig, migrate_config_v1
 from corescale.errors import UserError
 from corescale.machine.placement import InstancePlacement, InstanceSpec
 from corescale.record.sections import (
+    Contamination,
     Drift,
     HostEnvironment,
     InstanceReport,
@@ -197,6 +198,7 @@ class TrialRecord:
     schema_migrated_from: int | None = None
     server: ServerSummary | None = None  # scenario=server|single_stream: LoadGen's verdicts, steps, load curve
     workload: dict[str, Any] | None = None  # a query set's lengths, padding policy and padding waste
+    contamination: Contamination | None = None  # steal and the speed sentinel (None: records before 0.4)
 
     @property
     def ok(self) -> bool:
@@ -248,6 +250,8 @@ class TrialRecord:
             data["quality"] = Quality.from_dict(data["quality"], "quality")
         if data.get("server") is not None:
             data["server"] = ServerSummary.from_dict(data["server"], "server")
+        if data.get("contamination") is not None:
+            data["contamination"] = Contamination.from_dict(data["contamination"], "contamination")
         data["instance_reports"] = [InstanceReport.from_dict(r, f"instance_reports[{i}]") for i, r in
                                     enumerate(_list(data.get("instance_reports"), "instance_reports"))]
         data["specs"] = [_spec(s, f"specs[{i}]") for i, s in enumerate(_list(data.get("specs"), "specs"))]

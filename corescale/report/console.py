@@ -206,6 +206,27 @@ def instances_table(record: TrialRecord) -> Table | None:
     return table
 
 
+def shared_host_lines(record: TrialRecord) -> list[str]:
+    """What the host took that the contamination check cannot see: steal above its threshold, a sentinel that
+    moved (measure/sentinel.py)."""
+    from corescale.record.sections import STEAL_THRESHOLD
+
+    found = record.contamination
+    if found is None:
+        return []
+    lines = []
+    if found.stolen:
+        worst = max(found.steal_by_cpu.items(), key=lambda kv: kv[1], default=("?", 0.0))
+        lines.append(f"the hypervisor stole {found.steal_fraction:.1%} of the measured CPUs' window (CPU {worst[0]}: "
+                     f"{worst[1]:.1%}; threshold {STEAL_THRESHOLD:.0%}): another guest ran on this host")
+    if found.sentinel_moved:
+        span = found.sentinel_range or (1.0, 1.0)
+        lines.append(f"speed sentinel moved: {', '.join(f'{r.phase} {r.ratio:.2f}x' for r in found.sentinel)} the "
+                     f"run's first reading (range {span[0]:.2f}-{span[1]:.2f}x, tolerance "
+                     f"±{found.sentinel_tolerance or 0:.0%}): the CPUs' speed changed around this trial")
+    return lines
+
+
 def print_result(record: TrialRecord, path=None) -> None:
     console.print(result_table(record))
     extra = instances_table(record)
@@ -215,6 +236,8 @@ def print_result(record: TrialRecord, path=None) -> None:
         from corescale.measure.contamination import contamination_message
 
         errors.print(f"[yellow]warning:[/yellow] {escape(contamination_message(record.metrics))}")
+    for line in shared_host_lines(record):
+        errors.print(f"[yellow]warning:[/yellow] {escape(line)}")
     if record.metrics and not record.metrics.warmup_converged:
         errors.print("[yellow]warning:[/yellow] warm-up did not reach a stable latency in every instance")
     if path is not None:
@@ -365,6 +388,11 @@ class ConsoleListener:
             self.bars(instance, event)
         if self.extra is not None:
             self.extra(item, instance, event)
+
+    def rerunning(self, item, outcome, state) -> None:
+        number, label = self._where(item, state)
+        errors.print(escape(f"{self.what} {number}/{state.total} ({label}): the speed sentinel moved around it; "
+                            "measuring it once more (the new result counts)"))
 
     def finished(self, item, outcome, state) -> None:
         self._close()

@@ -140,6 +140,9 @@ class Listener:
 
     def finished(self, item: Planned, outcome: TrialOutcome, state: LoopState) -> None: ...
 
+    def rerunning(self, item: Planned, outcome: TrialOutcome, state: LoopState) -> None:
+        """The trial just measured is measured once more: its speed sentinel moved."""
+
 
 class Resume:
     """What both loops' resume reads (this one and ray.py's): a valid result of a (trial, repeat) under the trial's
@@ -204,7 +207,8 @@ def interruptible():
 
 
 def run_trial(trial: Trial, host: HostEnvironment | None = None, on_event=None, keep_going: bool = True,
-              on_lock_wait=None, repeat: int = 0, done_meanwhile=None, forkservers=None) -> TrialOutcome | Path:
+              on_lock_wait=None, repeat: int = 0, done_meanwhile=None, forkservers=None,
+              rerun_of_moved: bool = False) -> TrialOutcome | Path:
     """Measure under the machine lock, then commit (failures too). keep_going: errors become failed records.
     done_meanwhile(), checked once the lock is held, returns a valid result that another process committed
     while this one waited: then nothing is measured and that path is returned."""
@@ -224,6 +228,8 @@ def run_trial(trial: Trial, host: HostEnvironment | None = None, on_event=None, 
             measured = failed_result(trial, Failure.from_exception(exc), host, started)
         # still holding the lock: no other trial ran before this instant
         stamp(measured, lock_wait_s=waited, executor={"name": "local"}, repeat=repeat, repeats=trial.cfg.repeats)
+        if rerun_of_moved and measured.record.contamination is not None:
+            measured.record.contamination = replace(measured.record.contamination, rerun_of_moved=True)
         outcome = commit_once(measured, done_meanwhile)
     if measured.interrupted is not None:
         raise measured.interrupted  # the interrupted trial is on disk; the loop ends here
@@ -268,10 +274,24 @@ def run_trials(planned: list[Planned], listener: Listener | None = None, resume:
             if isinstance(outcome, Path):  # a concurrent sweep measured it while this one waited for the lock
                 state.skip(item, outcome, repeat, listener)
                 continue
+            if sentinel_moved(item, outcome):  # repeats and a tune's final: measured once more, the new one counts
+                listener.rerunning(item, outcome, state)
+                again = run_trial(item.trial, host, lambda i, e, item=item: listener.worker_event(item, i, e),
+                                  keep_going, on_lock_wait, repeat, None, servers and servers.for_repeat(repeat),
+                                  rerun_of_moved=True)
+                outcome = again if isinstance(again, TrialOutcome) else outcome
             state.measured_seconds.append(time.monotonic() - started)
             if state.finish(item, outcome, repeat, listener, fail_fast):
                 break
     return state
+
+
+def sentinel_moved(item: Planned, outcome: TrialOutcome) -> bool:
+    """A valid trial of a configuration measured several times (`repeats`, a tune's final rounds) whose speed
+    sentinel moved, and which is not itself a re-run."""
+    found = outcome.record.contamination
+    return (item.trial.cfg.repeats > 1 and outcome.record.valid_ok and found is not None and found.sentinel_moved
+            and not found.rerun_of_moved)
 
 
 def fork_workers() -> bool:

@@ -1,0 +1,123 @@
+"""The speed sentinel: a short fixed kernel timed on each measured CPU before and after every trial (and so between
+repeats), compared with the first reading of the run.
+
+Foreign processes on the same guest are seen by the contamination check (measure/contamination.py); the sentinel
+sees what it cannot: the hypervisor taking the CPU, a neighbour on the host's shared caches and memory bandwidth,
+a frequency change. Each reading runs, pinned to one CPU at a time with one BLAS thread, a compute-bound part (a
+fixed 192² float32 GEMM, 4 times: ~57 MFLOP) and a memory-bound part (a STREAM-like triad over three 16 MiB float64
+arrays, 2 times: ~100 MB of traffic), a few milliseconds each on a current core. A part whose time is more than
+TOLERANCE away from the run's first reading on that CPU (slower or faster) marks the reading as moved; a trial
+with a moved reading is flagged, and `repeats` and a tune's final rounds measure it once more (trials/sweep.py).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+TOLERANCE = 0.25  # a part 25 % slower (or faster) than the run's first reading on the same CPU: moved
+GEMM_SIZE, GEMM_REPS = 192, 4
+TRIAD_ELEMENTS, TRIAD_REPS = 1 << 21, 2  # three float64 arrays of 16 MiB: beyond one CCD's 32 MiB L3 together
+
+
+@dataclass(frozen=True)
+class Timing:
+    """One CPU's part times (milliseconds) in one reading."""
+
+    compute_ms: float
+    memory_ms: float
+
+
+@dataclass
+class _Kernel:
+    """The fixed operands, made once per process (their first touch is not timed)."""
+
+    a: Any = None
+    b: Any = None
+    x: Any = None
+    y: Any = None
+    z: Any = None
+
+    def ready(self) -> _Kernel:
+        if self.a is None:
+            import numpy as np
+
+            rng = np.random.default_rng(0)
+            self.a = rng.standard_normal((GEMM_SIZE, GEMM_SIZE), dtype=np.float32)
+            self.b = rng.standard_normal((GEMM_SIZE, GEMM_SIZE), dtype=np.float32)
+            self.x, self.y, self.z = (np.ones(TRIAD_ELEMENTS) for _ in range(3))
+        return self
+
+    def compute(self) -> float:
+        import numpy as np
+
+        began = time.perf_counter()
+        for _ in range(GEMM_REPS):
+            np.matmul(self.a, self.b)
+        return (time.perf_counter() - began) * 1e3
+
+    def memory(self) -> float:
+        import numpy as np
+
+        began = time.perf_counter()
+        for _ in range(TRIAD_REPS):
+            np.multiply(self.y, 3.0, out=self.z)
+            np.add(self.z, self.x, out=self.z)
+        return (time.perf_counter() - began) * 1e3
+
+
+_KERNEL = _Kernel()
+
+
+def time_cpus(cpus) -> dict[int, Timing]:
+    """Each part on each CPU in turn, this thread pinned there with one BLAS thread; its affinity is restored."""
+    from threadpoolctl import threadpool_limits
+
+    kernel = _KERNEL.ready()
+    mine = os.sched_getaffinity(0)
+    found: dict[int, Timing] = {}
+    try:
+        with threadpool_limits(1):
+            for cpu in cpus:
+                os.sched_setaffinity(0, {cpu})
+                kernel.compute()  # the first call after a move pays the migration: not timed
+                found[cpu] = Timing(kernel.compute(), kernel.memory())
+    finally:
+        os.sched_setaffinity(0, mine)
+    return found
+
+
+@dataclass
+class Sentinel:
+    """The run's sentinel: its first reading on each CPU is the reference of every later one."""
+
+    tolerance: float = TOLERANCE
+    first: dict[int, Timing] = field(default_factory=dict)
+
+    def read(self, cpus, phase: str) -> dict:
+        """One reading on `cpus` as the record keeps it: per CPU times, the worst ratio to the first reading
+        (a part's time ÷ its first time, or the inverse when faster: 1.0 = unchanged) and whether it moved."""
+        timings = time_cpus(cpus)
+        ratios = []
+        for cpu, now in timings.items():
+            was = self.first.setdefault(cpu, now)
+            ratios += [now.compute_ms / was.compute_ms, now.memory_ms / was.memory_ms]
+        worst = max(ratios, key=lambda r: max(r, 1 / r)) if ratios else 1.0
+        return {"at": time.time(), "phase": phase,
+                "compute_ms": {str(c): round(t.compute_ms, 3) for c, t in timings.items()},
+                "memory_ms": {str(c): round(t.memory_ms, 3) for c, t in timings.items()},
+                "ratio": round(worst, 4), "moved": moved(worst, self.tolerance)}
+
+
+def moved(ratio: float, tolerance: float = TOLERANCE) -> bool:
+    return ratio > 1 + tolerance or ratio < 1 / (1 + tolerance)
+
+
+_RUN = Sentinel()
+
+
+def run_sentinel() -> Sentinel:
+    """This process's sentinel: one per run (a `corescale run`, a tune), whose first reading is the reference."""
+    return _RUN

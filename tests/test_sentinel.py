@@ -1,0 +1,99 @@
+"""The speed sentinel (measure/sentinel.py) and the record's contamination section: readings against the run's first,
+the tolerance, the typed section read back, the console's lines, and a repeat whose sentinel moved measured once
+more. In process: the real busy process that the sentinel flags is tests/test_contamination.py's burner test."""
+
+import json
+
+import pytest
+from helpers import FAST
+
+from corescale.measure import sentinel
+from corescale.measure.runner import TrialOutcome, new_record, prepare_trial
+from corescale.overrides import compose
+from corescale.record.sections import Contamination
+from corescale.record.trial import TrialRecord
+from corescale.report.console import shared_host_lines
+from corescale.trials import local
+from corescale.trials.local import Planned, run_trials
+
+
+def test_readings_compare_with_the_first_on_each_cpu(monkeypatch):
+    times = iter([{0: sentinel.Timing(2.0, 4.0)}, {0: sentinel.Timing(2.2, 4.0)}, {0: sentinel.Timing(2.0, 6.0)},
+                  {0: sentinel.Timing(1.0, 4.0)}])
+    monkeypatch.setattr(sentinel, "time_cpus", lambda cpus: next(times))
+    run = sentinel.Sentinel()
+    first, near, slower, faster = (run.read([0], "before") for _ in range(4))
+    assert first["ratio"] == 1.0 and not first["moved"] and first["compute_ms"] == {"0": 2.0}
+    assert near["ratio"] == pytest.approx(1.1) and not near["moved"]  # inside ±25 %
+    assert slower["ratio"] == pytest.approx(1.5) and slower["moved"]  # the worse part decides
+    assert faster["ratio"] == pytest.approx(0.5) and faster["moved"]  # faster than the first: the first was slowed
+
+
+def test_a_real_reading_is_milliseconds_on_every_cpu_and_restores_affinity():
+    import os
+
+    mine = os.sched_getaffinity(0)
+    cpus = sorted(mine)[:2]
+    found = sentinel.Sentinel().read(cpus, "before")
+    assert os.sched_getaffinity(0) == mine
+    assert set(found["compute_ms"]) == {str(c) for c in cpus} and all(v > 0 for v in found["memory_ms"].values())
+    assert sum(found["compute_ms"].values()) + sum(found["memory_ms"].values()) < 2000  # tens of ms; wide margin
+
+
+def reading(ratio: float, phase: str = "after") -> dict:
+    return {"at": 1.0, "phase": phase, "compute_ms": {"0": 1.0}, "memory_ms": {"0": 1.0}, "ratio": ratio,
+            "moved": sentinel.moved(ratio)}
+
+
+def contamination(ratio: float = 1.0, steal: float = 0.0, **more) -> Contamination:
+    return Contamination.from_dict({"steal_fraction": steal, "steal_by_cpu": {"0": steal}, "foreign_load": 0.0,
+                                    "sentinel": [reading(1.0, "before"), reading(ratio)], "sentinel_tolerance": 0.25,
+                                    **more}, "contamination")
+
+
+def test_the_section_reads_back_and_an_old_record_has_none(tmp_path):
+    trial = prepare_trial(compose([*FAST, f"output_dir={tmp_path}"]))
+    record = new_record(trial, None, 0.0)
+    record.contamination = contamination(1.4, 0.05)
+    again = TrialRecord.from_json(json.loads(json.dumps(record.to_json())))
+    assert again.contamination == record.contamination
+    assert again.contamination.sentinel_moved and again.contamination.stolen
+    assert again.contamination.sentinel_range == (1.0, 1.4)
+    old = record.to_json()
+    del old["contamination"]
+    assert TrialRecord.from_json(old).contamination is None
+    broken = {**record.to_json(), "contamination": {"steal_fraction": "much"}}
+    with pytest.raises(Exception, match="contamination.steal_fraction"):
+        TrialRecord.from_json(broken)
+
+
+def test_console_warns_of_steal_and_a_moved_sentinel_only_above_their_thresholds(tmp_path):
+    trial = prepare_trial(compose([*FAST, f"output_dir={tmp_path}"]))
+    record = new_record(trial, None, 0.0)
+    record.contamination = contamination(1.1, 0.01)
+    assert shared_host_lines(record) == []
+    record.contamination = contamination(1.6, 0.08)
+    steal, moved = shared_host_lines(record)
+    assert "stole 8.0%" in steal and "another guest" in steal
+    assert "sentinel moved" in moved and "after 1.60x" in moved
+
+
+def test_a_repeat_whose_sentinel_moved_is_measured_once_more(tmp_path, monkeypatch):
+    trial = prepare_trial(compose([*FAST, "repeats=2", f"output_dir={tmp_path}"]))
+    calls = []
+
+    def fake_run_trial(trial, host, on_event, keep_going, on_lock_wait, repeat, done_meanwhile, forkservers,
+                       rerun_of_moved=False):
+        calls.append((repeat, rerun_of_moved))
+        record = new_record(trial, host, 0.0)
+        record.repeat = repeat
+        record.contamination = contamination(1.0 if rerun_of_moved or repeat == 0 else 1.5,
+                                             rerun_of_moved=rerun_of_moved)
+        return TrialOutcome(tmp_path / f"r{len(calls)}", record)
+
+    monkeypatch.setattr(local, "run_trial", fake_run_trial)
+    item = Planned(1, [], trial, "x")
+    state = run_trials([item], resume=False)
+    assert calls == [(0, False), (1, False), (1, True)]  # repeat 1 moved: once more, and only once
+    kept = [row.record.contamination for row in state.rows]
+    assert [c.rerun_of_moved for c in kept] == [False, True] and not kept[1].sentinel_moved
