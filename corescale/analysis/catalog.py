@@ -26,7 +26,7 @@ X86 = frozenset(ISA_NAMES[:6])
 STREAM_EFFICIENCY = 0.8  # the triad reaches about this share of the DDR channels' theoretical rate on servers
 CPU_FIELDS = ("model", "family", "arch", "isa", "memory", "memory_bandwidth_gbps")
 ROW_FIELDS = ("cpu", "price_per_hour", "vcpus", "physical_cores", "smt", "cloud", "region", "date", "source",
-              "note", "cpu_model", *CPU_FIELDS)
+              "note", "cpu_model", "history", *CPU_FIELDS)
 SHAPE = ("a mapping `machines: {NAME: {price_per_hour: US$/h, vcpus: N, physical_cores: N, date: YYYY-MM, "
          "source: PAGE, ...}}` (see the packaged corescale/data/machines.yaml)")
 
@@ -52,6 +52,7 @@ class Machine:
     region: str = ""
     date: str = ""
     source: str = ""
+    history: bool = False  # a price quoted in the past (the 2021 study's): shown as history, never offered
 
     @property
     def core_hour(self) -> float:
@@ -112,7 +113,7 @@ def machine(name: str, entry, cpus: dict, where: str) -> Machine:
         smt=int(facts.get("smt") or vcpus // physical), family=str(facts.get("family") or ""),
         arch=str(facts.get("arch") or ""), isa=frozenset(facts.get("isa") or ()), bandwidth_gbps=bandwidth,
         bandwidth_basis=basis, cloud=str(facts.get("cloud") or ""), region=str(facts.get("region") or ""),
-        date=str(facts["date"]), source=str(facts["source"]))
+        date=str(facts["date"]), source=str(facts["source"]), history=bool(facts.get("history")))
 
 
 def _count(value) -> bool:
@@ -202,6 +203,38 @@ def arch_of(isa: frozenset[str]) -> str:
     if not isa:
         return ""
     return "x86_64" if isa & X86 else "aarch64"
+
+
+def price_age(date: str, today=None) -> str:
+    """How old a price of `date` (YYYY-MM or YYYY-MM-DD) is today: '18 months old' ('age unknown' when the date
+    does not parse)."""
+    import datetime
+
+    today = today or datetime.date.today()
+    try:
+        year, month = (int(part) for part in str(date).split("-")[:2])
+    except ValueError:
+        return "age unknown"
+    months = (today.year - year) * 12 + today.month - month
+    return "this month" if months <= 0 else f"{months} month{'s' if months != 1 else ''} old"
+
+
+VENDORS = ("intel", "amd", "graviton", "axion", "cobalt")
+
+
+def vendor_of(model: str | None) -> str:
+    """The CPU's vendor (or Arm design) from its model name: intel, amd, graviton, axion, cobalt ('' unknown)."""
+    lower = (model or "").lower()
+    found = next((v for v in VENDORS if v in lower), "")
+    return found or ("intel" if "xeon" in lower else "amd" if "epyc" in lower else "")
+
+
+def family_of(model: str | None) -> str:
+    """The microarchitecture of a measured CPU, from the packaged catalog's CPU with the same model number
+    ('' when the catalog does not hold it)."""
+    from corescale.analysis.pricing import same_cpu
+
+    return next((kind.family for kind in packaged().values() if kind.family and same_cpu(kind, model)), "")
 
 
 def find_machine(name: str, catalog: dict[str, Machine]) -> Machine:

@@ -71,14 +71,19 @@ def cost_table(frame: pd.DataFrame, machine: Machine, slo_p99_ms: float | None =
     slow end, and its fast end), p99, US$ per 1M inferences and per 1M tokens (at the slow end: the cost a
     projection can promise, with the fast end beside it), the SLO verdict, the projection's flags."""
     rows = []
-    for _, row in ok_rows(frame).iterrows():
+    ok = ok_rows(frame)
+    efficiency = scaling_efficiency(ok)
+    for _, row in ok.iterrows():
         served = server_figures(row, slo_p99_ms)
         if served is None and row.get("scenario") in ("server", "single_stream"):
             continue  # a LoadGen result with no sustained rate to price (single stream, or INVALID)
-        measured = measured_of(row)
+        measured = replace(measured_of(row), scaling_efficiency=efficiency.get(_scaling_key(row)))
         if served:
             measured = replace(measured, per_instance=served[0] / int(row.get("instances") or 1), p99_ms=served[1])
         found = on_machine(machine, row, measured)
+        if served and found.copies > 1 and found.basis == PROJECTED:
+            found.flags.append(f"the front is one process: one `corescale serve` front (one event loop) feeds all "
+                               f"{found.copies} copies; past a few hundred requests/s it needs several fronts")
         rows.append(cost_row(row, machine, measured, found, served, slo_p99_ms))
     table = pd.DataFrame(rows)
     return table.sort_values("cost_per_1m_usd", kind="stable", ignore_index=True) if rows else table
@@ -102,9 +107,45 @@ def cost_row(row, machine: Machine, measured, found: Projection, served, slo_p99
         "cost_per_1m_usd": cost_slow, "cost_per_1m_low_usd": cost_fast,
         "cost_per_1m_tokens_usd": cost_slow / tokens if tokens else math.nan, "tokens_per_sample": tokens,
         "meets_slo": meets, "flags": "; ".join(found.flags), "reason": found.reason,
-        "contaminated": row.get("contaminated"), "cpu_model": row.get("cpu_model"),
+        "contaminated": row.get("contaminated"), "caution": caution(row), "cpu_model": row.get("cpu_model"),
         "scenario": "server" if served else "offline",
     }
+
+
+def _scaling_key(row) -> tuple:
+    return tuple(str(row.get(k)) for k in ("model", "backend", "precision", "instance_batch_size", "sequence_length",
+                                           "cpus_per_instance", "scenario"))
+
+
+def scaling_efficiency(ok: pd.DataFrame) -> dict[tuple, float]:
+    """Per layout (model, backend, precision, batch, length, cores per instance): the per-instance rate at the
+    most instances measured ÷ at one instance (at most 1), where both were measured."""
+    found: dict[tuple, float] = {}
+    if ok.empty or "instances" not in ok.columns:
+        return found
+    keys = ok.apply(_scaling_key, axis=1)
+    for key in dict.fromkeys(keys):
+        rows = ok[keys == key]
+        each = rows["throughput_samples_per_s"].astype(float) / rows["instances"].astype(float)
+        one, most = each[rows["instances"] == 1], each[rows["instances"] == rows["instances"].max()]
+        if rows["instances"].max() > 1 and len(one) and one.mean() > 0:
+            found[key] = min(float(most.mean() / one.mean()), 1.0)
+    return found
+
+
+def caution(row) -> str:
+    """What makes a measured input doubtful: foreign load, the hypervisor's steal, a sentinel that moved ('')."""
+    from corescale.record.sections import STEAL_THRESHOLD
+
+    found = []
+    if row.get("contaminated") is True:
+        found.append(f"contaminated ({float(row.get('foreign_load') or 0):.0%} foreign load)")
+    steal = row.get("steal_fraction")
+    if steal is not None and not _missing(steal) and float(steal) > STEAL_THRESHOLD:
+        found.append(f"{float(steal):.0%} stolen")
+    if row.get("sentinel_moved") is True:
+        found.append(f"sentinel moved ({float(row.get('sentinel_low')):.2f}–{float(row.get('sentinel_high')):.2f}×)")
+    return "; ".join(found)
 
 
 def cheapest(table: pd.DataFrame, slo_p99_ms: float | None = None):
@@ -129,31 +170,51 @@ def answer(table: pd.DataFrame, machine: Machine, slo_p99_ms: float | None) -> s
         fastest = table.sort_values("latency_p99_ms").iloc[0]
         return (f"no measured layout{condition} on {machine.name}; the lowest p99 is "
                 f"{fastest['latency_p99_ms']:.1f} ms ({fastest['layout']})" + closed_loop_note(table, slo_p99_ms))
-    where = machine.name if best["basis"] == MEASURED else f"{machine.name} (projected: {best['copies']} copies)"
+    projected = best["basis"] != MEASURED
+    where = f"{machine.name} (projected: {best['copies']} copies)" if projected else machine.name
     rate = "QPS (LoadGen server, p99 within its SLO)" if best.get("scenario") == "server" else "samples/s"
+    doubt = f"; its input is {best['caution']}" if best.get("caution") else ""
+    p99 = f"{best['latency_p99_ms']:.2g}" if projected else f"{best['latency_p99_ms']:.1f}"
     return (f"cheapest measured layout{condition}: {best['layout']} on {where}: "
-            f"{money_range(best['cost_per_1m_usd'], best['cost_per_1m_low_usd'])} per 1M inferences"
-            f"{tokens_text(best)} at {rate_range(best)} {rate}, p99 {best['latency_p99_ms']:.1f} ms "
-            f"(${machine.price_per_hour:g}/h)" + closed_loop_note(table, slo_p99_ms))
+            f"{money_range(best['cost_per_1m_usd'], best['cost_per_1m_low_usd'], projected)} per 1M inferences"
+            f"{tokens_text(best, projected)} at {rate_range(best, projected)} {rate}, p99 {p99} ms "
+            f"(${machine.price_per_hour:g}/h, {price_dated(machine)}){doubt}" + closed_loop_note(table, slo_p99_ms))
 
 
-def money_range(slow: float, fast: float | None = None) -> str:
-    """'$0.123' or, for a range, '$0.0456–0.123' (cheapest first)."""
+def price_dated(machine: Machine) -> str:
+    """'list price of 2025-06, 18 months old' (or 'price given' for the machine measured)."""
+    from corescale.analysis.catalog import price_age
+
+    if not machine.date:
+        return "price given"
+    return f"list price of {machine.date}, {price_age(machine.date)}"
+
+
+def money_range(slow: float, fast: float | None = None, projected: bool = False) -> str:
+    """'$0.123' or, for a range, '$0.0456–0.123' (cheapest first); a projection to two significant digits."""
+    digits = 2 if projected else 4
     if fast is None or _missing(fast) or math.isclose(slow, fast, rel_tol=1e-9):
-        return f"${slow:.4g}"
-    return f"${fast:.3g}–{slow:.3g}"
+        return f"${slow:.{digits}g}"
+    return f"${fast:.{min(digits, 3)}g}–{slow:.{min(digits, 3)}g}"
 
 
-def rate_range(row) -> str:
+def two_digits(value: float) -> str:
+    """A projected figure to two significant digits, without an exponent (1234.5 -> '1200')."""
+    rounded = float(f"{value:.2g}")
+    return f"{rounded:.0f}" if abs(rounded) >= 10 else f"{rounded:.2g}"
+
+
+def rate_range(row, projected: bool = False) -> str:
     low, high = row["machine_samples_per_s"], row.get("machine_samples_per_s_high")
+    one = two_digits if projected else (lambda v: f"{v:.1f}")
     if high is None or _missing(high) or math.isclose(low, high, rel_tol=1e-9):
-        return f"{low:.1f}"
-    return f"{low:.1f}–{high:.1f}"
+        return one(low)
+    return f"{one(low)}–{one(high)}"
 
 
-def tokens_text(row) -> str:
+def tokens_text(row, projected: bool = False) -> str:
     tokens = row.get("cost_per_1m_tokens_usd")
-    return "" if tokens is None or _missing(tokens) else f" (${tokens:.4g} per 1M tokens)"
+    return "" if tokens is None or _missing(tokens) else f" (${tokens:.{2 if projected else 4}g} per 1M tokens)"
 
 
 CLOSED_LOOP_NOTE = ("; only closed-loop results: their p99 is measured saturated, at a rate an open-loop server "

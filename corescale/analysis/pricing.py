@@ -41,7 +41,9 @@ def per_million(price_per_hour: float, per_s: float) -> float:
 
 
 def _model_numbers(text: str) -> set[str]:
-    return {token.lower() for token in re.findall(r"\b\w*\d{3,}\w*\b", text or "") if not token.isdigit()}
+    # a model number: a word of 4+ characters with a digit, not all digits (8275CL, 8488C, 9R45, 7R13)
+    return {token.lower() for token in re.findall(r"\b\w{4,}\b", text or "")
+            if any(c.isdigit() for c in token) and not token.isdigit()}
 
 
 def same_cpu(machine: Machine, cpu_model: str | None) -> bool:
@@ -76,8 +78,9 @@ def nearest_rate(catalog: dict[str, Machine], isa: frozenset[str], cpu_model: st
 
 
 def _vendor(model: str) -> str:
-    lower = model.lower()
-    return next((v for v in ("intel", "amd", "graviton", "axion", "cobalt") if v in lower), "")
+    from corescale.analysis.catalog import vendor_of
+
+    return vendor_of(model)
 
 
 def price_here(row, catalog: dict[str, Machine], given: float | None = None, kind_name: str | None = None) -> Price:
@@ -110,7 +113,9 @@ def _kind_text(kind: Machine) -> str:
 
 def _list_price(kind: Machine) -> str:
     where = " ".join(part for part in (kind.cloud, kind.region) if part and part != "unstated")
-    return f"{where + ' ' if where else ''}list price of {kind.date}"
+    from corescale.analysis.catalog import price_age
+
+    return f"{where + ' ' if where else ''}list price of {kind.date}, {price_age(kind.date)}"
 
 
 

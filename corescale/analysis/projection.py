@@ -8,8 +8,13 @@ sample from the roofline) and a catalog kind (physical cores, SMT, ISA, memory b
   (copies that stream their weights share the channels; latency then grows by the same factor);
 - the ISA: the precision's GEMM runs on the best instruction tier each CPU has (int8: AMX > AVX-512 VNNI > ...).
   Where the kind's tier differs from the measured one the projection is a range: the rate may move by anything
-  up to the tiers' per-cycle peak ratio (all time in GEMMs) or not at all (none). Another architecture (x86-64 →
-  aarch64) runs other kernels altogether: refused. Clock and core microarchitecture are assumed the same.
+  up to the tiers' per-cycle peak ratio (all time in GEMMs) or not at all (none).
+- what the model cannot know is a range with its reason, never one number: another vendor or microarchitecture
+  (Intel AVX-512 → Zen 4, whose AVX-512 FMAs are half as wide; Zen 4 → Zen 5; Neoverse V1 → N2) and another
+  architecture (x86-64 → aarch64: other kernels altogether) give ×UNKNOWN_CORE (0.5–1) of the measured per-core
+  rate, times the tiers' range.
+- a multiplication of the measured instances by EXTRAPOLATION (8) or more is flagged; where the results measured
+  the layout at several instance counts, the slow end is multiplied by that measured scaling efficiency.
 Every figure made here is labelled a projection; only the measured machine's own figures are measured.
 """
 
@@ -22,6 +27,10 @@ from corescale.analysis.catalog import Machine, arch_of
 from corescale.machine.precisions import PRECISIONS, REFERENCE
 
 MEASURED, PROJECTED, REFUSED = "measured", "projected", "refused"
+UNKNOWN_CORE = (0.5, 1.0)  # the per-core rate on another vendor, microarchitecture or architecture: not known
+EXTRAPOLATION = 8  # copies ÷ measured instances from which the multiplication is flagged
+
+
 def tier(isa: frozenset[str], arch: str, precision: str) -> tuple[str, float] | None:
     """(the best tier the CPU has for the precision's GEMMs, its relative peak: its entry's tiers, the reference's
     for a precision not registered here); None: no tier known."""
@@ -42,6 +51,9 @@ class LayoutRate:
     bytes_per_sample: float | None  # minimum memory traffic per sample (roofline); None: not measured
     p99_ms: float | None
     tokens_per_sample: float | None  # real tokens per sample (tokens/s ÷ samples/s)
+    cpu_model: str = ""  # the measured CPU's model name
+    instances: int = 1  # instances measured
+    scaling_efficiency: float | None = None  # per-instance rate at the most instances ÷ at one (None: not measured)
 
 
 @dataclass
@@ -76,7 +88,8 @@ def measured_of(row) -> LayoutRate:
         per_instance=(samples or 0.0) / instances, cores_per_instance=max(math.ceil(cpus / threads), 1),
         threads_per_core=threads, precision=str(row.get("precision") or REFERENCE), isa=isa, arch=arch_of(isa),
         bytes_per_sample=bytes_call / batch if bytes_call else None, p99_ms=_number(row.get("latency_p99_ms")),
-        tokens_per_sample=tokens / samples if tokens and samples else None)
+        tokens_per_sample=tokens / samples if tokens and samples else None, cpu_model=str(row.get("cpu_model") or ""),
+        instances=instances)
 
 
 def _number(value) -> float | None:
@@ -94,9 +107,6 @@ def project(measured: LayoutRate, kind: Machine) -> Projection:
         return Projection(REFUSED, reason="the measured CPU's ISA is not recorded")
     if not kind.isa or not kind.arch:
         return Projection(REFUSED, reason=f"{kind.name}'s ISA is not in the catalog")
-    if kind.arch != measured.arch:
-        return Projection(REFUSED, reason=f"measured on {measured.arch}, {kind.name} is {kind.arch} ({kind.cpu_text}):"
-                                          " other kernels altogether; measure it there")
     if measured.threads_per_core > kind.smt:
         return Projection(REFUSED, reason=f"measured on {measured.threads_per_core} SMT threads a core; "
                                           f"{kind.name} has {kind.smt}")
@@ -106,9 +116,21 @@ def project(measured: LayoutRate, kind: Machine) -> Projection:
                                                              f"not fit on {kind.physical_cores}")
     if kind.smt == 1:
         flags.append("no SMT: every vCPU is a physical core")
-    slow, fast = isa_factors(measured, kind, flags)
+    slow, fast = isa_factors(measured, kind, flags) if kind.arch == measured.arch else (1.0, 1.0)
+    core_slow, core_fast = core_factors(measured, kind, flags)
+    slow, fast = slow * core_slow, fast * core_fast
     linear = copies * measured.per_instance
     low, high, stretch = linear * slow, linear * fast, 1.0
+    times = copies / max(measured.instances, 1)
+    if times >= EXTRAPOLATION:
+        efficiency = measured.scaling_efficiency
+        known = (f"; the slow end × the measured scaling efficiency {efficiency:.2g} ({measured.instances} "
+                 "instances against 1)") if efficiency is not None and efficiency < 1 else \
+            "; scaling beyond the measured cores was not measured"
+        flags.append(f"extrapolated ×{times:.0f}: {copies} copies from {measured.instances} measured instance(s) "
+                     f"on {measured.instances * measured.cores_per_instance} core(s){known}")
+        if efficiency is not None and efficiency < 1:
+            low *= efficiency
     cap = bandwidth_cap(measured, kind, flags)
     if cap is not None and cap < high:
         flags.append(f"memory-bound: capped at {cap:.4g} samples/s by {kind.bandwidth_gbps:.0f} GB/s")
@@ -117,6 +139,30 @@ def project(measured: LayoutRate, kind: Machine) -> Projection:
     p99 = measured.p99_ms
     return Projection(PROJECTED, copies, low, high, None if p99 is None else p99 / fast,
                       None if p99 is None else p99 / slow * stretch, flags)
+
+
+def core_factors(measured: LayoutRate, kind: Machine, flags: list[str]) -> tuple[float, float]:
+    """(slowest, fastest) per-core rate on the kind relative to the measured one from what the ISA tiers do not
+    say: the same vendor and microarchitecture (1, 1), else UNKNOWN_CORE with the reason in the flags."""
+    from corescale.analysis.catalog import family_of, vendor_of
+
+    low, high = UNKNOWN_CORE
+    there = f"{kind.cpu_text} ({vendor_of(kind.cpu_model) or 'vendor unknown'})"
+    if kind.arch != measured.arch:
+        flags.append(f"another architecture ({measured.arch} → {kind.arch}, {kind.cpu_text}): other kernels "
+                     f"altogether; ×{low:g}–×{high:g} of the measured per-core rate assumed, not known: measure it "
+                     "there")
+        return low, high
+    here_vendor, here_family = vendor_of(measured.cpu_model), family_of(measured.cpu_model)
+    if here_vendor != vendor_of(kind.cpu_model):
+        flags.append(f"another vendor ({here_vendor or 'unknown'} → {there}): the per-core speed at the same "
+                     f"instruction tier differs (Zen 4's AVX-512 FMAs are half as wide as Intel's); ×{low:g}–×{high:g}")
+        return low, high
+    if not here_family or here_family != kind.family:
+        flags.append(f"another microarchitecture ({here_family or 'measured CPU not in the catalog'} → "
+                     f"{kind.cpu_text}): per-core speed not known; ×{low:g}–×{high:g}")
+        return low, high
+    return 1.0, 1.0
 
 
 def isa_factors(measured: LayoutRate, kind: Machine, flags: list[str]) -> tuple[float, float]:

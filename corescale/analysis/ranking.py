@@ -19,9 +19,11 @@ from corescale.analysis.pricing import Price
 from corescale.analysis.projection import measured_of
 from corescale.analysis.store import ok_rows
 
-COLUMNS = ("machine", "cloud", "cpu", "arch", "physical_cores", "smt", "price_per_hour", "core_hour", "layout", "basis",
-           "copies", "machine_samples_per_s", "machine_samples_per_s_high", "latency_p99_ms", "cost_per_1m_usd",
-           "cost_per_1m_low_usd", "cost_per_1m_tokens_usd", "flags", "reason")
+COLUMNS = ("machine", "cloud", "cpu", "arch", "physical_cores", "smt", "price_per_hour", "core_hour", "price_date",
+           "price_age", "layout", "basis", "copies", "machine_samples_per_s", "machine_samples_per_s_high",
+           "latency_p99_ms", "cost_per_1m_usd", "cost_per_1m_low_usd", "cost_per_1m_tokens_usd", "caution", "flags",
+           "reason")
+HISTORY = "history"  # the basis of a kind whose price is a past quote: shown, never ranked
 
 
 def workloads(frame: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
@@ -39,26 +41,34 @@ def rank(frame: pd.DataFrame, catalog: dict[str, Machine], slo_p99_ms: float | N
     """One row per kind (its cheapest layout meeting the SLO), cheapest first; then the kinds without one."""
     rows = [best_on(frame, kind, slo_p99_ms) for kind in catalog.values()]
     table = pd.DataFrame(rows, columns=list(COLUMNS))
-    text = ["layout", "basis", "flags", "reason"]
+    text = ["layout", "basis", "caution", "flags", "reason"]
     table[text] = table[text].fillna("")
-    priced = table["cost_per_1m_usd"].notna() & ~table["cost_per_1m_usd"].isin([math.inf])
+    history = table["basis"] == HISTORY
+    priced = table["cost_per_1m_usd"].notna() & ~table["cost_per_1m_usd"].isin([math.inf]) & ~history
     table = pd.concat([table[priced].sort_values(["cost_per_1m_usd", "physical_cores"], kind="stable"),
-                       table[~priced]], ignore_index=True)
-    table.insert(0, "rank", [i + 1 if p else None for i, p in enumerate(table["cost_per_1m_usd"].notna())])
+                       table[~priced & ~history], table[history]], ignore_index=True)
+    ranked = table["cost_per_1m_usd"].notna() & (table["basis"] != HISTORY)
+    table.insert(0, "rank", [i + 1 if p else None for i, p in enumerate(ranked)])
     return table
 
 
 def best_on(frame: pd.DataFrame, kind: Machine, slo_p99_ms: float | None) -> dict:
     """The kind's row: its cheapest layout that meets the SLO, or why there is none."""
+    from corescale.analysis.catalog import price_age
+
     facts = {"machine": kind.name, "cloud": " ".join(p for p in (kind.cloud, kind.region) if p),
              "cpu": kind.cpu_text, "arch": kind.arch, "physical_cores": kind.physical_cores, "smt": kind.smt,
-             "price_per_hour": kind.price_per_hour, "core_hour": kind.core_hour}
+             "price_per_hour": kind.price_per_hour, "core_hour": kind.core_hour, "price_date": kind.date,
+             "price_age": price_age(kind.date)}
     table = cost.cost_table(frame, kind, slo_p99_ms)
     best = cost.cheapest(table, slo_p99_ms) if not table.empty else None
     if best is None:
         return {**facts, "basis": why_none(table, slo_p99_ms)[0], "reason": why_none(table, slo_p99_ms)[1],
                 "copies": 0}
-    return {**facts, **{k: best[k] for k in COLUMNS if k in best and k not in facts}}
+    found = {**facts, **{k: best[k] for k in COLUMNS if k in best and k not in facts}}
+    if kind.history:  # a past quote: its figure is shown for comparison, never offered
+        found.update(basis=HISTORY, reason=f"a price quoted in {kind.date} ({kind.source}): history, not on sale")
+    return found
 
 
 def why_none(table: pd.DataFrame, slo_p99_ms: float | None) -> tuple[str, str]:
@@ -103,28 +113,47 @@ def summary(table: pd.DataFrame, here: dict | None, slo_p99_ms: float | None) ->
         lines.append(f"no catalog kind has a priced layout{condition}: see the reasons above")
     else:
         best = priced.iloc[0]
+        projected = best["basis"] != cost.MEASURED
+        doubt = f"; its input is {best['caution']}" if best.get("caution") else ""
         lines.append(f"cheapest{condition}: {best['machine']} ({best['cpu']}, {best['physical_cores']} core(s), "
-                     f"{best['cloud']}) at {cost.money_range(best['cost_per_1m_usd'], best['cost_per_1m_low_usd'])}"
-                     f" per 1M inferences{cost.tokens_text(best)}, {best['basis']}, with {best['copies']} "
-                     f"cop{'y' if best['copies'] == 1 else 'ies'} of {best['layout']}")
+                     f"{best['cloud']}, price of {best['price_date']}) at "
+                     f"{cost.money_range(best['cost_per_1m_usd'], best['cost_per_1m_low_usd'], projected)}"
+                     f" per 1M inferences{cost.tokens_text(best, projected)}, {best['basis']}, with {best['copies']} "
+                     f"cop{'y' if best['copies'] == 1 else 'ies'} of {best['layout']}{doubt}")
         lines += size_lines(priced)
-    if here is not None:
+    if here is not None:  # this machine first: the one figure measured, not projected
         tokens = here["cost_per_1m_tokens_usd"]
-        lines.append(f"this machine, measured: US${here['cost_per_1m_usd']:.4g} per 1M inferences"
+        lines.insert(0, f"this machine, measured: US${here['cost_per_1m_usd']:.4g} per 1M inferences"
                      f"{f' (US${tokens:.4g} per 1M tokens)' if tokens else ''} at {here['samples_per_s']:.1f} "
                      f"samples/s with {here['layout']}; price: {here['price'].source}")
-    lines.append("prices are list prices with the date and page of each row (corescale cost --list-machines): "
-                 "re-check them before buying; projections assume the measured cores' speed (see docs/cost.md)")
+    dates = sorted({str(d) for d in table["price_date"].dropna() if str(d)}) if "price_date" in table else []
+    ages = f" (from {dates[0]} to {dates[-1]}; {price_age(dates[0])} at most)" if dates else ""
+    lines.append(f"prices are list prices with the date and page of each row{ages} (corescale cost "
+                 "--list-machines): re-check them before buying; a projection is a range where the model cannot "
+                 "know (another vendor, microarchitecture or architecture), rounded to two digits (docs/cost.md)")
     return lines
 
 
+def price_age(date: str) -> str:
+    from corescale.analysis.catalog import price_age as age
+
+    return age(date)
+
+
 def size_lines(priced: pd.DataFrame) -> list[str]:
-    """The seed's comparison: the cheapest small kind (<= 8 cores) against the cheapest large one (>= 48)."""
+    """The seed's comparison: the cheapest small kind (<= 8 cores) against the cheapest large one (>= 48). When
+    both are projections of one measured rate, their ratio is the two kinds' core-hour prices, said as that."""
     small = priced[priced["physical_cores"] <= SMALL]
     large = priced[priced["physical_cores"] >= LARGE]
     if small.empty or large.empty:
         return []
     a, b = small.iloc[0], large.iloc[0]
+    ratio = b["cost_per_1m_usd"] / a["cost_per_1m_usd"]
+    if a["basis"] != cost.MEASURED and b["basis"] != cost.MEASURED:
+        return [f"small against large: both are projections of the same measured per-core rate, so their ratio "
+                f"({ratio:.2g}x) is only that of their core-hour prices ({b['machine']} US${b['core_hour']:.2g}, "
+                f"{a['machine']} US${a['core_hour']:.2g}); measure both to compare them (the original study "
+                "measured 6x)"]
     return [f"small against large: {a['machine']} ({a['physical_cores']} core(s)) US${a['cost_per_1m_usd']:.4g} per "
             f"1M, {b['machine']} ({b['physical_cores']} cores) US${b['cost_per_1m_usd']:.4g}: large ÷ small = "
-            f"{b['cost_per_1m_usd'] / a['cost_per_1m_usd']:.2f}x per inference (the original study: 6x)"]
+            f"{ratio:.2f}x per inference (the original study: 6x)"]

@@ -172,6 +172,7 @@ def _metric_columns(record: TrialRecord) -> dict:
         "cpu_utilisation": m.cpu_utilisation if m else None,
         "foreign_load": m.foreign_load if m else None,
         "contaminated": m.contaminated if m else None,
+        **_shared_host_columns(record),
         "window_s": m.window_s if m else None,
         "samples_in_window": m.samples_in_window if m else None,
         "load_s": m.load_seconds if m else None,
@@ -183,6 +184,17 @@ def _metric_columns(record: TrialRecord) -> dict:
         "host_logical_cpus": env.topology.logical_cpus,
         "schema_migrated_from": record.schema_migrated_from,
     }
+
+
+def _shared_host_columns(record: TrialRecord) -> dict:
+    """Steal over the window and the speed sentinel's range and verdict (None: a record before 0.4, or no
+    reading)."""
+    found = record.contamination
+    span = found.sentinel_range if found else None
+    return {"steal_fraction": found.steal_fraction if found else None,
+            "sentinel_low": span[0] if span else None, "sentinel_high": span[1] if span else None,
+            "sentinel_moved": found.sentinel_moved if found and found.sentinel else None,
+            "sentinel_at": found.sentinel[-1].at if found and found.sentinel else None}
 
 
 def quality_columns(record: TrialRecord) -> dict:

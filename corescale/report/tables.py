@@ -50,16 +50,19 @@ def comparison_table(rows, title: str) -> Table:
 
 
 def catalog_table(machines) -> Table:
-    """`corescale cost --list-machines`: the machine catalog, a row per kind with its price's date and page."""
+    """`corescale cost --list-machines`: the machine catalog, a row per kind with its price's date, age and page."""
+    from corescale.analysis.catalog import price_age
+
     table = Table(title="machine catalog (on-demand list prices: re-check before buying)", header_style="bold")
     for column in ("machine", "where", "US$/h", "vCPUs", "cores", "SMT", "US$/core-h", "CPU", "ISA", "GB/s",
-                   "date", "source"):
+                   "date (age)", "source"):
         table.add_column(column, overflow="fold")
     for m in machines:
         table.add_row(escape(m.name), escape(" ".join(p for p in (m.cloud, m.region) if p)), f"{m.price_per_hour:g}",
                       str(m.vcpus), str(m.physical_cores), str(m.smt), f"{m.core_hour:.4f}", escape(m.cpu_text),
                       escape(" ".join(sorted(m.isa)) or "-"), f"{m.bandwidth_gbps:.0f}" if m.bandwidth_gbps else "-",
-                      escape(m.date), escape(m.source.split(" (")[0]))
+                      escape(f"{m.date} ({price_age(m.date)}{', history' if m.history else ''})"),
+                      escape(m.source.split(" (")[0]))
     return table
 
 
@@ -70,20 +73,43 @@ def _money(row, slow: str, fast: str | None = None) -> str:
     value = row.get(slow)
     if value is None or value != value:
         return "-"
-    return money_range(value, row.get(fast) if fast else None).lstrip("$")
+    return money_range(value, row.get(fast) if fast else None, _projected(row)).lstrip("$")
+
+
+def _projected(row) -> bool:
+    from corescale.analysis.cost import MEASURED
+
+    return row.get("basis") != MEASURED
 
 
 def _rate(row) -> str:
     from corescale.analysis.cost import rate_range
 
     value = row.get("machine_samples_per_s")
-    return "-" if value is None or value != value else rate_range(row)
+    return "-" if value is None or value != value else rate_range(row, _projected(row))
+
+
+def _p99(row, digits: int) -> str:
+    from corescale.analysis.cost import two_digits
+
+    value = row.get("latency_p99_ms")
+    if value is None or value != value:
+        return "-"
+    return two_digits(value) if _projected(row) else f"{value:.{digits}f}"
+
+
+def _notes(row) -> str:
+    """A row's caution (a contaminated, stolen or moved input) first, then its reason or flags."""
+    return " · ".join(str(part) for part in (row.get("caution"), row.get("reason") or row.get("flags")) if part)
 
 
 def costs_table(costs, machine) -> Table:
     """`corescale cost --machine`: per layout, the machine's throughput and US$ per 1M inferences and tokens
     (analysis/cost.py's cost_table); ranges where the ISA differs, the reason where there is no figure."""
-    table = Table(title=f"cost per 1M on {machine.name} at ${machine.price_per_hour:g}/h", header_style="bold")
+    from corescale.analysis.cost import price_dated
+
+    table = Table(title=escape(f"cost per 1M on {machine.name} at ${machine.price_per_hour:g}/h "
+                               f"({price_dated(machine)})"), header_style="bold")
     for column in ("layout", "basis", "copies", "samples/s", "p99 ms", "US$/1M inf.", "US$/1M tok.", "meets SLO",
                    "flags"):
         table.add_column(column, justify="left" if column in ("layout", "flags") else "right", overflow="fold")
@@ -91,9 +117,8 @@ def costs_table(costs, machine) -> Table:
         slo = "-" if row["meets_slo"] is None else ("yes" if row["meets_slo"] else "[red]no[/red]")
         fits = row["copies"] > 0
         table.add_row(escape(row["layout"]), row["basis"], str(row["copies"]), _rate(row) if fits else "none",
-                      f"{row['latency_p99_ms']:.1f}" if row["latency_p99_ms"] == row["latency_p99_ms"] else "-",
-                      _money(row, "cost_per_1m_usd", "cost_per_1m_low_usd"), _money(row, "cost_per_1m_tokens_usd"),
-                      slo, escape(row["reason"] or row["flags"]))
+                      _p99(row, 1), _money(row, "cost_per_1m_usd", "cost_per_1m_low_usd"),
+                      _money(row, "cost_per_1m_tokens_usd"), slo, escape(_notes(row)))
     return table
 
 
@@ -102,20 +127,22 @@ def cost_ranking_table(ranked, slo_p99_ms: float | None, cpu_model: str, workloa
     condition = f" under p99 <= {slo_p99_ms:g} ms" if slo_p99_ms is not None else ""
     table = Table(title=escape(f"which machine for {workload}: catalog kinds by US$ per 1M inferences{condition}"),
                   caption=escape(f"measured on {cpu_model}; projected = copies of a measured layout on the kind's "
-                                 "physical cores, capped by its memory; a range where its ISA differs"),
+                                 "physical cores, capped by its memory; a range where the ISA, vendor, "
+                                 "microarchitecture or architecture differs (two significant digits); history = a "
+                                 "past quote, not ranked"),
                   header_style="bold")
-    for column in ("#", "machine", "CPU", "cores", "US$/h", "US$/core-h", "layout", "copies", "basis", "samples/s",
-                   "p99 ms", "US$/1M inf.", "US$/1M tok.", "flags / reason"):
+    for column in ("#", "machine", "CPU", "cores", "US$/h", "price of", "US$/core-h", "layout", "copies", "basis",
+                   "samples/s", "p99 ms", "US$/1M inf.", "US$/1M tok.", "caution · flags / reason"):
         table.add_column(column, justify="left" if column in ("machine", "CPU", "layout", "basis",
                                                                    "flags / reason") else "right", overflow="fold")
     for _, row in ranked.iterrows():
         rank = "-" if row["rank"] != row["rank"] or row["rank"] is None else str(int(row["rank"]))
         table.add_row(rank, escape(row["machine"]), escape(row["cpu"]), f"{row['physical_cores']} (SMT {row['smt']})",
-                      f"{row['price_per_hour']:g}", f"{row['core_hour']:.4f}", escape(str(row["layout"] or "-")),
-                      str(row["copies"]), row["basis"], _rate(row),
-                      f"{row['latency_p99_ms']:.0f}" if row["latency_p99_ms"] == row["latency_p99_ms"] else "-",
+                      f"{row['price_per_hour']:g}", escape(f"{row['price_date']} ({row['price_age']})"),
+                      f"{row['core_hour']:.4f}", escape(str(row["layout"] or "-")),
+                      str(row["copies"]), row["basis"], _rate(row), _p99(row, 0),
                       _money(row, "cost_per_1m_usd", "cost_per_1m_low_usd"), _money(row, "cost_per_1m_tokens_usd"),
-                      escape(str(row["reason"] or row["flags"] or "")))
+                      escape(_notes(row)))
     return table
 
 
