@@ -21,10 +21,10 @@ DPI = 110  # report.charts.png_bytes
 
 
 def _context(frame, recommended=frozenset()):
-    machines = report.cost_machines(None, None)
+    facts = report.machine_context(frame, None)
+    machines = report.cost_machines(None, None, frame, facts["ranking"])
     return {"machines": machines, "slo": None, "cpu": charts.cpu_caption(frame), "recommended": recommended,
-            "cost_tables": {m.name: report.cost.cost_table(frame, m, None) for m in machines},
-            **report.machine_context(frame, None)}
+            "cost_tables": {m.name: report.cost.cost_table(frame, m, None) for m in machines}, **facts}
 
 
 def _report_figures(root):

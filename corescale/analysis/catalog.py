@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -219,6 +220,17 @@ def price_age(date: str, today=None) -> str:
     return "this month" if months <= 0 else f"{months} month{'s' if months != 1 else ''} old"
 
 
+def _model_numbers(text: str) -> set[str]:
+    # a model number: a word of 4+ characters with a digit, not all digits (8275CL, 8488C, 9R45, 7R13)
+    return {token.lower() for token in re.findall(r"\b\w{4,}\b", text or "")
+            if any(c.isdigit() for c in token) and not token.isdigit()}
+
+
+def same_cpu(machine: Machine, cpu_model: str | None) -> bool:
+    """The catalog CPU's model number (e.g. 8275CL, 7R13) appears in the measured CPU's model name."""
+    return bool(_model_numbers(machine.cpu_model) & _model_numbers(cpu_model or ""))
+
+
 VENDORS = ("intel", "amd", "graviton", "axion", "cobalt")
 
 
@@ -232,8 +244,6 @@ def vendor_of(model: str | None) -> str:
 def family_of(model: str | None) -> str:
     """The microarchitecture of a measured CPU, from the packaged catalog's CPU with the same model number
     ('' when the catalog does not hold it)."""
-    from corescale.analysis.pricing import same_cpu
-
     return next((kind.family for kind in packaged().values() if kind.family and same_cpu(kind, model)), "")
 
 

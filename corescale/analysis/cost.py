@@ -51,8 +51,9 @@ def on_machine(machine: Machine, row, measured) -> Projection:
 
 def assumption(machine: Machine, cpu_model: str | None) -> str:
     return (f"projection to {machine.name} ({machine.physical_cores} physical cores, {machine.cpu_text}): copies of "
-            f"the measured layout on its physical cores, each as fast as on the measured {cpu_model or 'CPU'} "
-            "(same clock and core), capped by its memory bandwidth; a range where its ISA differs")
+            f"the measured layout on its physical cores, capped by its memory bandwidth; each as fast as on the "
+            f"measured {cpu_model or 'CPU'} only where the vendor and microarchitecture are the same, else "
+            "×0.5–×1 of it; a range where the ISA tier differs; figures to two significant digits")
 
 
 def layout_label(row) -> str:
@@ -110,6 +111,34 @@ def cost_row(row, machine: Machine, measured, found: Projection, served, slo_p99
         "contaminated": row.get("contaminated"), "caution": caution(row), "cpu_model": row.get("cpu_model"),
         "scenario": "server" if served else "offline",
     }
+
+
+AGGREGATE_MEAN = ("throughput_samples_per_s", "throughput_tokens_per_s", "latency_p50_ms", "latency_p99_ms",
+                  "roofline_bytes_per_call")
+
+
+def aggregate_repeats(frame: pd.DataFrame) -> pd.DataFrame:
+    """The valid results, one row per configuration (trial key): its repeats' mean rates and latencies, the worst
+    foreign load and steal, the sentinel's whole range, `repeats` and every run's name (`runs`)."""
+    ok = ok_rows(frame)
+    if ok.empty or "key" not in ok.columns:
+        return ok.assign(repeats=1, runs=ok["run"].map(lambda r: [r]) if "run" in ok else [])
+    rows = []
+    for _, group in ok.groupby("key", sort=False):
+        row = group.iloc[0].to_dict()
+        for column in AGGREGATE_MEAN:
+            if column in group and group[column].notna().any():
+                row[column] = float(group[column].astype(float).mean())
+        for column, pick in (("foreign_load", max), ("steal_fraction", max), ("sentinel_high", max),
+                             ("sentinel_low", min)):
+            values = [float(v) for v in group.get(column, pd.Series(dtype=float)).dropna()]
+            row[column] = pick(values) if values else row.get(column)
+        for column in ("contaminated", "sentinel_moved"):
+            if column in group:
+                row[column] = bool(group[column].fillna(False).astype(bool).any())
+        row["repeats"], row["runs"] = len(group), list(group["run"])
+        rows.append(row)
+    return pd.DataFrame(rows)
 
 
 def _scaling_key(row) -> tuple:
@@ -186,7 +215,7 @@ def price_dated(machine: Machine) -> str:
     from corescale.analysis.catalog import price_age
 
     if not machine.date:
-        return "price given"
+        return machine.source or "price given"
     return f"list price of {machine.date}, {price_age(machine.date)}"
 
 

@@ -9,10 +9,9 @@ core-hour), named in the answer.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
-from corescale.analysis.catalog import Machine, arch_of, find_machine
+from corescale.analysis.catalog import Machine, arch_of, find_machine, same_cpu
 from corescale.errors import UserError
 
 GIVEN, KIND, RATE = "given", "catalog kind", "core-hour rate"
@@ -38,17 +37,6 @@ class Price:
 def per_million(price_per_hour: float, per_s: float) -> float:
     """US$ per one million units (inferences, tokens) at `per_s` units a second."""
     return price_per_hour / (per_s * 3600) * 1e6 if per_s > 0 else float("inf")
-
-
-def _model_numbers(text: str) -> set[str]:
-    # a model number: a word of 4+ characters with a digit, not all digits (8275CL, 8488C, 9R45, 7R13)
-    return {token.lower() for token in re.findall(r"\b\w{4,}\b", text or "")
-            if any(c.isdigit() for c in token) and not token.isdigit()}
-
-
-def same_cpu(machine: Machine, cpu_model: str | None) -> bool:
-    """The catalog CPU's model number (e.g. 8275CL, 7R13) appears in the measured CPU's model name."""
-    return bool(_model_numbers(machine.cpu_model) & _model_numbers(cpu_model or ""))
 
 
 def is_this(machine: Machine, cpu_model: str | None, physical_cores) -> bool:

@@ -126,18 +126,14 @@ def summary(table: pd.DataFrame, here: dict | None, slo_p99_ms: float | None) ->
         lines.insert(0, f"this machine, measured: US${here['cost_per_1m_usd']:.4g} per 1M inferences"
                      f"{f' (US${tokens:.4g} per 1M tokens)' if tokens else ''} at {here['samples_per_s']:.1f} "
                      f"samples/s with {here['layout']}; price: {here['price'].source}")
+    from corescale.analysis.catalog import price_age
+
     dates = sorted({str(d) for d in table["price_date"].dropna() if str(d)}) if "price_date" in table else []
     ages = f" (from {dates[0]} to {dates[-1]}; {price_age(dates[0])} at most)" if dates else ""
     lines.append(f"prices are list prices with the date and page of each row{ages} (corescale cost "
                  "--list-machines): re-check them before buying; a projection is a range where the model cannot "
                  "know (another vendor, microarchitecture or architecture), rounded to two digits (docs/cost.md)")
     return lines
-
-
-def price_age(date: str) -> str:
-    from corescale.analysis.catalog import price_age as age
-
-    return age(date)
 
 
 def size_lines(priced: pd.DataFrame) -> list[str]:

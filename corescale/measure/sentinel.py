@@ -4,7 +4,7 @@ repeats), compared with the first reading of the run.
 Foreign processes on the same guest are seen by the contamination check (measure/contamination.py); the sentinel
 sees what it cannot: the hypervisor taking the CPU, a neighbour on the host's shared caches and memory bandwidth,
 a frequency change. Each reading runs, pinned to one CPU at a time with one BLAS thread, a compute-bound part (a
-fixed 192² float32 GEMM, 4 times: ~57 MFLOP) and a memory-bound part (a STREAM-like triad over three 16 MiB float64
+fixed 192² float32 GEMM, 16 times: ~226 MFLOP) and a memory-bound part (a STREAM-like triad over three 16 MiB float64
 arrays, 2 times: ~100 MB of traffic), a few milliseconds each on a current core. A part whose time is more than
 TOLERANCE away from the run's first reading on that CPU (slower or faster) marks the reading as moved; a trial
 with a moved reading is flagged, and `repeats` and a tune's final rounds measure it once more (trials/sweep.py).
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 TOLERANCE = 0.25  # a part 25 % slower (or faster) than the run's first reading on the same CPU: moved
-GEMM_SIZE, GEMM_REPS = 192, 4
+GEMM_SIZE, GEMM_REPS = 192, 16
 TRIAD_ELEMENTS, TRIAD_REPS = 1 << 21, 2  # three float64 arrays of 16 MiB: beyond one CCD's 32 MiB L3 together
 
 

@@ -220,9 +220,9 @@ def cost_figure(tables: dict[str, pd.DataFrame]) -> Figure:
         bars = ax.barh(y - 0.4 + height * (i + 0.5), costs, height, label=machine)
         for bar, hatch in zip(bars, projected):
             bar.set_hatch("//" if hatch else "")
-        for bar, value in zip(bars, costs):
+        for bar, value, guess in zip(bars, costs, projected):
             if not np.isnan(value):
-                ax.annotate(f"${value:.3g}", (bar.get_width(), bar.get_y() + bar.get_height() / 2),
+                ax.annotate(f"${value:.{2 if guess else 3}g}", (bar.get_width(), bar.get_y() + bar.get_height() / 2),
                             xytext=(3, 0), textcoords="offset points", va="center", fontsize=7)
     ax.set_yticks(y, layouts, fontsize=8)
     ax.invert_yaxis()
@@ -236,6 +236,45 @@ def cost_figure(tables: dict[str, pd.DataFrame]) -> Figure:
     ax.set_title("Cost per 1M inferences (hatched: projection to that machine)", fontsize=10)
     ax.grid(axis="x", alpha=0.3)
     fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncols=len(tables), fontsize=8)
+    return fig
+
+
+def sentinel_figure(frame: pd.DataFrame) -> Figure | None:
+    """Per trial in the order measured: the speed sentinel's lowest and highest reading against the run's first
+    (a vertical bar), the ±25 % band, a red x where it moved; the steal over the window as bars (right axis).
+    None when no result has a sentinel reading (records before 0.4, sentinel=false)."""
+    from corescale.measure.sentinel import TOLERANCE
+
+    if "sentinel_low" not in frame.columns or frame["sentinel_low"].isna().all():
+        return None
+    rows = frame[frame["sentinel_low"].notna()].sort_values("sentinel_at", kind="stable").reset_index(drop=True)
+    x = np.arange(len(rows))
+    fig = new_figure(9, 4.2)
+    ax = fig.subplots()
+    ax.axhspan(1 / (1 + TOLERANCE), 1 + TOLERANCE, color="green", alpha=0.08, label=f"±{TOLERANCE:.0%} tolerance")
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.vlines(x, rows["sentinel_low"].astype(float), rows["sentinel_high"].astype(float), lw=3, color="C0",
+              label="sentinel: before – after the trial")
+    moved = rows["sentinel_moved"].fillna(False).astype(bool).to_numpy()
+    ax.plot(x[moved], rows["sentinel_high"].astype(float)[moved], "x", color="red", markersize=8,
+            label="moved (flagged)")
+    ax.set_ylabel("sentinel time ÷ the run's first")
+    if len(x) <= 30:
+        ax.set_xticks(x, [str(i + 1) for i in x])
+    ax.set_xlabel("trial, in the order measured")
+    steal = rows["steal_fraction"].astype(float).fillna(0.0) * 100 if "steal_fraction" in rows else None
+    if steal is not None:
+        right = ax.twinx()
+        right.bar(x, steal, width=0.4, color="C1", alpha=0.4, label="steal (% of the window)")
+        right.set_ylabel("steal (% of the window)")
+        right.set_ylim(0, max(5.0, float(steal.max()) * 1.2))
+        handles, labels = right.get_legend_handles_labels()
+    else:
+        handles, labels = [], []
+    left_handles, left_labels = ax.get_legend_handles_labels()
+    ax.legend(left_handles + handles, left_labels + labels, fontsize=7, loc="upper left")
+    ax.set_title("Shared host: the speed sentinel and steal per trial", fontsize=10)
+    ax.grid(alpha=0.3)
     return fig
 
 

@@ -25,11 +25,11 @@ from corescale.report import charts as report_plots
 from corescale.report import plots
 from corescale.report.page import e, environment_html, figure_html, html_table, render
 
-STUDY_MACHINES = ("study-48-cores", "study-8-cores")  # the original study's cost comparison
+VENDOR_GROUPS = {"intel": "Intel", "amd": "AMD", "graviton": "Arm", "axion": "Arm", "cobalt": "Arm"}
 # Where each section goes (by id): answer, quality, cost, why, then the rest; an id not listed goes before
 # "not-measured".
-ORDER = ["answer", "quality", "cost", "machines", "explain", "roofline", "tuner", "recipe", "heatmap", "cores",
-         "instances", "batch", "backends", "load_curve", "not-measured", "environment", "results", "problems"]
+ORDER = ["answer", "quality", "cost", "machines", "shared_host", "explain", "roofline", "tuner", "recipe", "heatmap",
+         "cores", "instances", "batch", "backends", "load_curve", "not-measured", "environment", "results", "problems"]
 
 
 @dataclass
@@ -90,14 +90,29 @@ def _machines(frame, context):
     return report_plots.machine_size_figure(ranked, context["cpu_models"], context["here"], context["workload"])
 
 
+def _shared_host(frame, context):
+    return report_plots.sentinel_figure(frame)
+
+
 CHARTS = [
-    Chart("cost", "Cost per 1M inferences", "US$ per one million inferences = $/h ÷ (samples/s × 3600) × 1e6; "
-          "hatched bars are projections (assumptions below).", _cost, "corescale run model={model}"),
-    Chart("machines", "Which machine: cost against machine size", "Every catalog kind at its cheapest measured "
-          "layout (under the SLO when one is given), projected from the CPU named in the title: copies on its "
-          "physical cores, capped by its memory bandwidth; a bar spans the range where its ISA differs; kinds of "
-          "another architecture are refused (table below).", _machines, "corescale run model={model}",
+    Chart("cost", "Cost per 1M inferences", "US$ per one million inferences = $/h ÷ (samples/s × 3600) × 1e6, one "
+          "bar per configuration (its repeats averaged) on this machine first, then the cheapest current kind of "
+          "each vendor. Bars differ for two reasons only: the configuration's measured samples/s (one layout "
+          "against another), and the machine's price per core-hour and size (one machine against another); a "
+          "projection's bar is its slow end (hatched; the range and why it is one are in the table below).",
+          _cost, "corescale run model={model}"),
+    Chart("machines", "Which machine: cost against machine size", "Every current catalog kind at its cheapest "
+          "measured configuration (under the SLO when one is given), projected from the CPU named in the title: "
+          "copies on its physical cores, capped by its memory bandwidth; a vertical bar spans the range the "
+          "projection cannot narrow (another ISA tier, vendor, microarchitecture or architecture: ×0.5–×1); the "
+          "2021 study's quotes are history, in the table only.", _machines, "corescale run model={model}",
           "machines by cost"),
+    Chart("shared_host", "Shared host: steal and the speed sentinel over time", "Per trial, in the order measured: "
+          "the speed sentinel's readings before and after it (a fixed GEMM and triad on its CPUs) as a ratio to "
+          "the run's first reading, the band its ±25 % tolerance; a red x marks a trial whose sentinel moved; "
+          "bars: the hypervisor's steal over the timed window (right axis). A figure measured while the CPU's "
+          "speed moved is not comparable with one measured before.", _shared_host,
+          "corescale run (0.4 or later: every trial reads the sentinel)", "steal and speed sentinel"),
     Chart("roofline", "Roofline", "Achieved GFLOP/s against arithmetic intensity (log-log); the roofs are the best "
           "measured GEMM and the triad bandwidth on the run's cores (named in the legend); colour: backend, "
           "marker: precision; labelled: the best run of each backend (and the recommended one) with achieved ÷ "
@@ -119,11 +134,30 @@ CHARTS = [
 ]
 
 
-def cost_machines(machine: str | None, price: float | None, catalog=None) -> list[cost.Machine]:
+def cost_machines(machine: str | None, price: float | None, frame: pd.DataFrame | None = None,
+                  ranked: pd.DataFrame | None = None, catalog=None) -> list[cost.Machine]:
+    """The machines the cost section prices: the one asked for; else this machine (at its price: pricing.py) and
+    the cheapest current kind of each vendor in the ranking (Intel, AMD, Arm)."""
+    from corescale.analysis import pricing
+    from corescale.analysis.catalog import vendor_of
+
     if machine or price is not None:
         return [cost.choose_machine(machine, price, catalog)]
     known = cost.load_catalog(catalog)
-    return [known[name] for name in STUDY_MACHINES if name in known]
+    ok = ok_rows(frame) if frame is not None else pd.DataFrame()
+    machines = []
+    if not ok.empty:
+        row = ok.iloc[0]
+        found = pricing.price_here(row, known)
+        machines.append(cost.Machine(f"this machine ({row.get('cpu_model') or 'CPU unnamed'})", found.per_hour, 0, 0,
+                                     measured_here=True, source=found.source))
+    seen: set[str] = set()
+    for name in [] if ranked is None else ranked[ranked["rank"].notna()]["machine"]:
+        group = VENDOR_GROUPS.get(vendor_of(known[name].cpu_model), "")
+        if group and group not in seen:
+            seen.add(group)
+            machines.append(known[name])
+    return machines
 
 
 RESULT_COLUMNS = [("status", "status", ""), ("model", "model", ""), ("backend", "backend", ""),
@@ -139,18 +173,20 @@ RESULT_COLUMNS = [("status", "status", ""), ("model", "model", ""), ("backend", 
                   ("peak_rss_mib", "peak RSS MiB", "{:.0f}"), ("contaminated", "contaminated", ""),
                   ("quality_verdict", "quality", ""),
                   ("reason", "reason", ""), ("run", "run", "")]
-COST_COLUMNS = [("layout", "layout", ""), ("model", "model", ""), ("basis", "basis", ""),
-                ("copies", "copies", "{:.0f}"), ("machine_samples_per_s", "samples/s on machine", "{:.1f}"),
-                ("latency_p99_ms", "p99 ms", "{:.1f}"), ("cost_per_1m_usd", "US$ per 1M", "{:.4g}"),
-                ("cost_per_1m_tokens_usd", "US$ per 1M tokens", "{:.4g}"), ("meets_slo", "meets SLO", ""),
-                ("flags", "flags", ""), ("reason", "reason", "")]
+COST_COLUMNS = [("mark", "", ""), ("layout", "configuration", ""), ("model", "model", ""),
+                ("repeats", "repeats", "{:.0f}"), ("basis", "basis", ""), ("copies", "copies", "{:.0f}"),
+                ("samples_text", "samples/s on machine", ""), ("p99_text", "p99 ms", ""),
+                ("cost_text", "US$ per 1M", ""), ("cost_per_1m_tokens_usd", "US$ per 1M tokens", "{:.2g}"),
+                ("meets_slo", "meets SLO", ""), ("caution", "caution", ""), ("flags", "flags", ""),
+                ("reason", "reason", "")]
 RANKING_COLUMNS = [("rank", "#", "{:.0f}"), ("machine", "machine", ""), ("cloud", "where", ""), ("cpu", "CPU", ""),
                    ("physical_cores", "cores", "{:.0f}"), ("smt", "SMT", "{:.0f}"),
-                   ("price_per_hour", "US$/h", "{:g}"), ("layout", "layout", ""), ("copies", "copies", "{:.0f}"),
-                   ("basis", "basis", ""), ("cost_per_1m_usd", "US$ per 1M (slow end)", "{:.4g}"),
-                   ("cost_per_1m_low_usd", "US$ per 1M (fast end)", "{:.4g}"),
-                   ("cost_per_1m_tokens_usd", "US$ per 1M tokens", "{:.4g}"), ("flags", "flags", ""),
-                   ("reason", "reason", "")]
+                   ("price_per_hour", "US$/h", "{:g}"), ("price_date", "price of", ""), ("price_age", "age", ""),
+                   ("layout", "layout", ""), ("copies", "copies", "{:.0f}"),
+                   ("basis", "basis", ""), ("cost_per_1m_usd", "US$ per 1M (slow end)", "{:.2g}"),
+                   ("cost_per_1m_low_usd", "US$ per 1M (fast end)", "{:.2g}"),
+                   ("cost_per_1m_tokens_usd", "US$ per 1M tokens", "{:.2g}"), ("caution", "caution", ""),
+                   ("flags", "flags", ""), ("reason", "reason", "")]
 
 
 # --- sections ---------------------------------------------------------------------------------------------------
@@ -182,8 +218,39 @@ def cost_html(context: dict) -> str:
             parts.append(f'<p class="note">{e(cost.assumption(machine, table["cpu_model"].iloc[0]))}</p>')
         parts.append(f"<p>{e(cost.answer(table, machine, context['slo']))}</p>")
         if not table.empty:
-            parts.append(html_table(table, COST_COLUMNS, f"cost-{machine.name}"))
+            parts.append(html_table(marked(table, context["recommended"], context["slo"]), COST_COLUMNS,
+                                    f"cost-{machine.name}"))
     return "".join(parts)
+
+
+def marked(table: pd.DataFrame, recommended: frozenset[str], slo: float | None) -> pd.DataFrame:
+    """The cost table as shown: the recommended configuration (the tune's winner, else the cheapest here) marked,
+    its figures as text (a projection's to two digits, a range cheap end first)."""
+    best = cost.cheapest(table, slo)
+    tuned = table["runs"].map(lambda runs: bool(set(runs) & recommended)) if "runs" in table and recommended \
+        else pd.Series(False, index=table.index)
+    marks = ["★ recommended" if tuned.iloc[i] else "" for i in range(len(table))]
+    if not tuned.any() and best is not None:
+        marks[int(table.index[table["layout"] == best["layout"]][0])] = "★ cheapest"
+    projected = table["basis"] != cost.MEASURED
+    return table.assign(
+        mark=marks,
+        cost_text=[cost.money_range(r["cost_per_1m_usd"], r["cost_per_1m_low_usd"], p) if r["copies"] > 0 else "-"
+                   for (_, r), p in zip(table.iterrows(), projected)],
+        samples_text=[cost.rate_range(r, p) if r["copies"] > 0 else "-"
+                      for (_, r), p in zip(table.iterrows(), projected)],
+        p99_text=["-" if r["latency_p99_ms"] != r["latency_p99_ms"] else cost.two_digits(r["latency_p99_ms"]) if p
+                  else f"{r['latency_p99_ms']:.1f}" for (_, r), p in zip(table.iterrows(), projected)])
+
+
+def cost_table_of(configurations: pd.DataFrame, machine: cost.Machine, slo: float | None) -> pd.DataFrame:
+    """cost.cost_table over the aggregated configurations, each row with its repeats and run names."""
+    table = cost.cost_table(configurations, machine, slo)
+    if table.empty or "repeats" not in configurations:
+        return table
+    by_run = configurations.set_index("run")
+    return table.assign(repeats=[int(by_run.loc[r, "repeats"]) for r in table["run"]],
+                        runs=[list(by_run.loc[r, "runs"]) for r in table["run"]])
 
 
 def not_measured_html(missing: list[tuple[str, str]]) -> str:
@@ -242,7 +309,9 @@ def build(root, out: Path | None = None, machine: str | None = None, price: floa
         raise UserError(f"no results under '{root}' match the filters")
     out = Path(out) if out else Path(root) / "report.html"
     out.parent.mkdir(parents=True, exist_ok=True)
-    machines = cost_machines(machine, price)
+    configurations = cost.aggregate_repeats(frame)  # one row per configuration, its repeats averaged
+    machine_facts = machine_context(configurations, slo)
+    machines = cost_machines(machine, price, frame, machine_facts["ranking"])
     built = Built(out)
     try:
         doc = document.read(root)
@@ -252,9 +321,9 @@ def build(root, out: Path | None = None, machine: str | None = None, price: floa
     winner = doc.winning if doc else None
     cpu = report_plots.cpu_caption(ok_rows(frame) if not ok_rows(frame).empty else frame)
     context = {"machines": machines, "slo": slo, "cpu": cpu,
-               "cost_tables": {m.name: cost.cost_table(frame, m, slo) for m in machines},
+               "cost_tables": {m.name: cost_table_of(configurations, m, slo) for m in machines},
                "recommended": frozenset(Path(p).name for p in winner.paths) if winner else frozenset(),
-               **machine_context(frame, slo)}
+               **machine_facts}
     missing: list[tuple[str, str]] = []  # (view, the command that measures it)
     sections = tune_report.sections(doc, root, frame, cpu, missing) if doc else [
         ("answer", "The answer: the best configurations measured", highlights_html(frame))]
