@@ -44,6 +44,9 @@ def test_real_slowdown_is_flagged(roots):
     assert row["verdict"] == "slower" and row["ratio"] > 1.5 and row["ci_low"] > 1 and row["p_value"] < 0.05
     assert "batch_size=1→32" in row["trial"] and "x slower" in row["change"]
     assert result.regressions == 1 and not result.only_before and not result.only_after
+    # measured after 'before', not interleaved with it; every trial read the speed sentinel
+    assert row["interleaved"] is False and row["apart_s"] >= 0 and row["sentinel_high"] >= row["sentinel_low"] > 0
+    assert "measured apart in time, not interleaved" in proc.stderr
 
 
 @pytest.mark.slow
@@ -52,6 +55,8 @@ def test_rerun_of_the_same_config_is_not_flagged(roots):
                      "--fail-on-regression")
     assert proc.returncode == 0, proc.stdout
     assert "1 matched trial(s): 0 slower, 0 faster" in proc.stdout
+    rerun = compare.compare_frames(store.load(roots["before"]).frame, store.load(roots["rerun"]).frame)
+    assert rerun.rows["interleaved"].tolist() == [True]  # one sweep: b r b r b r
 
 
 @pytest.mark.slow

@@ -4,6 +4,7 @@ more. In process: the real busy process that the sentinel flags is tests/test_co
 
 import json
 
+import pandas as pd
 import pytest
 from helpers import FAST
 
@@ -97,3 +98,25 @@ def test_a_repeat_whose_sentinel_moved_is_measured_once_more(tmp_path, monkeypat
     assert calls == [(0, False), (1, False), (1, True)]  # repeat 1 moved: once more, and only once
     kept = [row.record.contamination for row in state.rows]
     assert [c.rerun_of_moved for c in kept] == [False, True] and not kept[1].sentinel_moved
+
+
+def side(run: str, hour: int, moved: bool) -> pd.DataFrame:
+    measured = json.dumps({"model": "m", "backend.name": "b"})
+    return pd.DataFrame([{"status": "ok", "valid": True, "measured": measured, "model": "m", "backend": "b",
+                          "repeat": r, "run": f"{run}{r}", "latency_p50_ms": 10.0 + r, "instances": 1,
+                          "throughput_samples_per_s": 100.0, "started_at": f"2026-12-03T{hour:02d}:0{r}:00+0000",
+                          "sentinel_low": 1.0, "sentinel_high": 1.6 if moved and r == 1 else 1.1,
+                          "sentinel_moved": moved and r == 1, "steal_fraction": 0.01} for r in range(3)])
+
+
+def test_compare_marks_a_ratio_whose_sentinel_moved_and_sides_measured_apart():
+    from corescale.analysis import compare
+
+    found = compare.compare_frames(side("a", 4, False), side("b", 6, True))
+    [row] = found.rows.to_dict(orient="records")
+    assert row["sentinel_moved"] and (row["sentinel_low"], row["sentinel_high"]) == (1.0, 1.6)
+    assert row["interleaved"] is False and row["apart_s"] == pytest.approx(2 * 3600 - 120)
+    moved, apart = compare.shared_host_note(found.rows)
+    assert "marked *" in moved and "not interleaved" in apart
+    steady = compare.compare_frames(side("a", 4, False), side("b", 4, False))
+    assert steady.rows["interleaved"].tolist() == [True] and compare.shared_host_note(steady.rows) == []

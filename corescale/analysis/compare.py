@@ -125,7 +125,49 @@ def _compared(before: pd.DataFrame, after: pd.DataFrame, ignored: list[str], thr
         "verdict": verdict(test, threshold, (len(before), len(after))),
         "throughput_ratio": float(after["throughput_samples_per_s"].mean() / before["throughput_samples_per_s"].mean()),
         "run_before": before["run"].iloc[-1], "run_after": after["run"].iloc[-1],
+        **shared_host(before, after),
     }
+
+
+def shared_host(before: pd.DataFrame, after: pd.DataFrame) -> dict:
+    """Whether the two sides' repeats were interleaved in time (each side's first start before the other's last
+    finish: one sweep's A B A B), how far apart they were otherwise, and the speed sentinel's range over both sides
+    (each reading ÷ its run's first) with whether it moved: a ratio measured while it moved is marked."""
+    def times(frame: pd.DataFrame) -> pd.Series:
+        return pd.to_datetime(frame.get("started_at", pd.Series(dtype=object)), errors="coerce", utc=True).dropna()
+
+    a, b = times(before), times(after)
+    interleaved = bool(len(a) and len(b) and a.min() <= b.max() and b.min() <= a.max())
+    apart = None if interleaved or not len(a) or not len(b) else \
+        float(abs((b.min() - a.max()).total_seconds()) if b.min() > a.max() else (a.min() - b.max()).total_seconds())
+    both = pd.concat([before, after])
+    low = both["sentinel_low"].dropna() if "sentinel_low" in both else pd.Series(dtype=float)
+    high = both["sentinel_high"].dropna() if "sentinel_high" in both else pd.Series(dtype=float)
+    moved = bool(both["sentinel_moved"].fillna(False).astype(bool).any()) if "sentinel_moved" in both else False
+    steal = both["steal_fraction"].dropna() if "steal_fraction" in both else pd.Series(dtype=float)
+    return {"interleaved": interleaved, "apart_s": apart,
+            "sentinel_low": float(low.min()) if len(low) else np.nan,
+            "sentinel_high": float(high.max()) if len(high) else np.nan, "sentinel_moved": moved,
+            "steal_max": float(steal.max()) if len(steal) else np.nan}
+
+
+def shared_host_note(rows: pd.DataFrame) -> list[str]:
+    """What the console says of the comparison's conditions: ratios whose sentinel moved, sides measured apart."""
+    if rows.empty:
+        return []
+    notes = []
+    moved = rows[rows["sentinel_moved"].astype(bool)]
+    if len(moved):
+        notes.append(f"{len(moved)} ratio(s) marked *: the speed sentinel moved beyond its tolerance around their "
+                     "trials (the CPUs' speed changed: frequency, a neighbour, the hypervisor); measure them again")
+    apart = rows[~rows["interleaved"].astype(bool)]
+    if len(apart):
+        hours = apart["apart_s"].dropna().max() / 3600 if apart["apart_s"].notna().any() else float("nan")
+        notes.append(f"{len(apart)} matched trial(s) measured apart in time, not interleaved (up to {hours:.1f} h): a "
+                     "drift of the machine between them is in the ratio; for a comparison that holds on a shared "
+                     "host measure both in one sweep (corescale run -m ... repeats=N: A B A B, short alternating "
+                     "windows) and compare its two halves")
+    return notes
 
 
 def _changes(pair: pd.Series, ignored: list[str]) -> list[str]:

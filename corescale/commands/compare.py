@@ -44,6 +44,10 @@ def handle(args) -> int:
     for side, names in (("before", result.only_before), ("after", result.only_after)):
         for name in names:
             notes.print(f"only in {side}: {name}", markup=False, soft_wrap=True)
+    from corescale.analysis.compare import shared_host_note
+
+    for line in shared_host_note(rows):
+        notes.print(line, markup=False, soft_wrap=True)
     notes.print(f"{len(rows)} matched trial(s): {result.regressions} slower, {result.improvements} faster "
                 f"beyond {args.threshold:.0%}; {len(rows) - result.regressions - result.improvements} unchanged "
                 "or not significant", soft_wrap=True)

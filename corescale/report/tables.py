@@ -39,13 +39,18 @@ def _cell(column: str, value, describe) -> str:
 def comparison_table(rows, title: str) -> Table:
     """`corescale compare`: matched trials' p50 before and after, the change, its interval and verdict."""
     table = Table(title=escape(title), header_style="bold")
-    for column in ("trial", "before ms", "after ms", "change", "95 % CI", "p", "verdict", "throughput"):
+    for column in ("trial", "before ms", "after ms", "change", "95 % CI", "p", "verdict", "throughput", "sentinel",
+                   "interleaved"):
         table.add_column(column, justify="left" if column in ("trial", "verdict") else "right")
     for _, row in rows.iterrows():
         colour = VERDICT_COLOURS.get(row["verdict"], "dim")
+        mark = "*" if row.get("sentinel_moved") else ""
+        low, high = row.get("sentinel_low"), row.get("sentinel_high")
+        sentinel = "-" if low is None or low != low else f"{low:.2f}–{high:.2f}×{mark}"
         table.add_row(escape(row["trial"]), f"{row['p50_before_ms']:.3f}", f"{row['p50_after_ms']:.3f}",
-                      row["change"], f"{row['ci_low']:.3f}–{row['ci_high']:.3f}", f"{row['p_value']:.2g}",
-                      f"[{colour}]{row['verdict']}[/{colour}]", f"{row['throughput_ratio']:.2f}x")
+                      row["change"] + mark, f"{row['ci_low']:.3f}–{row['ci_high']:.3f}", f"{row['p_value']:.2g}",
+                      f"[{colour}]{row['verdict']}[/{colour}]", f"{row['throughput_ratio']:.2f}x", sentinel,
+                      "yes" if row.get("interleaved") else "no")
     return table
 
 
