@@ -91,7 +91,8 @@ def time_cpus(cpus) -> dict[int, Timing]:
 
 @dataclass
 class Sentinel:
-    """The run's sentinel: its first reading on each CPU is the reference of every later one."""
+    """The run's sentinel: its first reading on each CPU (the median of three) is the reference of every later
+    one."""
 
     tolerance: float = TOLERANCE
     first: dict[int, Timing] = field(default_factory=dict)
@@ -100,9 +101,15 @@ class Sentinel:
         """One reading on `cpus` as the record keeps it: per CPU times, the worst ratio to the first reading
         (a part's time ÷ its first time, or the inverse when faster: 1.0 = unchanged) and whether it moved."""
         timings = time_cpus(cpus)
+        new = [cpu for cpu in timings if cpu not in self.first]
+        if new:  # the reference of a CPU is the median of three readings: one interrupted reading spoils none
+            again = [time_cpus(new) for _ in range(2)]
+            for cpu in new:
+                self.first[cpu] = Timing(*(sorted(getattr(t[cpu], part) for t in (timings, *again))[1]
+                                           for part in ("compute_ms", "memory_ms")))
         ratios = []
         for cpu, now in timings.items():
-            was = self.first.setdefault(cpu, now)
+            was = self.first[cpu]
             ratios += [now.compute_ms / was.compute_ms, now.memory_ms / was.memory_ms]
         worst = max(ratios, key=lambda r: max(r, 1 / r)) if ratios else 1.0
         return {"at": time.time(), "phase": phase,
