@@ -102,15 +102,16 @@ def test_cpus_this_process_may_not_use(tmp_path):
 
 
 def test_the_front_refuses_inputs_over_the_limits():
+    from corescale.serve.limits import Limits
     from corescale.serve.tokens import Tokens, TooLarge
     from corescale.workload.models import resolve_model
 
     folder = Path(str(resolve_model("all-minilm-l6-v2").path))
-    tokens = Tokens(folder / "tokenizer.json", max_length=16, max_inputs=2)
+    tokens = Tokens(folder / "tokenizer.json", 16, Limits(max_inputs=2))
     assert [len(r) for r in tokens.encode(["a short text"]).rows] == [5]
     with pytest.raises(TooLarge, match="3 inputs in one request; at most 2"):
         tokens.encode(["a", "b", "c"])
-    with pytest.raises(TooLarge, match="input 0 has 22 tokens; the bundle was measured at sequence_length 16"):
+    with pytest.raises(TooLarge, match="input 0 has 22 tokens; the model takes at most 16"):
         tokens.encode(["word " * 20])
     assert len(tokens.encode(["word " * 20], truncate=True).rows[0]) == 16
     pair = tokens.encode([("a query", "a document")], pairs=True)

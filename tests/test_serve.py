@@ -95,9 +95,10 @@ def test_openai_client_gets_the_reference_vectors(service, model, reference):
         cosine = (got * expected[:8]).sum(axis=1) / np.linalg.norm(got, axis=1) / np.linalg.norm(expected[:8], axis=1)
         assert cosine.min() >= 0.9999, cosine
         assert answer.usage.prompt_tokens > len(texts[:8]) * 3
-    one = np.array(client.embeddings.create(model="m", input=texts[9]).data[0].embedding)
+    one = np.array(client.embeddings.create(model="sentence-transformers/all-MiniLM-L6-v2", input=texts[9])
+                   .data[0].embedding)
     assert float(one @ expected[9]) >= 0.9999
-    card = np.array([d.embedding for d in client.embeddings.create(model="m", input=CARD).data])
+    card = np.array([d.embedding for d in client.embeddings.create(model="all-minilm-l6-v2", input=CARD).data])
     similarity = card @ card.T  # the model card's figures
     assert similarity[0, 1] == pytest.approx(0.6660, abs=1e-3) and similarity[0, 2] == pytest.approx(0.1046, abs=1e-3)
 
@@ -117,7 +118,7 @@ def test_tei_routes_and_timing_headers(service, reference):
 def test_info_says_what_runs_as_tei_does_and_where(service, bundle):
     assert httpx.get(f"{service.url}/info").status_code == 401  # it names the layout: the key is needed
     info = httpx.get(f"{service.url}/info", headers={"Authorization": f"Bearer {KEY}"}).json()
-    assert info["model_dtype"] == "fp32" and info["max_input_length"] == 64 and info["max_client_batch_size"] == 8
+    assert info["model_dtype"] == "fp32" and info["max_input_length"] == 256 and info["max_client_batch_size"] == 8
     assert info["model_type"]["embedding"]["task"] == "embed"  # TEI's shape: the kind, then its head
     manifest = json.loads((bundle / "manifest.json").read_text())
     runs = info["corescale"]
@@ -138,14 +139,15 @@ def test_bad_requests_get_their_status_and_the_service_stays_up(service):
         (post(service, "/v1/embeddings", {"text": "x"}), 422, "input: Field required"),
         (post(service, "/v1/embeddings", {"input": []}), 422, "input"),
         (post(service, "/v1/embeddings", {"input": "x", "encoding_format": "int8"}), 422, "encoding_format"),
-        (post(service, "/embed", {"inputs": "word " * 100}), 413, "sequence_length 64"),
+        (post(service, "/embed", {"inputs": "word " * 300}), 413, "at most 256"),  # the model's, not 64
         (post(service, "/embed", {"inputs": ["a"] * 9}), 413, "at most 8"),
         (post(service, "/rerank", {"query": "a", "texts": ["b"]}), 400, "serves task 'embed'"),
     ]
     for answer, status, words in cases:
         assert answer.status_code == status, answer.text
         assert words in answer.json()["error"], answer.text
-    assert post(service, "/embed", {"inputs": "word " * 100, "truncate": True}).status_code == 200
+    assert post(service, "/embed", {"inputs": "word " * 300, "truncate": True}).status_code == 200
+    assert post(service, "/embed", {"inputs": "word " * 100}).status_code == 200  # past the measured 64
     assert post(service, "/embed", {"inputs": "still up"}).status_code == 200
 
 
@@ -303,7 +305,7 @@ def test_serve_a_layout_from_overrides(tmp_path):
     layout = f"model=bert-tiny task=embed backend=onnxruntime sequence_length=32 batch_size=2 cache_dir={tmp_path}"
     with Service(layout, tmp_path / "serve.log") as service:
         answer = httpx.post(f"{service.url}/v1/embeddings", json={"input": ["one", "two", "three"]}, timeout=60)
-        too_long = httpx.post(f"{service.url}/embed", json={"inputs": "word " * 40}, timeout=60)
+        too_long = httpx.post(f"{service.url}/embed", json={"inputs": "word " * 300}, timeout=60)
         info = httpx.get(f"{service.url}/info", timeout=60).json()["corescale"]
         code, out = service.terminate()
     assert info["source"] == "overrides" and info["config"]["backend"]["name"] == "onnxruntime"
@@ -311,7 +313,7 @@ def test_serve_a_layout_from_overrides(tmp_path):
     assert instance["env"]["OMP_NUM_THREADS"] == str(instance["threads"])
     assert Path(instance["artifact"]).is_relative_to(tmp_path)  # built in the layout's cache_dir
     assert answer.status_code == 200 and [len(d["embedding"]) for d in answer.json()["data"]] == [128] * 3
-    assert too_long.status_code == 413 and "sequence_length 32" in too_long.json()["error"]
+    assert too_long.status_code == 413 and "at most 256" in too_long.json()["error"]  # the model's length
     assert code == 0 and "3 inputs served" in out
     proc = corescale("serve", "model=no-such-model", "backend=onnxruntime", env={"HF_HUB_OFFLINE": "1"}, timeout=60)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "unknown model" in proc.stderr

@@ -12,6 +12,7 @@ from fastapi.testclient import TestClient
 from corescale.errors import RegistrationError, UserError
 from corescale.measure.contract import Layout
 from corescale.overrides import compose
+from corescale.serve.limits import Limits
 from corescale.workload.heads import HeadSpec
 from corescale.workload.tasks import TASKS, Route, Task, register
 
@@ -82,6 +83,12 @@ class Pool:
         self.instances = [SimpleNamespace(artifact=None)]
         self.bundle = SimpleNamespace(layout=Layout([]), cfg=compose([]), root=None)
 
+    def admit(self, rows):
+        pass
+
+    def release(self, rows):
+        pass
+
     def submit(self, request):
         request.future.set_result([np.array([3.0, 4.0]) for _ in request.rows])
 
@@ -90,7 +97,10 @@ class Pool:
 
 
 class Tokens:
-    max_inputs = 8
+    max_inputs, max_length, limits = 8, 32, Limits(max_inputs=8)
+
+    def check(self, texts):
+        pass
 
     def encode(self, texts, truncate, pairs):
         return SimpleNamespace(rows=[np.arange(3) for _ in texts], types=None, tokens=3 * len(texts))

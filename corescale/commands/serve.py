@@ -6,6 +6,7 @@ import os
 
 from corescale.commands import add_common
 from corescale.measure.contract import API_KEY_ENV
+from corescale.serve.limits import Limits
 
 ORDER = 75
 
@@ -26,6 +27,25 @@ def register(sub) -> None:
     parser.add_argument("--max-inputs", type=whole_number, default=32,
                         help="inputs one request may hold before it gets 413 (default 32)")
     parser.add_argument("--access-log", action="store_true", help="log every request (uvicorn's access log)")
+    defaults = Limits()
+    limits = parser.add_argument_group("limits (each checked before any work: docs/deploy.md)")
+    limits.add_argument("--payload-limit", type=whole_number, default=defaults.payload_bytes, metavar="BYTES",
+                        help=f"bytes of one request's body, then 413 (default {defaults.payload_bytes})")
+    limits.add_argument("--max-input-chars", type=whole_number, default=defaults.input_chars,
+                        help=f"characters of one input, before tokenizing, then 413 (default {defaults.input_chars})")
+    limits.add_argument("--max-request-chars", type=whole_number, default=defaults.request_chars,
+                        help=f"characters of a request's inputs, then 413 (default {defaults.request_chars})")
+    limits.add_argument("--max-request-tokens", type=whole_number, default=defaults.request_tokens,
+                        help=f"tokens of a request's inputs, then 413 (default {defaults.request_tokens})")
+    limits.add_argument("--max-answer-floats", type=whole_number, default=defaults.answer_floats,
+                        help=f"floats in one /embed_all answer, then 413 (default {defaults.answer_floats})")
+    limits.add_argument("--auto-truncate", action="store_true",
+                        help="cut inputs longer than the model takes instead of answering 413 (TEI's name)")
+    limits.add_argument("--max-connections", type=whole_number, default=1000,
+                        help="connections and requests at once, then 503 (uvicorn's limit_concurrency; default 1000)")
+    limits.add_argument("--receive-timeout", type=seconds, default=30.0, metavar="SECONDS",
+                        help="a request's headers and body must arrive within this, else the connection is closed "
+                        "(slow clients; default 30)")
     parser.set_defaults(handler=handle)
 
 
@@ -35,6 +55,18 @@ def whole_number(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got '{text}'")
     return int(text)
+
+
+def seconds(text: str) -> float:
+    import argparse
+
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < 1e6:
+        raise argparse.ArgumentTypeError(f"expected seconds > 0, got '{text}'")
+    return value
 
 
 def port_number(text: str) -> int:
@@ -57,5 +89,7 @@ def handle(args) -> int:
 
     if len(args.source) > 1 and not all("=" in word for word in args.source):
         raise UserError(f"serve takes one bundle folder or overrides (key=value), not {' '.join(args.source)}")
+    limits = Limits(args.payload_limit, args.max_inputs, args.max_input_chars, args.max_request_chars,
+                    args.max_request_tokens, args.max_answer_floats, args.auto_truncate)
     return run(args.source, Options(args.host, args.port, args.api_key or None, args.max_queue, args.max_inputs,
-                                    args.access_log))
+                                    args.access_log, limits, args.max_connections, args.receive_timeout))

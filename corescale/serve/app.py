@@ -5,32 +5,40 @@ text-embeddings-inference's `/embed`, `/embed_all`, `/rerank`, `/predict`), `/to
 (TEI's fields, and what runs: the layout and the artifact of each instance), `GET /metrics`. Every answer of a
 computed route carries TEI's timing headers (milliseconds): X-Tokenization-Time, X-Queue-Time, X-Inference-Time,
 X-Total-Time.
-Statuses: 401 without the API key (when one is set), 413 an input over the measured length or too many inputs,
-422 malformed JSON or a field of the wrong type (named), 429 the queue is full (Retry-After), 400 a route the
-bundle's task does not serve, 503 the instance computing the request died (it is started again).
+Statuses (every error as `{"error", "error_type"}`, the framework's own included; docs/deploy.md "Limits"): 400 a
+route the bundle's task does not serve, or a Host header other than loopback's on a loopback service without a key;
+401 without the API key (when one is set); 404 an unknown path or `model`; 405 a wrong method; 413 a body, an
+input or a request over a limit (checked before any work), an input longer than the model takes (unless
+truncated), an answer over --max-answer-floats; 422 malformed JSON, a field of the wrong type (named), an empty
+input, token ids past the vocabulary; 429 the queue is full (Retry-After, checked before tokenizing); 500 a
+non-finite output; 503 the instance computing the request died (it is started again).
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import time
+from collections.abc import Callable
 from typing import Annotated, Any
 
 import numpy as np
 import orjson
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, Field
+from fastapi.responses import Response
+from pydantic import BaseModel, Field, ValidationError
+from starlette.exceptions import HTTPException
 
 from corescale.measure.contract import ServiceInfo, WhatRuns
 from corescale.serve import pool as pools
-from corescale.serve.tokens import Tokens, TooLarge
+from corescale.serve.guard import Guard, Refused, refusal
+from corescale.serve.tokens import Tokens, TooLarge, Unservable
 from corescale.workload.heads import HeadSpec
 from corescale.workload.tasks import TASKS, Route, Task, resolve
 
 TEXTS = str | Annotated[list[str], Field(min_length=1)]
+INLINE_BYTES = 65_536  # a body parsed, or an answer of as many floats encoded, on the event loop; larger: a thread
+KINDS = {400: "Validation", 401: "Unauthorized", 404: "NotFound", 405: "MethodNotAllowed", 413: "Validation",
+         422: "Validation", 429: "Overloaded", 500: "Backend", 503: "Unhealthy"}  # TEI's error types
 
 
 class Tokenize(BaseModel):
@@ -38,52 +46,88 @@ class Tokenize(BaseModel):
     add_special_tokens: bool = True
 
 
-class Answer(JSONResponse):
-    """A computed route's answer, encoded by orjson: numpy rows (float32) go to JSON in C, no Python float lists
-    in between (the stdlib encoder was the largest single item of the front's profile, docs/serve-profile.md)."""
-
-    def render(self, content: Any) -> bytes:
-        return orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY)
-
-
-class Refused(Exception):
-    def __init__(self, status: int, message: str, kind: str, headers: dict[str, str] | None = None):
-        super().__init__(message)
-        self.status, self.kind, self.headers = status, kind, headers or {}
-
-
 def as_list(texts: TEXTS) -> list[str]:
     return [texts] if isinstance(texts, str) else list(texts)
 
 
 class Front:
-    """What the routes share: the pool, the tokenizer, the head, the metrics."""
+    """What the routes share: the pool, the tokenizer, the head, the metrics; `width`: the length of one output
+    row (an embedding's dimensions, a token's hidden size) where the model says it, else None."""
 
-    def __init__(self, pool: pools.Pool, tokens: Tokens, head: HeadSpec, model_name: str, metrics):
+    def __init__(self, pool: pools.Pool, tokens: Tokens, head: HeadSpec, model_name: str, metrics,
+                 width: int | None = None):
         self.pool, self.tokens, self.head, self.model_name, self.metrics = pool, tokens, head, model_name, metrics
+        self.width = width
+        self.limiter: Any = None  # the threads tokenizing and encoding (made on the loop, on first use)
 
     def needs(self, task: str, route: str) -> None:
         if self.head.task != task:
             raise Refused(400, f"{route} needs a {task} bundle; this one serves task '{self.head.task}'",
                           "Validation")
 
-    async def compute(self, texts: list, truncate: bool, pairs: bool = False) -> tuple[list[np.ndarray], dict]:
+    async def offload(self, work: Callable, *args) -> Any:
+        """`work(*args)` in one of a few threads, the event loop free meanwhile (tokenizers and numpy release
+        the GIL; json gives it up every few milliseconds)."""
+        import anyio
+
+        if self.limiter is None:
+            self.limiter = anyio.CapacityLimiter(2)
+        return await anyio.to_thread.run_sync(work, *args, limiter=self.limiter)
+
+    async def parse(self, request: Request, schema: type[BaseModel]) -> Any:
+        """The body as `schema` (422 naming the field), parsed in a thread when large; JSON only, as FastAPI
+        requires (a cross-site text/plain POST computes nothing)."""
+        kind = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
+        if not (kind == "application/json" or kind.startswith("application/") and kind.endswith("+json")):
+            raise Refused(422, f"body: expected Content-Type application/json, not '{kind[:40]}'", "Validation")
+        raw = await request.body()
+        try:
+            if len(raw) > INLINE_BYTES:
+                return await self.offload(schema.model_validate_json, raw)
+            return schema.model_validate_json(raw)
+        except ValidationError as exc:
+            raise Refused(422, "; ".join(dict.fromkeys(problem(e) for e in exc.errors())), "Validation") from None
+
+    async def compute(self, texts: list, truncate: bool, pairs: bool = False,
+                      floats_per_token: int = 0) -> tuple[list[np.ndarray], dict]:
+        """Checked before any work (the counts, then room in the queue, then the tokens in a thread), then
+        computed by an instance. `floats_per_token`: the answer holds that many floats per token (/embed_all),
+        bounded by --max-answer-floats."""
         began = time.perf_counter()
         try:
-            encoded = self.tokens.encode(texts, truncate, pairs)
-        except TooLarge as exc:
-            raise Refused(413, str(exc), "Validation") from None
-        tokenized = time.perf_counter()
-        loop = asyncio.get_running_loop()
-        request = pools.Request(encoded.rows, loop, loop.create_future(), encoded.types)
+            self.tokens.check(texts)
+        except (TooLarge, Unservable) as exc:
+            raise Refused(413 if isinstance(exc, TooLarge) else 422, str(exc), "Validation") from None
         try:
-            self.pool.submit(request)
+            self.pool.admit(len(texts))
         except pools.Overloaded as exc:
             raise Refused(429, f"Model is overloaded: {exc}", "Overloaded", {"Retry-After": "1"}) from None
+        loop = asyncio.get_running_loop()
+        submitted = False
+        try:
+            try:
+                encoded = await self.offload(self.tokens.encode, texts, truncate, pairs)
+            except (TooLarge, Unservable) as exc:
+                raise Refused(413 if isinstance(exc, TooLarge) else 422, str(exc), "Validation") from None
+            floats, limit = encoded.tokens * floats_per_token, self.tokens.limits.answer_floats
+            if floats > limit:
+                raise Refused(413, f"the answer would hold {floats} floats ({encoded.tokens} tokens x "
+                              f"{floats_per_token}); at most {limit} (--max-answer-floats): send fewer or shorter "
+                              "inputs", "Validation")
+            tokenized = time.perf_counter()
+            request = pools.Request(encoded.rows, loop, loop.create_future(), encoded.types)
+            self.pool.submit(request)
+            submitted = True
+        finally:
+            if not submitted:
+                self.pool.release(len(texts))
         try:
             outputs = await request.future
         except pools.InstanceDied as exc:
             raise Refused(503, str(exc), "Unhealthy") from None
+        broken = [i for i, row in enumerate(outputs) if not np.isfinite(row).all()]
+        if broken:
+            raise Refused(500, f"the model gave a non-finite output (NaN or inf) for input {broken[0]}", "Backend")
         timings = {"tokenization": tokenized - began, "queue": request.queue_ns / 1e9,
                    "inference": request.inference_ns / 1e9, "total": time.perf_counter() - began,
                    "tokens": encoded.tokens, "lengths": [len(row) for row in encoded.rows]}
@@ -103,62 +147,71 @@ class Front:
                       opened.cfg.to_dict(), layout)
         return ServiceInfo(self.model_name, opened.cfg.precision,
                            {TASKS[task].tei_type if task in TASKS else task: self.head.to_json()},
-                           opened.cfg.sequence_length, self.tokens.max_inputs, opened.cfg.server.max_batch,
-                           version("corescale"), runs)
+                           self.tokens.max_length, self.tokens.max_inputs, opened.cfg.server.max_batch,
+                           version("corescale"), runs,
+                           {"auto_truncate": self.tokens.limits.auto_truncate,
+                            "measured_length": opened.cfg.sequence_length, "limits": self.tokens.limits.to_json()})
 
-    def answer(self, route: str, body: Any, timings: dict) -> Answer:
+    def answer(self, route: str, body: Any, timings: dict) -> Response:
+        """`body` as JSON, with TEI's timing headers (a small answer: encoded on the event loop)."""
+        return self.answered(route, encoded(lambda: body), timings)
+
+    async def answer_built(self, route: str, build: Callable[[], Any], timings: dict, floats: int) -> Response:
+        """`build()` as JSON, built and encoded in a thread when it holds more than INLINE_BYTES floats."""
+        return self.answered(route, await self.offload(encoded, build) if floats > INLINE_BYTES else encoded(build),
+                             timings)
+
+    def answered(self, route: str, content: bytes, timings: dict) -> Response:
         self.metrics.answered(route, 200, timings)
         headers = {f"X-{name.title()}-Time": f"{timings[name] * 1e3:.3f}"
                    for name in ("tokenization", "queue", "inference", "total")}
-        return Answer(body, headers=headers)
+        return Response(content, media_type="application/json", headers=headers)
 
 
-class KeyCheck:
-    """Plain ASGI middleware (no per-request task group): every route but /health needs the key."""
-
-    def __init__(self, app, key: str, metrics) -> None:
-        self.app, self.expected, self.metrics = app, f"Bearer {key}".encode(), metrics
-
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http" and scope["path"] != "/health":
-            given = dict(scope["headers"]).get(b"authorization", b"")
-            if not hmac.compare_digest(given, self.expected):
-                self.metrics.answered(scope["path"], 401)
-                response = refusal(Refused(401, "a valid API key is required (Authorization: Bearer KEY)",
-                                           "Unauthorized"))
-                await response(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
+def encoded(body: Callable[[], Any]) -> bytes:
+    """orjson: numpy rows (float32) go to JSON in C, no Python float lists in between (the stdlib encoder was the
+    largest single item of the front's profile, docs/serve-profile.md); NaN is refused before (Front.compute)."""
+    return orjson.dumps(body(), option=orjson.OPT_SERIALIZE_NUMPY)
 
 
-def create_app(front: Front, api_key: str | None) -> FastAPI:
-    app = FastAPI(title="corescale serve", docs_url=None, redoc_url=None)
-
-    if api_key:
-        app.add_middleware(KeyCheck, key=api_key, metrics=front.metrics)
+def create_app(front: Front, api_key: str | None, payload_bytes: int = 2_000_000,
+               loopback_only: bool = False) -> FastAPI:
+    """The routes, behind the Guard; every error, the framework's own included, in the documented body."""
+    app = FastAPI(title="corescale serve", docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_middleware(Guard, metrics=front.metrics, key=api_key, payload_bytes=payload_bytes,
+                       loopback_only=loopback_only)
 
     @app.exception_handler(Refused)
     async def refused(request: Request, exc: Refused):
         front.metrics.answered(request.url.path, exc.status)
         return refusal(exc)
 
-    @app.exception_handler(RequestValidationError)
-    async def invalid(request: Request, exc: RequestValidationError):
-        front.metrics.answered(request.url.path, 422)
-        problems = [problem(e) for e in exc.errors()]
-        return refusal(Refused(422, "; ".join(dict.fromkeys(problems)), "Validation"))
+    @app.exception_handler(HTTPException)
+    async def framework(request: Request, exc: HTTPException):  # 404 unknown path, 405 wrong method, ...
+        front.metrics.answered(request.url.path, exc.status_code)
+        return refusal(Refused(exc.status_code, str(exc.detail), KINDS.get(exc.status_code, "Validation"),
+                               dict(exc.headers or {})))
+
+    @app.exception_handler(Exception)
+    async def failed(request: Request, exc: Exception):  # a bug of ours: logged by uvicorn, answered in shape
+        front.metrics.answered(request.url.path, 500)
+        return refusal(Refused(500, f"internal error ({type(exc).__name__})", "Backend"))
 
     for task in TASKS.values():
         for route in task.routes:
             app.post(route.path)(endpoint(front, task, route))
 
     @app.post("/tokenize")
-    async def tokenize(body: Tokenize):
+    async def tokenize(request: Request):
+        body = await front.parse(request, Tokenize)
         texts = as_list(body.inputs)
-        if len(texts) > front.tokens.max_inputs:
-            raise Refused(413, f"{len(texts)} inputs in one request; at most {front.tokens.max_inputs}", "Validation")
+        try:
+            front.tokens.check(texts)
+            pieces = await front.offload(front.tokens.pieces, texts, body.add_special_tokens)
+        except (TooLarge, Unservable) as exc:
+            raise Refused(413 if isinstance(exc, TooLarge) else 422, str(exc), "Validation") from None
         front.metrics.answered("/tokenize", 200)
-        return JSONResponse(front.tokens.pieces(texts, body.add_special_tokens))
+        return Response(await front.offload(encoded, lambda: pieces), media_type="application/json")
 
     @app.get("/health")
     async def health():
@@ -168,36 +221,32 @@ def create_app(front: Front, api_key: str | None) -> FastAPI:
 
     @app.get("/info")
     async def info():
-        return JSONResponse(front.info().to_dict())
+        return Response(encoded(lambda: front.info().to_dict()), media_type="application/json")
 
     @app.get("/metrics")
     async def metrics():
         return Response(front.metrics.text(), media_type="text/plain; version=0.0.4")
 
+    front.metrics.routes = frozenset(getattr(route, "path", "") for route in app.routes)
     return app
 
 
 def endpoint(front: Front, task: Task, route: Route):
-    """The FastAPI endpoint of one task's route: its request schema and handler (hooks), refused (400) unless the
-    bundle serves that task."""
-    handler = resolve(route.handler)
+    """The endpoint of one task's route: refused (400) unless the bundle serves that task, its body parsed
+    against the route's schema (422), then its handler."""
+    handler, schema = resolve(route.handler), resolve(route.schema)
 
-    async def post(body):
+    async def post(request: Request):
         front.needs(task.name, route.path)
-        return await handler(front, task, body)
+        return await handler(front, task, await front.parse(request, schema))
 
-    post.__annotations__ = {"body": resolve(route.schema)}  # what FastAPI validates the body against (422)
     post.__name__ = route.handler.split(":")[1]
     return post
 
 
-def problem(error: dict) -> str:
+def problem(error: Any) -> str:
     """One validation error: the field's path, then what is wrong."""
-    where = [str(p) for p in error["loc"][1:]]
+    where = [str(p) for p in error["loc"]]
     if error.get("type") == "json_invalid":
-        return f"body: malformed JSON at character {where[0] if where else '?'}"
+        return f"body: malformed JSON ({error['msg'].removeprefix('Invalid JSON: ')})"
     return f"{'.'.join(where) or 'body'}: {error['msg']}"
-
-
-def refusal(exc: Refused) -> JSONResponse:
-    return JSONResponse({"error": str(exc), "error_type": exc.kind}, status_code=exc.status, headers=exc.headers)

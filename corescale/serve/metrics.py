@@ -13,6 +13,7 @@ SECONDS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.
 ROWS = (1, 2, 4, 8, 16, 32, 64, 128)
 LENGTHS = (8, 16, 24, 32, 48, 64, 96, 128, 256, 384, 512)  # padded lengths (tokens)
 WASTE = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)  # a call's share of padded tokens
+OTHER = "other"  # the route label of every path the app does not serve
 
 
 def front_cpu_seconds() -> float:
@@ -23,6 +24,7 @@ def front_cpu_seconds() -> float:
 
 class Metrics:
     def __init__(self) -> None:
+        self.routes: frozenset[str] = frozenset()  # the app's paths (serve/app.py sets them)
         registry = self.registry = CollectorRegistry()
         ProcessCollector(registry=registry)
         self.started, self.cpu_at_start = time.monotonic(), front_cpu_seconds()
@@ -83,7 +85,9 @@ class Metrics:
         self.restarts.labels(str(instance)).inc()
 
     def answered(self, route: str, status: int, timings: dict[str, float] | None = None) -> None:
-        self.requests.labels(route, str(status)).inc()
+        """A request's answer, labelled by its route when the app has it, else `other` (labels are bounded: an
+        unauthenticated client sending random paths must not grow the series)."""
+        self.requests.labels(route if route in self.routes else OTHER, str(status)).inc()
         if timings:
             self.queue.observe(timings["queue"])
             self.tokenization.observe(timings["tokenization"])

@@ -231,14 +231,23 @@ class Pool:
         message = instance.how_it_ended(instance.handle.process.wait())
         return UserError(message) if instance.failure_kind == "user" else RuntimeError(message)
 
-    def submit(self, request: Request) -> None:
-        """Queues the request's rows, or raises Overloaded when they would pass the bound."""
+    def admit(self, rows: int) -> None:
+        """Room for `rows` inputs in the queue, taken before any work on them (tokenizing), or Overloaded when
+        they would pass the bound; submit() or release() follows."""
         with self.lock:
             if self.stopping:
                 raise Overloaded("the service is stopping")
-            if self.pending + len(request.rows) > self.max_queue:
+            if self.pending + rows > self.max_queue:
                 raise Overloaded(f"the queue holds {self.pending} inputs (at most {self.max_queue})")
-            self.pending += len(request.rows)
+            self.pending += rows
+
+    def release(self, rows: int) -> None:
+        """Room admitted for a request refused before it was submitted."""
+        with self.lock:
+            self.pending -= rows
+
+    def submit(self, request: Request) -> None:
+        """Queues the request's rows (admitted first)."""
         now = time.perf_counter_ns()
         self.batcher.add([Waiting(Row(request, i), now, len(ids)) for i, ids in enumerate(request.rows)])
 

@@ -9,7 +9,7 @@ import base64
 from typing import Annotated, Literal
 
 import numpy as np
-from fastapi.responses import JSONResponse
+from fastapi.responses import Response
 from pydantic import BaseModel, Field
 
 from corescale.serve.app import TEXTS, Front, Refused, as_list
@@ -17,7 +17,7 @@ from corescale.workload.tasks import Task
 
 
 class Embeddings(BaseModel):
-    input: TEXTS
+    input: TEXTS | Annotated[list[int], Field(min_length=1)] | Annotated[list[list[int]], Field(min_length=1)]
     model: str | None = None
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = None
@@ -45,32 +45,69 @@ class Predict(BaseModel):
     truncate: bool = False
 
 
-async def embeddings(front: Front, task: Task, body: Embeddings) -> JSONResponse:
-    outputs, timings = await front.compute(as_list(body.input), truncate=False)
+async def embeddings(front: Front, task: Task, body: Embeddings) -> Response:
+    """OpenAI's embeddings: unit-length vectors (as OpenAI's are: clients take the dot product as the cosine),
+    `model` the served one (or 404 model_not_found), `dimensions` the model's (checked before computing)."""
+    if body.model is not None and not serves(front.model_name, body.model):
+        raise Refused(404, f"The model '{body.model[:200]}' does not exist; this service serves "
+                      f"'{front.model_name}'", "model_not_found")
+    if any(not isinstance(item, str) for item in as_list(body.input)):  # type: ignore[arg-type]
+        raise Refused(422, "input: token ids are not accepted: they would be another tokenizer's (tiktoken's) "
+                      "ids, not this model's; send the text (LangChain: check_embedding_ctx_length=False)",
+                      "Validation")
+    if body.dimensions is not None and front.width is not None and body.dimensions != front.width:
+        raise Refused(422, f"dimensions: this model gives {front.width}, not {body.dimensions}", "Validation")
+    outputs, timings = await front.compute(as_list(body.input), truncate=False)  # type: ignore[arg-type]
     if body.dimensions is not None and body.dimensions != outputs[0].shape[-1]:
         raise Refused(422, f"dimensions: this model gives {outputs[0].shape[-1]}, not {body.dimensions}",
                       "Validation")
-    data = [{"object": "embedding", "index": i, "embedding": base64.b64encode(row.astype("<f4").tobytes()).decode()
-             if body.encoding_format == "base64" else row} for i, row in enumerate(outputs)]
+    vectors = unit(outputs, front.head.normalize)
     usage = {"prompt_tokens": timings["tokens"], "total_tokens": timings["tokens"]}
-    return front.answer("/v1/embeddings", {"object": "list", "data": data, "model": body.model or
-                                           front.model_name, "usage": usage}, timings)
+
+    def answer() -> dict:
+        data = [{"object": "embedding", "index": i, "embedding": base64.b64encode(row.astype("<f4").tobytes())
+                 .decode() if body.encoding_format == "base64" else row} for i, row in enumerate(vectors)]
+        return {"object": "list", "data": data, "model": front.model_name, "usage": usage}
+    return await front.answer_built("/v1/embeddings", answer, timings, vectors.size)
 
 
-async def embed(front: Front, task: Task, body: Embed) -> JSONResponse:
+async def embed(front: Front, task: Task, body: Embed) -> Response:
+    """TEI's /embed: `normalize` (default true) normalises in the front when the head does not; false on a head
+    that normalises inside the measured graph is refused (the graph's vectors are all there is)."""
     if not body.normalize and front.head.normalize:
         raise Refused(422, "normalize: this bundle's head normalises inside the measured graph", "Validation")
     outputs, timings = await front.compute(as_list(body.inputs), body.truncate)
-    return front.answer("/embed", outputs, timings)
+    vectors = unit(outputs, front.head.normalize) if body.normalize else np.stack(outputs)
+    return await front.answer_built("/embed", lambda: vectors, timings, vectors.size)
 
 
-async def embed_all(front: Front, task: Task, body: Embed) -> JSONResponse:
-    outputs, timings = await front.compute(as_list(body.inputs), body.truncate)
-    return front.answer("/embed_all", [row[:length] for row, length in zip(outputs, timings["lengths"])],
-                        timings)
+async def embed_all(front: Front, task: Task, body: Embed) -> Response:
+    outputs, timings = await front.compute(as_list(body.inputs), body.truncate, floats_per_token=front.width or 0)
+    lengths = timings["lengths"]
+    floats = sum(length * row.shape[-1] for row, length in zip(outputs, lengths))
+    if floats > front.tokens.limits.answer_floats:  # the width was not known before computing
+        raise Refused(413, f"the answer would hold {floats} floats; at most {front.tokens.limits.answer_floats} "
+                      "(--max-answer-floats)", "Validation")
+    return await front.answer_built("/embed_all", lambda: [row[:n] for row, n in zip(outputs, lengths)],
+                                    timings, floats)
 
 
-async def rerank(front: Front, task: Task, body: Rerank) -> JSONResponse:
+def unit(outputs: list[np.ndarray], normalised: bool) -> np.ndarray:
+    """The rows as one array, L2-normalised unless the head did it already."""
+    vectors = np.stack(outputs).astype(np.float32, copy=False)
+    if normalised:
+        return vectors
+    norms = np.linalg.norm(vectors, axis=-1, keepdims=True)
+    return vectors / np.maximum(norms, np.float32(1e-12))
+
+
+def serves(served: str, asked: str) -> bool:
+    """`asked` names the served model: its name, or a hub id or path ending in it (case aside)."""
+    name = served.rstrip("/").rsplit("/", 1)[-1].lower()
+    return asked.lower() in (served.lower(), name) or asked.rstrip("/").rsplit("/", 1)[-1].lower() == name
+
+
+async def rerank(front: Front, task: Task, body: Rerank) -> Response:
     outputs, timings = await front.compute([(body.query, t) for t in body.texts], body.truncate, pairs=True)
     logits = np.array([float(row.reshape(-1)[0]) for row in outputs])
     scores = task.scored(logits, body.raw_scores)
@@ -79,7 +116,7 @@ async def rerank(front: Front, task: Task, body: Rerank) -> JSONResponse:
     return front.answer("/rerank", ranked, timings)
 
 
-async def predict(front: Front, task: Task, body: Predict) -> JSONResponse:
+async def predict(front: Front, task: Task, body: Predict) -> Response:
     single = isinstance(body.inputs, str)
     pairs = not single and bool(body.inputs) and isinstance(body.inputs[0], list)
     texts = [body.inputs] if isinstance(body.inputs, str) else list(body.inputs)

@@ -9,6 +9,7 @@ Ctrl-C), printing the front's CPU time and each instance's share of busy time.
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import socket
 import sys
@@ -21,9 +22,12 @@ from corescale.errors import UserError
 from corescale.machine.cpulist import format_cpulist
 from corescale.measure.contract import ready_line
 from corescale.measure.trial import housekeeping_cpus
+from corescale.serve.limits import Limits
 from corescale.serve.opened import Bundle, from_config_file, from_overrides, open_bundle
 
 GRACEFUL_S = 60  # the longest SIGTERM waits for accepted requests
+KEEP_ALIVE_S = 5  # an idle kept-alive connection is closed after this (uvicorn's default, set here on purpose)
+HEADER_BYTES = 16_384  # the request line and headers, at most (h11's limit; past it: 400)
 
 
 @dataclass(frozen=True)
@@ -34,6 +38,9 @@ class Options:
     max_queue: int = 256  # inputs accepted and not answered, then 429
     max_inputs: int = 32  # inputs in one request, then 413 (TEI's --max-client-batch-size)
     access_log: bool = False
+    limits: Limits = Limits()  # what one request may hold (max_inputs above is its count)
+    max_connections: int = 1000  # connections and requests at once (uvicorn's limit_concurrency), then 503
+    receive_timeout_s: float = 30.0  # a request's headers and body must arrive within this
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -68,14 +75,21 @@ def run(source: list[str], options: Options) -> int:
     import uvicorn
 
     from corescale.serve.app import Front, create_app
+    from corescale.serve.guard import deadline_protocol, is_loopback
     from corescale.serve.metrics import Metrics, front_cpu_seconds
     from corescale.serve.pool import Pool
-    from corescale.serve.tokens import Tokens
+    from corescale.serve.tokens import Tokens, longest_served
+    from corescale.workload.models import resolve_model
 
+    more_files()
     with tempfile.TemporaryDirectory(prefix="corescale-serve-") as work:
         opened = opened_source(source, Path(work))
         cfg = opened.cfg
-        tokens = Tokens(opened.tokenizer, cfg.sequence_length, options.max_inputs, opened.head.prompt)
+        model = resolve_model(cfg.model, cfg.trust_remote_code, cfg.task, cfg.cache_dir)
+        limits = dataclasses.replace(options.limits, max_inputs=options.max_inputs)
+        longest = longest_served(opened.tokenizer.parent, model.max_positions, cfg.sequence_length)
+        tokens = Tokens(opened.tokenizer, longest, limits, model.vocab_size, opened.head.prompt)
+        width = opened.head.dense[-1].out_features if opened.head.dense else model.hidden or None
         sock = bind(options.host, options.port)
         metrics = Metrics()
         pool = Pool(opened, Path(work), metrics, options.max_queue)
@@ -93,10 +107,13 @@ def run(source: list[str], options: Options) -> int:
                 host, port = sock.getsockname()[:2]
                 say(ready_line(f"{len(opened.specs)} instance(s) of {opened.model} on "
                                f"{cfg.backend.name} ({cfg.precision})", where, host, port))
-                app = create_app(Front(pool, tokens, opened.head, opened.model, metrics),
-                                 options.api_key)
-                server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=options.access_log,
-                                                       timeout_graceful_shutdown=GRACEFUL_S, lifespan="off"))
+                app = create_app(Front(pool, tokens, opened.head, opened.model, metrics, width), options.api_key,
+                                 limits.payload_bytes, not options.api_key and is_loopback(options.host))
+                server = uvicorn.Server(uvicorn.Config(
+                    app, log_level="warning", access_log=options.access_log, lifespan="off",
+                    timeout_graceful_shutdown=GRACEFUL_S, http=deadline_protocol(options.receive_timeout_s),
+                    limit_concurrency=options.max_connections, timeout_keep_alive=KEEP_ALIVE_S,
+                    h11_max_incomplete_event_size=HEADER_BYTES))
                 for sig in (signal.SIGTERM, signal.SIGINT):  # uvicorn drains on them, then raises them again
                     signal.signal(sig, lambda number, frame: caught.append(number))
                 server.run(sockets=[sock])
@@ -105,6 +122,19 @@ def run(source: list[str], options: Options) -> int:
             sock.close()
         summary(pool, front_cpu_seconds() - metrics.cpu_at_start, time.monotonic() - began)
     return 130 if signal.SIGINT in caught else 0
+
+
+def more_files() -> None:
+    """The soft limit on open files raised to the hard one: each connection is a descriptor (1024 is the usual
+    soft limit; --max-connections is 1000 by default)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError):  # a hard limit the kernel does not allow as soft (unlimited): keep it
+            pass
 
 
 def summary(pool, cpu: float, wall: float) -> None:

@@ -250,7 +250,7 @@ def _csv_column(path: Path, text: str, name: str) -> list[str]:
 def padded_length(lengths, pad: str, limit: int) -> int:
     """What a call over queries of these lengths is padded to: the longest (max, sorted) or its bucket's edge."""
     longest = int(max(lengths))
-    if pad != "bucket":
+    if pad != "bucket" or longest > limit:  # corescale serve: up to the model's length, past the measured one
         return longest
     return min([edge for edge in BUCKET_EDGES if edge >= longest] + [limit])
 

@@ -1,0 +1,120 @@
+"""What stands before the routes of `corescale serve`: the Host check (a loopback service without a key answers
+only to loopback names: DNS rebinding), the API key, the body limit counted as the bytes arrive (TEI's
+payload_limit), and a deadline for receiving a request (uvicorn has none: its keep-alive timer restarts with
+every byte, so a client trickling one header byte every few seconds holds a connection for ever)."""
+
+from __future__ import annotations
+
+import hmac
+import json
+
+from fastapi.responses import JSONResponse
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+
+
+class Refused(Exception):
+    def __init__(self, status: int, message: str, kind: str, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.kind, self.headers = status, kind, headers or {}
+
+
+def refusal(exc: Refused) -> JSONResponse:
+    return JSONResponse({"error": str(exc), "error_type": exc.kind}, status_code=exc.status, headers=exc.headers)
+
+
+def is_loopback(host: str) -> bool:
+    return host in LOOPBACK_NAMES or host.startswith("127.")
+
+
+def host_name(scope) -> str:
+    """The Host header's name, without its port (and without an IPv6 address's brackets)."""
+    host = dict(scope["headers"]).get(b"host", b"").decode("latin-1").strip().lower()
+    if host.startswith("["):
+        return host[1:host.find("]")] if "]" in host else host
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
+class Guard:
+    """Plain ASGI middleware (no per-request task group), in this order: Host (when `loopback_only`), the key
+    (every route but /health), the body's declared then received size."""
+
+    def __init__(self, app, metrics, key: str | None, payload_bytes: int, loopback_only: bool) -> None:
+        self.app, self.metrics, self.payload_bytes, self.loopback_only = app, metrics, payload_bytes, loopback_only
+        self.expected = f"Bearer {key}".encode() if key else None
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        try:
+            self.check(scope)
+        except Refused as refused:
+            self.metrics.answered(scope["path"], refused.status)
+            await refusal(refused)(scope, receive, send)
+            return
+        limit, received = self.payload_bytes, 0
+
+        async def counted():
+            nonlocal received
+            message = await receive()
+            received += len(message.get("body", b""))
+            if received > limit:  # the endpoint reading the body gets it; the handlers answer 413
+                raise Refused(413, f"the body passed {limit} bytes (--payload-limit)", "Validation")
+            return message
+        await self.app(scope, counted, send)
+
+    def check(self, scope) -> None:
+        if self.loopback_only and not is_loopback(host_name(scope) or "localhost"):  # HTTP/1.0 may send none
+            raise Refused(400, "this service listens on loopback without an API key and answers only to loopback "
+                               "host names (Host: localhost or 127.0.0.1)", "Validation")
+        headers = dict(scope["headers"])
+        if self.expected is not None and scope["path"] != "/health" and \
+                not hmac.compare_digest(headers.get(b"authorization", b""), self.expected):
+            raise Refused(401, "a valid API key is required (Authorization: Bearer KEY)", "Unauthorized")
+        declared = headers.get(b"content-length")
+        if declared is not None and (not declared.strip().isdigit() or int(declared) > self.payload_bytes):
+            raise Refused(413, f"the body declares {declared.decode('latin-1')[:20]} bytes; at most "
+                               f"{self.payload_bytes} (--payload-limit)", "Validation")
+
+
+def deadline_protocol(receive_s: float) -> type[H11Protocol]:
+    """uvicorn's h11 protocol with a deadline: a request's headers and body must arrive within `receive_s` of the
+    connection opening (or of the previous answer, on a kept-alive connection), else the connection is closed.
+    A request received in full is never cut, however long its answer takes."""
+
+    class Deadlined(H11Protocol):
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            self.receipt = self.loop.call_later(receive_s, self.too_slow)
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self.receipt.cancel()
+            if not self.transport.is_closing():
+                self.receipt = self.loop.call_later(receive_s, self.too_slow)
+
+        def connection_lost(self, exc) -> None:
+            self.receipt.cancel()
+            super().connection_lost(exc)
+
+        def too_slow(self) -> None:
+            cycle = self.cycle
+            receiving = cycle is None or cycle.response_complete or cycle.more_body
+            if receiving and not self.transport.is_closing():
+                self.transport.close()
+
+        def send_400_response(self, msg: str) -> None:
+            """A request h11 cannot parse (headers past the limit, malformed): the documented body."""
+            import h11
+
+            body = json.dumps({"error": msg, "error_type": "Validation"}).encode()
+            headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                       (b"connection", b"close")]
+            for event in (h11.Response(status_code=400, headers=headers),
+                          h11.Data(data=body), h11.EndOfMessage()):
+                self.transport.write(self.conn.send(event))
+            self.transport.close()
+
+    return Deadlined
