@@ -199,3 +199,16 @@ def openvino_runs(tmp_path_factory):
         "2t": run("two_threads", "threads=2", "backend.performance_hint=THROUGHPUT",
                   *(["allocator=jemalloc"] if jemalloc else [])),
     }
+
+
+@pytest.fixture(scope="module")
+def forkservers():
+    """Fork servers kept for one test module, as a tune keeps them for its loop (measure/forkserver.py): given to
+    helpers.execute, every worker after a launch's first is a fork of a server that imported its framework once
+    (milliseconds instead of a PyTorch worker's seconds of imports). For tests whose subject is not how a worker
+    starts (its imports, its mapped libraries, its threads); this process is a child subreaper while the module
+    runs. Slow tests only."""
+    from corescale.measure.forkserver import ForkServers
+
+    with ForkServers.temporary() as servers:
+        yield servers

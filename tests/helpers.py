@@ -32,11 +32,12 @@ def corescale(*args, env=None, timeout=300):
                           env=full_env, timeout=timeout, cwd=ROOT)
 
 
-def execute(trial, on_event=None):
-    """One prepared trial through the local trial loop (lock, measure, commit); returns its TrialOutcome."""
+def execute(trial, on_event=None, forkservers=None):
+    """One prepared trial through the local trial loop (lock, measure, commit); returns its TrialOutcome.
+    forkservers (conftest's fixture): its workers start as forks of servers that imported their framework once."""
     from corescale.trials.local import run_trial
 
-    return run_trial(trial, on_event=on_event)
+    return run_trial(trial, on_event=on_event, forkservers=forkservers and forkservers.for_repeat(0))
 
 
 def raw_record(path) -> dict:

@@ -246,7 +246,7 @@ def test_cost_prices_server_results_under_the_slo(served, capsys):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGSEGV])
-def test_a_failed_server_trial_leaves_no_loadgen_test_running_into_the_next(tmp_path, how):
+def test_a_failed_server_trial_leaves_no_loadgen_test_running_into_the_next(tmp_path, how, forkservers):
     """A worker killed 1.5 s into a test whose schedule lasts ~4.6 s (459 queries at 100 QPS): the trial fails, and
     LoadGen's test (which cannot be stopped, only answered at once) has ended before the next trial starts its
     own, whose summary and batches hold only its own queries."""
@@ -261,11 +261,11 @@ def test_a_failed_server_trial_leaves_no_loadgen_test_running_into_the_next(tmp_
             threading.Timer(1.5, os.kill, (pids[0], how)).start()
 
     slow = compose([*SERVE, "target_qps=100", "server.min_query_count=459", "timeout=120", f"output_dir={tmp_path}"])
-    failed = execute(prepare_trial(slow), on_event=kill_one)
+    failed = execute(prepare_trial(slow), on_event=kill_one, forkservers=forkservers)
     assert not failed.ok and failed.record.failure.kind in ("signal", "crash"), failed.record.reason
     assert not [t for t in threading.enumerate() if t.name.startswith("corescale-loadgen") and t.is_alive()]
     quick = compose([*SERVE, "target_qps=120", "server.min_query_count=480", f"output_dir={tmp_path}"])
-    outcome = execute(prepare_trial(quick))
+    outcome = execute(prepare_trial(quick), forkservers=forkservers)
     assert outcome.ok, outcome.record.reason
     (step,) = outcome.record.server.steps
     served = sum(r["queries_served"] for r in raw_record(outcome.path)["instance_reports"])
@@ -275,12 +275,12 @@ def test_a_failed_server_trial_leaves_no_loadgen_test_running_into_the_next(tmp_
 
 
 @pytest.mark.slow
-def test_target_qps_auto_converges(tmp_path):
+def test_target_qps_auto_converges(tmp_path, forkservers):
     from corescale.measure.runner import prepare_trial
 
     cfg = compose([*SERVE, "target_qps=auto", "slo_p99_ms=5000", "server.search_precision=0.3",
                    "server.max_steps=6", "duration=0.5", "timeout=120", f"output_dir={tmp_path}"])
-    outcome = execute(prepare_trial(cfg))
+    outcome = execute(prepare_trial(cfg), forkservers=forkservers)
     assert outcome.ok, outcome.record.reason
     server = outcome.record.server
     assert server is not None
@@ -298,13 +298,13 @@ def test_target_qps_auto_converges(tmp_path):
 
 
 @pytest.mark.slow
-def test_offline_on_text_counts_real_and_padded_tokens(corpus, tmp_path, capsys):
+def test_offline_on_text_counts_real_and_padded_tokens(corpus, tmp_path, capsys, forkservers):
     from corescale.measure.runner import prepare_trial
 
     base, _ = corpus
     cfg = compose([*FAST, "batch_size=4", "sequence_length=64", "pad=sorted", f"workload={base}/texts.txt",
                    f"workload.tokenizer={base}/tokenizer", f"output_dir={tmp_path}"])
-    outcome = execute(prepare_trial(cfg))
+    outcome = execute(prepare_trial(cfg), forkservers=forkservers)
     assert outcome.ok, outcome.record.reason
     m, workload = outcome.record.metrics, outcome.record.workload
     assert m.throughput_tokens_per_s < m.padded_tokens_per_s < m.throughput_samples_per_s * 64
