@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from helpers import FAST, TOY_ENV, corescale, library_installed, run_record
+from serving import Service, measure_bundle
 
 pytest_plugins = ("pytester",)
 SUITE = pytest.StashKey[tuple[Path, dict]]()
@@ -199,6 +200,26 @@ def openvino_runs(tmp_path_factory):
         "2t": run("two_threads", "threads=2", "backend.performance_hint=THROUGHPUT",
                   *(["allocator=jemalloc"] if jemalloc else [])),
     }
+
+
+@pytest.fixture(scope="session")
+def tiny_service(tmp_path_factory):
+    """tiny_service(task) -> a real `corescale serve` (serving.Service: .url, .bundle, .log) of a measured bert-tiny
+    bundle (ONNX Runtime, sequence 64, batch 4) computing `task`, started on first use and shared by every test of
+    the session (its queue unbounded: nothing is refused for being many). Only for tests that call its routes:
+    one that stops, signals or overloads it, or needs counters that start at zero, starts its own Service (from
+    `.bundle`). Slow tests only (it starts processes)."""
+    started: dict[str, Service] = {}
+
+    def get(task: str = "embed") -> Service:
+        if task not in started:
+            where = tmp_path_factory.mktemp(f"tiny-{task}")
+            started[task] = Service(measure_bundle("bert-tiny", where, f"task={task}"), where / "serve.log",
+                                    "--max-queue", "1000000")
+        return started[task]
+    yield get
+    for service in started.values():
+        service.stop()
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,11 @@
 """What the serve tests share: the trained all-MiniLM-L6-v2 folder, a measured bundle of it, and a real
-`corescale serve` on loopback (a free port, read from its ready line)."""
+`corescale serve` on loopback (a free port, read from its ready line).
+
+A test that only calls a service's routes takes conftest's session fixture `tiny_service` (one bert-tiny service
+per task, started on first use: `tiny_service("rerank").url`) instead of starting its own: each start costs a
+measured bundle and a worker's imports (seconds on 2 cores, paid by every `make test`). A test that stops, signals,
+overloads or restarts a service, or reads counters that must start at zero, starts its own `Service` (from
+`tiny_service(task).bundle` when a bert-tiny bundle will do)."""
 
 import os
 import signal
@@ -37,7 +43,7 @@ class Service:
 
     def __init__(self, bundle: Path | str, log: Path, *options: str, env: dict | None = None):
         """`bundle`: a folder, or overrides in one string (`model=bert-tiny backend=onnxruntime`)."""
-        self.log = log
+        self.log, self.bundle = log, bundle
         source = str(bundle).split() if "=" in str(bundle) else [str(bundle)]
         with open(log, "wb") as stderr:
             self.process = subprocess.Popen([sys.executable, "-m", "corescale.cli", "serve", *source, "--port",

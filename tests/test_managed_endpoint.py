@@ -5,7 +5,6 @@ import json
 
 import pytest
 from helpers import assert_one_line_error, corescale, raw_record
-from serving import Service
 
 from corescale.tune import settings as tune_settings
 
@@ -55,12 +54,11 @@ def _records(root):
 
 
 @pytest.mark.slow
-def test_rerank_over_http_against_corescale_serve(tmp_path):
-    layout = " ".join([*TINY, "task=rerank"])
-    with Service(layout, tmp_path / "serve.log", "--max-queue", "1000000") as service:  # slow, never refused
-        proc = corescale("run", *QUICK, f"endpoint={service.url}", "api=tei", "task=rerank",
-                         "scenario=single_stream", "server.min_query_count=64", f"output_dir={tmp_path / 'out'}",
-                         "--no-progress")  # the route is the subject, not a rate: one query at a time
+def test_rerank_over_http_against_corescale_serve(tmp_path, tiny_service):
+    service = tiny_service("rerank")  # the session's bert-tiny reranker, its queue unbounded: slow, never refused
+    proc = corescale("run", *QUICK, f"endpoint={service.url}", "api=tei", "task=rerank",
+                     "scenario=single_stream", "server.min_query_count=64", f"output_dir={tmp_path / 'out'}",
+                     "--no-progress")  # the route is the subject, not a rate: one query at a time
     assert proc.returncode == 0, proc.stderr
     [record] = _records(tmp_path / "out")
     server = record["server"]

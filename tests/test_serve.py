@@ -277,16 +277,15 @@ def artifact_outputs(bundle, items, pairs=False):
     return np.array(rows)
 
 
-def test_rerank_and_predict_serve_their_heads(tmp_path):
-    reranker = measure_bundle("bert-tiny", tmp_path / "rerank", "task=rerank")
+def test_rerank_and_predict_serve_their_heads(tmp_path, tiny_service):
+    service = tiny_service("rerank")  # the session's bert-tiny reranker (test_managed_endpoint.py calls it too)
     query, texts = "which package manages fonts", ["font configuration library", "a web server", "fonts"]
-    logits = artifact_outputs(reranker, [(query, t) for t in texts], pairs=True)[:, 0]
-    with Service(reranker, tmp_path / "rerank.log") as service:
-        ranked = httpx.post(f"{service.url}/rerank", json={"query": query, "texts": texts, "return_text": True},
-                            timeout=60).json()
-        raw = httpx.post(f"{service.url}/rerank", json={"query": query, "texts": texts, "raw_scores": True},
-                         timeout=60).json()
-        wrong = httpx.post(f"{service.url}/embed", json={"inputs": "x"}, timeout=60)
+    logits = artifact_outputs(service.bundle, [(query, t) for t in texts], pairs=True)[:, 0]
+    ranked = httpx.post(f"{service.url}/rerank", json={"query": query, "texts": texts, "return_text": True},
+                        timeout=60).json()
+    raw = httpx.post(f"{service.url}/rerank", json={"query": query, "texts": texts, "raw_scores": True},
+                     timeout=60).json()
+    wrong = httpx.post(f"{service.url}/embed", json={"inputs": "x"}, timeout=60)
     assert [r["index"] for r in ranked] == list(np.argsort(-logits))
     assert {r["index"]: r["score"] for r in raw} == pytest.approx(dict(enumerate(logits.tolist())), abs=1e-4)
     assert ranked[0]["text"] == texts[ranked[0]["index"]] and wrong.status_code == 400
