@@ -54,8 +54,8 @@ def test_bad_input_is_one_line_before_any_worker(tmp_path, capsys, monkeypatch, 
 @pytest.mark.slow
 def test_predict_on_a_config_built_cross_encoder_ranks_as_the_reference(tmp_path):
     model = cross_encoder_dir(tmp_path / "cross-encoder")
-    proc = corescale("run", "backend=sentence_transformers", f"model={model}", *TEXT, *QUICK_ANY_MODEL, "batch_size=4",
-                     f"output_dir={tmp_path / 'out'}")
+    proc = corescale("run", "backend=sentence_transformers", f"model={model}", *TEXT, "workload.samples=64",
+                     *QUICK_ANY_MODEL, "batch_size=4", f"output_dir={tmp_path / 'out'}")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     record = result_of(proc)
     quality = record["quality"]
