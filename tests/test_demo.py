@@ -14,9 +14,10 @@ from corescale.commands.demo import demo_words
 def test_demo_tunes_the_real_model_and_ends_with_the_peer_ratio_the_report_and_the_recipe(tmp_path):
     """make run's tune of all-MiniLM-L6-v2 on the built-in text, kept small: its ending gives the speed-up over the
     out-of-box baseline and over the peer (sentence-transformers' encode(), whose quality is the reference's)."""
-    small = ["trials=1", "tune.repeats=2", "tune.top_k=1", "tune.screen=0.5", "space.backend=[pytorch]",
-             "space.precision=[fp32]", "space.layout=[1x1]", "space.allocator=[default]", "space.openmp=[default]",
-             "space.threads=[1]", "space.backend.linear=[default]"]
+    # workload.samples: a window covers every query of the set once (the demo's 256 texts: 256 calls a trial)
+    small = ["workload.samples=64", "trials=1", "tune.repeats=2", "tune.top_k=1", "tune.screen=0.5",
+             "space.backend=[pytorch]", "space.precision=[fp32]", "space.layout=[1x1]", "space.allocator=[default]",
+             "space.openmp=[default]", "space.threads=[1]", "space.backend.linear=[default]"]
     proc = corescale("demo", *QUICK_ANY_MODEL, *small, f"output_dir={tmp_path}", "--no-progress", timeout=1100)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
