@@ -141,7 +141,7 @@ class BenchmarkConfig:
     sentinel: bool = True  # time the speed sentinel on the measured CPUs before and after each trial (sentinel.py)
     calibrate: bool = True  # measure the GEMM peak (best library) and the triad bandwidth on the instance cores
     # output checks and caches
-    reference: Optional[str] = None  # run this backend (default options) on the same inputs and compare outputs
+    reference: Optional[str] = None  # a backend (drift vs its outputs), or the fp32 model DIR a model file came from
     cache_dir: str = field(default_factory=default_cache_dir)  # $CORESCALE_CACHE_DIR or ~/.cache/corescale
     drift_tolerance: Optional[float] = None  # max_rel_error allowed vs the reference; None = the precision's
     executor: ExecutorConfig = field(default_factory=ExecutorConfig)
@@ -158,6 +158,8 @@ class BenchmarkConfig:
     pad: str = "max"  # max: to the batch's longest | bucket: to a length bucket | sorted: length-sorted batches
     # the task and its quality (docs/tasks.md)
     task: Optional[str] = None  # embed | rerank | classify | encode; None = what the model's directory declares
+    pooling: Optional[str] = None  # cls|mean|max|last: a head on token states (workload/heads.py; a file, a dir)
+    normalize: Optional[bool] = None  # that head L2-normalises (None: yes)
     tokenize: bool = False  # the model's fast tokenizer inside the timed call (end to end; needs text queries)
     # the quality gate: "cosine_p1:0.995", "cosine_p1>=0.99,recall_at_10>=0.95" or {cosine_p1:0.99,...} (a bound's
     # direction is its metric's); None = the task's defaults (workload/quality.py)
@@ -170,6 +172,14 @@ class BenchmarkConfig:
             self.backend = backend_from_dict({"name": self.backend})
         elif type(self.backend) is BackendOptions:  # the schema's placeholder -> the named backend's options
             self.backend = backend_from_dict({"name": self.backend.name})
+
+    @property
+    def reference_backend(self) -> Optional[str]:  # reference= naming a backend (the drift check's)
+        return self.reference if self.reference in OPTIONS else None
+
+    @property
+    def reference_model(self) -> Optional[str]:  # reference= naming a model directory or hub id
+        return self.reference if self.reference and self.reference not in OPTIONS else None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -237,7 +247,8 @@ def scenario_key_fields(cfg: BenchmarkConfig) -> dict[str, Any]:
 def task_key_fields(cfg: BenchmarkConfig) -> dict[str, Any]:
     """The task's fields, only where they differ from their defaults (the keys of earlier results hold)."""
     defaults = BenchmarkConfig.__dataclass_fields__
-    return {name: getattr(cfg, name) for name in ("task", "tokenize", "min_quality", "quality_samples")
+    return {name: getattr(cfg, name) for name in ("task", "tokenize", "min_quality", "quality_samples", "pooling",
+                                                  "normalize")
             if getattr(cfg, name) != defaults[name].default}
 
 
@@ -302,8 +313,6 @@ def validate(cfg: BenchmarkConfig) -> BenchmarkConfig:
     _check_finite(cfg)  # NaN passes every comparison below (nan <= 0 is False) and inf disables checks
     _one_of("backend", cfg.backend.name, sorted(OPTIONS))
     cfg.backend.validate()
-    if cfg.reference is not None:
-        _one_of("reference backend", cfg.reference, sorted(OPTIONS))
     _one_of("precision", cfg.precision, PRECISIONS)
     _check_precision(cfg)
     cfg.backend.check(cfg)

@@ -74,8 +74,8 @@ def test_an_openvino_ir_with_config_runs_with_its_flops(tmp_path, exported):
     (folder / "config.json").write_text(json.dumps(PRESETS["bert-tiny"]))
     proc, record = run(tmp_path, folder / "model.xml", "backend=openvino")
     assert record["status"] == "ok", record.get("reason")
-    assert record["quality"]["reference"] == "openvino fp32 on the model file itself (no PyTorch model)"
-    assert record["quality"]["metrics"]["cosine_min"] > 0.99999  # the same file at the same precision
+    quality = record["quality"]  # the file as it is, with nothing to judge it against: said, never 1.0
+    assert quality["metrics"] == {} and "reference=DIR" in quality["unknown"] and quality["passed"] is None
     assert record["metrics"]["gflops_per_s"] > 0  # config.json gives the sizes
 
 

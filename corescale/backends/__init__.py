@@ -113,7 +113,7 @@ def quality_reference(model) -> str:
     """The backend whose fp32 outputs judge a task's quality: the default backend (the PyTorch model), or for a
     model file, where there is no PyTorch model, the first backend that loads the file itself."""
     kind = (model.model_file or {}).get("format")
-    if kind is None:
+    if kind is None or model.reference is not None:  # reference=DIR: the PyTorch model the file came from
         return DEFAULT_BACKEND
     return next(n for n, e in BACKENDS.items() if kind in e.model_files and REFERENCE in e.precisions)
 

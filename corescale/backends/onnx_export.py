@@ -38,7 +38,7 @@ from corescale.backends.artifact_cache import cached, damage
 from corescale.errors import UserError
 from corescale.userfiles import fsync_path
 from corescale.workload.inputs import make_inputs
-from corescale.workload.models import resolve_model, source_files
+from corescale.workload.models import configured_model, source_files
 
 if TYPE_CHECKING:
     from corescale.config import BenchmarkConfig
@@ -287,7 +287,7 @@ def install(folder: Path, steps: list[str], cfg: BenchmarkConfig) -> None:
     """ONNX_EXPORT's serve hook: the export cache's entry for this model's source names the bundle's copy in
     `folder` as final (linked under its export key), so the backend's own load opens the measured file and applies
     no build step (fusion, quantization) to it again."""
-    spec = resolve_model(cfg.model, cfg.trust_remote_code, cfg.task, cfg.cache_dir)
+    spec = configured_model(cfg)
     source = source_key(spec, cfg, make_inputs(spec, 1, 8, cfg.seed))
     if source is None:
         raise UserError(f"bundle artifact '{folder}': the model's files cannot be listed")

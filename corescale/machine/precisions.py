@@ -42,6 +42,8 @@ class Precision:
     gemm_dtype: str = _REQUIRED  # the floating type torch and OpenVINO's GEMMs compute it in for the peak
     tiers: dict[str, tuple[tuple[str, float], ...]] = _REQUIRED  # arch -> its GEMMs' instruction tiers, best first
     # (analysis/catalog.py ISA_NAMES), each with its peak per core and cycle relative to the tier marked 1
+    integer: bool = False  # computed on integer kernels: a model file whose graph holds integer kernels, (de)quantize
+    # nodes or compressed weights is recorded in it (workload/modelfile.py reads the graph, not its config)
 
     def native(self, isa: Mapping[str, bool]) -> bool:
         """Whether a CPU with these flags computes it natively."""
@@ -71,7 +73,7 @@ class Precision:
             problems.append(f"tiers is not a mapping of {' or '.join(ARCHES)} to (ISA name, relative peak) pairs")
         if not (_number(self.drift_tolerance) and _number(self.min_cosine) and self.min_cosine <= 1):
             problems.append("drift_tolerance must be > 0 and min_cosine in (0, 1]")
-        for fact in ("reduced", "anywhere"):
+        for fact in ("reduced", "anywhere", "integer"):
             if not isinstance(getattr(self, fact), bool):
                 problems.append(f"{fact} is not True or False")
         if isinstance(self.rank, bool) or not isinstance(self.rank, int):
@@ -106,6 +108,11 @@ def _per_arch(value, fits) -> bool:
 PRECISIONS: dict[str, Precision] = {}
 
 
+def integer_precision() -> str | None:
+    """The registered precision computed on integer kernels (a quantized model file's), None when none is."""
+    return next((name for name, entry in PRECISIONS.items() if entry.integer), None)
+
+
 def register_precision(name: str, precision: Precision) -> Precision:
     """Adds a precision; an incomplete or malformed entry, or a name taken by another entry, raises
     RegistrationError (the same entry again, a module imported twice, is no error)."""
@@ -138,5 +145,6 @@ register_precision("int8", Precision(
     bytes=1, computes={"x86_64": ("avx512_vnni", "avx_vnni", "amx_int8"), "aarch64": ("i8mm",)},
     requires={"x86_64": (*X86_BASE, "avx512_vnni", "avx_vnni", "amx_tile", "amx_int8")}, drift_tolerance=2.5e-1,
     min_cosine=0.85, reduced=True, rank=0, anywhere=True, peak_libraries=("torch_int_mm",), gemm_dtype="float32",
+    integer=True,
     tiers={"x86_64": (("amx", 8.0), ("avx512_vnni", 1.0), ("avx_vnni", 0.5), ("avx512", 1 / 3), ("avx2", 1 / 6)),
            "aarch64": (("i8mm", 2.0), ("neon", 1.0))}))  # min_cosine: trained models reach 0.86 (docs/backends.md)

@@ -48,12 +48,12 @@ def compare_with_reference(cfg: BenchmarkConfig, model, threads: int, inputs, ou
 
     from corescale.backends import OPTIONS, create_backend
 
-    name = cfg.reference
+    name = cfg.reference_backend
     assert name is not None, "called for a config with a reference"
     ref_cfg = dataclasses.replace(cfg, backend=OPTIONS[name](), precision=REFERENCE, reference=None)
     reference = create_backend(name)
     reference.load(model, ref_cfg, threads, inputs)
     ref_out = reference.to_numpy(reference.forward(reference.prepare(inputs)))
     metrics = drift_metrics(output, ref_out, cfg.precision, cfg.drift_tolerance)
-    metrics["reference"] = cfg.reference
+    metrics["reference"] = name
     return metrics

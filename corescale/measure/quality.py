@@ -50,8 +50,10 @@ def reference_key(cfg: BenchmarkConfig, model, queries: QuerySet) -> str:
     from corescale.workload.models import source_files
 
     libraries = entry(quality_reference(model)).libraries
-    identity = {"model": model.identity(), "files": source_files(model), "seed": cfg.seed, "set": set_digest(queries),
-                "libraries": {n: _version(n) for n in libraries}, "version": 1}
+    referred = model.reference_spec
+    files = source_files(referred) if referred is not None else source_files(model)
+    identity = {"model": (referred or model).identity(), "files": files, "seed": cfg.seed,
+                "set": set_digest(queries), "libraries": {n: _version(n) for n in libraries}, "version": 1}
     return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
 
@@ -74,11 +76,13 @@ def reference_outputs(cfg: BenchmarkConfig, model, threads: int, queries: QueryS
         except (OSError, ValueError):
             pass  # unreadable: computed again, and replaced
     name = quality_reference(model)
-    ref_cfg = dataclasses.replace(cfg, backend=OPTIONS[name](), precision=REFERENCE, reference=None)
+    referred = model.reference_spec or model  # reference=DIR: its PyTorch model under the file's head
+    ref_cfg = dataclasses.replace(cfg, model=referred.name, backend=OPTIONS[name](), precision=REFERENCE,
+                                  reference=None, pooling=None, normalize=None)
     reference = create_backend(name)
-    reference.load(model, ref_cfg, threads, queries.rows([0], int(queries.lengths[0]), pad_id(model),
-                                                          model.takes_token_type_ids))
-    found = outputs(reference, model, queries)
+    reference.load(referred, ref_cfg, threads, queries.rows([0], int(queries.lengths[0]), pad_id(referred),
+                                                             referred.takes_token_type_ids))
+    found = outputs(reference, referred, queries)
     file.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=file.parent, prefix=".", suffix=".npy")
     with os.fdopen(fd, "wb") as handle:
@@ -93,7 +97,23 @@ def reference_name(model) -> str:
     from corescale.backends import quality_reference
 
     name = f"{quality_reference(model)} fp32"
+    if model.reference is not None:
+        return f"{name} on reference={model.reference_spec.name} (the file's head, the same tokens)"
     return f"{name} on the model file itself (no PyTorch model)" if model.model_file else name
+
+
+def unknown_quality(cfg: BenchmarkConfig, model) -> str | None:
+    """Why a model file's quality cannot be judged (None: it can): with no reference=DIR, a file measured as it
+    is (fp32, or quantized already) would only be compared with itself."""
+    from corescale.machine.precisions import REFERENCE
+
+    if model.model_file is None or model.reference is not None:
+        return None
+    if model.quantization is None and cfg.precision != REFERENCE:
+        return None  # the backend reduces the file's precision: the file at fp32 is a true reference
+    what = "quantized already" if model.quantization else "measured as it is"
+    return (f"unknown: the model file is {what}, and against itself it would score 1.0; give reference=DIR (the "
+            "fp32 model directory or hub id it was exported or quantized from)")
 
 
 # --- metrics ----------------------------------------------------------------------------------------------------
@@ -173,6 +193,10 @@ def check(cfg: BenchmarkConfig, model, threads: int, backend, queries: QuerySet)
     import time
 
     began = time.perf_counter()
+    unknown = unknown_quality(cfg, model)
+    if unknown is not None:
+        return {"task": model.task, "metrics": {}, "rows": len(queries.ids), "origin": queries.origin,
+                "reference": "none", "unknown": unknown, "seconds": 0.0}
     measured = outputs(backend, model, queries)
     reference, cached = reference_outputs(cfg, model, threads, queries)
     return {"task": model.task, "metrics": task_metrics(model.task, measured, reference, queries.groups),

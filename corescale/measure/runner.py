@@ -35,7 +35,7 @@ from corescale.record.files import PendingRun, log_name, run_name
 from corescale.record.sections import Contamination, InstanceReport, ServerSummary
 from corescale.record.trial import Failure, Partial, Roofline, RunMetrics, TrialRecord, spec_key, trial_key
 from corescale.workload.flops import forward_flops
-from corescale.workload.models import ModelSpec, resolve_model
+from corescale.workload.models import ModelSpec, configured_model
 from corescale.workload.quality import build_quality_set
 from corescale.workload.samples import build_query_set, uses_query_set
 
@@ -58,12 +58,13 @@ def prepare_trial(cfg: BenchmarkConfig, topology: Topology | None = None, on_nod
 
         return prepare_endpoint(cfg, prepare_trial(served_config(cfg)) if cfg.endpoint == MANAGED else None)
     check_available(cfg.backend.name)
-    if cfg.reference:
-        check_available(cfg.reference)
-    model = resolve_model(cfg.model, cfg.trust_remote_code, cfg.task, cfg.cache_dir, cfg.workload.tokenizer)
+    if cfg.reference_backend:
+        check_available(cfg.reference_backend)
+    model = configured_model(cfg)
+    cfg = graph_precision(cfg, model)
     runs_model(cfg.backend.name, model)
-    if cfg.reference:
-        runs_model(cfg.reference, model, "reference")
+    if cfg.reference_backend:
+        runs_model(cfg.reference_backend, model, "reference")
     check_task(cfg, model)
     if model.head.entry.judged:  # what the quality check's reference runs on
         check_available(quality_reference(model))
@@ -91,6 +92,24 @@ def prepare_trial(cfg: BenchmarkConfig, topology: Topology | None = None, on_nod
         digest = hashlib.sha256(b"".join(q.tobytes() for q in queries.ids)).hexdigest()[:16]
         key = trial_key(key, {"queries": digest})
     return Trial(cfg, model, placement, key, queries, quality)
+
+
+def graph_precision(cfg: BenchmarkConfig, model: ModelSpec) -> BenchmarkConfig:
+    """A model file quantized already is measured, and recorded, in the precision its graph computes in (whatever
+    its config says); precision= left at its default takes it, another precision is one line."""
+    from corescale.machine.precisions import REFERENCE
+    from corescale.workload.modelfile import describe_quantization
+
+    found = model.quantization
+    if found is None or cfg.precision == found["precision"]:
+        return cfg
+    if cfg.precision != REFERENCE:
+        raise UserError(f"precision={cfg.precision} contradicts model file '{cfg.model}': its graph computes in "
+                        f"{describe_quantization(found)}; leave precision= out (the graph decides)")
+    if found["precision"] not in entry(cfg.backend.name).precisions:
+        raise UserError(f"backend={cfg.backend.name} does not compute in precision={found['precision']}, which the "
+                        f"graph of model file '{cfg.model}' computes in ({describe_quantization(found)})")
+    return dataclasses.replace(cfg, precision=found["precision"])
 
 
 def check_task(cfg: BenchmarkConfig, model: ModelSpec) -> None:
@@ -399,6 +418,9 @@ def judge_quality(record: TrialRecord, trial: Trial) -> None:
         return
     gate = parse_gate(trial.cfg.min_quality, trial.model.task)
     found = checked[0]
+    if found.unknown is not None:  # nothing to judge against: said, neither passed nor failed
+        record.quality = found
+        return
     failed = [b.text() for b in gate if not b.holds(found.metrics[b.metric])]
     record.quality = dataclasses.replace(found, gate=[b.text() for b in gate], failed=failed, passed=not failed)
     if failed and record.ok:

@@ -60,7 +60,7 @@ def check_places(cfg: BenchmarkConfig, results: bool = True) -> None:
 
     if results:
         check_writable(cfg.results_root, "output_dir", directory=True)
-    artifacts = [a for name in (cfg.backend.name, cfg.reference) if name for a in entry(name).artifacts]
+    artifacts = [a for name in (cfg.backend.name, cfg.reference_backend) if name for a in entry(name).artifacts]
     if artifacts or cfg.calibrate:
         check_writable(cfg.cache_dir, "cache_dir", directory=True)
 

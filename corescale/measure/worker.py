@@ -225,7 +225,7 @@ class Instance:
 
     def drift(self, output) -> dict | None:
         """The outputs against the reference backend's, loaded in this process after the window."""
-        if not self.cfg.reference:
+        if not self.cfg.reference_backend:
             return None
         from corescale.measure.drift import compare_with_reference
 

@@ -68,7 +68,8 @@ class Quality(Section):
     seconds: float | None = None
     gate: list[str] = field(default_factory=list)  # the bounds applied, e.g. "cosine_p1>=0.99"
     failed: list[str] = field(default_factory=list)  # the bounds not met
-    passed: bool | None = None  # None: not judged yet (an instance's own report)
+    passed: bool | None = None  # None: not judged yet (an instance's own report), or unknown
+    unknown: str | None = None  # why there is no figure: a model file with nothing to be judged against
 
     def failure_message(self) -> str:
         shown = ", ".join(f"{b} (measured {self.metrics.get(b.split('>')[0].split('<')[0], float('nan')):.4f})"
@@ -77,6 +78,8 @@ class Quality(Section):
 
     def summary(self) -> str:
         """The headline figures: the gate's metrics, or every metric when there is no gate."""
+        if self.unknown is not None:
+            return f"quality {self.unknown}"
         names = [b.split(">")[0].split("<")[0] for b in self.gate] or list(self.metrics)
         return ", ".join(f"{n} {self.metrics[n]:.4f}" for n in names if n in self.metrics)
 

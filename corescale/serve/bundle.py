@@ -56,9 +56,9 @@ def check_destination(directory: Path, cfg: BenchmarkConfig) -> None:
 
 
 def model_spec(cfg: BenchmarkConfig):
-    from corescale.workload.models import resolve_model
+    from corescale.workload.models import configured_model
 
-    return resolve_model(cfg.model, cfg.trust_remote_code, cfg.task, cfg.cache_dir)
+    return configured_model(cfg)
 
 
 def model_folder(cfg: BenchmarkConfig) -> Path | None:

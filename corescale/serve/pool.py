@@ -199,10 +199,10 @@ class Pool:
 
     def start(self, timeout_s: float) -> None:
         """Every instance started and ready (warm), or UserError/RuntimeError with the first failure."""
-        from corescale.workload.models import resolve_model
+        from corescale.workload.models import configured_model
 
         cfg = self.bundle.cfg
-        model = resolve_model(cfg.model, cfg.trust_remote_code, cfg.task, cfg.cache_dir)
+        model = configured_model(cfg, judged=False)  # served: the quality reference stays behind
         jobs = protocol.Job.each(cfg, model, self.bundle.specs)
         for job, spec, launch in zip(jobs, self.bundle.specs, self.bundle.launches):
             path = job.write(self.work / f"instance-{spec.id}.json")

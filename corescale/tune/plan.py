@@ -219,9 +219,9 @@ def served_precisions(space: spaces.Space) -> None:
 
 def tuned_model(cfg: BenchmarkConfig, settings: TuneSettings):
     """The tuned model (its task: max_drift judges only a plain encoder, a head is judged by quality)."""
-    from corescale.workload.models import resolve_model
+    from corescale.workload.models import configured_model
 
-    model = resolve_model(cfg.model, cfg.trust_remote_code, cfg.task, cfg.cache_dir, cfg.workload.tokenizer)
+    model = configured_model(cfg)
     if settings.max_drift is not None and model.head.entry.judged:
         raise UserError(f"max_drift judges a plain encoder's hidden state; model '{cfg.model}' is task={model.task}, "
                         "judged by its quality on real text: use min_quality= (docs/tasks.md)")

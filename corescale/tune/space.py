@@ -104,6 +104,10 @@ def derive(cfg: BenchmarkConfig, overrides: list[str], narrow: dict[str, list[st
     notes += [f"precision {p}: this CPU has none of its instructions ({_flags(PRECISIONS[p].computes)})"
               for p in unoffered]
     precisions = {b: [p for p in BACKENDS[b].precisions if p not in unoffered] for b in backends}
+    quantized = getattr(model, "quantization", None)
+    if quantized:  # a model file quantized already computes in its graph's precision only
+        precisions = {b: [p for p in found if p == quantized["precision"]] for b, found in precisions.items()}
+        notes.append(f"precision: the model file's graph computes in {quantized['precision']} only")
     options = {b: OPTIONS[b].tune_values() for b in backends}
     layouts = candidate_layouts(physical_cores)
     threads = {c: [""] + [str(t) for t in powers(c) if t != c] for c in powers(physical_cores)}

@@ -18,11 +18,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from corescale.errors import UserError
 from corescale.userfiles import read_json
 from corescale.workload import tasks
 
 POOLING_MODES = ("cls", "mean", "max", "lasttoken")
+POOLING_CHOICES = ("cls", "mean", "max", "last", "lasttoken")  # pooling=: "last" is lasttoken
 # 1_Pooling/config.json's flags -> our mode (sentence-transformers' names)
 _POOLING_FLAGS = {"pooling_mode_cls_token": "cls", "pooling_mode_mean_tokens": "mean",
                   "pooling_mode_max_tokens": "max", "pooling_mode_lasttoken": "lasttoken"}
@@ -261,3 +264,46 @@ def head_for_task(declared: HeadSpec, task: str | None, source: str, name: str, 
         raise UserError(f"model '{name}' has no {wanted.noun} head (config.json's architectures name no "
                         f"*ForSequenceClassification); task={task} needs one, or use a preset (its head is random)")
     return HeadSpec(task=task, labels=wanted.labels, source="task=")
+
+
+def pooled_head(declared: HeadSpec, task: str | None, pooling: str, normalize: bool | None, name: str,
+                what: str) -> HeadSpec:
+    """The head `pooling=` (and `normalize=`) adds to a model whose output is token states; one line for a model
+    that already pools or computes another head, or a task= that is not the pooled one."""
+    pooled = str(tasks.of_head("pooled"))
+    if pooling not in POOLING_CHOICES:
+        raise UserError(f"unknown pooling '{pooling}'; allowed: {', '.join(POOLING_CHOICES)}")
+    if declared.entry.head != "tokens":
+        raise UserError(f"{what} '{name}' already computes {declared.summary()} (task={declared.task}); pooling= adds "
+                        "a head only to a model whose output is token states")
+    if task not in (None, pooled):
+        raise UserError(f"pooling={pooling} makes {what} '{name}' a {tasks.TASKS[pooled].noun} (task={pooled}); "
+                        f"it cannot do task={task}")
+    mode = "lasttoken" if pooling == "last" else pooling
+    return HeadSpec(task=pooled, pooling=mode, normalize=True if normalize is None else bool(normalize),
+                    encoder_path=declared.encoder_path, source="pooling=")
+
+
+def file_head(spec: Any) -> HeadSpec | None:
+    """The head pooling= adds to a model file's token states, which its backend computes on the graph's output
+    inside the measured call; None where the graph computes the whole task."""
+    head = spec.head
+    return head if spec.model_file is not None and head.source == "pooling=" else None
+
+
+def pool_states(head: HeadSpec, states: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """`head`'s pooling (and L2 normalisation) of token states [B, S, H] over the attention mask, as
+    Sentence-Transformers computes it (backends/pytorch/task.py's pool, in NumPy)."""
+    states = np.asarray(states, dtype=np.float32)
+    weights = np.asarray(mask)[:, :states.shape[1], None].astype(np.float32)
+    if head.pooling == "cls":
+        vector = states[:, 0]
+    elif head.pooling == "max":
+        vector = np.where(weights > 0, states, np.finfo(np.float32).min).max(axis=1)
+    elif head.pooling == "lasttoken":
+        vector = states[np.arange(len(states)), weights[:, :, 0].sum(axis=1).astype(np.int64) - 1]
+    else:
+        vector = (states * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1e-9)
+    if head.normalize:
+        vector = vector / np.maximum(np.linalg.norm(vector, axis=1, keepdims=True), 1e-12)
+    return vector

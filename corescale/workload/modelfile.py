@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import xml.etree.ElementTree as ElementTree
+from collections import Counter
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -31,7 +32,26 @@ _IR_TYPES = {"f32": "float32", "i64": "int64", "i32": "int32", "f16": "float16",
              "fp32": "float32", "fp16": "float16", "fp64": "float64"}  # element types, then ports' precisions
 FLOATS = ("float32", "float16", "bfloat16", "float64")
 _MODEL_GRAPH, _MODEL_OPSET = 7, 8  # ModelProto's fields
-_GRAPH_INPUT, _GRAPH_OUTPUT = 11, 12  # GraphProto's fields
+_GRAPH_NODE, _GRAPH_INITIALIZER, _GRAPH_INPUT, _GRAPH_OUTPUT = 1, 5, 11, 12  # GraphProto's fields
+_NODE_INPUT, _NODE_OP_TYPE = 1, 4  # NodeProto's
+_TENSOR_DIMS, _TENSOR_TYPE, _TENSOR_NAME = 1, 2, 8  # TensorProto's
+_ONNX_LOW_BITS = {3: 8, 2: 8, 22: 4, 21: 4}  # TensorProto's INT8, UINT8, INT4, UINT4
+_LEAST_WEIGHT = 4096  # elements: a weight matrix, not a mask or a table of a few numbers
+DECOMPRESS = ("Cast", "DequantizeLinear")  # nodes that turn integer weights into floats
+# what a quantized graph is made of, by scheme: ONNX operators (ONNX Runtime's contrib ones included), OpenVINO
+# layer types, and COMPRESSED for an IR's integer weight constants decompressed by a Convert
+COMPRESSED = "compressed weights"
+QUANTIZED = {
+    "dynamic": ("DynamicQuantizeLinear", "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "DynamicQuantizeLSTM"),
+    "static": ("QuantizeLinear", "QLinearMatMul", "QLinearConv", "QLinearAdd", "QLinearMul", "QLinearSoftmax",
+               "QLinearSigmoid", "QLinearLeakyRelu", "QLinearConcat", "QLinearAveragePool", "QLinearReduceMean",
+               "QLinearGlobalAveragePool", "QGemm", "QAttention", "QEmbedLayerNormalization", "FakeQuantize"),
+    "weight-only": ("DequantizeLinear", "MatMulNBits", "GatherBlockQuantized", COMPRESSED),
+}
+INTEGER_KERNELS = ("MatMulInteger", "ConvInteger", "MatMulIntegerToFloat", "QLinearMatMul", "QGemm", "QAttention",
+                   "MatMulNBits")
+FLOAT_MATMULS = ("MatMul", "Gemm", "MatMul_Float", "FullyConnected")  # ONNX's and OpenVINO's float GEMMs
+_LOW_BITS = {"u4": 4, "i4": 4, "nf4": 4, "u8": 8, "i8": 8}  # an IR's compressed weight element types
 
 
 def is_model_file(name: str) -> bool:
@@ -45,12 +65,42 @@ def read_graph(path: Path, name: str) -> dict[str, Any]:
     if not path.is_file():
         raise UserError(f"model file '{name}' does not exist")
     if kind == "onnx":
-        inputs, outputs, size = _onnx_ports(path, name)
+        inputs, outputs, size, operators = _onnx_ports(path, name)
     else:
-        inputs, outputs, size = _ir_ports(path, name)
+        inputs, outputs, size, operators = _ir_ports(path, name)
     if not outputs:
         raise UserError(f"model file '{name}' declares no output")
-    return {"format": kind, "inputs": inputs, "outputs": outputs, "bytes": size}
+    found = {"format": kind, "inputs": inputs, "outputs": outputs, "bytes": size}
+    quantized = quantization(operators)
+    return {**found, "quantization": quantized} if quantized else found  # a float file's keys hold
+
+
+def quantization(operators: Counter[str]) -> dict[str, Any] | None:
+    """What the graph's operators say of its precision: None for a float graph, else {"precision": the registered
+    integer precision, "scheme": dynamic | static | weight-only | mixed, "weight_bits", "operators": the counts of
+    the quantized ones, "float_matmuls": the GEMMs left in floating point}."""
+    from corescale.machine.precisions import integer_precision
+
+    marks = {op for ops in QUANTIZED.values() for op in ops} | set(INTEGER_KERNELS) | {f"{COMPRESSED} {b}-bit"
+                                                                                       for b in (4, 8)}
+    found = {op: n for op, n in operators.items() if op in marks}
+    if not found:
+        return None
+    named = {COMPRESSED if op.startswith(COMPRESSED) else op for op in found}
+    kinds = {scheme for scheme, ops in QUANTIZED.items() if named & set(ops)}
+    if kinds & {"dynamic", "static"} and not {"MatMulNBits", "GatherBlockQuantized"} & set(found):
+        kinds.discard("weight-only")  # their DequantizeLinear or decompressed constants serve the quantized kernels
+    scheme = next(iter(kinds)) if len(kinds) == 1 else "mixed" if kinds else "integer kernels"
+    bits = 4 if "MatMulNBits" in found or f"{COMPRESSED} 4-bit" in found else 8
+    return {"precision": integer_precision(), "scheme": scheme, "weight_bits": bits, "operators": found,
+            "float_matmuls": sum(operators[op] for op in FLOAT_MATMULS)}
+
+
+def describe_quantization(found: dict[str, Any]) -> str:
+    """One phrase for the record and the refusals: "int8 (dynamic; MatMulInteger x36, ...)"."""
+    shown = ", ".join(f"{op} x{n}" for op, n in sorted(found["operators"].items(), key=lambda kv: -kv[1])[:3])
+    bits = f", {found['weight_bits']}-bit weights" if found["weight_bits"] != 8 else ""
+    return f"{found['precision']} ({found['scheme']}{bits}; {shown})"
 
 
 # --- ONNX: the protobuf wire format, walked without reading the weights ------------------------------------------
@@ -93,12 +143,15 @@ def _fields(handle: BinaryIO, end: int):
         raise ValueError("the last field runs past the end")
 
 
-def _onnx_ports(path: Path, name: str) -> tuple[dict, dict, int]:
+def _onnx_ports(path: Path, name: str) -> tuple[dict, dict, int, Counter[str]]:
     from onnx import ValueInfoProto
 
     size = path.stat().st_size
     found: dict[int, list[bytes]] = {_GRAPH_INPUT: [], _GRAPH_OUTPUT: []}
     seen = set()
+    operators: Counter[str] = Counter()
+    decompressed: set[str] = set()  # what Cast and DequantizeLinear nodes take
+    low: dict[str, int] = {}  # integer weight tensors (initializers) -> their bits
     try:
         with open(path, "rb") as handle:
             for number, start, length in list(_fields(handle, size)):
@@ -109,6 +162,15 @@ def _onnx_ports(path: Path, name: str) -> tuple[dict, dict, int]:
                         if inner in found:
                             handle.seek(at)
                             found[inner].append(handle.read(count))
+                        elif inner == _GRAPH_NODE:
+                            op, node_inputs = _node(handle, at, count)
+                            operators[op] += 1
+                            if op in DECOMPRESS:
+                                decompressed.update(node_inputs)
+                        elif inner == _GRAPH_INITIALIZER:
+                            kind, elements, tensor = _tensor_head(handle, at, count)
+                            if kind in _ONNX_LOW_BITS and elements >= _LEAST_WEIGHT:
+                                low[tensor] = _ONNX_LOW_BITS[kind]
         if _MODEL_GRAPH not in seen or _MODEL_OPSET not in seen:
             raise ValueError("no graph" if _MODEL_GRAPH not in seen else "no opset")
         ports: list[dict[str, list]] = [{}, {}]
@@ -121,7 +183,53 @@ def _onnx_ports(path: Path, name: str) -> tuple[dict, dict, int]:
     except (ValueError, OSError) as exc:  # protobuf's DecodeError is a ValueError
         raise UserError(f"model file '{name}' is not a readable ONNX model ({exc}): truncated, damaged or another "
                         "kind of file") from None
-    return ports[0], ports[1], size + _external_bytes(path)
+    for tensor, bits in low.items():  # integer weights turned into floats by a node: compressed weights
+        if tensor in decompressed:
+            operators[f"{COMPRESSED} {bits}-bit"] += 1
+    return ports[0], ports[1], size + _external_bytes(path), operators
+
+
+def _node(handle: BinaryIO, start: int, length: int) -> tuple[str, list[str]]:
+    """A NodeProto's op_type and inputs, its other fields (a Constant's tensor among them) skipped."""
+    handle.seek(start)
+    op, inputs = "", []
+    for number, at, count in list(_fields(handle, start + length)):
+        if number in (_NODE_INPUT, _NODE_OP_TYPE):
+            handle.seek(at)
+            text = handle.read(count).decode("utf-8", "replace")
+            op = text if number == _NODE_OP_TYPE else op
+            inputs += [text] if number == _NODE_INPUT else []
+    return op, inputs
+
+
+def _tensor_head(handle: BinaryIO, start: int, length: int) -> tuple[int, int, str]:
+    """A TensorProto's element type, element count and name; its data is skipped, never read."""
+    handle.seek(start)
+    end, kind, dims, name = start + length, 0, [], ""
+    while handle.tell() < end:
+        key = _varint(handle)
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            value = _varint(handle)
+            kind = value if number == _TENSOR_TYPE else kind
+            dims += [value] if number == _TENSOR_DIMS else []
+        elif wire == 2:
+            count = _varint(handle)
+            at = handle.tell()
+            if number == _TENSOR_NAME:
+                name = handle.read(count).decode("utf-8", "replace")
+            elif number == _TENSOR_DIMS:  # packed
+                while handle.tell() < at + count:
+                    dims.append(_varint(handle))
+            handle.seek(at + count)
+        elif wire in (1, 5):
+            handle.seek(8 if wire == 1 else 4, os.SEEK_CUR)
+        else:
+            raise ValueError(f"wire type {wire}")
+    elements = 1
+    for dim in dims:
+        elements *= dim
+    return kind, elements, name
 
 
 def _external_bytes(path: Path) -> int:
@@ -132,7 +240,7 @@ def _external_bytes(path: Path) -> int:
 
 # --- OpenVINO IR: the .xml's Parameters and Results, the .bin's size ------------------------------------------
 
-def _ir_ports(path: Path, name: str) -> tuple[dict, dict, int]:
+def _ir_ports(path: Path, name: str) -> tuple[dict, dict, int, Counter[str]]:
     weights = path.with_suffix(".bin")
     if not weights.is_file():
         raise UserError(f"model file '{name}' is an OpenVINO IR without its weights: {weights.name} is not beside it")
@@ -150,6 +258,13 @@ def _ir_ports(path: Path, name: str) -> tuple[dict, dict, int]:
         raise UserError(f"model file '{name}': {weights.name} holds {size} bytes, the .xml places constants up to "
                         f"byte {needed} (truncated, or the .bin of another model)")
     inputs, outputs = {}, {}
+    operators: Counter[str] = Counter(str(layer.get("type")) for layer in layers.values())
+    for edge in root.iter("edge"):  # an integer constant decompressed by a Convert: a compressed weight
+        source, target = layers.get(edge.get("from-layer")), layers.get(edge.get("to-layer"))
+        data = source.find("data") if source is not None and source.get("type") == "Const" else None
+        bits = _LOW_BITS.get(data.get("element_type", "")) if data is not None else None
+        if bits and target is not None and target.get("type") == "Convert":
+            operators[f"{COMPRESSED} {bits}-bit"] += 1
     for layer in layers.values():
         if layer.get("type") == "Parameter":
             port = layer.find("output/port")
@@ -165,7 +280,7 @@ def _ir_ports(path: Path, name: str) -> tuple[dict, dict, int]:
         precision = (port.get("precision", "") if port is not None else "").lower()
         named = (result.get("output_names") or "").split(",")[0].strip()
         outputs[named or _port_name(port, result)] = [_IR_TYPES.get(precision, precision), _dims(port)]
-    return inputs, outputs, size
+    return inputs, outputs, size, operators
 
 
 def _port_name(port, layer) -> str:

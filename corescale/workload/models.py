@@ -16,10 +16,10 @@ from typing import Any
 
 from corescale.errors import UserError
 from corescale.userfiles import default_cache_dir, read_json
-from corescale.workload.heads import HeadSpec, classification_labels, head_for_task, model_head
+from corescale.workload.heads import HeadSpec, classification_labels, head_for_task, model_head, pooled_head
 from corescale.workload.modelfile import check_text_inputs, graph_task, is_model_file, read_graph, tokenizer_vocab
 from corescale.workload.packaged import PACKAGED, packaged_model
-from corescale.workload.tasks import TASKS
+from corescale.workload.tasks import TASKS, of_head
 
 _BERT = dict(model_type="bert", vocab_size=30522, max_position_embeddings=512, type_vocab_size=2,
              hidden_act="gelu", layer_norm_eps=1e-12)
@@ -79,10 +79,22 @@ class ModelSpec:
     # source "file": what the file's graph says (workload/modelfile.py: format, inputs, outputs, bytes, the output
     # measured, hidden and vocabulary sizes where known, where the sizes come from)
     model_file: dict[str, Any] | None = field(default=None, hash=False)
+    # reference=DIR: the fp32 model a model file came from (its ModelSpec's fields, its head the file's), the
+    # quality check's reference on PyTorch
+    reference: dict[str, Any] | None = field(default=None, hash=False)
 
     @property
     def head(self) -> HeadSpec:
         return HeadSpec.from_json(self.head_json)
+
+    @property
+    def reference_spec(self) -> ModelSpec | None:
+        return ModelSpec(**self.reference) if self.reference else None
+
+    @property
+    def quantization(self) -> dict[str, Any] | None:
+        """What a model file's graph says of its precision (workload/modelfile.py), None for a float graph."""
+        return (self.model_file or {}).get("quantization")
 
     @property
     def task(self) -> str:
@@ -161,15 +173,36 @@ class ModelSpec:
     def identity(self) -> dict[str, Any]:
         """Model identity for result keys: the name plus its hyperparameters (and its head, when it has one)."""
         found = {"name": self.name, "source": self.source, "config": self.config, **self.head.identity()}
+        if self.reference is not None:
+            referred = self.reference_spec
+            assert referred is not None
+            found["reference"] = {**referred.identity(), "path": referred.path}
         return {**found, "file": self.model_file} if self.model_file is not None else found
 
 
+def configured_model(cfg, judged: bool = True) -> ModelSpec:
+    """The model a configuration measures: `model`, `task`, `pooling`, `normalize`, and `reference=` naming a model
+    where its quality is judged (not where a bundle is served: the reference stays behind)."""
+    return resolve_model(cfg.model, cfg.trust_remote_code, cfg.task, cfg.cache_dir, cfg.workload.tokenizer,
+                         pooling=cfg.pooling, normalize=cfg.normalize,
+                         reference=cfg.reference_model if judged else None)
+
+
 def resolve_model(name: str, trust_remote_code: bool = False, task: str | None = None,
-                  cache_dir: str | None = None, tokenizer: str | None = None) -> ModelSpec:
-    """The model and the head `task` asks for (None: the model's own); one line for anything it cannot be.
-    `tokenizer` (workload.tokenizer) serves a model file, whose vocabulary it gives when no config.json does."""
+                  cache_dir: str | None = None, tokenizer: str | None = None, pooling: str | None = None,
+                  normalize: bool | None = None, reference: str | None = None) -> ModelSpec:
+    """The model and the head `task` asks for (None: the model's own), or the head `pooling` adds to its token
+    states; one line for anything it cannot be. `tokenizer` (workload.tokenizer) serves a model file, whose
+    vocabulary it gives when no config.json does; `reference` names the fp32 model a model file came from."""
+    if normalize is not None and pooling is None:
+        raise UserError(f"normalize={str(normalize).lower()} applies to the head pooling= adds; give pooling= too")
     if is_model_file(name) and name not in PRESETS:
-        return file_spec(name, Path(os.path.expanduser(name)), task, tokenizer)
+        referred = reference_model(reference, trust_remote_code, cache_dir) if reference else None
+        spec = file_spec(name, Path(os.path.expanduser(name)), task, tokenizer, pooling, normalize, referred)
+        return spec if referred is None else with_reference(spec, referred)
+    if reference:
+        raise UserError(f"reference={reference} names the fp32 model a model file was exported or quantized from; "
+                        f"model '{name}' is not a model file (its own fp32 PyTorch model is its reference)")
     if name in PRESETS:
         spec = ModelSpec(name=name, source="preset", config=dict(PRESETS[name]))
         declared = PRESET_HEADS.get(name, HeadSpec())
@@ -186,8 +219,45 @@ def resolve_model(name: str, trust_remote_code: bool = False, task: str | None =
             raise UserError(f"unknown model '{name}'; use a preset ({', '.join(PRESETS)}), a packaged model "
                             f"({', '.join(PACKAGED)}), a local directory or a hub id")
         declared = spec.head
-    head = head_for_task(declared, task, spec.source, name, spec.model_type in DECODER_TYPES)
+    if pooling is not None:
+        head = pooled_head(declared, task, pooling, normalize, name, "model")
+    else:
+        head = head_for_task(declared, task, spec.source, name, spec.model_type in DECODER_TYPES)
     return dataclasses.replace(spec, head_json=head.to_json())
+
+
+def reference_model(name: str, trust_remote_code: bool, cache_dir: str | None) -> ModelSpec:
+    """`reference=` naming a model: a directory, a packaged model or a hub id (not another model file)."""
+    if is_model_file(name) and name not in PRESETS:
+        raise UserError(f"reference={name} is a model file; the reference is the fp32 model directory or hub id the "
+                        "file was exported or quantized from (or a backend name)")
+    try:
+        return resolve_model(name, trust_remote_code, cache_dir=cache_dir)
+    except UserError as failed:
+        raise UserError(f"reference={name} is neither a backend nor a model corescale can load: {failed}") from None
+
+
+def with_reference(spec: ModelSpec, referred: ModelSpec) -> ModelSpec:
+    """The file judged against `referred`: the same vocabulary and hidden size (else one line), and the file's
+    head on the reference's encoder (a head the file computes itself: the reference's own, of the same task)."""
+    where = f"reference={referred.name} cannot judge model file '{spec.name}'"
+    if referred.vocab_size != spec.vocab_size:
+        raise UserError(f"{where}: its vocabulary has {referred.vocab_size} tokens, the file's {spec.vocab_size} (a "
+                        "reference of another vocabulary)")
+    found = spec.model_file or {}
+    head = spec.head
+    tokens = found["outputs"][found["output"]][1][-1] if head.source != "file" or head.entry.head == "tokens" \
+        else None  # the width of the file's token states, which the reference's must share
+    if tokens and referred.hidden and tokens != referred.hidden:
+        raise UserError(f"{where}: its hidden size is {referred.hidden}, the file's token states have {tokens}")
+    if head.source == "file":  # the file's own head: the reference's, which must compute the same task
+        ref_head = head_for_task(referred.head, spec.task, referred.source, referred.name, referred.decoder)
+    else:  # pooling= on the file: the same head on the reference's encoder
+        ref_head = dataclasses.replace(head, encoder_path=referred.head.encoder_path, prompt=referred.head.prompt)
+    if ref_head.task != spec.task:
+        raise UserError(f"{where}: it is a {ref_head.entry.noun}, the file a {head.entry.noun}")
+    fields = dataclasses.asdict(dataclasses.replace(referred, head_json=ref_head.to_json()))
+    return dataclasses.replace(spec, reference=fields)
 
 
 def _local_spec(name: str, path: Path, source: str = "local") -> ModelSpec:
@@ -204,22 +274,30 @@ def _local_spec(name: str, path: Path, source: str = "local") -> ModelSpec:
     return ModelSpec(name=name, source=source, config=config, path=str(path.resolve()), head_json=head.to_json())
 
 
-def file_spec(name: str, path: Path, task: str | None, tokenizer: str | None) -> ModelSpec:
+def file_spec(name: str, path: Path, task: str | None, tokenizer: str | None, pooling: str | None = None,
+              normalize: bool | None = None, referred: ModelSpec | None = None) -> ModelSpec:
     """An exported model file (workload/modelfile.py): its graph read, its inputs a text model's, its task from its
-    outputs, its sizes from a config.json beside it or, where the graph tells them, from the graph."""
+    outputs (or the head pooling= adds to its token states), its sizes from a config.json beside it or, where the
+    graph tells them, from the graph; its vocabulary from its tokenizer, else from its reference's."""
     graph = read_graph(path, name)
     check_text_inputs(graph, name)
-    chosen, output = graph_task(graph, name, task)
+    if pooling is not None:
+        declared, _ = graph_task(graph, name, None)
+        pooled_head(HeadSpec(task=declared, source="file"), task, pooling, normalize, name, "model file")
+        chosen, output = graph_task(graph, name, of_head("tokens"))
+    else:
+        chosen, output = graph_task(graph, name, task)
     config_file = path.parent / "config.json"
     config: dict[str, Any] = {}
     if config_file.is_file():
         config = read_json(config_file, f"model file '{name}': config.json beside it")
         check_config(config, f"model file '{name}': config.json beside it")
     folder = Path(os.path.expanduser(tokenizer)) if tokenizer else path.parent
-    vocab = config.get("vocab_size") or tokenizer_vocab(folder)
+    vocab = config.get("vocab_size") or tokenizer_vocab(folder) or (referred.vocab_size if referred else None)
     if vocab is None:
         raise UserError(f"model file '{name}' needs its tokenizer: give workload.tokenizer=DIR (a folder holding "
-                        "tokenizer.json), or put tokenizer.json or config.json beside the file")
+                        "tokenizer.json), put tokenizer.json or config.json beside the file, or name the model it "
+                        "came from (reference=DIR)")
     dims = graph["outputs"][output][1]
     labels: tuple[str, ...] = ()
     entry = TASKS[chosen]
@@ -229,6 +307,8 @@ def file_spec(name: str, path: Path, task: str | None, tokenizer: str | None) ->
     head = HeadSpec(task=chosen, labels=labels, source="file")
     found = {**graph, "output": output, "vocab_size": int(vocab), "sizes": "config.json" if config else "graph",
              "hidden": dims[-1] if entry.head != "logits" else None}
+    if pooling is not None:
+        head = pooled_head(HeadSpec(task=chosen, source="file"), task, pooling, normalize, name, "model file")
     return ModelSpec(name=name, source="file", config=config, path=str(path.resolve()), head_json=head.to_json(),
                      model_file=found)
 

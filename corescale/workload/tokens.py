@@ -29,6 +29,9 @@ def tokenizer_dir(cfg: BenchmarkConfig, model) -> tuple[Path | None, str]:
         return Path(model.path), "the model's tokenizer"
     if model.source == "file" and model.path and (Path(model.path).parent / "tokenizer.json").is_file():
         return Path(model.path).parent, "the tokenizer beside the model file"
+    if model.source == "file" and model.reference_spec is not None:  # the model the file came from
+        folder, _ = tokenizer_dir(cfg, model.reference_spec)
+        return folder, f"the tokenizer of reference={model.reference_spec.name}"
     if model.source == "hub" and model.path:
         from corescale.workload.models import hub_snapshot
 

@@ -16,6 +16,7 @@ from corescale.backends.onnxruntime.options import GRAPH_OPTIMIZATION_LEVELS as 
 from corescale.backends.onnxruntime.options import OnnxRuntimeOptions
 from corescale.backends.options import options_as
 from corescale.errors import UserError
+from corescale.workload.heads import file_head, pool_states
 
 if TYPE_CHECKING:
     from corescale.config import BenchmarkConfig
@@ -123,7 +124,8 @@ class OnnxRuntimeBackend(TimedStages):
             with self.stage(stage):
                 model = model.derived(variant, build)
             self.cache_hits[stage] = drop_if_hit(self, stage, model).cache_hit
-        if cfg.precision == "int8":  # on the fused model when fusion=true: its names are the export's own
+        if cfg.precision == "int8" and spec.quantization is None:  # on the fused model when fusion=true: its names
+            # are the export's own; a model file quantized already runs as it is
             with self.stage("quantize"):
                 variant, build, self.quantization = int8_step(spec, cfg, model.path, list(inputs))
                 model = model.derived(variant, build)
@@ -135,13 +137,15 @@ class OnnxRuntimeBackend(TimedStages):
         self.options = options
         # the output measured: the export's one, or the model file's chosen one (it may hold several)
         self.outputs = [spec.model_file["output"]] if spec.model_file else None
+        self.head = file_head(spec)  # pooling= on a model file's token states, computed after the graph
 
     def prepare(self, inputs):
         names = {i.name for i in self.session.get_inputs()}
         return {name: array for name, array in inputs.items() if name in names}
 
     def forward(self, prepared):
-        return self.session.run(self.outputs, prepared)[0]
+        found = self.session.run(self.outputs, prepared)[0]
+        return found if self.head is None else pool_states(self.head, found, prepared["attention_mask"])
 
     def to_numpy(self, output) -> np.ndarray:
         return np.asarray(output, dtype=np.float32)

@@ -13,6 +13,7 @@ from corescale.backends.openvino.options import OpenVinoOptions
 from corescale.backends.openvino.quantize import int8_step
 from corescale.backends.options import options_as
 from corescale.errors import UserError
+from corescale.workload.heads import file_head, pool_states
 
 if TYPE_CHECKING:
     from corescale.config import BenchmarkConfig
@@ -47,7 +48,8 @@ class OpenVinoBackend(TimedStages):
         model = onnx_model(spec, cfg, inputs, self)
         self.cache_hits = {"export": model.cache_hit}
         self.quantization: dict = {}
-        if cfg.precision == "int8" and not model.final:  # a bundle's artifact is the int8 IR already
+        if cfg.precision == "int8" and not model.final and spec.quantization is None:  # a bundle's artifact is the
+            # int8 IR already, a model file quantized already runs as it is
             with self.stage("quantize"):
                 variant, build, self.quantization = int8_step(spec, cfg, core, model.path, list(inputs))
                 model = model.derived(variant, build, file=IR_FILE)
@@ -69,15 +71,19 @@ class OpenVinoBackend(TimedStages):
         self.request = self.compiled.create_infer_request()
         # the output measured: the export's one, or the model file's chosen one (it may hold several)
         self.output = self.compiled.output(spec.model_file["output"]) if spec.model_file else 0
+        self.head = file_head(spec)  # pooling= on a model file's token states, computed after the graph
 
     def prepare(self, inputs):
         names = {name for port in self.compiled.inputs for name in port.get_names()}
         return {name: np.ascontiguousarray(array) for name, array in inputs.items() if name in names}
 
     def forward(self, prepared):
-        return self.request.infer(prepared, share_inputs=True, share_outputs=True)
+        found = self.request.infer(prepared, share_inputs=True, share_outputs=True)
+        return found if self.head is None else pool_states(self.head, found[self.output], prepared["attention_mask"])
 
     def to_numpy(self, output) -> np.ndarray:
+        if isinstance(output, np.ndarray):  # pooled already (a new array)
+            return output
         return np.array(output[self.output], dtype=np.float32)  # copies out of the request's own buffer
 
     def info(self) -> dict:
