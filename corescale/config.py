@@ -174,12 +174,8 @@ class BenchmarkConfig:
             self.backend = backend_from_dict({"name": self.backend.name})
 
     @property
-    def reference_backend(self) -> Optional[str]:  # reference= naming a backend (the drift check's)
+    def reference_backend(self) -> Optional[str]:  # reference= naming a backend (else a model: workload/models.py)
         return self.reference if self.reference in OPTIONS else None
-
-    @property
-    def reference_model(self) -> Optional[str]:  # reference= naming a model directory or hub id
-        return self.reference if self.reference and self.reference not in OPTIONS else None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

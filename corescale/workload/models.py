@@ -185,7 +185,7 @@ def configured_model(cfg, judged: bool = True) -> ModelSpec:
     where its quality is judged (not where a bundle is served: the reference stays behind)."""
     return resolve_model(cfg.model, cfg.trust_remote_code, cfg.task, cfg.cache_dir, cfg.workload.tokenizer,
                          pooling=cfg.pooling, normalize=cfg.normalize,
-                         reference=cfg.reference_model if judged else None)
+                         reference=cfg.reference if judged and not cfg.reference_backend else None)
 
 
 def resolve_model(name: str, trust_remote_code: bool = False, task: str | None = None,
