@@ -8,6 +8,7 @@ import json
 import socket
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -184,6 +185,10 @@ def test_slow_clients_are_cut_at_the_receive_deadline_and_others_are_answered(se
     for sock in slow:
         sock.close()
     assert sorted(closed) == [0, 1] and min(closed.values()) >= RECEIVE_S * 0.9, closed
+    limits = Path(f"/proc/{service.process.pid}/limits").read_text()
+    soft, hard = next(line.split()[3:5] for line in limits.splitlines() if line.startswith("Max open files"))
+    assert soft == hard  # raised at start: each connection is a descriptor
+    assert "Traceback" not in service.log.read_text()  # a client cut while sending its body is no error of ours
 
 
 @pytest.mark.slow
@@ -262,3 +267,80 @@ def test_the_longest_served_length_is_the_models_declared_one(tmp_path):
     (tmp_path / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 256}))
     assert longest_served(tmp_path, 512, 128) == 256 and longest_served(tmp_path, None, 384) == 384
     assert longest_served(minilm_folder(), 512, 128) == 256  # all-MiniLM-L6-v2: 256, whatever was measured
+
+
+class FakePool:
+    """The pool's side of the front, in this process: room for `room` inputs, answers `rows` for each input."""
+
+    def __init__(self, room=8, rows=None):
+        self.room, self.rows, self.pending, self.submitted = room, rows, 0, 0
+        self.instances = []
+
+    def admit(self, rows):
+        from corescale.serve.pool import Overloaded
+
+        if self.pending + rows > self.room:
+            raise Overloaded(f"the queue holds {self.pending} inputs (at most {self.room})")
+        self.pending += rows
+
+    def release(self, rows):
+        self.pending -= rows
+
+    def submit(self, request):
+        self.submitted += 1
+        self.pending -= len(request.rows)
+        request.future.set_result([self.rows(ids) for ids in request.rows])
+
+    def ready_count(self):
+        return 1
+
+
+class CountedTokens(Tokens):
+    calls = 0
+
+    def encode(self, *args, **kwargs):
+        CountedTokens.calls += 1
+        return super().encode(*args, **kwargs)
+
+
+def front_client(task="embed", key=None, **pool):
+    from fastapi.testclient import TestClient
+
+    from corescale.serve.app import Front, create_app
+    from corescale.serve.metrics import Metrics
+    from corescale.workload.heads import HeadSpec
+
+    tokens = CountedTokens(minilm_folder() / "tokenizer.json", 64, Limits(max_inputs=8, answer_floats=1000), VOCAB)
+    pool = FakePool(**pool)
+    head = HeadSpec(task=task, pooling=None if task == "encode" else "mean", normalize=task == "embed")
+    metrics = Metrics()
+    app = create_app(Front(pool, tokens, head, "m", metrics, width=32), key)
+    return TestClient(app, raise_server_exceptions=False), pool, metrics
+
+
+def test_admission_is_checked_before_tokenizing():
+    client, pool, _ = front_client(room=2, rows=lambda ids: np.ones(4, np.float32))
+    CountedTokens.calls = 0
+    answer = client.post("/embed", json={"inputs": ["a", "b", "c"]})
+    assert answer.status_code == 429 and answer.headers["Retry-After"] == "1" and CountedTokens.calls == 0
+    assert pool.pending == 0
+    refused(client.post("/embed", json={"inputs": ["a", ""]}), 422, "empty")  # refused after admission: released
+    assert pool.pending == 0 and client.post("/embed", json={"inputs": ["a", "b"]}).status_code == 200
+
+
+def test_a_non_finite_output_and_an_answer_too_large_are_refused_in_shape():
+    client, pool, _ = front_client(rows=lambda ids: np.array([np.nan, 1.0], np.float32))
+    refused(client.post("/embed", json={"inputs": "a"}), 500, "non-finite")
+    client, pool, _ = front_client("encode", rows=lambda ids: np.ones((len(ids), 32), np.float32))
+    assert client.post("/embed_all", json={"inputs": "a few words"}).status_code == 200  # 5 tokens x 32
+    refused(client.post("/embed_all", json={"inputs": "word " * 40}), 413, "--max-answer-floats")
+    assert pool.submitted == 1  # refused before computing
+
+
+def test_refused_requests_on_random_paths_are_one_metric_label():
+    """M5: with a key, a refused request's path is not a label (the key is checked before routing)."""
+    client, _, metrics = front_client(key="k")
+    for number in range(20):
+        refused(client.get(f"/random-{number}"), 401, "API key")
+    text = metrics.text().decode()
+    assert "random-" not in text and 'corescale_requests_total{route="other",status="401"} 20.0' in text

@@ -27,6 +27,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, Field, ValidationError
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from corescale.measure.contract import ServiceInfo, WhatRuns
 from corescale.serve import pool as pools
@@ -80,7 +81,10 @@ class Front:
         kind = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
         if not (kind == "application/json" or kind.startswith("application/") and kind.endswith("+json")):
             raise Refused(422, f"body: expected Content-Type application/json, not '{kind[:40]}'", "Validation")
-        raw = await request.body()
+        try:
+            raw = await request.body()
+        except ClientDisconnect:  # gone before its body arrived (cut at --receive-timeout): no answer to send
+            raise Refused(400, "the client disconnected before sending its whole body", "Validation") from None
         try:
             if len(raw) > INLINE_BYTES:
                 return await self.offload(schema.model_validate_json, raw)
