@@ -16,7 +16,7 @@ from corescale.errors import UserError
 from corescale.http_keys import default_api, validate_endpoint
 from corescale.machine.placement import LAYOUTS as NAMED_LAYOUTS
 from corescale.machine.precisions import PRECISIONS, REFERENCE
-from corescale.userfiles import default_cache_dir, require_path
+from corescale.userfiles import default_cache_dir, require_path, sentinel_default
 from corescale.workload.tasks import TASKS
 
 SCHEMA_NAME = "corescale"
@@ -138,7 +138,7 @@ class BenchmarkConfig:
     openmp: str = "default"
     # worker supervision
     timeout: float = 600.0  # seconds an instance may take in all before it is killed
-    sentinel: bool = True  # time the speed sentinel on the measured CPUs before and after each trial (sentinel.py)
+    sentinel: bool = field(default_factory=sentinel_default)  # the speed sentinel around each trial (sentinel.py)
     calibrate: bool = True  # measure the GEMM peak (best library) and the triad bandwidth on the instance cores
     # output checks and caches
     reference: Optional[str] = None  # a backend (drift vs its outputs), or the fp32 model DIR a model file came from

@@ -21,6 +21,11 @@ def default_cache_dir() -> str:
     return os.environ.get(CACHE_ENV) or "~/.cache/corescale"
 
 
+def sentinel_default() -> bool:
+    """sentinel=: on unless CORESCALE_SENTINEL=0 (the test suite's default: tens of ms a trial, hundreds of trials)."""
+    return os.environ.get("CORESCALE_SENTINEL", "1") != "0"
+
+
 def read_text(path: Path | str, what: str, limit: int = MAX_TEXT_BYTES) -> str:
     """A text file a user named, read whole and bounded: a regular file (not a directory, FIFO or device such as
     /dev/zero), at most `limit` bytes, UTF-8 without NUL bytes. Anything else is one UserError naming `what` and

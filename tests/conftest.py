@@ -16,12 +16,14 @@ SUITE = pytest.StashKey[tuple[Path, dict]]()
 
 
 def pytest_configure(config):
-    """The suite's own cache_dir default and machine lock, set before any test imports corescale and inherited by
-    every process the suite starts: no test reads or writes ~/.cache/corescale (the first test that needs an
-    export builds it, as on a fresh clone; later ones reuse it), and no other run's trial on this machine holds
-    the lock inside a test's timing bound. A session started inside a test (pytester) restores them when done."""
+    """The suite's own cache_dir default and machine lock (and the speed sentinel off), set before any test imports
+    corescale and inherited by every process the suite starts: no test reads or writes ~/.cache/corescale (the
+    first test that needs an export builds it, as on a fresh clone; later ones reuse it), and no other run's trial
+    on this machine holds the lock inside a test's timing bound. A session started inside a test (pytester)
+    restores them when done."""
     suite = Path(tempfile.mkdtemp(prefix="corescale-suite-"))
-    own = {"CORESCALE_CACHE_DIR": str(suite / "cache"), "CORESCALE_LOCK": str(suite / "machine.lock")}
+    own = {"CORESCALE_CACHE_DIR": str(suite / "cache"), "CORESCALE_LOCK": str(suite / "machine.lock"),
+           "CORESCALE_SENTINEL": "0"}  # the speed sentinel off (its own tests turn it on): ~0.1 s a trial here
     config.stash[SUITE] = suite, {name: os.environ.get(name) for name in own}
     os.environ.update(own)
 

@@ -44,8 +44,8 @@ def test_real_slowdown_is_flagged(roots):
     assert row["verdict"] == "slower" and row["ratio"] > 1.5 and row["ci_low"] > 1 and row["p_value"] < 0.05
     assert "batch_size=1→32" in row["trial"] and "x slower" in row["change"]
     assert result.regressions == 1 and not result.only_before and not result.only_after
-    # measured after 'before', not interleaved with it; every trial read the speed sentinel
-    assert row["interleaved"] is False and row["apart_s"] >= 0 and row["sentinel_high"] >= row["sentinel_low"] > 0
+    # measured after 'before', not interleaved with it (the suite runs without the sentinel: no range)
+    assert row["interleaved"] is False and row["apart_s"] >= 0 and row["sentinel_moved"] is False
     assert "measured apart in time, not interleaved" in proc.stderr
 
 

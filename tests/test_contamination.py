@@ -147,7 +147,8 @@ def test_cpu_burner_on_the_pinned_cpu_flags_the_result(tmp_path, capsys, monkeyp
 
     monkeypatch.setattr(sentinel, "_RUN", sentinel.Sentinel())  # this trial's "before" reading is the reference
     cpu = min(os.sched_getaffinity(0))
-    trial = prepare_trial(compose([*FAST, "duration=1", "cores_per_instance=1", f"output_dir={tmp_path}"]))
+    trial = prepare_trial(compose([*FAST, "duration=1", "cores_per_instance=1", "sentinel=true",
+                                   f"output_dir={tmp_path}"]))
     assert trial.plan.instances[0].cpus == (cpu,)
     burners = []
 
