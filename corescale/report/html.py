@@ -171,6 +171,7 @@ RESULT_COLUMNS = [("status", "status", ""), ("model", "model", ""), ("backend", 
                                                                        "{:.0f}"),
                   ("gflops_per_s", "GFLOP/s", "{:.1f}"), ("percent_of_peak", "% of SGEMM", "{:.0f}"),
                   ("peak_rss_mib", "peak RSS MiB", "{:.0f}"), ("contaminated", "contaminated", ""),
+                  ("steal_fraction", "steal", "{:.1%}"), ("sentinel_high", "sentinel (worst ÷ first)", "{:.2f}"),
                   ("quality_verdict", "quality", ""),
                   ("reason", "reason", ""), ("run", "run", "")]
 COST_COLUMNS = [("mark", "", ""), ("layout", "configuration", ""), ("model", "model", ""),
