@@ -90,10 +90,6 @@ def _machines(frame, context):
     return report_plots.machine_size_figure(ranked, context["cpu_models"], context["here"], context["workload"])
 
 
-def _shared_host(frame, context):
-    return report_plots.sentinel_figure(frame)
-
-
 CHARTS = [
     Chart("cost", "Cost per 1M inferences", "US$ per one million inferences = $/h ÷ (samples/s × 3600) × 1e6, one "
           "bar per configuration (its repeats averaged) on this machine first, then the cheapest current kind of "
@@ -107,12 +103,6 @@ CHARTS = [
           "projection cannot narrow (another ISA tier, vendor, microarchitecture or architecture: ×0.5–×1); the "
           "2021 study's quotes are history, in the table only.", _machines, "corescale run model={model}",
           "machines by cost"),
-    Chart("shared_host", "Shared host: steal and the speed sentinel over time", "Per trial, in the order measured: "
-          "the speed sentinel's readings before and after it (a fixed GEMM and triad on its CPUs) as a ratio to "
-          "the run's first reading, the band its ±25 % tolerance; a red x marks a trial whose sentinel moved; "
-          "bars: the hypervisor's steal over the timed window (right axis). A figure measured while the CPU's "
-          "speed moved is not comparable with one measured before.", _shared_host,
-          "corescale run (0.4 or later: every trial reads the sentinel)", "steal and speed sentinel"),
     Chart("roofline", "Roofline", "Achieved GFLOP/s against arithmetic intensity (log-log); the roofs are the best "
           "measured GEMM and the triad bandwidth on the run's cores (named in the legend); colour: backend, "
           "marker: precision; labelled: the best run of each backend (and the recommended one) with achieved ÷ "
@@ -132,6 +122,15 @@ CHARTS = [
     Chart("backends", "Backends side by side", "The same configuration on each backend measured.", _backends,
           "corescale run -m model={model} backend=pytorch,onnxruntime,openvino", "backends side by side"),
 ]
+
+
+# drawn where trials read the sentinel (never counted as missing)
+SHARED_HOST = Chart(
+    "shared_host", "Shared host: steal and the speed sentinel over time", "Per trial, in the order measured: the "
+    "speed sentinel's readings before and after it (a fixed GEMM and triad on its CPUs) as a ratio to the run's "
+    "first reading, the band its ±25 % tolerance; a red x marks a trial whose sentinel moved; bars: the "
+    "hypervisor's steal over the timed window (right axis). A figure measured while the CPU's speed moved is not "
+    "comparable with one measured before.", lambda *_: None, "")
 
 
 def cost_machines(machine: str | None, price: float | None, frame: pd.DataFrame | None = None,
@@ -339,6 +338,10 @@ def build(root, out: Path | None = None, machine: str | None = None, price: floa
         extra = EXTRA_HTML.get(chart.id)
         sections.append((chart.id, chart.title, body + (extra(context) if extra else "")))
     sections.extend(_explain_sections(root, built.skipped, cpu))
+    sentinel = report_plots.sentinel_figure(frame)
+    if sentinel is not None:  # only where trials read the speed sentinel (never counted as missing)
+        body = _drawn(SHARED_HOST, report_plots.sign(sentinel, cpu), out, built, cpu)
+        sections.append((SHARED_HOST.id, SHARED_HOST.title, body))
     curves = report_plots.load_curves(frame)
     if curves:  # only where server searches were run (never counted as missing)
         chart = Chart("load_curve", "Load curve (server scenario)", "Latency from LoadGen's scheduled issue time "
