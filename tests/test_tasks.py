@@ -73,6 +73,7 @@ def test_sentence_transformers_directories_name_their_pooling(tmp_path, mode, fl
     ("no-pooling", "has no Pooling module"),
     ("not-a-list", "must be a list of modules"),
     ("dense-without-weights", "has no weights"),
+    ("dense-pickle-only", "only pytorch_model.bin, pickle weights"),
 ])
 def test_bad_sentence_transformers_directories_are_one_line(tmp_path, case, message):
     folder = tmp_path / case
@@ -94,6 +95,8 @@ def test_bad_sentence_transformers_directories_are_one_line(tmp_path, case, mess
                      {"pooling_mode_mean_tokens": True})
         (folder / "2_Dense").mkdir()
         (folder / "2_Dense" / "config.json").write_text(json.dumps({"in_features": 128, "out_features": 64}))
+        if case == "dense-pickle-only":  # passed the check, then failed in the worker (audit L11)
+            (folder / "2_Dense" / "pytorch_model.bin").write_bytes(b"pickle")
     with pytest.raises(UserError) as info:
         resolve_model(str(folder))
     assert message in str(info.value) and "\n" not in str(info.value)

@@ -242,8 +242,11 @@ def dense_layer(folder: Path, name: str) -> DenseLayer:
     except (KeyError, TypeError, ValueError, AttributeError):
         raise UserError(f"model '{name}': {folder.name}/config.json needs in_features, out_features and a known "
                         f"activation_function ({', '.join(_ACTIVATIONS)})") from None
-    if not any((folder / f).is_file() for f in ("model.safetensors", "pytorch_model.bin")):
-        raise UserError(f"model '{name}': the Dense module {folder.name}/ has no weights (model.safetensors)")
+    if not (folder / "model.safetensors").is_file():
+        pickled = (folder / "pytorch_model.bin").is_file()
+        raise UserError(f"model '{name}': the Dense module {folder.name}/ has no weights (model.safetensors)"
+                        + (" (only pytorch_model.bin, pickle weights, which corescale does not load: convert them "
+                           "to safetensors)" if pickled else ""))
     return layer
 
 
