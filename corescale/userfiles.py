@@ -68,7 +68,11 @@ def _size(count: int) -> str:
 
 def read_json(path: Path, what: str, limit: int = MAX_TEXT_BYTES) -> Any:
     """A JSON file a user handed us (through read_text); invalid JSON is a UserError naming `what` and the file."""
-    text = read_text(path, what, limit)
+    return parse_json(read_text(path, what, limit), path, what)
+
+
+def parse_json(text: str, path: Path, what: str) -> Any:
+    """A JSON document read from `path` (read_text's): invalid or too deeply nested, a UserError naming it."""
     try:
         return json.loads(text)
     except ValueError as exc:  # also a number too large to convert (Python's int digit limit)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from corescale.config import BenchmarkConfig, WorkloadConfig
 from corescale.errors import UserError
 from corescale.machine.environment import ISA_FLAGS, cpuinfo
 from corescale.serve import bundle
@@ -20,9 +21,13 @@ def fake_bundle(where: Path, **requires) -> Path:
     root.mkdir()
     (root / "model.txt").write_text("weights")
     shutil.copy(RECORD, root / bundle.RECORD)
+    specs = json.loads(RECORD.read_text())["specs"]
+    layout = {"instances": [{k: spec[k] for k in ("id", "cpus", "numa_nodes", "threads", "batch_size")}
+                            for spec in specs]}
+    config = bundle.serving(BenchmarkConfig(model="bert-tiny", workload=WorkloadConfig(tokenizer="tokenizer")))
     manifest = {"format": bundle.FORMAT, "files": {name: bundle.sha256(root / name)
                                                    for name in ("model.txt", bundle.RECORD)},
-                "config": {}, "layout": {"instances": []}, "head": {"task": "embed"}, "precision": "int8",
+                "config": config.to_dict(), "layout": layout, "head": {"task": "embed"}, "precision": "int8",
                 "requires": {"cpu_features": [], "libraries": {}, **requires}}
     (root / bundle.MANIFEST).write_text(json.dumps(manifest))
     return root
@@ -30,7 +35,7 @@ def fake_bundle(where: Path, **requires) -> Path:
 
 def refusal(path, *words: str) -> str:
     with pytest.raises(UserError) as info:
-        open_bundle(path, Path(path) / "runtime")
+        open_bundle(path, Path(path).parent / "work")
     message = str(info.value)
     assert "\n" not in message and all(w in message for w in words), message
     return message
@@ -40,7 +45,7 @@ def test_not_a_bundle(tmp_path):
     refusal(tmp_path / "nowhere", "is not a folder")
     refusal(tmp_path, "not a corescale bundle")
     (tmp_path / bundle.MANIFEST).write_text("{")
-    refusal(tmp_path, "is not JSON")
+    refusal(tmp_path, "manifest.json", "not valid JSON")
     (tmp_path / bundle.MANIFEST).write_text(json.dumps({"format": 99}))
     refusal(tmp_path, "is not of format 1 or 2 (format 99")
 
@@ -96,6 +101,7 @@ def test_cpus_this_process_may_not_use(tmp_path):
     record["specs"][0]["cpus"] = [4095]
     (root / bundle.RECORD).write_text(json.dumps(record))
     manifest = json.loads((root / bundle.MANIFEST).read_text())
+    manifest["layout"]["instances"][0]["cpus"] = [4095]
     manifest["files"][bundle.RECORD] = bundle.sha256(root / bundle.RECORD)
     (root / bundle.MANIFEST).write_text(json.dumps(manifest))
     refusal(root, "instance 0 ran on CPUs 4095")

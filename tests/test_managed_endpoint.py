@@ -117,7 +117,8 @@ def test_a_server_qps_tune_measures_each_layout_as_a_service(tmp_path):
 
     (winner,) = [f for f in [*doc["finalists"], doc["baseline"]] if f["role"] == "winner"]
     served = raw_record(winner["paths"][0])["server"]["endpoint"]["reports"]["/info"]["corescale"]["layout"]
-    bundle = open_bundle(doc["recipe"]["bundle"])
+    (tmp_path / "serve-work").mkdir()
+    bundle = open_bundle(doc["recipe"]["bundle"], tmp_path / "serve-work")
     assert [i.to_dict() for i in bundle.layout.instances] == [{k: v for k, v in i.items() if k != "artifact"}
                                                               for i in served["instances"]]
     assert [list(spec.cpus) for spec in bundle.specs] == [i["cpus"] for i in served["instances"]]

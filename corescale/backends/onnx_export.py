@@ -293,6 +293,9 @@ def install(folder: Path, steps: list[str], cfg: BenchmarkConfig) -> None:
         raise UserError(f"bundle artifact '{folder}': the model's files cannot be listed")
     artifact = folder.resolve()
     key = steps[0]  # the export's key: the name the cache's entries take
+    if not KEY.fullmatch(key):  # it names the link made below: a bundle's manifest may say anything
+        raise UserError(f"bundle artifact '{folder}': its first step {key[:40]!r} is not an export key "
+                        f"({KEY.pattern})")
     cache_root(cfg).mkdir(parents=True, exist_ok=True)
     os.symlink(artifact, cache_root(cfg) / key)
     large = any(p.name != MODEL_FILE and p.name.startswith(MODEL_FILE) for p in artifact.iterdir())

@@ -16,6 +16,8 @@ def register(sub) -> None:
     add_foreign_option(parser)
     parser.add_argument("--bundle", metavar="DIR", help="write a deployment bundle of the result to DIR (a new "
                         "folder), for `corescale serve DIR`")
+    parser.add_argument("--sign", metavar="KEYFILE", help="sign the bundle with the key in KEYFILE (HMAC-SHA256 of "
+                        "its manifest; `corescale serve DIR --verify KEYFILE` checks it)")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. batch_size=8 model=bert-tiny")
     parser.set_defaults(handler=handle)
 
@@ -42,6 +44,13 @@ def handle(args) -> int:
         if args.multirun:
             raise UserError("--bundle takes one configuration, not a sweep (-m)")
         check_destination(args.bundle, planned[0].trial.cfg)  # before any worker starts
+    if args.sign:
+        from corescale.errors import UserError
+        from corescale.serve.manifest import read_key
+
+        if not args.bundle:
+            raise UserError("--sign signs a bundle: give --bundle DIR too")
+        args.key = read_key(args.sign)  # before any worker starts
     if args.multirun:
         return sweep(planned, args)
     return single(planned, args)
@@ -74,7 +83,8 @@ def single(planned, args) -> int:
         from corescale.report.console import print_path
         from corescale.serve.bundle import write
 
-        print_path("bundle", write(args.bundle, next(r.result() for r in state.rows if r.status == "ok")))
+        print_path("bundle", write(args.bundle, next(r.result() for r in state.rows if r.status == "ok"),
+                                   key=getattr(args, "key", None)))
     return EXIT_FAILED if state.failed else EXIT_OK
 
 

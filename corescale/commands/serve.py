@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 from corescale.commands import add_common
 from corescale.measure.contract import API_KEY_ENV
@@ -46,6 +47,18 @@ def register(sub) -> None:
     limits.add_argument("--receive-timeout", type=seconds, default=30.0, metavar="SECONDS",
                         help="a request's headers and body must arrive within this, else the connection is closed "
                         "(slow clients; default 30)")
+    trust = parser.add_argument_group("bundles are code (docs/deploy.md#a-bundle-is-code-serve-only-bundles-you-trust)")
+    trust.add_argument("--trust-remote-code", action="store_true",
+                       help="let a bundle whose config asks for trust_remote_code run its model folder's Python "
+                            "(only for bundles you trust)")
+    trust.add_argument("--allow-pickle", action="store_true",
+                       help="let a bundle whose config asks for allow_pickle load pickle weights, which can run "
+                            "code (only for bundles you trust)")
+    trust.add_argument("--verify", metavar="KEYFILE",
+                       help="serve the bundle only if its manifest.sig verifies with the key in KEYFILE")
+    trust.add_argument("--sign", metavar="KEYFILE",
+                       help="check the bundle as serving does, sign it with the key in KEYFILE (manifest.sig, "
+                            "HMAC-SHA256 of its manifest) and exit without serving")
     parser.set_defaults(handler=handle)
 
 
@@ -89,7 +102,26 @@ def handle(args) -> int:
 
     if len(args.source) > 1 and not all("=" in word for word in args.source):
         raise UserError(f"serve takes one bundle folder or overrides (key=value), not {' '.join(args.source)}")
+    from corescale.serve.guard import is_loopback
+    from corescale.serve.manifest import read_key
+    from corescale.serve.opened import Trust
+
+    trust = Trust(args.trust_remote_code, args.allow_pickle)
+    if (args.sign or args.verify) and ("=" in args.source[0] or os.path.isfile(args.source[0])):
+        raise UserError("--sign and --verify take a bundle folder")
+    if args.sign:
+        from corescale.serve.opened import sign_bundle
+
+        print(f"corescale serve: signed: {sign_bundle(args.source[0], read_key(args.sign), trust)}")
+        return 0
+    if args.api_key is not None and not args.api_key.strip():
+        raise UserError(f"the API key is empty (--api-key or ${API_KEY_ENV}): give a key, or unset {API_KEY_ENV} "
+                        "to serve without one")
+    if args.api_key is None and not is_loopback(args.host):
+        print(f"corescale serve: warning: listening on {args.host} with no API key: whoever reaches this port "
+              f"can use the service and read /info (set ${API_KEY_ENV})", file=sys.stderr, flush=True)
     limits = Limits(args.payload_limit, args.max_inputs, args.max_input_chars, args.max_request_chars,
                     args.max_request_tokens, args.max_answer_floats, args.auto_truncate)
-    return run(args.source, Options(args.host, args.port, args.api_key or None, args.max_queue, args.max_inputs,
-                                    args.access_log, limits, args.max_connections, args.receive_timeout))
+    return run(args.source, Options(args.host, args.port, args.api_key, args.max_queue, args.max_inputs,
+                                    args.access_log, limits, args.max_connections, args.receive_timeout, trust,
+                                    read_key(args.verify) if args.verify else None))

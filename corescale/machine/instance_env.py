@@ -148,6 +148,40 @@ def command_prefix(spec: InstanceSpec) -> list[str]:
     return [numactl, f"--physcpubind={format_cpulist(spec.cpus)}", f"--membind={nodes}"]
 
 
+# The variables corescale sets for an instance (instance_variables): the only ones a recorded launch may hold.
+RECORDED_VARIABLES = SET_PER_INSTANCE | {"CORESCALE_INSTANCE_CPUS", "LD_PRELOAD", "MALLOC_CONF", "KMP_AFFINITY",
+                                         "KMP_BLOCKTIME"}
+
+
+def check_recorded(cfg, spec: InstanceSpec, recorded: dict[str, Any]) -> None:
+    """A recorded launch (a bundle's, which anyone may have edited) is one corescale writes: see from_recorded."""
+    where = f"instance {spec.id}'s recorded launch"
+    prefix = recorded.get("command_prefix") or []
+    binding = [f"--physcpubind={format_cpulist(spec.cpus)}", f"--membind={format_cpulist(spec.numa_nodes)}"]
+    if prefix and (not isinstance(prefix, list) or len(prefix) != 3 or not isinstance(prefix[0], str)
+                   or Path(prefix[0]).name != "numactl" or prefix[1:] != binding):
+        shown = " ".join(map(str, prefix)) if isinstance(prefix, list) else repr(prefix)
+        raise UserError(f"{where} runs '{shown[:120]}' before the worker: corescale only ever records numactl "
+                        f"{' '.join(binding)} there; refused (a bundle cannot choose what runs)")
+    env = recorded.get("env") or {}
+    if not isinstance(env, dict):
+        raise UserError(f"{where}: its environment is not a mapping; refused")
+    for name, value in env.items():
+        if name not in RECORDED_VARIABLES:
+            raise UserError(f"{where} sets {str(name)[:60]}, which corescale never sets; refused (a bundle may set "
+                            f"only {', '.join(sorted(RECORDED_VARIABLES))}, and serve derives their values here)")
+        if not isinstance(value, str):
+            raise UserError(f"{where} sets {name} to {str(value)[:40]!r}, not a string; refused")
+    known = {name for library in [*ALLOCATORS.values(), INTEL_OPENMP] for name in library.files}
+    companions = cfg.backend.allocator_companions() if cfg.allocator in ALLOCATORS else []
+    known |= {path.name for path in companions}
+    for library in filter(None, env.get("LD_PRELOAD", "").split(":")):
+        if Path(library).name not in known:
+            raise UserError(f"{where} preloads {library[:120]} (LD_PRELOAD), which is not an allocator or OpenMP "
+                            "runtime corescale preloads; refused (to preload a library of your own, set LD_PRELOAD "
+                            "in the environment `corescale serve` runs in)")
+
+
 @dataclass(frozen=True)
 class Launch:
     """How one pinned child starts: the command prefix (numactl, or nothing), its whole environment, its CPUs, and
@@ -166,18 +200,14 @@ class Launch:
 
     @classmethod
     def from_recorded(cls, cfg, spec: InstanceSpec, recorded: dict[str, Any]) -> Launch:
-        """The launch a measurement recorded (`recorded()`), replayed here: its variables over this environment,
-        its numactl prefix where numactl may bind memory here (else pinning alone), its CPUs. A library it
-        preloaded must exist here."""
-        variables = dict(recorded.get("env") or {})
-        for library in filter(None, variables.get("LD_PRELOAD", "").split(":")):
-            if not Path(library).is_file():
-                raise UserError(f"instance {spec.id} was measured with {library} preloaded; it is not on this machine")
-        prefix = list(recorded.get("command_prefix") or [])
-        nodes = format_cpulist(spec.numa_nodes)
-        if prefix and not (nodes and numactl_works(nodes)):
-            prefix = []
-        return cls(prefix, inherited_with(cfg, variables), tuple(spec.cpus), variables)
+        """The launch of an instance a measurement recorded (`recorded()`: a bundle's layout), derived here: its
+        prefix, variables and preloaded libraries are what `of` gives for its config and CPUs on this machine
+        (numactl and each library found here by name: a measuring machine's paths never run). The recorded launch
+        is only checked, so that one corescale did not write is refused (one line naming what): a prefix other
+        than numactl binding the instance's own CPUs and memory nodes, a variable corescale never sets, or a
+        preloaded file that is not an allocator or OpenMP runtime it preloads."""
+        check_recorded(cfg, spec, recorded)
+        return cls.of(cfg, spec)
 
     def recorded(self) -> dict[str, Any]:
         """What a result records of it: the command prefix and the variables set."""

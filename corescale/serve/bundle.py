@@ -31,9 +31,18 @@ from corescale.machine.precisions import PRECISIONS
 from corescale.measure.contract import InstanceLayout, Layout, ServiceInfo
 from corescale.record.trial import TrialRecord
 from corescale.serve import examples
-from corescale.serve.manifest import FORMAT, MANIFEST, BundledArtifact, BundleManifest, Requires
+from corescale.serve.manifest import (
+    ARTIFACT_DIR,
+    FORMAT,
+    MANIFEST,
+    MODEL_DIR,
+    TOKENIZER_DIR,
+    BundledArtifact,
+    BundleManifest,
+    Requires,
+    write_signature,
+)
 
-MODEL_DIR, TOKENIZER_DIR, ARTIFACT_DIR = "model", "tokenizer", "artifact"
 RECORD = "record.json"  # the measured result; not result.json, which a results root would count as a run
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".h5", ".msgpack", ".onnx", ".pt", ".ckpt", ".xml")
 SKIPPED_DIRS = ("onnx", "openvino", ".git", ".cache")
@@ -205,9 +214,10 @@ def service_description(record: TrialRecord) -> ServiceInfo:
     return described
 
 
-def write(directory: Path, record: TrialRecord, replace: bool = False) -> Path:
+def write(directory: Path, record: TrialRecord, replace: bool = False, key: bytes | None = None) -> Path:
     """The bundle of one valid result, written whole (a temporary folder renamed into place); `replace`: an
-    earlier bundle there (a tune's, resumed) is replaced once the new one is complete."""
+    earlier bundle there (a tune's, resumed) is replaced once the new one is complete; `key`: signed with it
+    (manifest.sig, `run --bundle DIR --sign KEYFILE`)."""
     if not record.valid_ok:
         raise UserError(f"no bundle from a failed or invalid result ({record.reason or 'invalid'})")
     measured = WhatRan.of(record)
@@ -221,6 +231,8 @@ def write(directory: Path, record: TrialRecord, replace: bool = False) -> Path:
     old = tmp.with_name(f"{tmp.name}.old")
     try:
         contents(tmp, measured)
+        if key is not None:
+            write_signature(tmp, key)
         os.chmod(tmp, 0o755)
         if earlier:
             os.rename(directory, old)

@@ -42,8 +42,10 @@ def dockerfile(cpus: list[int]) -> str:
     listed = ",".join(map(str, cpus))
     return f"""# Example: the bundle and corescale in one image; run it with the measured CPUs, e.g.
 #   docker build -f Dockerfile.example -t corescale-serve . && \\
-#   docker run --cpuset-cpus={listed} -p 8080:8080 corescale-serve
-# (the instances are pinned to CPUs {listed}: the container must be given them)
+#   docker run --cpuset-cpus={listed} -p 127.0.0.1:8080:8080 corescale-serve
+# (the instances are pinned to CPUs {listed}: the container must be given them). The port is published on the
+# host's loopback only: to open it to others, set a key (--env-file holding {API_KEY_ENV}=...) and publish it
+# on the address they reach. A bundle is code: build images only from bundles you trust (docs/deploy.md).
 FROM python:3.11-slim
 RUN apt-get update && apt-get install -y --no-install-recommends numactl libjemalloc2 libgoogle-perftools4 \\
     && rm -rf /var/lib/apt/lists/*

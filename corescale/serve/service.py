@@ -13,17 +13,17 @@ import dataclasses
 import signal
 import socket
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from corescale.errors import UserError
 from corescale.machine.cpulist import format_cpulist
+from corescale.machine.scratch import scratch
 from corescale.measure.contract import ready_line
 from corescale.measure.trial import housekeeping_cpus
 from corescale.serve.limits import Limits
-from corescale.serve.opened import Bundle, from_config_file, from_overrides, open_bundle
+from corescale.serve.opened import Bundle, Trust, from_config_file, from_overrides, open_bundle
 
 GRACEFUL_S = 60  # the longest SIGTERM waits for accepted requests
 KEEP_ALIVE_S = 5  # an idle kept-alive connection is closed after this (uvicorn's default, set here on purpose)
@@ -41,6 +41,8 @@ class Options:
     limits: Limits = Limits()  # what one request may hold (max_inputs above is its count)
     max_connections: int = 1000  # connections and requests at once (uvicorn's limit_concurrency), then 503
     receive_timeout_s: float = 30.0  # a request's headers and body must arrive within this
+    trust: Trust = Trust()  # what a bundle may ask for: --trust-remote-code, --allow-pickle (serve/opened.py)
+    key: bytes | None = None  # --verify KEYFILE: the bundle's signature must verify with it
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -61,13 +63,14 @@ def say(text: str) -> None:
     print(f"corescale serve: {text}", flush=True)
 
 
-def opened_source(source: list[str], work: Path) -> Bundle:
-    """Overrides (key=value), a config file (CONFIG.json: endpoint=managed's trials), or a bundle folder."""
+def opened_source(source: list[str], work: Path, options: Options) -> Bundle:
+    """Overrides (key=value), a config file (CONFIG.json: endpoint=managed's trials), or a bundle folder (copied,
+    verified, into `work`)."""
     if "=" in source[0]:
         return from_overrides(source)
     if Path(source[0]).is_file():
         return from_config_file(Path(source[0]))
-    return open_bundle(source[0], work / "cache")
+    return open_bundle(source[0], work, options.trust, options.key)
 
 
 def run(source: list[str], options: Options) -> int:
@@ -82,8 +85,10 @@ def run(source: list[str], options: Options) -> int:
     from corescale.workload.models import resolve_model
 
     more_files()
-    with tempfile.TemporaryDirectory(prefix="corescale-serve-") as work:
-        opened = opened_source(source, Path(work))
+    with scratch("serve") as work:
+        opened = opened_source(source, work, options)
+        for line in opened.warnings:
+            print(f"corescale serve: warning: {line}", file=sys.stderr, flush=True)
         cfg = opened.cfg
         model = resolve_model(cfg.model, cfg.trust_remote_code, cfg.task, cfg.cache_dir)
         limits = dataclasses.replace(options.limits, max_inputs=options.max_inputs)

@@ -10,10 +10,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from corescale.errors import UserError
+from corescale.userfiles import read_text
 
 if TYPE_CHECKING:
     from corescale.config import BenchmarkConfig
 
+MAX_TOKENIZER_BYTES = 64 * 2**20  # the largest tokenizer.json read (real ones: under 40 MiB)
 BUILTIN_TOKENIZER_MODEL = "all-minilm-l6-v2"  # its BERT WordPiece tokenizer serves presets that have none
 
 
@@ -55,8 +57,9 @@ def fast_tokenizer(folder: Path, max_length: int):
     if not file.is_file():
         raise UserError(f"tokenizer folder '{folder}' has no tokenizer.json (a fast tokenizer); corescale needs one "
                         "for real text and tokenize=true")
+    text = read_text(file, "the tokenizer", MAX_TOKENIZER_BYTES)  # bounded: the Rust loader takes it whole
     try:
-        tokenizer = Tokenizer.from_file(str(file))
+        tokenizer = Tokenizer.from_str(text)
     except Exception as exc:  # the Rust library raises its own exception type for any bad file
         raise UserError(f"{file} is not a readable fast tokenizer: {str(exc).splitlines()[0][:160]}") from None
     tokenizer.no_padding()
