@@ -1,40 +1,109 @@
-"""P9: corescale serve over HTTP ÷ the in-process server scenario, same layout and SLO; the front's CPU there.
+"""P9 and P7': corescale serve over HTTP ÷ the in-process server scenario and ÷ the best offline throughput, the
+front's and the model's CPU per request, the tail at 70 % load, cold start; DIR/serve.json.
 
     python benchmarks/serve.py [--model all-minilm-l6-v2] [--sequence-length 128] [--slo 100] [--duration 10]
-                               [OVERRIDES ...]      e.g. backend=onnxruntime instances=2 cores_per_instance=1
+                               [--max-batch 4] [--offline-batches 4,8,16] [--output DIR] [--reuse DIR]
+                               [--baseline CHECKOUT] [OVERRIDES ...]
+                               e.g. backend=onnxruntime instances=2 cores_per_instance=1 server.queue_delay=adaptive
 
 1. In process: `scenario=server target_qps=auto` at p99 <= SLO on the built-in text (`workload=builtin`), LoadGen
    in the parent, the instances pinned; its record becomes a deployment bundle (so the service runs that layout).
-2. Over HTTP: `corescale serve BUNDLE` on loopback, and an open-loop Poisson load from this process (httpx's async
-   client, POST /embed with `truncate`, one built-in text per request, seeded): each request's latency counts from
-   its *scheduled* send time to its answer (no coordinated omission). A rate passes when every request got 200,
-   p99 <= SLO, at least --min-queries were sent and the answered rate is within 5 % of the offered one. The same
-   search as the in-process one: start at the in-process max, step by 10 % up or down until the verdict flips,
-   then bisect twice.
-3. Prints both figures, their ratio (goal >= 0.85) and the front's cores used at the HTTP max (corescale serve's
-   /metrics: its own CPU time ÷ wall time, goal <= 0.10); and P7: the in-process max QPS ÷ the same layout's
-   offline throughput at the batcher's largest batch (goal >= 0.6; --no-offline skips it). The load generator
-   runs on the same CPUs (its CPU is printed too): on a 2-core machine it competes with the service, as LoadGen
-   does in process.
+2. Offline, the same layout on the same texts with length-sorted batches (`pad=sorted`, as sentence-transformers'
+   encode() batches): the best throughput over --offline-batches is P7's denominator (P7').
+3. Over HTTP: `corescale serve BUNDLE` on loopback (its cold start timed: process start -> ready line, and ->
+   the first answered request), an open-loop Poisson load from this process (aiohttp, POST /embed with
+   `truncate`, one built-in text per request, seeded), each request's latency from its *scheduled* send time (no
+   coordinated omission). A rate passes when every request got 200, p99 <= SLO, at least --min-queries were sent
+   and the answered rate is within 5 % of the offered one. Search: start at the in-process max, step by 10 %
+   until the verdict flips, then bisect twice. Then one step at 70 % of the max found: p99 ÷ p50 there.
+   At the max: the front's CPU per request (its /metrics), the instances' CPU per request (their processes'
+   CPU time, /proc), real tokens/s (the texts sent, tokenized as the service does).
+4. --baseline CHECKOUT: the same HTTP measurement of another checkout's `corescale serve` (its own code, the same
+   bundle), in the same run, right after this checkout's (one block each; the machine's load may differ).
+
+The load generator runs on the same CPUs (its CPU is reported): on a 2-core machine it competes with the service,
+as LoadGen does in process.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
+import json
+import os
 import resource
+import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 import uvloop
 
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclasses.dataclass
+class Served:
+    """One checkout's `corescale serve` over HTTP: what serve.json holds for it."""
+
+    max_qps: float | None
+    p50_ms: float | None
+    p99_ms: float | None
+    p99_over_p50_at_70pct: float | None
+    front_cpu_ms_per_request: float | None
+    model_cpu_ms_per_request: float | None
+    real_tokens_per_s: float | None
+    front_cores: float | None
+    client_cores: float | None
+    cold_start_s: float  # process start -> first answered request (200)
+    ready_s: float  # process start -> its ready line
+    front: str  # where its front ran (its ready line)
+    steps: list[dict]
+
+
+@dataclasses.dataclass
+class Figures:
+    """DIR/serve.json."""
+
+    p7: float | None  # P7': served max QPS ÷ the best offline throughput (length-sorted batches, same texts)
+    p9: float | None  # served max QPS ÷ in-process max QPS (same layout and SLO)
+    real_tokens_per_s: float | None
+    front_cpu_ms_per_request: float | None
+    model_cpu_ms_per_request: float | None
+    p99_over_p50_at_70pct: float | None
+    cold_start_s: float
+    in_process_qps: float | None  # None with --bundle (no in-process search)
+    offline_samples_per_s: float | None
+    offline_batch: int | None
+    layout: dict
+    cpu: str
+    slo_p99_ms: float
+    model: str
+    served: Served
+    baseline: Served | None = None
+    machine_note: str = ""
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+REQUIRED = ("p7", "p9", "real_tokens_per_s", "front_cpu_ms_per_request", "model_cpu_ms_per_request",
+            "p99_over_p50_at_70pct", "cold_start_s", "layout", "cpu")
+
 
 def cpu_seconds() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
+
+
+def scraped(url: str) -> str:
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as answer:
+        return answer.read().decode()
 
 
 def front_cpu(url: str) -> float:
@@ -43,6 +112,57 @@ def front_cpu(url: str) -> float:
     found = scraped_front_cpu(url)
     assert found is not None, "corescale serve reports its front's CPU in /metrics"
     return found
+
+
+def descendants_cpu(pid: int) -> float:
+    """CPU seconds of every process below `pid` (the service's instances), from /proc."""
+    parents: dict[int, int] = {}
+    times: dict[int, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents[int(entry)] = int(fields[1])
+        times[int(entry)] = (int(fields[11]) + int(fields[12])) / tick
+    below, frontier = set(), {pid}
+    while frontier:
+        frontier = {p for p, parent in parents.items() if parent in frontier} - below
+        below |= frontier
+    return sum(times[p] for p in below)
+
+
+@contextmanager
+def serving(checkout: Path, bundle: Path, log: Path, *options: str):
+    """`corescale serve BUNDLE` of that checkout's code (its own folder first on the path); yields (url, process,
+    seconds to its ready line, seconds to its first answered request (both from the process's start), where its
+    front runs)."""
+    from corescale.machine import instance_env
+    from corescale.measure.contract import front_in, url_in
+    from corescale.measure.managed import stop, wait_ready
+
+    env = dict(os.environ, PYTHONPATH=str(checkout))
+    launch = instance_env.Launch([], env, tuple(sorted(os.sched_getaffinity(0))))
+    began = time.monotonic()
+    with open(log, "wb") as stderr:
+        process = instance_env.start(launch, [sys.executable, "-m", "corescale.cli", "serve", str(bundle), "--port",
+                                              "0", *options], stdout=subprocess.PIPE, stderr=stderr, text=True,
+                                     cwd=checkout)
+    try:
+        line = wait_ready(process, log, 600)
+        url, ready = url_in(line), time.monotonic() - began
+        request = urllib.request.Request(f"{url}/embed", json.dumps({"inputs": "a first request"}).encode(),
+                                         {"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=60) as answer:
+            assert answer.status == 200
+        yield url, process, ready, time.monotonic() - began, front_in(line)
+    finally:
+        _, said = stop(process)
+        with open(log, "a") as kept:
+            kept.write(said)
 
 
 async def offered(url: str, texts: list[str], qps: float, count: int, seed: int) -> dict:
@@ -70,18 +190,23 @@ async def offered(url: str, texts: list[str], qps: float, count: int, seed: int)
             "ok": sum(r[1] == 200 for r in results), "count": count, "answered_qps": count / wall}
 
 
-def http_step(url: str, texts: list[str], qps: float, args, seed: int) -> dict:
+def http_step(url: str, pid: int, texts: list[str], tokens: list[int], qps: float, args, seed: int) -> dict:
     count = max(args.min_queries, int(qps * args.duration))
-    cpu_before, front_before, began = cpu_seconds(), front_cpu(url), time.monotonic()
+    cpu_before, front_before, model_before, began = cpu_seconds(), front_cpu(url), descendants_cpu(pid), \
+        time.monotonic()
     found = uvloop.run(offered(url, texts, qps, count, seed))
     wall = time.monotonic() - began
-    found.update(qps=qps, front_cores=(front_cpu(url) - front_before) / wall,
-                 client_cores=(cpu_seconds() - cpu_before) / wall)
+    front, model = front_cpu(url) - front_before, descendants_cpu(pid) - model_before
+    sent = sum(tokens[i % len(tokens)] for i in range(count))
+    found.update(qps=qps, front_cores=front / wall, client_cores=(cpu_seconds() - cpu_before) / wall,
+                 front_cpu_ms_per_request=front / count * 1e3, model_cpu_ms_per_request=model / count * 1e3,
+                 real_tokens_per_s=sent / wall)
     found["passed"] = bool(found["ok"] == count and found["p99_ms"] <= args.slo
                            and found["answered_qps"] >= 0.95 * qps)
-    print(f"  HTTP {qps:7.2f} QPS: p99 {found['p99_ms']:7.1f} ms, {found['ok']}/{count} ok, answered "
-          f"{found['answered_qps']:.2f} QPS, front {found['front_cores']:.3f} cores, load generator "
-          f"{found['client_cores']:.3f} cores -> {'pass' if found['passed'] else 'miss'}", file=sys.stderr, flush=True)
+    print(f"  HTTP {qps:7.2f} QPS: p50 {found['p50_ms']:6.1f} p99 {found['p99_ms']:7.1f} ms, {found['ok']}/{count} "
+          f"ok, answered {found['answered_qps']:.2f} QPS, front {found['front_cpu_ms_per_request']:.3f} ms CPU/req, "
+          f"instances {found['model_cpu_ms_per_request']:.2f} ms CPU/req, load generator {found['client_cores']:.3f} "
+          f"cores -> {'pass' if found['passed'] else 'miss'}", file=sys.stderr, flush=True)
     return found
 
 
@@ -103,15 +228,50 @@ def search(step, start: float) -> tuple[float | None, list[dict]]:
     return (max(passed) if passed else None), steps
 
 
-def offline_rate(words: list[str], batch: int) -> float:
-    """Offline throughput (samples/s) of the same layout on the same text, at the dynamic batcher's largest
-    batch: P7's denominator."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
+def measure_served(name: str, checkout: Path, bundle: Path, out: Path, start_qps: float, texts: list[str],
+                   tokens: list[int], args) -> Served:
+    print(f"{name}: corescale serve from {checkout} ...", file=sys.stderr, flush=True)
+    with serving(checkout, bundle, out / f"serve-{name}.log", "--max-queue", "100000", "--max-inputs", "1") as (
+            url, process, ready, first, front):
+        print(f"  ready {ready:.2f} s, first answer {first:.2f} s after the process started", file=sys.stderr)
+
+        def step(qps: float) -> dict:
+            return http_step(url, process.pid, texts, tokens, qps, args, seed=len(texts))
+
+        best_qps, steps = search(step, start_qps)
+        at70 = step(0.7 * best_qps) if best_qps else None
+    best = max((s for s in steps if s["passed"]), key=lambda s: s["qps"], default=None)
+
+    def at_best(key: str) -> float | None:
+        return None if best is None else best[key]
+
+    return Served(best_qps, at_best("p50_ms"), at_best("p99_ms"),
+                  at70["p99_ms"] / at70["p50_ms"] if at70 else None, at_best("front_cpu_ms_per_request"),
+                  at_best("model_cpu_ms_per_request"), at_best("real_tokens_per_s"), at_best("front_cores"),
+                  at_best("client_cores"), first, ready, front, steps + ([{**at70, "at_70pct": True}] if at70 else []))
+
+
+def offline_best(words: list[str], batches: list[int]) -> tuple[float | None, int | None]:
+    """The same layout's offline throughput (samples/s) on the same texts with length-sorted batches, the best
+    over `batches`: P7's denominator."""
     from _loop import measure
 
-    print(f"offline, batch {batch} ...", file=sys.stderr, flush=True)
-    (record,) = measure({"offline": [*words, "scenario=offline", f"batch_size={batch}"]})["offline"]
-    return float(record.metrics.throughput_samples_per_s)
+    print(f"offline, pad=sorted, batch {batches} ...", file=sys.stderr, flush=True)
+    found = measure({f"b{b}": [*words, "scenario=offline", "pad=sorted", f"batch_size={b}"] for b in batches})
+    rates = {b: float(found[f"b{b}"][0].metrics.throughput_samples_per_s) for b in batches}
+    best = max(rates, key=lambda b: rates[b])
+    print(f"  offline samples/s by batch: {rates}", file=sys.stderr, flush=True)
+    return rates[best], best
+
+
+def token_counts(bundle: Path, texts: list[str], limit: int) -> list[int]:
+    """Each text's real tokens as the service computes them (the bundle's tokenizer, truncated to the limit)."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(next(bundle.rglob("tokenizer.json"))))
+    tokenizer.no_padding()
+    tokenizer.enable_truncation(limit)
+    return [len(e.ids) for e in tokenizer.encode_batch(texts)]
 
 
 def main() -> int:
@@ -122,16 +282,22 @@ def main() -> int:
     parser.add_argument("--duration", type=float, default=10.0, help="LoadGen min duration and each HTTP step (s)")
     parser.add_argument("--min-queries", type=int, default=500)
     parser.add_argument("--max-batch", type=int, default=4)
+    parser.add_argument("--offline-batches", default="4,8,16", help="P7': the offline batch sizes tried")
     parser.add_argument("--output", default=None)
     parser.add_argument("--reuse", metavar="DIR", help="an earlier run's --output: its in-process figure and bundle "
                         "(only the HTTP search runs again)")
-    parser.add_argument("--no-offline", action="store_true", help="skip P7's offline run of the same layout")
+    parser.add_argument("--no-offline", action="store_true", help="skip P7's offline runs")
+    parser.add_argument("--bundle", metavar="DIR", help="serve this bundle (e.g. corescale run --bundle DIR of the "
+                        "layout) and skip the in-process search: no P9; the HTTP search starts at --start-qps")
+    parser.add_argument("--start-qps", type=float, default=100.0, help="with --bundle: the HTTP search's first rate")
+    parser.add_argument("--baseline", metavar="CHECKOUT", help="another corescale checkout whose serve is measured "
+                        "the same way in this run (before/after)")
+    parser.add_argument("--note", default="", help="what else ran on the machine meanwhile (for serve.json)")
     parser.add_argument("overrides", nargs="*", help="the layout: backend=, instances=, cores_per_instance=, ...")
     args = parser.parse_args()
 
     from _loop import max_valid_qps
 
-    from corescale.measure.managed import started
     from corescale.overrides import compose
     from corescale.record.files import read_result
     from corescale.serve import bundle as bundles
@@ -142,43 +308,78 @@ def main() -> int:
              f"output_dir={out / 'results'}", "calibrate=false", "workload=builtin", "timeout=900",
              *(args.overrides or ["backend=onnxruntime", "instances=2", "cores_per_instance=1"])]
     cfg = compose([*words, f"server.min_query_count={args.min_queries}", "server.search_precision=0.05"])
-    if args.reuse:
-        record = read_result(out / "bundle" / bundles.RECORD)
+    bundle = Path(args.bundle).resolve() if args.bundle else out / "bundle"
+    if args.reuse or args.bundle:
+        record = read_result(bundle / bundles.RECORD)
     else:
         print(f"in process: {args.model}, p99 <= {args.slo:g} ms ...", file=sys.stderr, flush=True)
         _, outcome = max_valid_qps(cfg, args.slo, max_batch=args.max_batch)
         record = outcome.record
         if record.server is None or record.server.max_valid_qps is None:
             raise SystemExit(f"the in-process search found no valid rate: {record.reason or 'see its record'}")
-        bundles.write(out / "bundle", record)
-    bundle = out / "bundle"
-    assert record.server is not None and record.server.max_valid_qps is not None
-    offline = None if args.no_offline else offline_rate(words, args.max_batch)
-    local, parent = record.server.max_valid_qps, record.server.parent
-    with started([str(bundle)], out / "serve.log", "--max-queue", "100000", "--max-inputs", "1") as service:
-        url = service.url
-        corpus = texts()
-        _, steps = search(lambda qps: http_step(url, corpus, qps, args, seed=len(corpus)), local)
-    best = max((s for s in steps if s["passed"]), key=lambda s: s["qps"], default=None)
+        bundles.write(bundle, record)
+    local = record.server.max_valid_qps if record.server else None
+    if local is None and not args.bundle:
+        raise SystemExit(f"{bundle}'s record holds no in-process max QPS (measure one, or pass --bundle)")
+    offline, offline_batch = (None, None) if args.no_offline else offline_best(
+        [w for w in words if not w.startswith("server.")], [int(b) for b in args.offline_batches.split(",")])
+    corpus = texts()
+    tokens = token_counts(bundle, corpus, args.sequence_length)
+    start = local or args.start_qps
+    out.mkdir(parents=True, exist_ok=True)
+    served = measure_served("this", ROOT, bundle, out, start, corpus, tokens, args)
+    baseline = None if not args.baseline else measure_served("baseline", Path(args.baseline).resolve(), bundle,
+                                                             out, start, corpus, tokens, args)
     env = record.environment
-    print(f"\n{args.model} on {env.cpu.model} ({env.topology.physical_cores} cores), {cfg.backend.name} "
-          f"{cfg.precision}, {cfg.instances} instance(s), max_batch {args.max_batch}, sequence {args.sequence_length}, "
-          f"p99 <= {args.slo:g} ms, built-in text\n")
-    print("| | max QPS at the SLO | p99 there (ms) | front / parent cores |")
-    print("|---|---:|---:|---:|")
-    print(f"| in process (LoadGen) | {local:.2f} | {record.server.latency_ms.get('p99', float('nan')):.1f} | "
-          f"{parent.cores_used if parent.cores_used is not None else float('nan'):.3f} |")
-    if best is not None:
-        print(f"| corescale serve over HTTP | {best['qps']:.2f} | {best['p99_ms']:.1f} | {best['front_cores']:.3f} |")
-        print(f"\nP9 = {best['qps'] / local:.2f} (goal >= 0.85); the front at that rate: {best['front_cores']:.1%} of "
-              f"a core (goal <= 10 %); the load generator: {best['client_cores']:.1%} of a core")
-    else:
-        print("| corescale serve over HTTP | none passed | | |")
-    if offline is not None:
-        print(f"\nP7 = {local / offline:.2f} (goal >= 0.6): the in-process max QPS at the SLO ÷ offline throughput of "
-              f"the same layout at batch {args.max_batch} ({offline:.2f} samples/s, the server's largest batch)")
-    print(f"\nresults and bundle: {out}")
+    figures = Figures(
+        p7=served.max_qps / offline if served.max_qps and offline else None,
+        p9=served.max_qps / local if served.max_qps and local else None, real_tokens_per_s=served.real_tokens_per_s,
+        front_cpu_ms_per_request=served.front_cpu_ms_per_request,
+        model_cpu_ms_per_request=served.model_cpu_ms_per_request,
+        p99_over_p50_at_70pct=served.p99_over_p50_at_70pct, cold_start_s=served.cold_start_s, in_process_qps=local,
+        offline_samples_per_s=offline, offline_batch=offline_batch,
+        layout={"backend": cfg.backend.name, "precision": cfg.precision, "instances": cfg.instances,
+                "cores_per_instance": cfg.cores_per_instance, "max_batch": args.max_batch,
+                "sequence_length": args.sequence_length, "pad": cfg.pad, "queue_delay": cfg.server.queue_delay,
+                "max_queue_ms": cfg.server.max_queue_ms, "front": served.front},
+        cpu=f"{env.cpu.model} ({env.topology.physical_cores} cores)", slo_p99_ms=args.slo, model=args.model,
+        served=served, baseline=baseline, machine_note=args.note)
+    (out / "serve.json").write_text(json.dumps(figures.to_json(), indent=2) + "\n")
+    print(table(figures))
+    print(f"\nresults, bundle and serve.json: {out}")
     return 0
+
+
+def table(f: Figures) -> str:
+    def num(value, spec=".2f") -> str:
+        return "-" if value is None else format(value, spec)
+
+    rows = [("", "this", "baseline" if f.baseline else None)]
+    lines = [f"{f.model} on {f.cpu}, {f.layout}, p99 <= {f.slo_p99_ms:g} ms, built-in text", "",
+             "| | " + " | ".join(r for r in rows[0][1:] if r) + " | goal |",
+             "|---|" + "---:|" * (3 if f.baseline else 2)]
+    services = [f.served] + ([f.baseline] if f.baseline else [])
+    for label, key, spec, goal in [("max QPS over HTTP", "max_qps", ".1f", ""),
+                                   ("P9 (HTTP ÷ in process)", "p9", ".2f", ">= 0.95"),
+                                   ("P7' (HTTP ÷ best offline, sorted)", "p7", ".2f", ">= 0.75"),
+                                   ("front CPU ms/request", "front_cpu_ms_per_request", ".3f", "<= 0.3 or model÷10"),
+                                   ("instances' CPU ms/request", "model_cpu_ms_per_request", ".2f", ""),
+                                   ("real tokens/s", "real_tokens_per_s", ".0f", ">= 3x fixed-128"),
+                                   ("p99 ÷ p50 at 70 %", "p99_over_p50_at_70pct", ".2f", "<= 3"),
+                                   ("cold start (s, to first 200)", "cold_start_s", ".2f", "<= 2"),
+                                   ("ready (s)", "ready_s", ".2f", "")]:
+        cells = []
+        for s in services:
+            value = getattr(s, key, None)
+            if key == "p9":
+                value = s.max_qps / f.in_process_qps if s.max_qps and f.in_process_qps else None
+            if key == "p7":
+                value = s.max_qps / f.offline_samples_per_s if s.max_qps and f.offline_samples_per_s else None
+            cells.append(num(value, spec))
+        lines.append(f"| {label} | " + " | ".join(cells) + f" | {goal} |")
+    lines.append(f"\nin process {num(f.in_process_qps, '.1f')} QPS; offline best {num(f.offline_samples_per_s, '.1f')} "
+                 f"samples/s at batch {f.offline_batch} (pad=sorted)")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -117,3 +117,24 @@ def test_served_batches_keep_the_budget_are_padded_to_their_bucket_and_answer_as
     real = float(re.search(r'^corescale_tokens_total{kind="real"} (\S+)$', metrics, re.M).group(1))
     padded = float(re.search(r'^corescale_tokens_total{kind="padded"} (\S+)$', metrics, re.M).group(1))
     assert 0 < real < padded <= 32 * calls
+    cold = dict(re.findall(r'^corescale_cold_start_seconds{until="(\w+)"} (\S+)$', metrics, re.M))
+    assert 0 < float(cold["ready"]) <= float(cold["first_answer"])  # process start -> ready -> first 200
+
+
+def test_serve_json_holds_the_issue_figures():
+    """benchmarks/serve.py's DIR/serve.json: the figures issue 31 names, for this checkout and a baseline."""
+    import dataclasses
+    import json
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    import serve as bench
+
+    served = bench.Served(*([1.0] * 9), cold_start_s=1.5, ready_s=1.2, front="CPUs 1", steps=[{"qps": 1.0}])
+    values = {f.name: 1.0 for f in dataclasses.fields(bench.Figures) if f.name not in ("served", "baseline")}
+    figures = bench.Figures(**{**values, "layout": {"instances": 2}, "cpu": "AMD EPYC", "model": "m",
+                               "offline_batch": 8, "machine_note": "shared"}, served=served)
+    found = json.loads(json.dumps(figures.to_json()))
+    assert set(bench.REQUIRED) <= set(found) and found["served"]["cold_start_s"] == 1.5
+    assert found["baseline"] is None and "| P7'" in bench.table(figures)

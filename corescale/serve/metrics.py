@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import resource
 import time
+from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 
@@ -14,6 +16,19 @@ ROWS = (1, 2, 4, 8, 16, 32, 64, 128)
 LENGTHS = (8, 16, 24, 32, 48, 64, 96, 128, 256, 384, 512)  # padded lengths (tokens)
 WASTE = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)  # a call's share of padded tokens
 OTHER = "other"  # the route label of every path the app does not serve
+
+
+LOADED = time.monotonic()
+
+
+def process_age_s() -> float:
+    """Seconds since this process started (Linux: its start time in /proc/self/stat; elsewhere since this module
+    was imported): cold start counts from the process, not from the service's first line of code."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        return time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return time.monotonic() - LOADED
 
 
 def front_cpu_seconds() -> float:
@@ -59,6 +74,16 @@ class Metrics:
         cores = Gauge("corescale_front_cores_used", "the front's CPU time ÷ wall time since the service started",
                       registry=registry)
         cores.set_function(self.front_cores)
+        self.ready_s: float | None = None
+        self.first_answer_s: float | None = None
+        self.cold = Gauge("corescale_cold_start_seconds", "from the process's start to every instance ready (warm), "
+                          "and to the first answered request (200)", ["until"], registry=registry)
+
+    def ready_now(self) -> float:
+        """Every instance is ready: the process's age now (time to ready)."""
+        self.ready_s = process_age_s()
+        self.cold.labels("ready").set(self.ready_s)
+        return self.ready_s
 
     def front_cores(self) -> float:
         return (front_cpu_seconds() - self.cpu_at_start) / max(time.monotonic() - self.started, 1e-9)
@@ -88,6 +113,9 @@ class Metrics:
         """A request's answer, labelled by its route when the app has it, else `other` (labels are bounded: an
         unauthenticated client sending random paths must not grow the series)."""
         self.requests.labels(route if route in self.routes else OTHER, str(status)).inc()
+        if status == 200 and self.first_answer_s is None and timings:
+            self.first_answer_s = process_age_s()
+            self.cold.labels("first_answer").set(self.first_answer_s)
         if timings:
             self.queue.observe(timings["queue"])
             self.tokenization.observe(timings["tokenization"])

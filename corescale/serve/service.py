@@ -107,11 +107,15 @@ def run(source: list[str], options: Options) -> int:
                 print(f"corescale: error: {failed}", file=sys.stderr)
                 return 1
             metrics.watch(pool)
+            ready_s = metrics.ready_now()
             with housekeeping_cpus(opened.specs) as front_cpus:
                 where = f"CPUs {format_cpulist(sorted(front_cpus))}" if front_cpus else "shared with the instances"
                 host, port = sock.getsockname()[:2]
                 say(ready_line(f"{len(opened.specs)} instance(s) of {opened.model} on "
                                f"{cfg.backend.name} ({cfg.precision})", where, host, port))
+                # after the ready line, never before: a reader that waits for it (measure/managed.py) reads line by
+                # line under select(), and a line buffered behind another would not wake it
+                say(f"ready {ready_s:.2f} s after the process started (instances loaded and warm)")
                 app = create_app(Front(pool, tokens, opened.head, opened.model, metrics, width), options.api_key,
                                  limits.payload_bytes, not options.api_key and is_loopback(options.host))
                 server = uvicorn.Server(uvicorn.Config(
@@ -144,6 +148,9 @@ def more_files() -> None:
 
 def summary(pool, cpu: float, wall: float) -> None:
     say(f"stopped after {wall:.1f} s; the front used {cpu:.2f} CPU-s ({cpu / max(wall, 1e-9):.3f} cores)")
+    first = pool.metrics.first_answer_s
+    if first is not None:
+        say(f"the first request was answered {first:.2f} s after the process started")
     for instance in pool.instances:
         report = instance.result or {}
         served = report.get("queries_served")
