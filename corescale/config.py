@@ -17,7 +17,7 @@ from corescale.http_keys import default_api, validate_endpoint
 from corescale.machine.placement import LAYOUTS as NAMED_LAYOUTS
 from corescale.machine.precisions import PRECISIONS, REFERENCE
 from corescale.userfiles import default_cache_dir, require_path, sentinel_default
-from corescale.workload.tasks import TASKS
+from corescale.workload.tasks import TASKS, check_gate_type
 
 SCHEMA_NAME = "corescale"
 ALLOCATORS = ("default", "jemalloc", "tcmalloc")
@@ -165,6 +165,7 @@ class BenchmarkConfig:
     # direction is its metric's); None = the task's defaults (workload/quality.py)
     min_quality: Any = None
     quality_samples: int = 256  # real texts (rerank: queries) the quality check runs on
+    quality_eval: Optional[str] = None  # `quality.eval=FILE`: the user's evaluation data (workload/evaluation.py)
     cost: CostConfig = field(default_factory=CostConfig)
 
     def __post_init__(self) -> None:
@@ -244,7 +245,7 @@ def task_key_fields(cfg: BenchmarkConfig) -> dict[str, Any]:
     """The task's fields, only where they differ from their defaults (the keys of earlier results hold)."""
     defaults = BenchmarkConfig.__dataclass_fields__
     return {name: getattr(cfg, name) for name in ("task", "tokenize", "min_quality", "quality_samples", "pooling",
-                                                  "normalize")
+                                                  "normalize", "quality_eval")
             if getattr(cfg, name) != defaults[name].default}
 
 
@@ -371,11 +372,7 @@ def _validate_task(cfg: BenchmarkConfig) -> None:
         if not backend.computes(cfg.task):
             raise UserError(f"backend={cfg.backend.name} computes task {', '.join(backend.tasks())} only (got "
                             f"task={cfg.task}): its graph has no place for a head; use another backend")
-    gate = cfg.min_quality
-    if not (gate is None or isinstance(gate, str) or isinstance(gate, dict) and all(
-            isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) for k, v in gate.items())):
-        raise UserError(f"min_quality must be METRIC:BOUND terms (\"cosine_p1:0.99\", comma-separated) or "
-                        f"{{METRIC:BOUND,...}} (got {gate!r})")
+    check_gate_type(cfg.min_quality)
     if isinstance(cfg.quality_samples, bool) or not isinstance(cfg.quality_samples, int) or \
             not 10 <= cfg.quality_samples <= 10_000:
         raise UserError(f"quality_samples must be a whole number in [10, 10000] (got {cfg.quality_samples})")

@@ -90,6 +90,8 @@ def shorthand(overrides: list[str]) -> list[str]:
         key, _, value = override.partition("=")
         if key == "workload" and "=" in override:
             override = f"workload.source={value}"
+        elif key == "quality.eval":  # the quality section's spelling of quality_eval
+            override = f"quality_eval={value}"
         elif key == "workload.lengths" and value[:1] not in ("'", '"') and "(" in value:
             override = assignment(key, value)
         out.append(override)

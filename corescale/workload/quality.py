@@ -23,7 +23,7 @@ import numpy as np
 from corescale.errors import UserError
 from corescale.workload import corpus
 from corescale.workload.samples import QuerySet
-from corescale.workload.tasks import TASKS
+from corescale.workload.tasks import DROP, EVALUATIONS, TASKS
 from corescale.workload.tokens import text_encoder, tokenizer_dir
 
 if TYPE_CHECKING:
@@ -44,11 +44,13 @@ class Bound:
         return f"{self.metric}{self.op}{self.value:g}"
 
 
-def parse_gate(gate: str | dict | None, task: str) -> list[Bound]:
+def parse_gate(gate: str | dict | None, task: str, evaluated: str | None = None) -> list[Bound]:
     """`min_quality` (None: the task's default) as bounds: "m>=v,m<=v", "m:v" (the direction is the metric's) or a
-    {metric: bound} mapping; one line for a metric of another task or bad syntax."""
+    {metric: bound} mapping; one line for a metric of another task or bad syntax. `evaluated`: the kind of the
+    user's evaluation data (quality.eval), whose metrics and their drop from fp32 (`<metric>_drop`) it may bound."""
     entry = TASKS[task]
-    metrics = entry.directions
+    extra = EVALUATIONS.get(evaluated or "", ())
+    metrics = {**{m: "higher" for m in extra}, **{f"{m}{DROP}": "lower" for m in extra}, **entry.directions}
     spec = entry.gate if gate is None else gate
     if isinstance(spec, dict):
         spec = ",".join(f"{k}:{v}" for k, v in spec.items())

@@ -19,6 +19,10 @@ import numpy as np
 
 from corescale.errors import RegistrationError, UserError
 
+# the user's evaluation data (`quality.eval=FILE`, workload/evaluation.py) by kind: its metrics, each better higher;
+# the gate may bound each or its drop from fp32 (`ndcg_at_10_drop<=0.005`)
+EVALUATIONS = {"retrieval": ("recall_at_10", "ndcg_at_10"), "pairs": ("spearman",), "labels": ("accuracy",)}
+DROP = "_drop"
 HEADS = ("tokens", "pooled", "logits")  # the last hidden state; one vector per text (pooling); the logits of a
 # classification head (workload/heads.py builds each, every backend computes it inside its measured call)
 APIS = ("openai", "tei")  # the HTTP APIs a route belongs to (http_keys.HTTP_APIS)
@@ -76,6 +80,7 @@ class Task:
     metrics: tuple[tuple[str, str], ...] = ()  # (metric, direction): its quality check (none: judged by raw drift)
     gate: str = ""  # the default min_quality (its metrics)
     judge: str | None = None  # "module:function": (out, ref, groups) -> {metric: value} (measure/quality.py)
+    evaluates: tuple[str, ...] = ()  # the kinds of user evaluation data it scores (`quality.eval=FILE`: EVALUATIONS)
     routes: tuple[Route, ...] = ()
 
     @property
@@ -109,6 +114,8 @@ class Task:
             problems.append(f"scores must be None or, for a logits head, one of {', '.join(SCORES)}")
         if not all(isinstance(m, tuple) and len(m) == 2 and m[1] in DIRECTIONS for m in self.metrics):
             problems.append(f"metrics must be (name, {' | '.join(DIRECTIONS)}) pairs (got {self.metrics!r})")
+        if not set(self.evaluates) <= set(EVALUATIONS):
+            problems.append(f"evaluates must be some of {', '.join(EVALUATIONS)} (got {self.evaluates!r})")
         if bool(self.metrics) != (self.judge is not None):
             problems.append("a judge is given exactly when there are metrics")
         unknown = [m.group(1) for m in _TERM.finditer(self.gate) if m.group(1) not in self.directions]
@@ -125,6 +132,14 @@ class Task:
                 problems.append(f"route {route.path}: request and answer are given together")
         if problems:
             raise RegistrationError(f"task '{self.name}' is malformed: {'; '.join(problems)}")
+
+
+def check_gate_type(gate: Any) -> None:
+    """`min_quality` is METRIC:BOUND terms or a {METRIC: BOUND} mapping (its metrics: workload/quality.py)."""
+    if not (gate is None or isinstance(gate, str) or isinstance(gate, dict) and all(
+            isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) for k, v in gate.items())):
+        raise UserError(f"min_quality must be METRIC:BOUND terms (\"cosine_p1:0.99\", comma-separated) or "
+                        f"{{METRIC:BOUND,...}} (got {gate!r})")
 
 
 def resolve(hook: str) -> Any:
@@ -169,6 +184,7 @@ for _task in (
          metrics=(("cosine_min", "higher"), ("cosine_p1", "higher"), ("cosine_mean", "higher"),
                   ("recall_at_10", "higher")),
          gate="cosine_p1>=0.99,recall_at_10>=0.95", judge="corescale.measure.quality:embed_metrics",
+         evaluates=("retrieval", "pairs"),
          routes=(Route("openai", "/v1/embeddings", _SERVE + "Embeddings", _SERVE + "embeddings",
                        _SENT + "embeddings_request", _SENT + "embeddings_answer", ("/v1/models", "/info")),
                  Route("tei", "/embed", _SERVE + "Embed", _SERVE + "embed", _SENT + "texts_request",
@@ -176,12 +192,14 @@ for _task in (
     Task("rerank", "cross-encoder (reranker)", "logits", "logits", "reranker", pairs=True, labels=("score",),
          scores="sigmoid", metrics=tuple((m, "higher") for m in _RERANK_METRICS),
          gate="ndcg_at_10_mean>=0.98,top1_agreement>=0.95", judge="corescale.measure.quality:rerank_metrics",
+         evaluates=("pairs",),
          routes=(Route("tei", "/rerank", _SERVE + "Rerank", _SERVE + "rerank", _SENT + "rerank_request",
                        _SENT + "ranked_answer"),)),
     Task("classify", "sequence classifier", "logits", "logits", "classifier",
          labels=("negative", "neutral", "positive"), scores="softmax",
          metrics=(("label_agreement", "higher"), ("max_probability_diff", "lower")),
          gate="label_agreement>=0.99,max_probability_diff<=0.05", judge="corescale.measure.quality:classify_metrics",
+         evaluates=("labels",),
          routes=(Route("tei", "/predict", _SERVE + "Predict", _SERVE + "predict", _SENT + "texts_request",
                        _SENT + "labelled_answer"),)),
     # a plain encoder's last hidden state is judged by raw drift (reference=, drift_tolerance=), as before tasks
