@@ -503,7 +503,7 @@ def test_bad_evaluation_data_is_one_line(tmp_path, case, message):
 def test_the_users_retrieval_and_pairs_are_scored_for_the_configuration_and_fp32(tmp_path):
     from corescale.backends import create_backend
     from corescale.config import BenchmarkConfig
-    from corescale.measure.evaluation import evaluate
+    from corescale.measure.quality import evaluate
     from corescale.measure.runner import check_task
     from corescale.workload.samples import pad_id
 

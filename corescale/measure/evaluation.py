@@ -64,24 +64,3 @@ def score(kind: str, out: np.ndarray, data: EvalData, labels: tuple[str, ...]) -
     found = SCORERS[kind](out, data, labels)
     assert set(found) == set(EVALUATIONS[kind])
     return found
-
-
-def evaluate(cfg, model, threads: int, backend) -> dict:
-    """The evaluation section of the quality report: both configurations' metrics and the drop."""
-    import time
-
-    from corescale.measure.quality import outputs, reference_outputs, unknown_quality
-    from corescale.workload.evaluation import build_eval_set
-
-    began = time.perf_counter()
-    data, rows = build_eval_set(cfg, model)
-    labels = model.head.labels
-    measured = score(data.kind, outputs(backend, model, rows), data, labels)
-    reference = None
-    if unknown_quality(cfg, model) is None:
-        found, _ = reference_outputs(cfg, model, threads, rows)
-        reference = score(data.kind, found, data, labels)
-    return {"kind": data.kind, "origin": rows.origin, "rows": len(rows.ids), "libraries": LIBRARIES,
-            "measured": measured, "reference": reference,
-            "drop": {m: reference[m] - v for m, v in measured.items()} if reference else None,
-            "seconds": time.perf_counter() - began}

@@ -192,8 +192,6 @@ def check(cfg: BenchmarkConfig, model, threads: int, backend, queries: QuerySet)
     """The quality section of an instance's report (the parent applies the gate)."""
     import time
 
-    from corescale.measure.evaluation import evaluate
-
     began = time.perf_counter()
     evaluation = {"evaluation": evaluate(cfg, model, threads, backend)} if cfg.quality_eval else {}
     unknown = unknown_quality(cfg, model)
@@ -205,3 +203,24 @@ def check(cfg: BenchmarkConfig, model, threads: int, backend, queries: QuerySet)
     return {"task": model.task, "metrics": task_metrics(model.task, measured, reference, queries.groups),
             "rows": len(queries.ids), "origin": queries.origin, "reference": reference_name(model),
             "reference_cached": cached, "seconds": time.perf_counter() - began, **evaluation}
+
+
+def evaluate(cfg, model, threads: int, backend) -> dict:
+    """The evaluation section of the quality report: both configurations' metrics and the drop."""
+    import time
+
+    from corescale.measure.evaluation import LIBRARIES, score
+    from corescale.workload.evaluation import build_eval_set
+
+    began = time.perf_counter()
+    data, rows = build_eval_set(cfg, model)
+    labels = model.head.labels
+    measured = score(data.kind, outputs(backend, model, rows), data, labels)
+    reference = None
+    if unknown_quality(cfg, model) is None:
+        found, _ = reference_outputs(cfg, model, threads, rows)
+        reference = score(data.kind, found, data, labels)
+    return {"kind": data.kind, "origin": rows.origin, "rows": len(rows.ids), "libraries": LIBRARIES,
+            "measured": measured, "reference": reference,
+            "drop": {m: reference[m] - v for m, v in measured.items()} if reference else None,
+            "seconds": time.perf_counter() - began}
