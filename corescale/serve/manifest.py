@@ -138,11 +138,12 @@ def signature(text: str, key: bytes) -> str:
     return f"{SIGNATURE_KIND}:{hmac.new(key, text.encode(), hashlib.sha256).hexdigest()}\n"
 
 
-def write_signature(folder: Path, key: bytes) -> Path:
-    """Signs the manifest in `folder` (written whole: a temporary file renamed into place)."""
+def write_signature(folder: Path, key: bytes, text: str | None = None) -> Path:
+    """Signs the manifest in `folder` (`text`: its bytes as checked), written whole (a temporary file renamed
+    into place)."""
     target = folder / SIGNATURE
     tmp = folder / f".{SIGNATURE}.tmp"
-    tmp.write_text(signature(manifest_text(folder), key))
+    tmp.write_text(signature(manifest_text(folder) if text is None else text, key))
     os.replace(tmp, target)
     return target
 

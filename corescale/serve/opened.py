@@ -116,7 +116,7 @@ def sign_bundle(path: str | Path, key: bytes, trust: Trust = Trust()) -> Path:
         open_bundle(root, work, trust)
     if manifest_text(root) != text:
         raise UserError(f"bundle '{root}': {MANIFEST} changed while it was checked; nothing signed")
-    return write_signature(root, key)
+    return write_signature(root, key, text)
 
 
 def check_trust(root: Path, manifest: BundleManifest, trust: Trust) -> None:
