@@ -96,9 +96,17 @@ def assert_judged(quality: dict) -> None:
         parsed = re.fullmatch(r"(\w+)(>=|<=)([0-9.]+)", bound)
         assert parsed, bound
         name, sign, limit = parsed.groups()
-        value = quality["metrics"][name]
+        value = quality_values(quality)[name]
         met = value >= float(limit) if sign == ">=" else value <= float(limit)
         assert met is (bound not in quality["failed"]), (bound, value)
+
+
+def quality_values(quality: dict) -> dict:
+    """What a record's gate may bound (record/sections.py Quality.values): the task's metrics, batch_change, the
+    evaluation's metrics and their drops."""
+    from corescale.record.sections import Quality
+
+    return Quality.from_dict(quality, "the record's quality").values()
 
 
 def library_installed(library) -> bool:

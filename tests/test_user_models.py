@@ -522,3 +522,53 @@ def test_the_users_retrieval_and_pairs_are_scored_for_the_configuration_and_fp32
         assert all(abs(v) < 1e-4 for v in found["drop"].values())  # fp32 PyTorch against itself
         assert "scikit-learn" in found["libraries"] and pad_id(spec) == 0
     assert found["measured"]["spearman"] > 0.8  # the trained embedder orders the pairs as their gold scores
+
+
+# --- batch dependence ----------------------------------------------------------------------------------------------
+
+class ToyBackend:
+    """Each row's vector from its own tokens and (`companions`) the batch's padded length: as dynamic int8's
+    per-batch activation scales make an output depend on what else is in its batch."""
+
+    def __init__(self, companions):
+        self.companions = companions
+
+    def prepare(self, inputs):
+        return inputs
+
+    def forward(self, inputs):
+        ids = inputs["input_ids"].astype(np.float64)
+        mean = ids.sum(1) / (ids > 0).sum(1)  # of its own real tokens
+        width = np.full(len(ids), 10.0 * ids.shape[1] if self.companions else 100.0)  # the batch's padded length
+        return np.stack([mean, width], axis=1)
+
+    def to_numpy(self, output):
+        return np.asarray(output, dtype=np.float32)
+
+
+def test_a_second_batching_shows_outputs_that_depend_on_their_companions():
+    from corescale.config import BenchmarkConfig
+    from corescale.measure.quality import batch_change
+    from corescale.record.sections import Quality
+    from corescale.workload.quality import parse_gate
+    from corescale.workload.samples import QuerySet
+
+    spec = resolve_model("all-minilm-l6-v2")
+    rng = np.random.default_rng(0)
+    queries = QuerySet([rng.integers(5, 1000, size=n) for n in rng.integers(3, 40, size=40)], "toy")
+    int8, fp32 = BenchmarkConfig(model="m", backend="onnxruntime", precision="int8"), BenchmarkConfig(model="m")
+    alone = ToyBackend(False)
+    assert batch_change(int8, spec, alone, queries, measured_outputs(alone, spec, queries)) < 1e-6
+    shared = ToyBackend(True)
+    moved = batch_change(int8, spec, shared, queries, measured_outputs(shared, spec, queries))
+    assert moved > 1e-4
+    assert batch_change(fp32, spec, shared, queries, measured_outputs(shared, spec, queries)) is None  # not reduced
+    found = Quality("embed", {"cosine_p1": 0.999}, 40, "toy", "pytorch fp32", batch_change=moved)
+    bounds = parse_gate("cosine_p1>=0.99,batch_change<=0.00001", "embed")
+    assert [b.holds(found.values()[b.metric]) for b in bounds] == [True, False]
+
+
+def measured_outputs(backend, spec, queries):
+    from corescale.measure.quality import outputs
+
+    return outputs(backend, spec, queries)

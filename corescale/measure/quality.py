@@ -28,14 +28,17 @@ if TYPE_CHECKING:
     from corescale.config import BenchmarkConfig
 
 BATCH = 16  # rows per call: padded to the longest in each length-sorted group, as a service would
+OTHER_BATCH = 7  # the second batching's rows per call (batch dependence: reduced precisions only)
 
 
-def outputs(backend, model, queries: QuerySet) -> np.ndarray:
-    """The backend's task output for every row, in row order."""
+def outputs(backend, model, queries: QuerySet, other: bool = False) -> np.ndarray:
+    """The backend's task output for every row, in row order; `other`: in a second batching (longest first, in
+    groups of OTHER_BATCH: other companions, other padding)."""
     order = np.argsort(queries.lengths, kind="stable")
+    order, batch = (order[::-1], OTHER_BATCH) if other else (order, BATCH)
     found: dict[int, np.ndarray] = {}
-    for start in range(0, len(order), BATCH):
-        chosen = [int(i) for i in order[start:start + BATCH]]
+    for start in range(0, len(order), batch):
+        chosen = [int(i) for i in order[start:start + batch]]
         length = int(max(queries.lengths[chosen]))
         inputs = queries.items(chosen) if getattr(backend, "takes_text", False) and queries.texts else \
             queries.rows(chosen, length, pad_id(model), model.takes_token_type_ids)
@@ -202,7 +205,23 @@ def check(cfg: BenchmarkConfig, model, threads: int, backend, queries: QuerySet)
     reference, cached = reference_outputs(cfg, model, threads, queries)
     return {"task": model.task, "metrics": task_metrics(model.task, measured, reference, queries.groups),
             "rows": len(queries.ids), "origin": queries.origin, "reference": reference_name(model),
-            "reference_cached": cached, "seconds": time.perf_counter() - began, **evaluation}
+            "reference_cached": cached, "batch_change": batch_change(cfg, model, backend, queries, measured),
+            "seconds": time.perf_counter() - began, **evaluation}
+
+
+def batch_change(cfg: BenchmarkConfig, model, backend, queries: QuerySet, measured: np.ndarray) -> float | None:
+    """The largest change of one text's output when the quality set runs in a second batching (dynamic int8's
+    activation scales come from the whole batch): 1 - cosine for a vector, the absolute change for logits; None
+    at a precision that is not reduced (its outputs do not depend on their companions)."""
+    from corescale.machine.precisions import PRECISIONS
+
+    if not PRECISIONS[cfg.precision].reduced and model.quantization is None:
+        return None
+    again = outputs(backend, model, queries, other=True)
+    a, b = measured.reshape(len(measured), -1), again.reshape(len(again), -1)
+    if a.shape[1] == 1 or TASKS[model.task].head == "logits":
+        return float(np.abs(a - b).max())
+    return float(1.0 - _rows_cosine(a, b).min())
 
 
 def evaluate(cfg, model, threads: int, backend) -> dict:

@@ -416,7 +416,9 @@ def _finish(record: TrialRecord, trial: Trial, metrics: RunMetrics, reports: lis
 def judge_quality(record: TrialRecord, trial: Trial) -> None:
     """Instance 0's quality check, judged by min_quality (or the task's defaults): a configuration that misses it
     keeps its (valid) figures and fails as withheld (quality)."""
-    from corescale.workload.quality import parse_gate
+    from corescale.machine.precisions import PRECISIONS
+    from corescale.workload.quality import Bound, parse_gate
+    from corescale.workload.tasks import BATCH_CHANGE
 
     checked = [r.quality for r in record.instance_reports if r.quality is not None]
     if not checked:
@@ -427,6 +429,10 @@ def judge_quality(record: TrialRecord, trial: Trial) -> None:
         record.quality = found
         return
     values = found.values()
+    if found.batch_change is not None and trial.model.head.entry.head == "pooled" and \
+            all(b.metric != BATCH_CHANGE for b in gate):  # by default a vector may move between batchings as far
+        gate.append(Bound(BATCH_CHANGE, "<=", round(1 - PRECISIONS[trial.cfg.precision].min_cosine, 6)))  # as the
+        # precision may move it from fp32
     failed = [b.text() for b in gate if not b.holds(values.get(b.metric, float("nan")))]
     record.quality = dataclasses.replace(found, gate=[b.text() for b in gate], failed=failed, passed=not failed)
     if failed and record.ok:

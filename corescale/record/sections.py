@@ -11,7 +11,7 @@ from corescale.machine.environment import CpuInfo as CpuInfo  # the host's secti
 from corescale.machine.environment import HostEnvironment as HostEnvironment
 from corescale.machine.environment import HostTopology as HostTopology
 from corescale.typed import Section
-from corescale.workload.tasks import DROP
+from corescale.workload.tasks import BATCH_CHANGE, DROP
 
 
 @dataclass(frozen=True)
@@ -73,10 +73,13 @@ class Quality(Section):
     unknown: str | None = None  # why there is no figure: a model file with nothing to be judged against
     # quality.eval=FILE: {"kind", "origin", "rows", "libraries", "measured", "reference", "drop", "seconds"}
     evaluation: dict[str, Any] | None = None
+    batch_change: float | None = None  # the largest per-text change in a second batching (a reduced precision's)
 
     def values(self) -> dict[str, float]:
         """What a gate's bound may name: the task's metrics, the evaluation's (fp32's drop as `<metric>_drop`)."""
         found = dict(self.metrics)
+        if self.batch_change is not None:
+            found[BATCH_CHANGE] = self.batch_change
         if self.evaluation:
             found = {**self.evaluation["measured"], **found}  # a task metric keeps its name (recall_at_10)
             found.update({f"{m}{DROP}": v for m, v in (self.evaluation.get("drop") or {}).items()})

@@ -23,7 +23,7 @@ import numpy as np
 from corescale.errors import UserError
 from corescale.workload import corpus
 from corescale.workload.samples import QuerySet
-from corescale.workload.tasks import DROP, EVALUATIONS, TASKS
+from corescale.workload.tasks import BATCH_CHANGE, DROP, EVALUATIONS, TASKS
 from corescale.workload.tokens import text_encoder, tokenizer_dir
 
 if TYPE_CHECKING:
@@ -50,7 +50,8 @@ def parse_gate(gate: str | dict | None, task: str, evaluated: str | None = None)
     user's evaluation data (quality.eval), whose metrics and their drop from fp32 (`<metric>_drop`) it may bound."""
     entry = TASKS[task]
     extra = EVALUATIONS.get(evaluated or "", ())
-    metrics = {**{m: "higher" for m in extra}, **{f"{m}{DROP}": "lower" for m in extra}, **entry.directions}
+    metrics = {**{m: "higher" for m in extra}, **{f"{m}{DROP}": "lower" for m in extra}, BATCH_CHANGE: "lower",
+               **entry.directions}
     spec = entry.gate if gate is None else gate
     if isinstance(spec, dict):
         spec = ",".join(f"{k}:{v}" for k, v in spec.items())

@@ -23,6 +23,7 @@ from corescale.errors import RegistrationError, UserError
 # the gate may bound each or its drop from fp32 (`ndcg_at_10_drop<=0.005`)
 EVALUATIONS = {"retrieval": ("recall_at_10", "ndcg_at_10"), "pairs": ("spearman",), "labels": ("accuracy",)}
 DROP = "_drop"
+BATCH_CHANGE = "batch_change"  # any task's: the largest per-text change in a second batching (lower is better)
 HEADS = ("tokens", "pooled", "logits")  # the last hidden state; one vector per text (pooling); the logits of a
 # classification head (workload/heads.py builds each, every backend computes it inside its measured call)
 APIS = ("openai", "tei")  # the HTTP APIs a route belongs to (http_keys.HTTP_APIS)
