@@ -18,6 +18,7 @@ MESSAGES = [
     protocol.Loaded(1.25), protocol.Warming(3), protocol.Ready(12, False, 4_000, None), protocol.Ready(8, True, 10, 7),
     protocol.Progress(40), protocol.Served(1, 10, 20, 32, 17), protocol.Result({"instance": 1, "cpu_seconds": 0.5}),
     protocol.Profiled({"latencies_us": [1.0]}), protocol.WorkerFailure("user", "bad input", None),
+    protocol.Unanswered(4, "IndexError: index 30522 is out of bounds"),
 ]
 
 
@@ -93,7 +94,8 @@ def test_a_job_survives_its_file_and_names_every_sibling_cpu(tmp_path, toy):
 
 COMMANDS = [protocol.Warmup(), protocol.Start(1_234_567_890), protocol.Batch(7, (3, 0, 12)), protocol.Stop(),
             protocol.Infer(2, [[101, 7, 102], [101, 102]], [None, None]),
-            protocol.Infer(3, [[101, 7, 102], [101, 102]], [[0, 0, 1], None])]  # a pair beside a single text
+            protocol.Infer(3, [[101, 7, 102], [101, 102]], [[0, 0, 1], None]),  # a pair beside a single text
+            protocol.Infer(4, [[]], [None]), protocol.Infer(5, [[101], [], [102]], [None, None, None])]  # empty rows
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=lambda c: type(c).__name__)
@@ -117,3 +119,8 @@ def test_the_words_on_the_wire_are_the_documented_ones():
 def test_a_line_that_is_no_command_is_a_protocol_error(line, says):
     with pytest.raises(protocol.ProtocolError, match=says):
         protocol.heard(line)
+
+
+def test_a_malformed_infer_line_still_names_its_batch_when_it_can():
+    assert [protocol.infer_number(line) for line in ("infer 12 1,x\n", "infer\n", "infer x 1\n", "batch 3 1\n")] == \
+        [12, -1, -1, -1]

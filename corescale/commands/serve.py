@@ -59,6 +59,9 @@ def register(sub) -> None:
     trust.add_argument("--sign", metavar="KEYFILE",
                        help="check the bundle as serving does, sign it with the key in KEYFILE (manifest.sig, "
                             "HMAC-SHA256 of its manifest) and exit without serving")
+    parser.add_argument("--batch-timeout", type=seconds, metavar="S",
+                        help="a batch's deadline: S seconds plus 20 of the instance's warm calls; past it the "
+                        "instance is killed and started again and the batch's requests get 503 (default 10)")
     parser.set_defaults(handler=handle)
 
 
@@ -124,4 +127,5 @@ def handle(args) -> int:
                     args.max_request_tokens, args.max_answer_floats, args.auto_truncate)
     return run(args.source, Options(args.host, args.port, args.api_key, args.max_queue, args.max_inputs,
                                     args.access_log, limits, args.max_connections, args.receive_timeout, trust,
-                                    read_key(args.verify) if args.verify else None))
+                                    read_key(args.verify) if args.verify else None,
+                                    **({"batch_timeout": args.batch_timeout} if args.batch_timeout else {})))

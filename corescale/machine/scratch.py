@@ -84,12 +84,12 @@ def collect(folder: Path, prefix: str) -> list[Path]:
 
 
 @contextmanager
-def scratch(kind: str = ""):
-    """A marked temporary directory (`corescale-KIND-*` in the temp dir) for the block, removed at its end; the
-    ones killed processes left are collected first."""
-    root = Path(tempfile.gettempdir())
+def scratch(kind: str = "", under: str | None = None):
+    """A marked temporary directory (`corescale-KIND-*` in the temp dir, or in `under`) for the block, removed at
+    its end; the ones killed processes left are collected first."""
+    root = Path(under or tempfile.gettempdir())
     collect(root, PREFIX)
-    with tempfile.TemporaryDirectory(prefix=f"{PREFIX}{kind + '-' if kind else ''}") as work:
+    with tempfile.TemporaryDirectory(prefix=f"{PREFIX}{kind + '-' if kind else ''}", dir=root) as work:
         mark(Path(work))
         yield Path(work)
 

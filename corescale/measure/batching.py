@@ -81,6 +81,13 @@ class Batcher:
             self.closed = True
             self.cond.notify_all()
 
+    def clear(self) -> list[Waiting]:
+        """Every item still waiting, taken out of the queue (a stopping service fails them)."""
+        with self.cond:
+            items = list(self.waiting)
+            self.waiting.clear()
+            return items
+
     def take(self) -> list[Waiting] | None:
         """The next batch (blocks); None once closed and empty."""
         with self.cond:

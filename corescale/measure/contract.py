@@ -1,5 +1,6 @@
 """What `corescale serve` and the trials that measure it (endpoint=managed, measure/managed.py) agree on: its ready
-line, the metric that says what its front cost, the variable that holds the API key, and GET /info (ServiceInfo).
+line, the metric that says what its front cost, the variable that holds the API key, how long a stop takes, and
+GET /info (ServiceInfo).
 Both sides import it from here; nothing else spells them."""
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ READY = "listening on http://"  # the ready line ends with it: "...; front on WH
 FRONT = "; front on "  # the ready line's word on where the HTTP front runs
 FRONT_CPU_METRIC = "corescale_front_cpu_seconds"  # the front's CPU time since the service started (GET /metrics)
 API_KEY_ENV = "CORESCALE_API_KEY"  # sent as `Authorization: Bearer KEY` (kept out of the config and the record)
+GRACEFUL_S = 60  # after a stop signal, the longest the service waits for accepted requests
+STOP_S = 90  # the longest it takes to stop after the signal (the drain, then the instances'): a manager's timeout
 
 
 def ready_line(what: str, front: str, host: str, port: int) -> str:

@@ -16,9 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from corescale.machine import instance_env
-from corescale.measure.contract import FRONT_CPU_METRIC, READY, front_in, url_in
+from corescale.measure.contract import FRONT_CPU_METRIC, READY, STOP_S, front_in, url_in
 
-STOP_S = 90.0  # the drain (60 s at most) and the instances' stop
 LOG_TAIL_LINES = 3
 
 

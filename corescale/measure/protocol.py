@@ -142,6 +142,16 @@ class Answered(Served):
 
 
 @dataclass(frozen=True)
+class Unanswered:
+    """One `infer` batch the worker could not compute (the exception's message): the worker keeps serving, the
+    parent fails that batch's requests. `batch` is -1 when the line was too malformed to hold its number."""
+
+    EVENT: ClassVar[str] = "unanswered"
+    batch: int
+    message: str
+
+
+@dataclass(frozen=True)
 class Result:
     """The instance's report (the record's entry for it); its fields travel flat beside the event's name."""
 
@@ -247,11 +257,12 @@ def heard(line: str) -> Command | None:
             return Start(int(words[1]))
         if cls is Batch:
             return Batch(int(words[1]), tuple(int(i) for i in words[2].split(",")))
-        if cls is Infer:
-            rows = [row.partition("/") for row in words[2].split(";")]
-            return Infer(int(words[1]), [[int(i) for i in ids.split(",")] for ids, _, _ in rows],
-                         [[int(i) for i in types.split(",")] if types else None for _, _, types in rows])
-    except (IndexError, ValueError):
+        if cls is Infer:  # a row may be empty (no ids): its field then is empty too
+            _, number, field = line.rstrip("\r\n").split(" ", 2)
+            rows = [row.partition("/") for row in field.split(";")]
+            return Infer(int(number), [ints(ids) for ids, _, _ in rows],
+                         [ints(types) if types else None for _, _, types in rows])
+    except (IndexError, ValueError):  # (a missing field: too few values to unpack is a ValueError)
         raise ProtocolError(f"a malformed '{words[0]}' command: {_excerpt(line)}") from None
     if words == [Warmup.WORD]:
         return Warmup()
@@ -260,7 +271,18 @@ def heard(line: str) -> Command | None:
     raise ProtocolError(f"not a command: {_excerpt(line)} (known: {', '.join(COMMANDS)})")
 
 
-Message = Union[Loaded, Warming, Ready, Progress, Served, Answered, Result, Profiled, WorkerFailure]
+def ints(text: str) -> list[int]:
+    """`1,2,3` as its numbers; an empty text as no numbers."""
+    return [int(i) for i in text.split(",")] if text else []
+
+
+def infer_number(line: str) -> int:
+    """The batch number of an `infer` line too malformed to read (-1 when it has none)."""
+    words = line.split()
+    return int(words[1]) if len(words) > 1 and words[0] == Infer.WORD and words[1].lstrip("-").isdigit() else -1
+
+
+Message = Union[Loaded, Warming, Ready, Progress, Served, Answered, Unanswered, Result, Profiled, WorkerFailure]
 MESSAGES: dict[str, type[Message]] = {cls.EVENT: cls for cls in typing.get_args(Message)}
 HINTS = {event: typing.get_type_hints(cls) for event, cls in MESSAGES.items()}  # once: it compiles each annotation
 FLAT = {Result: "report", Profiled: "profile"}  # messages whose one dict field is spread over the line

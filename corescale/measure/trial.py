@@ -72,8 +72,20 @@ def housekeeping_cpus(specs: list[InstanceSpec]):
     mine = os.sched_getaffinity(0)
     free = mine - {cpu for spec in specs for cpu in spec.cpus}
     if free and free != mine:
-        os.sched_setaffinity(0, free)
+        move_every_thread(free)
     try:
         yield free or None
     finally:
-        os.sched_setaffinity(0, mine)
+        move_every_thread(mine)
+
+
+def move_every_thread(cpus: set[int]) -> None:
+    """Every thread of this process (the readers, dispatchers and keeper started before it, not only the calling
+    one) onto `cpus`; threads started later inherit it from the one that starts them."""
+    from corescale.machine.instance_env import thread_affinities
+
+    for thread in [0, *thread_affinities()]:
+        try:
+            os.sched_setaffinity(thread, cpus)
+        except OSError:
+            continue  # the thread ended meanwhile

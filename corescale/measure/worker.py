@@ -10,7 +10,9 @@ Run as `python -m corescale.measure.worker JOB.json` by the launcher. Protocol w
   (query indices into the trial's query set), answers each with a `served` line, and ends at `stop` with its
   `result`. `corescale serve` sends `infer N IDS;IDS;...` instead (each row's token ids, commas between ids,
   semicolons between rows; `IDS/TYPES` for a pair's token type ids) and gets an `answered` line holding the
-  output rows (the task's output: the head is in the measured call).
+  output rows (the task's output: the head is in the measured call), or an `unanswered` line when that batch
+  could not be computed (the instance serves on). Such a worker ignores SIGTERM: it ends on `stop` or end of
+  input, so a signal to every process of the service (systemd's control group) leaves the drain to the parent.
 The parent's lines are protocol.py's commands (`say` writes them, `heard` reads them here).
 """
 
@@ -20,9 +22,10 @@ import gc
 import os
 import resource
 import select
+import signal
 import sys
 import time
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from corescale.measure import imports, protocol
 
@@ -108,6 +111,8 @@ class Instance:
         self.cfg, self.spec, self.model, self.trial_cpus = job.config, job.instance, job.model, job.trial_cpus
         os.sched_setaffinity(0, list(self.spec.cpus))  # before any framework creates its thread pool
         self.serving = self.cfg.scenario != "offline"
+        if self.serving and job.files.queries is None:  # corescale serve's: it ends on `stop` or end of input
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # so a SIGTERM to every process of the service drains
         self.tokens = TokenCount()
 
     def run(self) -> None:
@@ -251,25 +256,39 @@ class Instance:
         cpu_before, began = process_cpu_seconds(), time.perf_counter_ns()
         served = rows = 0
         busy_ns = 0
-        while True:
-            command = control.next()
-            types = None
-            if isinstance(command, protocol.Infer):  # corescale serve: the token ids themselves, the output rows back
-                chosen, types = token_rows(command)
-            elif isinstance(command, protocol.Batch):
-                assert queries is not None, "a LoadGen worker's job names its query set"
-                chosen = [queries.ids[i] for i in command.queries]
-            else:
-                break
+        def compute(chosen: list, types: list | None) -> tuple[int, int, int, Any]:
             start_ns = time.perf_counter_ns()
             length = padded_length([len(q) for q in chosen], cfg_pad, limit)
             inputs = batch_inputs(chosen, length, pad_id(model), model.takes_token_type_ids, types)
             output = backend.to_numpy(backend.forward(backend.prepare(inputs)))
-            end_ns = time.perf_counter_ns()
+            return start_ns, time.perf_counter_ns(), length, output
+
+        while True:
+            line = sys.stdin.readline()
+            try:
+                command = protocol.heard(line)
+            except protocol.ProtocolError as bad:  # a malformed line: that batch fails, the instance serves on
+                control.send(protocol.Unanswered(protocol.infer_number(line), str(bad)))
+                continue
+            if isinstance(command, protocol.Infer):  # corescale serve: the token ids themselves, the output rows back
+                try:  # an input the model cannot take fails its own batch, never the instance
+                    start_ns, end_ns, length, output = compute(*token_rows(command))
+                    reply: protocol.Message = answer((command.number, start_ns, end_ns, length,
+                                                      sum(map(len, command.ids))), output)
+                except Exception as exc:
+                    control.send(protocol.Unanswered(command.number, f"{type(exc).__name__}: {exc}"))
+                    continue
+                chosen: list = command.ids
+            elif isinstance(command, protocol.Batch):
+                assert queries is not None, "a LoadGen worker's job names its query set"
+                chosen = [queries.ids[i] for i in command.queries]
+                start_ns, end_ns, length, _ = compute(chosen, None)
+                reply = protocol.Served(command.number, start_ns, end_ns, length, sum(len(q) for q in chosen))
+            else:
+                break
             busy_ns += end_ns - start_ns
             served, rows = served + 1, rows + len(chosen)
-            done = (command.number, start_ns, end_ns, length, sum(len(q) for q in chosen))
-            control.send(answer(done, output) if isinstance(command, protocol.Infer) else protocol.Served(*done))
+            control.send(reply)
         wall = (time.perf_counter_ns() - began) / 1e9
         memory = memory_now()
         threads_cpus = instance_env.thread_affinities()

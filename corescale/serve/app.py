@@ -11,7 +11,8 @@ route the bundle's task does not serve, or a Host header other than loopback's o
 input or a request over a limit (checked before any work), an input longer than the model takes (unless
 truncated), an answer over --max-answer-floats; 422 malformed JSON, a field of the wrong type (named), an empty
 input, token ids past the vocabulary; 429 the queue is full (Retry-After, checked before tokenizing); 500 a
-non-finite output; 503 the instance computing the request died (it is started again).
+non-finite output, or a batch the instance could not compute (it serves on); 503 the instance computing the
+request died or missed its deadline (it is started again).
 """
 
 from __future__ import annotations
@@ -129,6 +130,8 @@ class Front:
             outputs = await request.future
         except pools.InstanceDied as exc:
             raise Refused(503, str(exc), "Unhealthy") from None
+        except pools.BatchFailed as exc:
+            raise Refused(500, str(exc), "Backend") from None
         broken = [i for i, row in enumerate(outputs) if not np.isfinite(row).all()]
         if broken:
             raise Refused(500, f"the model gave a non-finite output (NaN or inf) for input {broken[0]}", "Backend")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from corescale.measure.contract import API_KEY_ENV, Layout
+from corescale.measure.contract import API_KEY_ENV, STOP_S, Layout
 
 SYSTEMD, DOCKERFILE, README = "corescale-serve.service", "Dockerfile.example", "README.md"
 
@@ -18,7 +18,8 @@ def files(serving: dict[str, Any], layout: Layout) -> dict[str, str]:
 def systemd_unit() -> str:
     return f"""# Example: install the bundle at /opt/corescale/bundle and corescale in /opt/corescale/venv, then
 #   cp corescale-serve.service /etc/systemd/system/ && systemctl enable --now corescale-serve
-# SIGTERM (systemctl stop) drains what was accepted and exits 0.
+# SIGTERM (systemctl stop) drains what was accepted and exits 0. KillMode=mixed sends it to corescale alone (the
+# instances end when it tells them; they ignore SIGTERM anyway); the stop timeout leaves room for the whole drain.
 [Unit]
 Description=corescale serve (the measured deployment)
 After=network-online.target
@@ -29,9 +30,11 @@ ExecStart=/opt/corescale/venv/bin/corescale serve /opt/corescale/bundle --host 1
 EnvironmentFile=-/etc/corescale/serve.env
 Restart=on-failure
 KillSignal=SIGTERM
-TimeoutStopSec=60
+KillMode=mixed
+TimeoutStopSec={STOP_S:g}
 DynamicUser=yes
 CacheDirectory=corescale
+RuntimeDirectory=corescale
 
 [Install]
 WantedBy=multi-user.target

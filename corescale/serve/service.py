@@ -2,14 +2,21 @@
 
 Order: the bundle is checked and the address bound (bad input: one line, exit 2, no worker started); the
 instances start and warm up; the front moves to the CPUs no instance uses when there are any (else it shares
-them: the layout says which); uvicorn serves on the bound socket. SIGTERM (or Ctrl-C) stops accepting
-connections, waits for every accepted request to be answered, stops the instances and exits 0 (130 after
-Ctrl-C), printing the front's CPU time and each instance's share of busy time.
+them: the layout says which; every thread of the front moves); uvicorn serves on the bound socket.
+
+SIGTERM (or Ctrl-C) stops the restarts at once, stops accepting connections, waits for every accepted request to
+be answered (at most GRACEFUL_S, then the pool's DRAIN_S: within measure/contract.py's STOP_S; what is left then
+gets 503), stops the instances and exits 0 (130 after Ctrl-C), printing the front's CPU time and each instance's
+share of busy time. A second signal after the drain ends the process at once. The instances ignore SIGTERM (they
+end when told, or when this process ends), so a signal to every process of the service (a process manager's
+control group) drains the same way. A signal during warm-up stops the instances and exits 0 without serving. The
+work folder (job files, instance logs) is under $RUNTIME_DIRECTORY when systemd sets it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import signal
 import socket
 import sys
@@ -20,12 +27,12 @@ from pathlib import Path
 from corescale.errors import UserError
 from corescale.machine.cpulist import format_cpulist
 from corescale.machine.scratch import scratch
-from corescale.measure.contract import ready_line
+from corescale.measure.contract import GRACEFUL_S, ready_line
 from corescale.measure.trial import housekeeping_cpus
 from corescale.serve.limits import Limits
 from corescale.serve.opened import Bundle, Trust, from_config_file, from_overrides, open_bundle
+from corescale.serve.pool import BATCH_DEADLINE_S, Pool, say
 
-GRACEFUL_S = 60  # the longest SIGTERM waits for accepted requests
 KEEP_ALIVE_S = 5  # an idle kept-alive connection is closed after this (uvicorn's default, set here on purpose)
 HEADER_BYTES = 16_384  # the request line and headers, at most (h11's limit; past it: 400)
 
@@ -43,6 +50,7 @@ class Options:
     receive_timeout_s: float = 30.0  # a request's headers and body must arrive within this
     trust: Trust = Trust()  # what a bundle may ask for: --trust-remote-code, --allow-pickle (serve/opened.py)
     key: bytes | None = None  # --verify KEYFILE: the bundle's signature must verify with it
+    batch_timeout: float = BATCH_DEADLINE_S  # the floor of a batch's deadline, seconds
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -59,10 +67,6 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def say(text: str) -> None:
-    print(f"corescale serve: {text}", flush=True)
-
-
 def opened_source(source: list[str], work: Path, options: Options) -> Bundle:
     """Overrides (key=value), a config file (CONFIG.json: endpoint=managed's trials), or a bundle folder (copied,
     verified, into `work`)."""
@@ -73,6 +77,14 @@ def opened_source(source: list[str], work: Path, options: Options) -> Bundle:
     return open_bundle(source[0], work, options.trust, options.key)
 
 
+class Stopped(Exception):
+    """A stop signal during warm-up."""
+
+
+def stop_signal(number: int, frame) -> None:
+    raise Stopped(signal.Signals(number).name)
+
+
 def run(source: list[str], options: Options) -> int:
     """`source`: a bundle's path, overrides or a config file (a layout that was not measured)."""
     import uvicorn
@@ -80,12 +92,18 @@ def run(source: list[str], options: Options) -> int:
     from corescale.serve.app import Front, create_app
     from corescale.serve.guard import deadline_protocol, is_loopback
     from corescale.serve.metrics import Metrics, front_cpu_seconds
-    from corescale.serve.pool import Pool
     from corescale.serve.tokens import Tokens, longest_served
     from corescale.workload.models import resolve_model
 
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame) -> None:  # the drain begins: no restarts from now on
+            caught.append(sig)
+            pool.drain_begins()
+            super().handle_exit(sig, frame)
+
     more_files()
-    with scratch("serve") as work:
+    runtime = os.environ.get("RUNTIME_DIRECTORY", "").split(":")[0] or None  # systemd's RuntimeDirectory=
+    with scratch("serve", runtime) as work:
         opened = opened_source(source, work, options)
         for line in opened.warnings:
             print(f"corescale serve: warning: {line}", file=sys.stderr, flush=True)
@@ -97,9 +115,11 @@ def run(source: list[str], options: Options) -> int:
         width = opened.head.dense[-1].out_features if opened.head.dense else model.hidden or None
         sock = bind(options.host, options.port)
         metrics = Metrics()
-        pool = Pool(opened, Path(work), metrics, options.max_queue)
+        pool = Pool(opened, Path(work), metrics, options.max_queue, options.batch_timeout)
         caught: list[int] = []
         began = time.monotonic()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, stop_signal)
         try:
             try:
                 pool.start(cfg.timeout)
@@ -118,15 +138,20 @@ def run(source: list[str], options: Options) -> int:
                 say(f"ready {ready_s:.2f} s after the process started (instances loaded and warm)")
                 app = create_app(Front(pool, tokens, opened.head, opened.model, metrics, width), options.api_key,
                                  limits.payload_bytes, not options.api_key and is_loopback(options.host))
-                server = uvicorn.Server(uvicorn.Config(
+                server = Server(uvicorn.Config(
                     app, log_level="warning", access_log=options.access_log, lifespan="off",
                     timeout_graceful_shutdown=GRACEFUL_S, http=deadline_protocol(options.receive_timeout_s),
                     limit_concurrency=options.max_connections, timeout_keep_alive=KEEP_ALIVE_S,
                     h11_max_incomplete_event_size=HEADER_BYTES))
                 for sig in (signal.SIGTERM, signal.SIGINT):  # uvicorn drains on them, then raises them again
-                    signal.signal(sig, lambda number, frame: caught.append(number))
+                    signal.signal(sig, lambda number, frame: None)  # (Server.handle_exit recorded them)
                 server.run(sockets=[sock])
+        except Stopped as stopped:
+            say(f"{stopped} before the service was ready; stopping")
+            return 0
         finally:
+            for sig in (signal.SIGTERM, signal.SIGINT):  # a second signal ends the process at once
+                signal.signal(sig, signal.SIG_DFL)
             pool.stop()
             sock.close()
         summary(pool, front_cpu_seconds() - metrics.cpu_at_start, time.monotonic() - began)
@@ -156,4 +181,7 @@ def summary(pool, cpu: float, wall: float) -> None:
         served = report.get("queries_served")
         say(f"instance {instance.id}: {'?' if served is None else served} inputs served, busy "
             f"{instance.busy_fraction():.1%} of its time, restarted {instance.restarts} time(s)")
-    sys.stdout.flush()
+    try:
+        sys.stdout.flush()
+    except OSError:
+        pass
