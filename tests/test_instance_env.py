@@ -184,3 +184,25 @@ def test_the_recipe_drops_what_a_replayed_launch_drops(openmp):
     dropped = "".join(f" -u {name}" for name in instance_env.dropped_variables(record.config))
     assert started and all(line.startswith(f"env{dropped} OMP_NUM_THREADS=") for line in started)
     assert (dropped == " -u OMP_PROC_BIND -u OMP_PLACES") == (openmp == "intel")
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+def test_the_front_moves_every_thread_of_the_process_off_the_instances_cpus():
+    """Not only the calling thread: the ones started before (corescale serve's readers, dispatchers, keeper)."""
+    import threading
+
+    from corescale.measure.trial import housekeeping_cpus
+
+    mine = os.sched_getaffinity(0)
+    spec = InstanceSpec(InstancePlacement(0, (min(mine),), (), 1), threads=1, batch_size=1)
+    stop = threading.Event()
+    earlier = threading.Thread(target=stop.wait)
+    earlier.start()
+    try:
+        with housekeeping_cpus([spec]) as free:
+            assert free == mine - {min(mine)}
+            assert {tuple(cpus) for cpus in instance_env.thread_affinities().values()} == {tuple(sorted(free))}
+    finally:
+        stop.set()
+        earlier.join()
+    assert os.sched_getaffinity(0) == mine

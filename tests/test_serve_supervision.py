@@ -16,10 +16,21 @@ import pytest
 from helpers import processes_with_env
 from serving import Service, measure_bundle
 
-pytestmark = pytest.mark.slow
-
 TEXTS = ["a text to embed", "and another one"]
 CLIENTS = 4
+
+
+def test_the_systemd_unit_signals_corescale_alone_and_waits_for_the_whole_drain():
+    """KillMode=mixed: SIGTERM to the main process only (the default control-group would signal the workers too);
+    the stop timeout longer than the drain, the pool's drain and the instances' stop together."""
+    from corescale.measure.contract import GRACEFUL_S, STOP_S
+    from corescale.serve.examples import systemd_unit
+    from corescale.serve.pool import DRAIN_S, STOP_GRACE_S
+
+    unit = dict(line.split("=", 1) for line in systemd_unit().splitlines() if "=" in line and line[0] != "#")
+    assert unit["KillSignal"] == "SIGTERM" and unit["KillMode"] == "mixed"
+    assert float(unit["TimeoutStopSec"]) == STOP_S > GRACEFUL_S + DRAIN_S + STOP_GRACE_S
+    assert unit["RuntimeDirectory"] == "corescale"  # the work folder goes there ($RUNTIME_DIRECTORY)
 
 
 @pytest.fixture(scope="module")
@@ -131,6 +142,7 @@ def wait_for(what, timeout: float, why: str) -> None:
         time.sleep(0.1)
 
 
+@pytest.mark.slow
 def test_a_batch_the_model_cannot_take_fails_alone_and_the_instance_serves_on(running):
     """Lines the service itself never sends (a token id past the vocabulary, an empty row) written to the worker's
     own input: it answers those batches `unanswered` and serves on (no restart, the same process)."""
@@ -162,15 +174,18 @@ def replaced_under_load(running, sig: int) -> None:
     assert failed or sig != signal.SIGSTOP  # a stopped instance always holds a batch past its deadline
 
 
+@pytest.mark.slow
 def test_a_stopped_worker_is_killed_past_its_deadline_and_replaced(running):
     replaced_under_load(running, signal.SIGSTOP)
 
 
+@pytest.mark.slow
 def test_a_killed_worker_is_replaced_under_load_with_stdout_closed(running):
     """The service's stdout is a closed pipe: logging the restart must not cost the restart."""
     replaced_under_load(running, signal.SIGKILL)
 
 
+@pytest.mark.slow
 def test_the_keeper_survives_a_start_that_fails(running):
     """The work folder (under $RUNTIME_DIRECTORY) is replaced by a file, so the next start cannot even open its
     log: the keeper says so and tries again, and succeeds once the folder is back."""
@@ -190,6 +205,7 @@ def test_the_keeper_survives_a_start_that_fails(running):
     assert httpx.post(f"{service.url}/embed", json={"inputs": TEXTS}, timeout=60).status_code == 200
 
 
+@pytest.mark.slow
 def test_sigterm_with_a_hung_worker_ends_in_bounded_time_and_answers_every_request(running):
     """A stopped worker holds a batch when SIGTERM comes: its deadline ends it, the drain answers what is left
     (503: nothing restarts while stopping), and the service exits 0."""
@@ -212,6 +228,7 @@ def test_sigterm_with_a_hung_worker_ends_in_bounded_time_and_answers_every_reque
     assert sorted(answers) == [503] * 6, answers
 
 
+@pytest.mark.slow
 def test_sigterm_to_every_process_of_the_service_drains_every_accepted_request(running):
     """As systemd's default KillMode gets it: SIGTERM to the server and to its worker (held stopped meanwhile so
     every request is queued first). The worker ignores it; the drain answers all of them (200) and exits 0."""

@@ -77,8 +77,8 @@ def opened_source(source: list[str], work: Path, options: Options) -> Bundle:
     return open_bundle(source[0], work, options.trust, options.key)
 
 
-class Stopped(Exception):
-    """A stop signal during warm-up."""
+class Stopped(BaseException):
+    """A stop signal during warm-up (a BaseException, as KeyboardInterrupt: no `except Exception` swallows it)."""
 
 
 def stop_signal(number: int, frame) -> None:
