@@ -20,6 +20,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +32,8 @@ from corescale.measure.contract import GRACEFUL_S, ready_line
 from corescale.measure.trial import housekeeping_cpus
 from corescale.serve.limits import Limits
 from corescale.serve.opened import Bundle, Trust, from_config_file, from_overrides, open_bundle
-from corescale.serve.pool import BATCH_DEADLINE_S, Pool, say
+from corescale.serve.pool import Pool
+from corescale.serve.supervisor import BATCH_DEADLINE_S, say
 
 KEEP_ALIVE_S = 5  # an idle kept-alive connection is closed after this (uvicorn's default, set here on purpose)
 HEADER_BYTES = 16_384  # the request line and headers, at most (h11's limit; past it: 400)
@@ -98,7 +100,8 @@ def run(source: list[str], options: Options) -> int:
     class Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame) -> None:  # the drain begins: no restarts from now on
             caught.append(sig)
-            pool.drain_begins()
+            pool.draining = True  # (the rest off the signal handler: it may have interrupted a holder of a lock)
+            threading.Thread(target=pool.drain_begins, daemon=True, name="corescale-serve-drain").start()
             super().handle_exit(sig, frame)
 
     more_files()
