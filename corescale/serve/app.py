@@ -39,6 +39,9 @@ from corescale.workload.tasks import TASKS, Route, Task, resolve
 
 TEXTS = str | Annotated[list[str], Field(min_length=1)]
 INLINE_BYTES = 65_536  # a body parsed, or an answer of as many floats encoded, on the event loop; larger: a thread
+# texts tokenized on the event loop: a few hundred tokens take ~0.1 ms there, while a hand-off to a thread costs
+# the front 0.3-0.5 ms of CPU per request (docs/serve-profile.md); longer ones: a thread
+INLINE_CHARS = 4_096
 KINDS = {400: "Validation", 401: "Unauthorized", 404: "NotFound", 405: "MethodNotAllowed", 413: "Validation",
          422: "Validation", 429: "Overloaded", 500: "Backend", 503: "Unhealthy"}  # TEI's error types
 
@@ -111,7 +114,8 @@ class Front:
         submitted = False
         try:
             try:
-                encoded = await self.offload(self.tokens.encode, texts, truncate, pairs)
+                encoded = self.tokens.encode(texts, truncate, pairs) if characters(texts) <= INLINE_CHARS else \
+                    await self.offload(self.tokens.encode, texts, truncate, pairs)
             except (TooLarge, Unservable) as exc:
                 raise Refused(413 if isinstance(exc, TooLarge) else 422, str(exc), "Validation") from None
             floats, limit = encoded.tokens * floats_per_token, self.tokens.limits.answer_floats
@@ -257,3 +261,8 @@ def problem(error: Any) -> str:
     if error.get("type") == "json_invalid":
         return f"body: malformed JSON ({error['msg'].removeprefix('Invalid JSON: ')})"
     return f"{'.'.join(where) or 'body'}: {error['msg']}"
+
+
+def characters(texts: list) -> int:
+    """The characters of a request's texts (a pair's two)."""
+    return sum(len(t) if isinstance(t, str) else sum(len(part) for part in t) for t in texts)
