@@ -231,3 +231,29 @@ def test_an_unreachable_endpoint_is_exit_2_and_writes_nothing(tmp_path):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "cannot be reached" in lines[0]
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_the_ready_line_is_found_when_it_arrives_with_the_line_before_it(tmp_path):
+    """Both lines in one write: a reader that select()s the pipe and reads one line at a time leaves the ready
+    line in its buffer, where select() never sees it (a 600 s hang when serve printed a line just before it)."""
+    import os
+
+    from corescale.measure.contract import READY
+    from corescale.measure.managed import wait_ready
+
+    read, write = os.pipe()
+
+    class Started:  # a process whose output is the pipe (no child needed: the reading is what is checked)
+        stdout = os.fdopen(read, "r")
+
+        def poll(self):
+            return None
+
+    os.write(write, f"cold start 1.0 s\nready; front on CPUs 0; {READY}127.0.0.1:9\nlater\n".encode())
+    try:
+        line = wait_ready(Started(), tmp_path / "log", 5)  # type: ignore[arg-type]
+        assert READY in line and "127.0.0.1:9" in line
+        assert Started.stdout.readline() == "later\n"  # what follows the ready line is left for stop()
+    finally:
+        os.close(write)
+        Started.stdout.close()

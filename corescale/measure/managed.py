@@ -5,15 +5,17 @@ its ready line, stopped with SIGTERM (it drains and exits 0); its exit status an
 from __future__ import annotations
 
 import os
-import selectors
+import queue
 import signal
 import subprocess
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 from corescale.machine import instance_env
 from corescale.measure.contract import FRONT_CPU_METRIC, READY, STOP_S, front_in, url_in
@@ -58,27 +60,41 @@ def started(source: list[str], log: Path, *options: str, ready_s: float = 600.0)
 
 
 def wait_ready(process: subprocess.Popen, log: Path, timeout_s: float) -> str:
-    """Its ready line; ServeFailed when it exits first or is not ready within timeout_s."""
+    """Its ready line; ServeFailed when it exits first or is not ready within timeout_s. The lines are read by a
+    thread with a blocking readline: select() on a buffered pipe misses a line that arrived with the one before it
+    (both in the buffer, nothing left on the pipe). The thread stops at the ready line, so what follows stays in
+    the pipe for stop()."""
     assert process.stdout is not None, "started with its stdout piped"
-    selector = selectors.DefaultSelector()
-    selector.register(process.stdout, selectors.EVENT_READ)
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=read_until_ready, args=(process.stdout, lines), daemon=True).start()
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if selector.select(timeout=1.0):
-            line = process.stdout.readline()
-            if not line:  # its output closed: it is exiting (its status comes a moment later)
-                try:
-                    process.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    pass
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            line = lines.get(timeout=min(left, 1.0))
+        except queue.Empty:
+            if process.poll() is not None and lines.empty():
                 break
-            if READY in line:
-                return line
-        elif process.poll() is not None:
+            continue
+        if READY in line:
+            return line
+        if not line:  # its output closed: it is exiting (its status comes a moment later)
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
             break
     code = process.poll()
     when = f"exited with status {code}" if code is not None else f"was not ready within {timeout_s:g} s"
     raise ServeFailed(f"corescale serve {when} ({log_tail(log)})")
+
+
+def read_until_ready(stream: IO[str], lines: queue.Queue[str]) -> None:
+    """Every line up to the ready line, then "" if the output closed first."""
+    for line in iter(stream.readline, ""):
+        lines.put(line)
+        if READY in line:
+            return
+    lines.put("")
 
 
 def log_tail(log: Path) -> str:
