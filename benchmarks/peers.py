@@ -509,7 +509,9 @@ def slice_ratios(bench: Bench, best: str | None) -> dict | None:
         if len(ratios) > 1 else float("nan")
     steady = [r["ratio"] for r in rows if not r["sentinel_moved"]]
     sentinel = [r["ratio"] for r in bench.sentinel]
-    return {"best": best, "slices": rows, "mean": mean, "interval95": [mean - half, mean + half],
+    parts = {f"sentinel_{part}_range": [min(v), max(v)] for part in ("compute", "memory")
+             if (v := [r[f"{part}_ratio"] for r in bench.sentinel if r.get(f"{part}_ratio") is not None])}
+    return {**parts, "best": best, "slices": rows, "mean": mean, "interval95": [mean - half, mean + half],
             "min": min(ratios), "max": max(ratios), "steady_mean": statistics.fmean(steady) if steady else None,
             "steady_slices": len(steady), "sentinel_range": [min(sentinel), max(sentinel)],
             "sentinel_moved": any(moved(r) for r in sentinel), "sentinel": bench.sentinel}
@@ -523,7 +525,13 @@ def slices_text(found: dict) -> str:
     return (f"corescale ÷ {found['best']} per slice: {marks} (* the sentinel moved around that slice)\n"
             f"ratio {found['mean']:.2f}× (95 % interval over {len(found['slices'])} slices {low:.2f}–{high:.2f}×, "
             f"min {found['min']:.2f}×, max {found['max']:.2f}×); sentinel {found['sentinel_range'][0]:.2f}–"
-            f"{found['sentinel_range'][1]:.2f}× its first reading (tolerance ±25 %); {steady}")
+            f"{found['sentinel_range'][1]:.2f}× its first reading (tolerance ±25 %{_parts(found)}); {steady}")
+
+
+def _parts(found: dict) -> str:
+    ranges = [f"{part} {found[f'sentinel_{part}_range'][0]:.2f}–{found[f'sentinel_{part}_range'][1]:.2f}×"
+              for part in ("compute", "memory") if f"sentinel_{part}_range" in found]
+    return f"; {', '.join(ranges)}" if ranges else ""
 
 
 def tail(path: Path, lines: int = 6) -> str:

@@ -29,6 +29,7 @@ def test_readings_compare_with_the_first_on_each_cpu(monkeypatch):
     assert first["ratio"] == 1.0 and not first["moved"] and first["compute_ms"] == {"0": 2.0}
     assert near["ratio"] == pytest.approx(1.1) and not near["moved"]  # inside ±25 %
     assert slower["ratio"] == pytest.approx(1.5) and slower["moved"]  # the worse part decides
+    assert slower["memory_ratio"] == pytest.approx(1.5) and slower["compute_ratio"] == 1.0  # the triad alone moved
     assert faster["ratio"] == pytest.approx(0.5) and faster["moved"]  # faster than the first: the first was slowed
 
 

@@ -107,15 +107,21 @@ class Sentinel:
             for cpu in new:
                 self.first[cpu] = Timing(*(sorted(getattr(t[cpu], part) for t in (timings, *again))[1]
                                            for part in ("compute_ms", "memory_ms")))
-        ratios = []
-        for cpu, now in timings.items():
-            was = self.first[cpu]
-            ratios += [now.compute_ms / was.compute_ms, now.memory_ms / was.memory_ms]
-        worst = max(ratios, key=lambda r: max(r, 1 / r)) if ratios else 1.0
+        compute = [now.compute_ms / self.first[cpu].compute_ms for cpu, now in timings.items()]
+        memory = [now.memory_ms / self.first[cpu].memory_ms for cpu, now in timings.items()]
+        worst = _worst(compute + memory)
+        # which part moved tells the cause apart: both (the CPU's time or clock: steal, frequency, a process on it),
+        # the memory part only (a neighbour on the shared caches and memory bandwidth)
         return {"at": time.time(), "phase": phase,
                 "compute_ms": {str(c): round(t.compute_ms, 3) for c, t in timings.items()},
                 "memory_ms": {str(c): round(t.memory_ms, 3) for c, t in timings.items()},
-                "ratio": round(worst, 4), "moved": moved(worst, self.tolerance)}
+                "ratio": round(worst, 4), "moved": moved(worst, self.tolerance),
+                "compute_ratio": round(_worst(compute), 4), "memory_ratio": round(_worst(memory), 4)}
+
+
+def _worst(ratios: list[float]) -> float:
+    """The ratio farthest from 1 either way (1.0 for none)."""
+    return max(ratios, key=lambda r: max(r, 1 / r)) if ratios else 1.0
 
 
 def moved(ratio: float, tolerance: float = TOLERANCE) -> bool:

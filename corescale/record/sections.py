@@ -306,6 +306,8 @@ class SentinelReading(Section):
     memory_ms: dict[str, float]
     ratio: float
     moved: bool  # the ratio is beyond the tolerance (slower or faster)
+    compute_ratio: float | None = None  # the GEMM's worst ratio alone (None: records of the first 0.4 builds)
+    memory_ratio: float | None = None  # the triad's: moved alone, a neighbour on the caches or memory bandwidth
 
 
 @dataclass(frozen=True)

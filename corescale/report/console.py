@@ -221,8 +221,11 @@ def shared_host_lines(record: TrialRecord) -> list[str]:
                      f"{worst[1]:.1%}; threshold {STEAL_THRESHOLD:.0%}): another guest ran on this host")
     if found.sentinel_moved:
         span = found.sentinel_range or (1.0, 1.0)
+        last = found.sentinel[-1]
+        parts = f" (GEMM {last.compute_ratio:.2f}x, triad {last.memory_ratio:.2f}x)" \
+            if last.compute_ratio is not None and last.memory_ratio is not None else ""
         lines.append(f"speed sentinel moved: {', '.join(f'{r.phase} {r.ratio:.2f}x' for r in found.sentinel)} the "
-                     f"run's first reading (range {span[0]:.2f}-{span[1]:.2f}x, tolerance "
+                     f"run's first reading{parts} (range {span[0]:.2f}-{span[1]:.2f}x, tolerance "
                      f"±{found.sentinel_tolerance or 0:.0%}): the CPUs' speed changed around this trial")
     return lines
 
