@@ -128,7 +128,8 @@ def summary(table: pd.DataFrame, here: dict | None, slo_p99_ms: float | None) ->
                      f"samples/s with {here['layout']}; price: {here['price'].source}")
     from corescale.analysis.catalog import price_age
 
-    dates = sorted({str(d) for d in table["price_date"].dropna() if str(d)}) if "price_date" in table else []
+    offered = table[table["basis"] != HISTORY] if "price_date" in table else table.iloc[0:0]
+    dates = sorted({str(d) for d in offered["price_date"].dropna() if str(d)}) if "price_date" in table else []
     ages = f" (from {dates[0]} to {dates[-1]}; {price_age(dates[0])} at most)" if dates else ""
     lines.append(f"prices are list prices with the date and page of each row{ages} (corescale cost "
                  "--list-machines): re-check them before buying; a projection is a range where the model cannot "
