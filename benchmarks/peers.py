@@ -495,12 +495,15 @@ def slice_ratios(bench: Bench, best: str | None) -> dict | None:
         return None
     ours = {r["slice"]: r["texts_per_s"] for r in bench.runs.get("corescale", []) if r.get("texts_per_s")}
     theirs = {r["slice"]: r["texts_per_s"] for r in bench.runs.get(best, []) if r.get("texts_per_s")}
+    foreign = {r["slice"]: r.get("foreign_load") or 0.0 for peer in ("corescale", best)
+               for r in sorted(bench.runs.get(peer, []), key=lambda r: r.get("foreign_load") or 0.0)}
     readings = {r["slice"]: r for r in bench.sentinel}
     rows = []
     for number in sorted(set(ours) & set(theirs)):
         around = [readings[n] for n in (number, number + 1) if n in readings]
         rows.append({"slice": number, "ratio": ours[number] / theirs[number], "corescale": ours[number],
-                     best: theirs[number], "sentinel_moved": any(r["moved"] for r in around)})
+                     best: theirs[number], "sentinel_moved": any(r["moved"] for r in around),
+                     "foreign_load": foreign.get(number)})
     if not rows:
         return None
     ratios = [r["ratio"] for r in rows]
@@ -518,11 +521,13 @@ def slice_ratios(bench: Bench, best: str | None) -> dict | None:
 
 
 def slices_text(found: dict) -> str:
-    marks = " ".join(f"{r['ratio']:.2f}{'*' if r['sentinel_moved'] else ''}" for r in found["slices"])
+    marks = " ".join(f"{r['ratio']:.2f}{'*' if r['sentinel_moved'] else ''} ({r['foreign_load'] or 0:.0%})"
+                     for r in found["slices"])
     low, high = found["interval95"]
     steady = f"{found['steady_mean']:.2f}× over the {found['steady_slices']} slices it did not move around" \
         if found["steady_mean"] is not None else "no slice without a moved sentinel"
-    return (f"corescale ÷ {found['best']} per slice: {marks} (* the sentinel moved around that slice)\n"
+    return (f"corescale ÷ {found['best']} per slice (the worst foreign load of the two in brackets): {marks} (* the "
+            "sentinel moved around that slice)\n"
             f"ratio {found['mean']:.2f}× (95 % interval over {len(found['slices'])} slices {low:.2f}–{high:.2f}×, "
             f"min {found['min']:.2f}×, max {found['max']:.2f}×); sentinel {found['sentinel_range'][0]:.2f}–"
             f"{found['sentinel_range'][1]:.2f}× its first reading (tolerance ±25 %{_parts(found)}); {steady}")
