@@ -235,6 +235,9 @@ def test_every_error_has_the_documented_shape_and_labels_stay_bounded(service):
             422, "Content-Type")
     refused(httpx.get(f"{service.url}/info", headers={"host": "rebound.example.com"}), 400, "loopback")
     assert httpx.get(f"{service.url}/info", headers={"host": "localhost:1"}).status_code == 200
+    refused(httpx.get(f"{service.url}/health", headers={"x-filler": "y" * 20_000}), 400, "headers passed")
+    body = json.dumps({"inputs": "word " * 30_000}).encode()  # headers and a large body arrive in one read
+    assert httpx.post(f"{service.url}/embed", content=body, headers=json_type).status_code == 413
     metrics = httpx.get(f"{service.url}/metrics").text
     assert "no-such-path" not in metrics and 'route="other",status="404"' in metrics
 

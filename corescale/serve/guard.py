@@ -9,7 +9,6 @@ import hmac
 import json
 
 from fastapi.responses import JSONResponse
-from uvicorn.protocols.http.h11_impl import H11Protocol
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 
@@ -79,18 +78,43 @@ class Guard:
                                f"{self.payload_bytes} (--payload-limit)", "Validation")
 
 
-def deadline_protocol(receive_s: float) -> type[H11Protocol]:
-    """uvicorn's h11 protocol with a deadline: a request's headers and body must arrive within `receive_s` of the
-    connection opening (or of the previous answer, on a kept-alive connection), else the connection is closed.
-    A request received in full is never cut, however long its answer takes."""
+def deadline_protocol(receive_s: float, header_bytes: int) -> type:
+    """uvicorn's HTTP protocol (httptools' C parser where installed, else h11's pure-Python one: a tenth of the
+    front's CPU per request, profiled in docs/serve-profile.md) with a deadline: a request's headers and body must
+    arrive within `receive_s` of the connection opening (or of the previous answer, on a kept-alive connection),
+    else the connection is closed. A request received in full is never cut, however long its answer takes. The
+    request line and headers are bounded by `header_bytes` (past it: 400 in the documented body, and closed)."""
+    base: type
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+        base = HttpToolsProtocol
+    except ImportError:  # httptools is not installed: h11 bounds the headers itself
+        from uvicorn.protocols.http.h11_impl import H11Protocol
+        base = H11Protocol
 
-    class Deadlined(H11Protocol):
+    class Deadlined(base):
+        heading = 0  # bytes of the current request's line and headers so far; -1 once they are complete
+
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
             self.receipt = self.loop.call_later(receive_s, self.too_slow)
 
+        def data_received(self, data: bytes) -> None:  # httptools only (h11 bounds its own buffer)
+            if self.heading >= 0:  # counted before parsing: headers complete in one read are bounded too
+                end = data.find(b"\r\n\r\n")
+                self.heading += len(data) if end < 0 else end + 4
+                if self.heading > header_bytes:
+                    self.send_400_response(f"the request line and headers passed {header_bytes} bytes")
+                    return
+            super().data_received(data)
+
+        def on_headers_complete(self) -> None:
+            self.heading = -1  # the body follows: not counted
+            super().on_headers_complete()
+
         def on_response_complete(self) -> None:
             super().on_response_complete()
+            self.heading = 0  # what comes next on a kept-alive connection is a new request's line and headers
             self.receipt.cancel()
             if not self.transport.is_closing():
                 self.receipt = self.loop.call_later(receive_s, self.too_slow)
@@ -106,15 +130,14 @@ def deadline_protocol(receive_s: float) -> type[H11Protocol]:
                 self.transport.close()
 
         def send_400_response(self, msg: str) -> None:
-            """A request h11 cannot parse (headers past the limit, malformed): the documented body."""
-            import h11
-
+            """A request the parser refuses (headers past the limit, malformed): the documented body."""
+            if self.transport.is_closing():
+                return
             body = json.dumps({"error": msg, "error_type": "Validation"}).encode()
-            headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                       (b"connection", b"close")]
-            for event in (h11.Response(status_code=400, headers=headers),
-                          h11.Data(data=body), h11.EndOfMessage()):
-                self.transport.write(self.conn.send(event))
+            self.transport.write(b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\n"
+                                 b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body))
             self.transport.close()
 
+    if base.__name__ == "H11Protocol":  # h11 bounds its own buffer (h11_max_incomplete_event_size)
+        Deadlined.data_received = base.data_received  # type: ignore[method-assign]
     return Deadlined

@@ -36,7 +36,7 @@ from corescale.serve.pool import Pool
 from corescale.serve.supervisor import BATCH_DEADLINE_S, say
 
 KEEP_ALIVE_S = 5  # an idle kept-alive connection is closed after this (uvicorn's default, set here on purpose)
-HEADER_BYTES = 16_384  # the request line and headers, at most (h11's limit; past it: 400)
+HEADER_BYTES = 16_384  # the request line and headers, at most (past it: 400)
 
 
 @dataclass(frozen=True)
@@ -143,7 +143,8 @@ def run(source: list[str], options: Options) -> int:
                                  limits.payload_bytes, not options.api_key and is_loopback(options.host))
                 server = Server(uvicorn.Config(
                     app, log_level="warning", access_log=options.access_log, lifespan="off",
-                    timeout_graceful_shutdown=GRACEFUL_S, http=deadline_protocol(options.receive_timeout_s),
+                    timeout_graceful_shutdown=GRACEFUL_S,
+                    http=deadline_protocol(options.receive_timeout_s, HEADER_BYTES),
                     limit_concurrency=options.max_connections, timeout_keep_alive=KEEP_ALIVE_S,
                     h11_max_incomplete_event_size=HEADER_BYTES))
                 for sig in (signal.SIGTERM, signal.SIGINT):  # uvicorn drains on them, then raises them again
