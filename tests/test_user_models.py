@@ -309,6 +309,36 @@ def test_a_files_quality_without_a_reference_is_unknown(tmp_path):
     assert "reference=DIR" in unknown_quality(BenchmarkConfig(model=plain), floated)
 
 
+def test_a_tune_judges_every_trial_on_the_users_reference(tmp_path):
+    """reference=DIR survives into the baseline and every trial (the tune set reference= itself and refused the
+    user's); the bundle's figures say what the quality was judged against."""
+    from types import SimpleNamespace
+
+    from corescale.record.sections import Quality
+    from corescale.serve.bundle import figures
+    from corescale.tune.plan import plan_tune
+    from corescale.tune.settings import parse
+
+    tokenizer = resolve_model("all-minilm-l6-v2").path
+    quantized = str(onnx_file(tmp_path / "q.onnx", hidden=384, weights="int8"))
+    words = [f"model={quantized}", f"workload.tokenizer={tokenizer}", "budget=5m", f"output_dir={tmp_path / 'out'}"]
+    tune = plan_tune(parse([*words, "pooling=mean", "reference=all-minilm-l6-v2"]))
+    assert tune.baseline[-1] == "backend=onnxruntime" and "reference=all-minilm-l6-v2" in tune.baseline
+    for suggested in (["backend=onnxruntime", "precision=int8"], ["backend=openvino"]):
+        trial = tune.trial_overrides(suggested, 1.0)
+        assert [o for o in trial if o.startswith("reference=")] == ["reference=all-minilm-l6-v2"]
+    with pytest.raises(UserError, match="tune sets reference itself"):  # a backend name: the tune's to choose
+        parse([*words, "pooling=mean", "reference=onnxruntime"])
+    with pytest.raises(UserError, match="judges a head's quality on real text; .* task=encode"):
+        plan_tune(parse([*words, "reference=all-minilm-l6-v2"]))
+    judged = Quality("embed", {"cosine_p1": 0.998}, 40, "texts", "pytorch fp32 on reference=all-minilm-l6-v2",
+                     passed=True)
+    cpu = SimpleNamespace(model="cpu", isa={})
+    record = SimpleNamespace(trial_key="k", started_at="t", metrics=None, server=None, drift=None, quality=judged,
+                             environment=SimpleNamespace(cpu=cpu, topology=SimpleNamespace(physical_cores=2)))
+    assert figures(record)["quality"]["reference"] == "pytorch fp32 on reference=all-minilm-l6-v2"
+
+
 @pytest.mark.parametrize("case,message", [
     ("already-pools", "already computes"),
     ("another-vocabulary", "a reference of another vocabulary"),

@@ -132,6 +132,9 @@ def figures(record: TrialRecord) -> dict[str, Any]:
     if record.drift is not None:
         found["quality"] = {"reference": record.drift.reference, "cosine": record.drift.cosine_similarity,
                             "min_cosine": record.drift.min_cosine, "within_tolerance": record.drift.within_tolerance}
+    if record.quality is not None:  # a head's quality on real text, and what it was judged against
+        found["quality"] = {"reference": record.quality.reference, "metrics": dict(record.quality.metrics),
+                            "passed": record.quality.passed, "unknown": record.quality.unknown}
     return found
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -185,7 +185,13 @@ def plan_tune(settings: TuneSettings, topology=None, kind=None, name: str | None
     placed = [assignment("executor.node_type", node_type)] if node_type else []
     base = merge([o for o in settings.overrides if override_key(o) != "output_dir"], scenario_overrides(settings),
                  placed, [assignment("output_dir", tune_dir)])
-    reference = quality_reference(model)  # out of the box: the PyTorch model, or a model file on its reference
+    if model.reference is not None and not model.head.entry.judged:
+        raise UserError(f"reference={cfg.reference} judges a head's quality on real text; model '{cfg.model}' is "
+                        f"task={model.task}, judged by drift against a backend in a tune: give pooling= (a head) "
+                        "or leave reference= out")
+    # out of the box: the PyTorch model, or the backend that loads a model file (reference=DIR stays in `base`:
+    # every trial's quality is judged on the user's fp32 model)
+    reference = quality_reference(replace(model, reference=None))
     tune = Tune(settings, cfg, space, tune_dir, cores, screen, machine, spaces.baseline_overrides(base, reference),
                 base, topology, node_type, kind.nodes if kind is not None else 1,
                 kind.cpu_model if kind is not None else "", kind.cpus if kind is not None else frozenset(),

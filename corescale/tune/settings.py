@@ -8,6 +8,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal
 
+from corescale.backends import OPTIONS
 from corescale.errors import UserError
 from corescale.overrides import override_key
 
@@ -174,6 +175,8 @@ def parse(words: list[str]) -> TuneSettings:
             node_types = list(dict.fromkeys(parse_list(key, value)))
         elif unknown_constraint(word):
             raise UserError(f"unknown constraint '{key}': no such metric; constraints: {', '.join(CONSTRAINTS)}")
+        elif key == "reference" and value is not None and value not in OPTIONS:
+            overrides.append(word)  # the fp32 model a model file came from: every trial's quality is judged on it
         elif key in OWNED:
             raise UserError(f"tune sets {key} itself; remove {word} (use tune.repeats=N for the final re-measure)"
                             if key == "repeats" else f"tune sets {key} itself; remove {word}")
