@@ -339,6 +339,22 @@ def test_a_tune_judges_every_trial_on_the_users_reference(tmp_path):
     assert figures(record)["quality"]["reference"] == "pytorch fp32 on reference=all-minilm-l6-v2"
 
 
+def test_an_explicit_fp32_on_a_quantized_file_is_one_line(tmp_path):
+    """precision=fp32 written by the user contradicts an int8 graph (the config alone cannot tell it from the
+    default, which the graph replaces); left out, the graph decides."""
+    from corescale.machine.precisions import REFERENCE
+    from corescale.trials.sweep import plan_sweep
+
+    tokenizer = resolve_model("all-minilm-l6-v2").path
+    words = [f"model={quantized_onnx(tmp_path, 'dynamic')}", f"workload.tokenizer={tokenizer}",
+             "backend=onnxruntime", f"output_dir={tmp_path / 'out'}"]
+    (planned,) = plan_sweep([words])
+    assert planned.trial.cfg.precision != REFERENCE
+    with pytest.raises(UserError, match=f"precision={REFERENCE} contradicts model file") as info:
+        plan_sweep([[*words, f"precision={REFERENCE}"]])
+    assert "\n" not in str(info.value)
+
+
 @pytest.mark.parametrize("case,message", [
     ("already-pools", "already computes"),
     ("another-vocabulary", "a reference of another vocabulary"),

@@ -40,7 +40,7 @@ def configurations(args) -> list[list[str]]:
 def prepare(overrides: list[str]):
     from corescale.errors import UserError
     from corescale.explain.profilers import check_profiler
-    from corescale.measure.runner import prepare_trial
+    from corescale.measure.runner import check_stated_precision, prepare_trial
     from corescale.overrides import compose
 
     cfg = compose(overrides)
@@ -48,7 +48,9 @@ def prepare(overrides: list[str]):
     if cfg.instances != 1 or cfg.layout != "none":
         raise UserError(f"explain profiles one instance (got instances={cfg.instances}, layout={cfg.layout}); "
                         "profile one instance of the placement you want to understand")
-    return prepare_trial(cfg)
+    trial = prepare_trial(cfg)
+    check_stated_precision(trial, overrides)
+    return trial
 
 
 def handle(args) -> int:

@@ -31,6 +31,7 @@ from corescale.measure.protocol import TrialFiles
 from corescale.measure.server import LoadGenServer, batches_csv, summarise
 from corescale.measure.timing import read_pairs
 from corescale.measure.trial import Trial, UncommittedResult, check_places, housekeeping_cpus, new_record
+from corescale.overrides import override_key
 from corescale.record.files import PendingRun, log_name, run_name
 from corescale.record.sections import Contamination, InstanceReport, ServerSummary
 from corescale.record.trial import Failure, Partial, Roofline, RunMetrics, TrialRecord, spec_key, trial_key
@@ -104,12 +105,28 @@ def graph_precision(cfg: BenchmarkConfig, model: ModelSpec) -> BenchmarkConfig:
     if found is None or cfg.precision == found["precision"]:
         return cfg
     if cfg.precision != REFERENCE:
-        raise UserError(f"precision={cfg.precision} contradicts model file '{cfg.model}': its graph computes in "
-                        f"{describe_quantization(found)}; leave precision= out (the graph decides)")
+        raise UserError(contradiction(cfg.precision, cfg.model, found))
     if found["precision"] not in entry(cfg.backend.name).precisions:
         raise UserError(f"backend={cfg.backend.name} does not compute in precision={found['precision']}, which the "
                         f"graph of model file '{cfg.model}' computes in ({describe_quantization(found)})")
     return dataclasses.replace(cfg, precision=found["precision"])
+
+
+def contradiction(precision: str, name: str, found: dict) -> str:
+    """The line for a precision= the graph of a quantized model file does not compute in."""
+    from corescale.workload.modelfile import describe_quantization
+
+    return (f"precision={precision} contradicts model file '{name}': its graph computes in "
+            f"{describe_quantization(found)}; leave precision= out (the graph decides)")
+
+
+def check_stated_precision(trial: Trial, overrides: list[str]) -> None:
+    """A precision= the user wrote that the graph replaced (graph_precision cannot tell an explicit fp32 from the
+    default; the overrides can): one line, as any other contradiction."""
+    stated = [o.split("=", 1)[1].strip("'\"") for o in overrides if "=" in o and override_key(o) == "precision"]
+    found = trial.model.quantization
+    if found is not None and stated and stated[-1] != trial.cfg.precision:
+        raise UserError(contradiction(stated[-1], trial.cfg.model, found))
 
 
 def check_task(cfg: BenchmarkConfig, model: ModelSpec) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from corescale.config import RayExecutorConfig
 from corescale.errors import UserError
-from corescale.measure.runner import prepare_trial
+from corescale.measure.runner import check_stated_precision, prepare_trial
 from corescale.overrides import compose
 from corescale.trials.local import Listener, LoopState, Planned, run_trials
 
@@ -21,6 +21,7 @@ def plan_sweep(trials: list[list[str]], topology=None) -> list[Planned]:
     for number, overrides in enumerate(trials, 1):
         try:
             trial = prepare_trial(compose(overrides), topology)
+            check_stated_precision(trial, overrides)
         except UserError as exc:
             where = f"trial {number} ({' '.join(overrides)}): " if len(trials) > 1 else ""
             raise UserError(f"{where}{exc}") from None
