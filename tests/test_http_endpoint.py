@@ -5,6 +5,10 @@ sends TEI's timing headers or fails on purpose (500s, dropped connections)."""
 import csv
 import io
 import json
+import threading
+import time
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from helpers import assert_one_line_error, corescale, raw_record
@@ -257,3 +261,89 @@ def test_the_ready_line_is_found_when_it_arrives_with_the_line_before_it(tmp_pat
     finally:
         os.close(write)
         Started.stdout.close()
+
+
+class _Odd(BaseHTTPRequestHandler):
+    """A server that misbehaves as `server.odd` says: "redirect" answers POST with 307; "trickle" sends /health's
+    body one byte every 0.2 s; "metrics" serves /metrics only with the key."""
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        odd = self.server.odd  # type: ignore[attr-defined]
+        if odd == "trickle":
+            self.send_response(200)
+            self.send_header("content-length", "1000")
+            self.end_headers()
+            for _ in range(150):  # 30 s in all, each byte well inside a per-read timeout
+                self.wfile.write(b" ")
+                self.wfile.flush()
+                time.sleep(0.2)
+            return
+        if odd == "metrics":
+            if self.headers.get("authorization") != "Bearer s3cret":
+                self.send_error(401)
+                return
+            body = b"corescale_front_cpu_seconds 12.5\n"
+        else:
+            body = b"{}"
+        self.send_response(200)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("content-length", 0)))
+        self.send_response(307)
+        self.send_header("location", "http://127.0.0.1:9/elsewhere")
+        self.send_header("content-length", "0")
+        self.end_headers()
+
+
+@contextmanager
+def _odd_server(odd: str):
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Odd)
+    server.daemon_threads = True
+    server.odd = odd  # type: ignore[attr-defined]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_redirecting_endpoint_is_refused_before_loadgen(tmp_path):
+    """Audit L9: the probe's client does not follow a redirect and LoadGen's did, so the load measured another URL
+    than the one named; now neither follows, and the probe says so."""
+    from corescale.measure.runner import prepare_trial
+
+    with _odd_server("redirect") as url:
+        cfg = compose([*QUICK, "target_qps=20", f"endpoint={url}", f"output_dir={tmp_path}"])
+        with pytest.raises(UserError) as info:
+            prepare_trial(cfg)
+    assert "redirect" in str(info.value) and "307" in str(info.value)
+
+
+def test_a_server_trickling_its_answer_is_given_up_within_the_timeout(tmp_path):
+    """Audit L9: httpx's timeouts apply to each read, so a /health sending a byte every 0.2 s for 30 s held the
+    probe for 30 s; the probe's reads now have a deadline in all."""
+    from corescale.measure.runner import prepare_trial
+
+    with _odd_server("trickle") as url:
+        cfg = compose([*QUICK, "target_qps=20", "request_timeout=2", f"endpoint={url}", f"output_dir={tmp_path}"])
+        began = time.monotonic()
+        with pytest.raises(UserError) as info:
+            prepare_trial(cfg)
+    assert "cannot be reached" in str(info.value) and time.monotonic() - began < 20
+
+
+def test_the_front_cpu_is_scraped_with_the_key(monkeypatch):
+    """Audit L9: endpoint=managed read /metrics without the key, so with a key set the front's CPU was never known."""
+    from corescale.measure.contract import API_KEY_ENV
+    from corescale.measure.managed import scraped_front_cpu
+
+    monkeypatch.setenv(API_KEY_ENV, "s3cret")
+    with _odd_server("metrics") as url:
+        assert scraped_front_cpu(url) == 12.5

@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import os
+import sys
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -19,9 +21,46 @@ if TYPE_CHECKING:
     from corescale.config import BenchmarkConfig
 
 PROBE_TIMEOUT_S = 10.0
+ANSWER_LIMIT = 16 << 20  # bytes read of one answer outside the measurement (probe, self-description), at most
+REDIRECTS = range(300, 400)  # followed by neither client: the load would measure another URL than the one named
 OUR_MISTAKES = (400, 401, 403, 404, 405, 413, 415, 422)  # the request is wrong for this server: refused, not measured
 REPORT_LIMIT = 20_000  # characters of a self-description kept in the record
 WARM_MIN_REQUESTS = 16  # a server's first requests (lazy loading, first shapes) and a moment's noise settle
+
+
+@dataclass(frozen=True)
+class Read:
+    """An answer read within a byte limit and a total deadline (httpx's timeouts apply to each read alone, so a
+    server trickling a byte every few seconds would hold a plain read for ever)."""
+
+    status_code: int
+    content: bytes
+    location: str
+
+    @property
+    def is_success(self) -> bool:
+        return 200 <= self.status_code < 300
+
+    def json(self):
+        return json.loads(self.content)
+
+
+def read(http, method: str, path: str, content: bytes | None = None, limit: int = ANSWER_LIMIT) -> Read:
+    """One request, its answer read in full up to `limit` bytes and within the client's timeout in all; past
+    either, httpx.ReadTimeout / httpx.ReadError (what the callers already handle as a failed request)."""
+    import httpx
+
+    deadline = time.monotonic() + float(http.timeout.read or PROBE_TIMEOUT_S)
+    chunks, size = [], 0
+    with http.stream(method, path, content=content) as answer:
+        for chunk in answer.iter_bytes():
+            size += len(chunk)
+            if size > limit:
+                raise httpx.ReadError(f"the answer passed {limit} bytes")
+            if time.monotonic() > deadline:
+                raise httpx.ReadTimeout(f"the answer took more than {http.timeout.read:g} s in all")
+            chunks.append(chunk)
+        return Read(answer.status_code, b"".join(chunks), answer.headers.get("location", ""))
 
 
 @dataclass(frozen=True)
@@ -50,6 +89,13 @@ def check_settings(cfg: BenchmarkConfig) -> None:
     if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment or port == 0:
         raise UserError(f"endpoint={url} is not an http(s) URL of a server; give http://HOST:PORT (the API's paths "
                         "are added to it: /v1/embeddings, /embed, /health), or endpoint=managed")
+    if parts.scheme == "http" and os.environ.get(API_KEY_ENV) and not loopback(parts.hostname):
+        print(f"corescale: warning: {API_KEY_ENV} is sent to {parts.hostname} over plain http (readable on the "
+              "way); use https:// for a remote server", file=sys.stderr)
+
+
+def loopback(host: str) -> bool:
+    return host == "localhost" or host == "::1" or host.startswith("127.")
 
 
 def probe(cfg: BenchmarkConfig, query: Query) -> Probed:
@@ -61,20 +107,24 @@ def probe(cfg: BenchmarkConfig, query: Query) -> Probed:
     api, url = api_of(cfg), cfg.endpoint
     with client(cfg) as http:
         try:
-            health = http.get("/health")
+            health = read(http, "GET", "/health")
         except httpx.HTTPError as exc:
             raise UserError(f"endpoint {url} cannot be reached: GET /health failed ({why(exc)}); start the server "
                             "or correct endpoint=") from None
+        if health.status_code in REDIRECTS:
+            raise UserError(redirected(str(url), "GET /health", health))
         if health.status_code not in (404, 405) and not health.is_success:
             raise UserError(f"endpoint {url} is not healthy: GET /health answered {health.status_code} "
                             f"({short(health.content)})")
         status = health.status_code if health.is_success else None
         try:
-            answer = http.post(api.path, content=api.body(query, cfg.model))
+            answer = read(http, "POST", api.path, api.body(query, cfg.model))
         except httpx.HTTPError as exc:
             if status is None:
                 raise UserError(f"endpoint {url} has no /health and POST {api.path} failed ({why(exc)})") from None
             return Probed(status)
+        if answer.status_code in REDIRECTS:
+            raise UserError(redirected(str(url), f"POST {api.path}", answer))
         if answer.status_code in OUR_MISTAKES or (status is None and not answer.is_success):
             raise UserError(f"endpoint {url} refused POST {api.path} with {answer.status_code} "
                             f"({short(answer.content)}); {hint(cfg, answer.status_code)}")
@@ -85,6 +135,12 @@ def probe(cfg: BenchmarkConfig, query: Query) -> Probed:
                 raise UserError(f"endpoint {url} answered POST {api.path} without the {api.task} answer ({exc}); "
                                 f"{hint(cfg, 200)}") from None
     return Probed(status)
+
+
+def redirected(url: str, request: str, answer: Read) -> str:
+    return (f"endpoint {url} answered {request} with a redirect ({answer.status_code} to "
+            f"'{answer.location[:120]}'); neither client follows one (the load would measure another URL): "
+            "give the URL it redirects to")
 
 
 def hint(cfg: BenchmarkConfig, status: int) -> str:
@@ -137,12 +193,12 @@ def self_description(cfg: BenchmarkConfig, api: HttpApi) -> tuple[int | None, di
     found = {}
     with client(cfg) as http:
         try:
-            status = http.get("/health").status_code
+            status = read(http, "GET", "/health").status_code
         except httpx.HTTPError:
             status = None
         for path in api.about:
             try:
-                answer = http.get(path)
+                answer = read(http, "GET", path)
                 payload = answer.json() if answer.is_success else None
             except (httpx.HTTPError, ValueError):
                 continue

@@ -143,7 +143,7 @@ class HttpServer(LoadGenServer):
         try:
             if self.aborted:
                 raise asyncio.CancelledError
-            async with self.session.post(self.url, data=self.bodies[sample.index]) as answer:
+            async with self.session.post(self.url, data=self.bodies[sample.index], allow_redirects=False) as answer:
                 content = await answer.read()
                 status, answered = answer.status, answer.headers
         except TimeoutError:
@@ -168,6 +168,8 @@ class HttpServer(LoadGenServer):
                 self.api.check(content)
             except BadAnswer as exc:
                 kind, message = "bad_answer", str(exc)
+            except Exception as exc:  # any answer the check cannot read (deep nesting, ...) is counted, not lost
+                kind, message = "bad_answer", f"{type(exc).__name__}: {str(exc)[:120]}"
         if kind:
             log.failed(kind, message)
         log.rows.append((sample.index, issued_ns, sent, done, status, kind, *(times.get(n) for n in TIMING_HEADERS)))

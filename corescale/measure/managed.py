@@ -19,8 +19,10 @@ from typing import IO
 
 from corescale.machine import instance_env
 from corescale.measure.contract import FRONT_CPU_METRIC, READY, STOP_S, front_in, url_in
+from corescale.measure.http_api import headers
 
 LOG_TAIL_LINES = 3
+METRICS_LIMIT = 4 << 20  # bytes of /metrics read, at most
 
 
 class ServeFailed(RuntimeError):
@@ -118,8 +120,9 @@ def stop(process: subprocess.Popen) -> tuple[int, str]:
 def scraped_front_cpu(url: str) -> float | None:
     """The front's CPU seconds so far (its /metrics FRONT_CPU_METRIC); None when it does not say."""
     try:
-        with urllib.request.urlopen(url.rstrip("/") + "/metrics", timeout=10) as answer:
-            text = answer.read().decode()
+        request = urllib.request.Request(url.rstrip("/") + "/metrics", headers=headers())  # the key, when set
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            text = answer.read(METRICS_LIMIT).decode()
     except OSError:
         return None
     for line in text.splitlines():
