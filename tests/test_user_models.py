@@ -155,6 +155,24 @@ def test_directories_saved_by_the_installed_library_answer_as_the_library(saved)
     assert np.abs(ours.reshape(-1) - np.asarray(theirs).reshape(-1)).max() < 1e-4
 
 
+@pytest.mark.slow  # one `corescale serve` of the saved embedder on PyTorch fp32 (its worker's start): ~15 s
+def test_a_prompted_directory_is_served_with_its_prompt(saved, tmp_path):
+    """`corescale serve` answers as the library's encode() with its default prompt ('query: '), over HTTP."""
+    import httpx
+    from serving import Service
+
+    folder, embedder = saved["embedder"]
+    texts = ["what is the capital of France?", "Paris is the capital of France.", "a cat sat on the mat"]
+    theirs = embedder.encode(texts, convert_to_numpy=True)
+    unprompted = embedder.encode(texts, convert_to_numpy=True, prompt="")
+    with Service(f"model={folder} backend=pytorch precision=fp32 instances=1", tmp_path / "serve.log") as service:
+        answer = httpx.post(f"{service.url}/embed", json={"inputs": texts}, timeout=60)
+    assert answer.status_code == 200, answer.text
+    ours = np.asarray(answer.json())
+    cosine = (ours * theirs).sum(1) / np.linalg.norm(ours, axis=1) / np.linalg.norm(theirs, axis=1)
+    assert cosine.min() >= 0.9999, cosine
+    assert ((ours * unprompted).sum(1) / np.linalg.norm(ours, axis=1)).min() < 0.9999  # the prompt changes them
+
 # --- precision read from the graph (workload/modelfile.py), whatever the config says ------------------------------
 
 def onnx_file(path, vocab=1000, hidden=64, pooled=False, weights="float"):
