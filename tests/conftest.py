@@ -205,18 +205,32 @@ def openvino_runs(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def tiny_service(tmp_path_factory):
-    """tiny_service(task) -> a real `corescale serve` (serving.Service: .url, .bundle, .log) of a measured bert-tiny
-    bundle (ONNX Runtime, sequence 64, batch 4) computing `task`, started on first use and shared by every test of
-    the session (its queue unbounded: nothing is refused for being many). Only for tests that call its routes:
-    one that stops, signals or overloads it, or needs counters that start at zero, starts its own Service (from
-    `.bundle`). Slow tests only (it starts processes)."""
+def tiny_bundle(tmp_path_factory):
+    """tiny_bundle(task) -> the folder of a measured bert-tiny bundle (serving.measure_bundle: ONNX Runtime,
+    sequence 64, batch 4) computing `task`, measured on first use and shared by every test of the session (one
+    measurement per task instead of one per test file). Never changed: a test that tampers with a bundle or
+    changes it in place copies it into its own folder first. Slow tests only (it starts processes)."""
+    measured: dict[str, Path] = {}
+
+    def get(task: str = "embed") -> Path:
+        if task not in measured:
+            measured[task] = measure_bundle("bert-tiny", tmp_path_factory.mktemp(f"tiny-bundle-{task}"),
+                                            f"task={task}")
+        return measured[task]
+    return get
+
+
+@pytest.fixture(scope="session")
+def tiny_service(tmp_path_factory, tiny_bundle):
+    """tiny_service(task) -> a real `corescale serve` (serving.Service: .url, .bundle, .log) of tiny_bundle(task),
+    started on first use and shared by every test of the session (its queue unbounded: nothing is refused for
+    being many). Only for tests that call its routes: one that stops, signals or overloads it, or needs counters
+    that start at zero, starts its own Service (from tiny_bundle(task)). Slow tests only (it starts processes)."""
     started: dict[str, Service] = {}
 
     def get(task: str = "embed") -> Service:
         if task not in started:
-            where = tmp_path_factory.mktemp(f"tiny-{task}")
-            started[task] = Service(measure_bundle("bert-tiny", where, f"task={task}"), where / "serve.log",
+            started[task] = Service(tiny_bundle(task), tmp_path_factory.mktemp(f"tiny-{task}") / "serve.log",
                                     "--max-queue", "1000000")
         return started[task]
     yield get

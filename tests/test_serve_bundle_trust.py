@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 from helpers import corescale, processes_with_env
-from serving import Service, measure_bundle
+from serving import Service
 
 from corescale.errors import UserError
 from corescale.serve.opened import Trust, open_bundle
@@ -24,9 +24,10 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def bundle(tmp_path_factory):
-    """One short bert-tiny measurement on ONNX Runtime (a preset: its tokenizer folder, its export; pooled)."""
-    return measure_bundle("bert-tiny", tmp_path_factory.mktemp("trust"), "task=embed")
+def bundle(tiny_bundle):
+    """The session's bert-tiny embed bundle (a preset: its tokenizer folder, its export; pooled), shared with the
+    other serve tests: every test here changes only a copy of it (tampered)."""
+    return tiny_bundle("embed")
 
 
 def sha256(path: Path) -> str:
