@@ -5,7 +5,8 @@ A test that only calls a service's routes takes conftest's session fixture `tiny
 per task, started on first use: `tiny_service("rerank").url`) instead of starting its own: each start costs a
 measured bundle and a worker's imports (seconds on 2 cores, paid by every `make test`). A test that stops, signals,
 overloads or restarts a service, or reads counters that must start at zero, starts its own `Service` (from
-`tiny_service(task).bundle` when a bert-tiny bundle will do)."""
+conftest's session `tiny_bundle(task)` when a bert-tiny bundle will do: one measurement per task for the whole
+session; a test that changes a bundle copies it first)."""
 
 import os
 import signal
