@@ -93,9 +93,11 @@ def test_cost_command_end_to_end(tmp_path, plain_run):
     assert "which machine" in ranked.stdout and "this machine, measured" in ranked.stdout
     table = corescale("cost", str(out), "--slo-p99-ms", "10000", "--csv", "-")  # the same ranking, row by row
     rows = pd.read_csv(io.StringIO(table.stdout)).to_dict(orient="records")
-    assert len(rows) >= 10 and {r["basis"] for r in rows} <= {"measured", "projected", "refused"}, rows
+    assert len(rows) >= 10 and {r["basis"] for r in rows} <= {"measured", "projected", "refused", "history"}, rows
     for r in rows:  # a projection is a range of prices; a refusal, or a kind without a price, says why
-        if r["basis"] == "projected" and not pd.isna(r["cost_per_1m_usd"]):
+        if r["basis"] == "history":  # the 2021 study's quotes: shown, never ranked as buyable
+            assert pd.isna(r["rank"]), r
+        elif r["basis"] == "projected" and not pd.isna(r["cost_per_1m_usd"]):
             assert r["cost_per_1m_low_usd"] <= r["cost_per_1m_usd"], r
         else:
             assert r["basis"] == "measured" or (isinstance(r["reason"], str) and r["reason"]), r
