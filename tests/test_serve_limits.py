@@ -347,3 +347,15 @@ def test_refused_requests_on_random_paths_are_one_metric_label():
         refused(client.get(f"/random-{number}"), 401, "API key")
     text = metrics.text().decode()
     assert "random-" not in text and 'corescale_requests_total{route="other",status="401"} 20.0' in text
+
+
+def test_only_loopback_host_names_pass_a_loopback_services_host_check():
+    """DNS rebinding: a name an attacker owns that starts with "127." (127.0.0.1.rebind.example) is not loopback."""
+    from corescale.serve.guard import Guard, Refused
+
+    guard = Guard(None, None, None, 1000, loopback_only=True)
+    for host in (b"localhost:8080", b"127.0.0.1", b"127.3.4.5:1", b"[::1]:8080", b"LOCALHOST"):
+        guard.check({"headers": [(b"host", host)], "path": "/info"})
+    for host in (b"127.0.0.1.rebind.example", b"127.evil.example:8080", b"rebound.example.com", b"[::2]:80"):
+        with pytest.raises(Refused):
+            guard.check({"headers": [(b"host", host)], "path": "/info"})

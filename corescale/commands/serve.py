@@ -105,7 +105,7 @@ def handle(args) -> int:
 
     if len(args.source) > 1 and not all("=" in word for word in args.source):
         raise UserError(f"serve takes one bundle folder or overrides (key=value), not {' '.join(args.source)}")
-    from corescale.serve.guard import is_loopback
+    from corescale.measure.contract import is_loopback_host
     from corescale.serve.manifest import read_key
     from corescale.serve.opened import Trust
 
@@ -120,7 +120,7 @@ def handle(args) -> int:
     if args.api_key is not None and not args.api_key.strip():
         raise UserError(f"the API key is empty (--api-key or ${API_KEY_ENV}): give a key, or unset {API_KEY_ENV} "
                         "to serve without one")
-    if args.api_key is None and not is_loopback(args.host):
+    if args.api_key is None and not is_loopback_host(args.host):
         print(f"corescale serve: warning: listening on {args.host} with no API key: whoever reaches this port "
               f"can use the service and read /info (set ${API_KEY_ENV})", file=sys.stderr, flush=True)
     limits = Limits(args.payload_limit, args.max_inputs, args.max_input_chars, args.max_request_chars,

@@ -5,6 +5,7 @@ Both sides import it from here; nothing else spells them."""
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,6 +17,17 @@ FRONT_CPU_METRIC = "corescale_front_cpu_seconds"  # the front's CPU time since t
 API_KEY_ENV = "CORESCALE_API_KEY"  # sent as `Authorization: Bearer KEY` (kept out of the config and the record)
 GRACEFUL_S = 60  # after a stop signal, the longest the service waits for accepted requests
 STOP_S = 90  # the longest it takes to stop after the signal (the drain, then the instances'): a manager's timeout
+
+
+def is_loopback_host(host: str) -> bool:
+    """`localhost` or a loopback address (127.0.0.0/8, ::1, bracketed or not): where a key may go in clear, and the
+    only Host names a loopback service without a key answers. A name that merely starts with "127." is not."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def ready_line(what: str, front: str, host: str, port: int) -> str:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from corescale.errors import UserError
-from corescale.measure.contract import API_KEY_ENV
+from corescale.measure.contract import API_KEY_ENV, is_loopback_host
 from corescale.measure.http_api import BadAnswer, HttpApi, Query, api_of, headers
 from corescale.measure.timing import warm_up
 
@@ -89,13 +89,10 @@ def check_settings(cfg: BenchmarkConfig) -> None:
     if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment or port == 0:
         raise UserError(f"endpoint={url} is not an http(s) URL of a server; give http://HOST:PORT (the API's paths "
                         "are added to it: /v1/embeddings, /embed, /health), or endpoint=managed")
-    if parts.scheme == "http" and os.environ.get(API_KEY_ENV) and not loopback(parts.hostname):
+    if parts.scheme == "http" and os.environ.get(API_KEY_ENV) and not is_loopback_host(parts.hostname):
         print(f"corescale: warning: {API_KEY_ENV} is sent to {parts.hostname} over plain http (readable on the "
               "way); use https:// for a remote server", file=sys.stderr)
 
-
-def loopback(host: str) -> bool:
-    return host == "localhost" or host == "::1" or host.startswith("127.")
 
 
 def probe(cfg: BenchmarkConfig, query: Query) -> Probed:

@@ -10,7 +10,7 @@ import json
 
 from fastapi.responses import JSONResponse
 
-LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+from corescale.measure.contract import is_loopback_host
 
 
 class Refused(Exception):
@@ -21,10 +21,6 @@ class Refused(Exception):
 
 def refusal(exc: Refused) -> JSONResponse:
     return JSONResponse({"error": str(exc), "error_type": exc.kind}, status_code=exc.status, headers=exc.headers)
-
-
-def is_loopback(host: str) -> bool:
-    return host in LOOPBACK_NAMES or host.startswith("127.")
 
 
 def host_name(scope) -> str:
@@ -65,7 +61,7 @@ class Guard:
         await self.app(scope, counted, send)
 
     def check(self, scope) -> None:
-        if self.loopback_only and not is_loopback(host_name(scope) or "localhost"):  # HTTP/1.0 may send none
+        if self.loopback_only and not is_loopback_host(host_name(scope) or "localhost"):  # HTTP/1.0 may send none
             raise Refused(400, "this service listens on loopback without an API key and answers only to loopback "
                                "host names (Host: localhost or 127.0.0.1)", "Validation")
         headers = dict(scope["headers"])

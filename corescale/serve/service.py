@@ -91,8 +91,9 @@ def run(source: list[str], options: Options) -> int:
     """`source`: a bundle's path, overrides or a config file (a layout that was not measured)."""
     import uvicorn
 
+    from corescale.measure.contract import is_loopback_host
     from corescale.serve.app import Front, create_app
-    from corescale.serve.guard import deadline_protocol, is_loopback
+    from corescale.serve.guard import deadline_protocol
     from corescale.serve.metrics import Metrics, front_cpu_seconds
     from corescale.serve.tokens import Tokens, longest_served
     from corescale.workload.models import resolve_model
@@ -140,7 +141,7 @@ def run(source: list[str], options: Options) -> int:
                 # line under select(), and a line buffered behind another would not wake it
                 say(f"ready {ready_s:.2f} s after the process started (instances loaded and warm)")
                 app = create_app(Front(pool, tokens, opened.head, opened.model, metrics, width), options.api_key,
-                                 limits.payload_bytes, not options.api_key and is_loopback(options.host))
+                                 limits.payload_bytes, not options.api_key and is_loopback_host(options.host))
                 server = Server(uvicorn.Config(
                     app, log_level="warning", access_log=options.access_log, lifespan="off",
                     timeout_graceful_shutdown=GRACEFUL_S,

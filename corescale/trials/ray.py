@@ -14,7 +14,6 @@ benchmark (bad input on that node) becomes a failed result at once. Ray is impor
 from __future__ import annotations
 
 import dataclasses
-import ipaddress
 import logging
 import os
 import socket
@@ -27,6 +26,7 @@ from corescale.config import RayExecutorConfig
 from corescale.errors import UserError
 from corescale.machine import environment
 from corescale.machine.lock import machine_lock
+from corescale.measure.contract import is_loopback_host
 from corescale.measure.runner import Trial, UncommittedResult, failed_result
 from corescale.record.trial import Failure, machine_fingerprint
 from corescale.trials.local import Listener, LoopState, Planned, Resume, commit_once, schedule, stamp
@@ -70,10 +70,7 @@ def is_loopback(address: str | None) -> bool:
     parsed = split_address(address)
     if parsed is None:
         return False
-    try:
-        return parsed[0] == "localhost" or ipaddress.ip_address(parsed[0]).is_loopback
-    except ValueError:
-        return False
+    return is_loopback_host(parsed[0])
 
 
 def check_reachable(address: str, timeout_s: float = 5.0) -> None:
