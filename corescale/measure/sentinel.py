@@ -5,9 +5,13 @@ Foreign processes on the same guest are seen by the contamination check (measure
 sees what it cannot: the hypervisor taking the CPU, a neighbour on the host's shared caches and memory bandwidth,
 a frequency change. Each reading runs, pinned to one CPU at a time with one BLAS thread, a compute-bound part (a
 fixed 192² float32 GEMM, 16 times: ~226 MFLOP) and a memory-bound part (a STREAM-like triad over three 16 MiB float64
-arrays, 2 times: ~100 MB of traffic), a few milliseconds each on a current core. A part whose time is more than
-TOLERANCE away from the run's first reading on that CPU (slower or faster) marks the reading as moved; a trial
-with a moved reading is flagged, and `repeats` and a tune's final rounds measure it once more (trials/sweep.py).
+arrays, 2 times: ~100 MB of traffic), a few milliseconds each on a current core; a part's time is the median of
+RUNS timings (one interrupt spoils none: single timings moved on a quiet Zen 5 in 2 of 15 readings). Each CPU's
+reference is its first reading (the median of three), replaced by a reading faster than it beyond the tolerance (a
+reference taken while the machine was busy heals itself; noise never lowers it). A part more than TOLERANCE slower
+than its reference marks the reading as moved; a trial with a moved reading is flagged, and `repeats` and a tune's
+final rounds measure it once more (trials/local.py). A faster reading never marks a trial: its CPUs were at least as
+fast as before.
 """
 
 from __future__ import annotations
@@ -17,7 +21,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-TOLERANCE = 0.25  # a part 25 % slower (or faster) than the run's first reading on the same CPU: moved
+TOLERANCE = 0.25  # a part 25 % slower than its reference on the same CPU: moved
+RUNS = 5  # timings of each part per reading, their median kept
 GEMM_SIZE, GEMM_REPS = 192, 16
 TRIAD_ELEMENTS, TRIAD_REPS = 1 << 21, 2  # three float64 arrays of 16 MiB: beyond one CCD's 32 MiB L3 together
 
@@ -83,7 +88,8 @@ def time_cpus(cpus) -> dict[int, Timing]:
             for cpu in cpus:
                 os.sched_setaffinity(0, {cpu})
                 kernel.compute()  # the first call after a move pays the migration: not timed
-                found[cpu] = Timing(kernel.compute(), kernel.memory())
+                found[cpu] = Timing(_median([kernel.compute() for _ in range(RUNS)]),
+                                    _median([kernel.memory() for _ in range(RUNS)]))
     finally:
         os.sched_setaffinity(0, mine)
     return found
@@ -91,15 +97,16 @@ def time_cpus(cpus) -> dict[int, Timing]:
 
 @dataclass
 class Sentinel:
-    """The run's sentinel: its first reading on each CPU (the median of three) is the reference of every later
-    one."""
+    """The run's sentinel: its first reading on each CPU (the median of three), replaced part by part by a reading
+    faster beyond the tolerance, is the reference of every later one."""
 
     tolerance: float = TOLERANCE
     first: dict[int, Timing] = field(default_factory=dict)
 
     def read(self, cpus, phase: str) -> dict:
-        """One reading on `cpus` as the record keeps it: per CPU times, the worst ratio to the first reading
-        (a part's time ÷ its first time, or the inverse when faster: 1.0 = unchanged) and whether it moved."""
+        """One reading on `cpus` as the record keeps it: per CPU times, the worst ratio to the reference (a part's
+        time ÷ its reference's: 1.0 = unchanged, below 1 faster; far faster replaces the reference) and
+        whether it moved (slower beyond the tolerance)."""
         timings = time_cpus(cpus)
         new = [cpu for cpu in timings if cpu not in self.first]
         if new:  # the reference of a CPU is the median of three readings: one interrupted reading spoils none
@@ -110,6 +117,9 @@ class Sentinel:
         compute = [now.compute_ms / self.first[cpu].compute_ms for cpu, now in timings.items()]
         memory = [now.memory_ms / self.first[cpu].memory_ms for cpu, now in timings.items()]
         worst = _worst(compute + memory)
+        for cpu, now in timings.items():  # far faster: the reference was taken on slowed CPUs (noise never lowers it)
+            self.first[cpu] = Timing(*(_healed(getattr(now, part), getattr(self.first[cpu], part), self.tolerance)
+                                       for part in ("compute_ms", "memory_ms")))
         # which part moved tells the cause apart: both (the CPU's time or clock: steal, frequency, a process on it),
         # the memory part only (a neighbour on the shared caches and memory bandwidth)
         return {"at": time.time(), "phase": phase,
@@ -119,13 +129,23 @@ class Sentinel:
                 "compute_ratio": round(_worst(compute), 4), "memory_ratio": round(_worst(memory), 4)}
 
 
+def _healed(now: float, reference: float, tolerance: float) -> float:
+    """The reference, or this reading where it is faster beyond the tolerance."""
+    return now if now * (1 + tolerance) < reference else reference
+
+
+def _median(values: list[float]) -> float:
+    return sorted(values)[len(values) // 2]
+
+
 def _worst(ratios: list[float]) -> float:
-    """The ratio farthest from 1 either way (1.0 for none)."""
-    return max(ratios, key=lambda r: max(r, 1 / r)) if ratios else 1.0
+    """The slowest ratio; when none is slower than its reference, the one farthest below 1 (1.0 for none)."""
+    return max(ratios) if ratios and max(ratios) >= 1 else min(ratios, default=1.0)
 
 
 def moved(ratio: float, tolerance: float = TOLERANCE) -> bool:
-    return ratio > 1 + tolerance or ratio < 1 / (1 + tolerance)
+    """Slower than the reference beyond the tolerance (faster never moves a reading)."""
+    return ratio > 1 + tolerance
 
 
 _RUN = Sentinel()
