@@ -298,14 +298,14 @@ class Managed(Section):
 @dataclass(frozen=True)
 class SentinelReading(Section):
     """One reading of the speed sentinel (measure/sentinel.py): per measured CPU the fixed GEMM's and the triad's
-    milliseconds, and the worst part's ratio to the run's first reading on that CPU (1.0 = unchanged)."""
+    milliseconds, and the worst part's ratio to that CPU's reference (1.0 = unchanged)."""
 
     at: float  # epoch seconds
     phase: str  # before | after (the trial's instances)
     compute_ms: dict[str, float]
     memory_ms: dict[str, float]
     ratio: float
-    moved: bool  # the ratio is beyond the tolerance (slower or faster)
+    moved: bool  # slower than the reference beyond the tolerance (before 0.4's last build: either way)
     compute_ratio: float | None = None  # the GEMM's worst ratio alone (None: records of the first 0.4 builds)
     memory_ratio: float | None = None  # the triad's: moved alone, a neighbour on the caches or memory bandwidth
 

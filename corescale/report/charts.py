@@ -240,9 +240,9 @@ def cost_figure(tables: dict[str, pd.DataFrame]) -> Figure:
 
 
 def sentinel_figure(frame: pd.DataFrame) -> Figure | None:
-    """Per trial in the order measured: the speed sentinel's lowest and highest reading against the run's first
-    (a vertical bar), the ±25 % band, a red x where it moved; the steal over the window as bars (right axis).
-    None when no result has a sentinel reading (records before 0.4, sentinel=false)."""
+    """Per trial in the order measured: the speed sentinel's lowest and highest reading against its reference
+    (a vertical bar), the tolerance band (up to 25 % slower), a red x where it moved; the steal over the window as
+    bars (right axis). None when no result has a sentinel reading (records before 0.4, sentinel=false)."""
     from corescale.measure.sentinel import TOLERANCE
 
     if "sentinel_low" not in frame.columns or frame["sentinel_low"].isna().all():
@@ -251,14 +251,14 @@ def sentinel_figure(frame: pd.DataFrame) -> Figure | None:
     x = np.arange(len(rows))
     fig = new_figure(9, 4.2)
     ax = fig.subplots()
-    ax.axhspan(1 / (1 + TOLERANCE), 1 + TOLERANCE, color="green", alpha=0.08, label=f"±{TOLERANCE:.0%} tolerance")
+    ax.axhspan(1.0, 1 + TOLERANCE, color="green", alpha=0.08, label=f"tolerance: up to {TOLERANCE:.0%} slower")
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.vlines(x, rows["sentinel_low"].astype(float), rows["sentinel_high"].astype(float), lw=3, color="C0",
               label="sentinel: before – after the trial")
     moved = rows["sentinel_moved"].fillna(False).astype(bool).to_numpy()
     ax.plot(x[moved], rows["sentinel_high"].astype(float)[moved], "x", color="red", markersize=8,
             label="moved (flagged)")
-    ax.set_ylabel("sentinel time ÷ the run's first")
+    ax.set_ylabel("sentinel time ÷ its reference")
     if len(x) <= 30:
         ax.set_xticks(x, [str(i + 1) for i in x])
     ax.set_xlabel("trial, in the order measured")
