@@ -10,8 +10,8 @@ TOP_LEVEL = {"__init__.py", "__main__.py", "cli.py", "errors.py", "typed.py", "u
              "http_keys.py", "config.py", "overrides.py"}
 # each stage may import the ones before it, never one after it (commands and cli sit on top)
 ORDER = ["errors", "typed", "userfiles", "bounds", "workload.tasks", "http_keys", "machine", "backends.options",
-         "config", "overrides", "workload", "record", "measure", "backends", "trials", "analysis", "serve", "explain",
-         "tune", "report", "commands", "cli", "__main__"]
+         "config", "overrides", "workload", "record", "measure", "backends", "trials", "analysis", "serve", "deploy",
+         "explain", "tune", "report", "commands", "cli", "__main__"]
 
 
 def imports() -> dict[str, set[str]]:
@@ -44,8 +44,8 @@ def stage(module: str) -> int:
 def test_only_the_listed_top_level_modules():
     assert {p.name for p in PACKAGE.glob("*.py")} <= TOP_LEVEL
     stages = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
-    assert stages == {"workload", "machine", "record", "measure", "backends", "trials", "analysis", "serve", "explain",
-                      "tune", "report", "commands"}
+    assert stages == {"workload", "machine", "record", "measure", "backends", "trials", "analysis", "serve", "deploy",
+                      "explain", "tune", "report", "commands"}
 
 
 def test_no_import_cycle():
