@@ -107,7 +107,7 @@ def scraped(url: str) -> str:
 
 
 def front_cpu(url: str) -> float:
-    from corescale.measure.managed import scraped_front_cpu
+    from corescale.measure.http.managed import scraped_front_cpu
 
     found = scraped_front_cpu(url)
     assert found is not None, "corescale serve reports its front's CPU in /metrics"
@@ -141,8 +141,8 @@ def serving(checkout: Path, bundle: Path, log: Path, *options: str):
     seconds to its ready line, seconds to its first answered request (both from the process's start), where its
     front runs)."""
     from corescale.machine import instance_env
-    from corescale.measure.contract import front_in, url_in
-    from corescale.measure.managed import stop, wait_ready
+    from corescale.measure.http.contract import front_in, url_in
+    from corescale.measure.http.managed import stop, wait_ready
 
     env = dict(os.environ, PYTHONPATH=str(checkout))
     launch = instance_env.Launch([], env, tuple(sorted(os.sched_getaffinity(0))))

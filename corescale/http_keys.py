@@ -1,5 +1,5 @@
 """The keys of a server measured over HTTP (`endpoint=URL|managed api=openai|tei`), checked with the config: what
-needs neither the server nor the model (docs/scenarios.md). The checks that need them are measure/endpoint.py's."""
+needs neither the server nor the model (docs/scenarios.md). The checks that need them are measure/http/endpoint.py's."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 from corescale.errors import UserError
 from corescale.workload.tasks import APIS, TASKS
 
-HTTP_APIS = APIS  # endpoint=: what each query is sent as (measure/http_api.py; each task's routes)
+HTTP_APIS = APIS  # endpoint=: what each query is sent as (measure/http/api.py; each task's routes)
 MANAGED = "managed"  # endpoint=managed: each trial starts `corescale serve` on its own layout, measures it, stops it
 LOCAL_ONLY = {"tokenize": "the front tokenizes every request",
               "min_quality": "no quality check runs over HTTP: check it in process (without endpoint=)",

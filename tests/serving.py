@@ -16,8 +16,8 @@ from pathlib import Path
 
 from helpers import ROOT, corescale
 
-from corescale.measure.contract import url_in
-from corescale.measure.managed import wait_ready
+from corescale.measure.http.contract import url_in
+from corescale.measure.http.managed import wait_ready
 
 
 def minilm_folder() -> Path:

@@ -16,7 +16,7 @@ from http_servers import TIMES, free_port, st_fastapi, tiny_server
 from serving import minilm_folder
 
 from corescale.errors import UserError
-from corescale.measure.http_api import BadAnswer, route_of, timings
+from corescale.measure.http.api import BadAnswer, route_of, timings
 from corescale.overrides import compose
 
 QUICK = ["scenario=server", "duration=0.5", "server.min_query_count=459", "warmup.max_iterations=8", "timeout=120"]
@@ -242,8 +242,8 @@ def test_the_ready_line_is_found_when_it_arrives_with_the_line_before_it(tmp_pat
     line in its buffer, where select() never sees it (a 600 s hang when serve printed a line just before it)."""
     import os
 
-    from corescale.measure.contract import READY
-    from corescale.measure.managed import wait_ready
+    from corescale.measure.http.contract import READY
+    from corescale.measure.http.managed import wait_ready
 
     read, write = os.pipe()
 
@@ -341,8 +341,8 @@ def test_a_server_trickling_its_answer_is_given_up_within_the_timeout(tmp_path):
 
 def test_the_front_cpu_is_scraped_with_the_key(monkeypatch):
     """Audit L9: endpoint=managed read /metrics without the key, so with a key set the front's CPU was never known."""
-    from corescale.measure.contract import API_KEY_ENV
-    from corescale.measure.managed import scraped_front_cpu
+    from corescale.measure.http.contract import API_KEY_ENV
+    from corescale.measure.http.managed import scraped_front_cpu
 
     monkeypatch.setenv(API_KEY_ENV, "s3cret")
     with _odd_server("metrics") as url:

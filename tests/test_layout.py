@@ -229,3 +229,21 @@ def test_no_module_but_the_task_registry_names_a_task_in_a_branch_or_a_table():
             if names:
                 found.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {', '.join(names)}")
     assert found == []
+
+
+HTTP_CLIENTS = ("httpx", "aiohttp", "urllib.request", "http.client", "requests")
+
+
+def test_http_measurement_lives_in_its_own_package():
+    """Measuring a server over HTTP is measure/http/ (issue 35): no other module of measure/ sends a request or is
+    named for HTTP, and measure/http/ imports nothing that starts a local instance (its trial starts none: a managed
+    service is `corescale serve`'s own)."""
+    measure = PACKAGE / "measure"
+    outside = {p.name: sorted(n for n in _imported_names(p) if n in HTTP_CLIENTS or n.split(".")[0] in HTTP_CLIENTS)
+               for p in measure.glob("*.py")}
+    assert {name: clients for name, clients in outside.items() if clients} == {}
+    assert [p.name for p in measure.glob("*.py") if "http" in p.stem or "endpoint" in p.stem] == []
+    local = ("corescale.measure.launcher", "corescale.measure.instance", "corescale.measure.forkserver",
+             "corescale.measure.worker")
+    starts = {p.name: sorted(n for n in _imported_names(p) if n in local) for p in (measure / "http").glob("*.py")}
+    assert {name: found for name, found in starts.items() if found} == {}

@@ -24,7 +24,7 @@ def test_a_tune_over_http_is_managed_and_searches_qps(words, message):
 
 @pytest.mark.parametrize("front", ["CPUs 2-3", "shared with the instances"])
 def test_the_ready_line_serve_prints_is_the_one_the_trial_reads(front):
-    from corescale.measure.contract import front_in, ready_line, url_in
+    from corescale.measure.http.contract import front_in, ready_line, url_in
 
     line = ready_line("2 instance(s) of bert-tiny on onnxruntime (fp32)", front, "127.0.0.1", 40123)
     assert url_in(line) == "http://127.0.0.1:40123" and front_in(line) == front
@@ -41,7 +41,7 @@ def test_managed_with_openai_and_rerank_is_one_line_exit_2(tmp_path):
 
 @pytest.mark.slow
 def test_a_service_that_cannot_start_is_its_status_and_log_tail(tmp_path):
-    from corescale.measure import managed
+    from corescale.measure.http import managed
 
     with pytest.raises(managed.ServeFailed) as info, \
             managed.started([str(tmp_path / "no-bundle")], tmp_path / "serve.log", ready_s=60):

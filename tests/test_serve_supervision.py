@@ -23,7 +23,7 @@ CLIENTS = 4
 def test_the_systemd_unit_signals_corescale_alone_and_waits_for_the_whole_drain():
     """KillMode=mixed: SIGTERM to the main process only (the default control-group would signal the workers too);
     the stop timeout longer than the drain, the pool's drain and the instances' stop together."""
-    from corescale.measure.contract import GRACEFUL_S, STOP_S
+    from corescale.measure.http.contract import GRACEFUL_S, STOP_S
     from corescale.serve.examples import systemd_unit
     from corescale.serve.pool import DRAIN_S, STOP_GRACE_S
 

@@ -10,7 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from corescale.errors import RegistrationError, UserError
-from corescale.measure.contract import Layout
+from corescale.measure.http.contract import Layout
 from corescale.overrides import compose
 from corescale.serve.limits import Limits
 from corescale.workload.heads import HeadSpec
@@ -39,7 +39,7 @@ def test_an_unregistered_task_is_one_line():
 
 
 def test_the_http_measurement_sends_it_to_its_route(toy_task):
-    from corescale.measure.http_api import BadAnswer, api_of, route_of
+    from corescale.measure.http.api import BadAnswer, api_of, route_of
 
     api = api_of(compose([f"task={toy_task.name}", "endpoint=managed", "scenario=server", "target_qps=10"]))
     assert (api.name, api.path, api.about) == ("tei", "/toy", ("/info",))

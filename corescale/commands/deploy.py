@@ -10,7 +10,7 @@ import os
 from corescale.commands import add_common
 from corescale.commands._common import path_arg
 from corescale.commands.serve import port_number
-from corescale.measure.contract import API_KEY_ENV
+from corescale.measure.http.contract import API_KEY_ENV
 
 ORDER = 76
 

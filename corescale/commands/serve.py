@@ -6,7 +6,7 @@ import os
 import sys
 
 from corescale.commands import add_common
-from corescale.measure.contract import API_KEY_ENV
+from corescale.measure.http.contract import API_KEY_ENV
 from corescale.serve.limits import Limits
 
 ORDER = 75
@@ -105,7 +105,7 @@ def handle(args) -> int:
 
     if len(args.source) > 1 and not all("=" in word for word in args.source):
         raise UserError(f"serve takes one bundle folder or overrides (key=value), not {' '.join(args.source)}")
-    from corescale.measure.contract import is_loopback_host
+    from corescale.measure.http.contract import is_loopback_host
     from corescale.serve.manifest import read_key
     from corescale.serve.opened import Trust
 

@@ -55,7 +55,7 @@ def prepare_trial(cfg: BenchmarkConfig, topology: Topology | None = None, on_nod
     is what must hold the instances)."""
     if cfg.endpoint:
         from corescale.http_keys import MANAGED
-        from corescale.measure.http_trial import prepare_endpoint, served_config
+        from corescale.measure.http.trial import prepare_endpoint, served_config
 
         return prepare_endpoint(cfg, prepare_trial(served_config(cfg)) if cfg.endpoint == MANAGED else None)
     check_available(cfg.backend.name)
@@ -248,7 +248,7 @@ def run_instances(trial: Trial, on_event=None, host: HostEnvironment | None = No
     host = host or environment.capture()
     record = new_record(trial, host, started)
     if trial.texts is not None:
-        from corescale.measure.http_trial import run_endpoint
+        from corescale.measure.http.trial import run_endpoint
 
         return run_endpoint(trial, record, started)
     samples = None

@@ -1,6 +1,6 @@
 """What one trial is and leaves before it is written: the prepared `Trial`, its first record, its
 `UncommittedResult`, and the places it writes (checked before anything runs). Shared by the local instances'
-trial (runner.py) and a server's measured over HTTP (http_trial.py)."""
+trial (runner.py) and a server's measured over HTTP (http/trial.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from corescale.backends import entry
 from corescale.config import BenchmarkConfig
 from corescale.machine.environment import HostEnvironment
 from corescale.machine.placement import InstanceSpec, Plan, instance_specs
-from corescale.measure.http_api import Query
+from corescale.measure.http.api import Query
 from corescale.record.trial import TrialRecord
 from corescale.workload.models import ModelSpec
 from corescale.workload.samples import QuerySet

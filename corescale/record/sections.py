@@ -181,7 +181,7 @@ class TimingStats(Section):
 
 @dataclass(frozen=True)
 class HttpStep(Section):
-    """One LoadGen test over HTTP (measure/http_load.py): requests sent, failures by kind, and where the time went
+    """One LoadGen test over HTTP (measure/http/load.py): requests sent, failures by kind, and where the time went
     as the client saw it and as the server's timing headers say (queue, tokenization, inference, total)."""
 
     requests: int

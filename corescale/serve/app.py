@@ -30,7 +30,7 @@ from pydantic import BaseModel, Field, ValidationError
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
-from corescale.measure.contract import ServiceInfo, WhatRuns
+from corescale.measure.http.contract import ServiceInfo, WhatRuns
 from corescale.serve import pool as pools
 from corescale.serve.guard import Guard, Refused, refusal
 from corescale.serve.tokens import Tokens, TooLarge, Unservable

@@ -28,7 +28,7 @@ from corescale.config import BenchmarkConfig
 from corescale.errors import UserError
 from corescale.machine.placement import InstanceSpec
 from corescale.machine.precisions import PRECISIONS
-from corescale.measure.contract import InstanceLayout, Layout, ServiceInfo
+from corescale.measure.http.contract import InstanceLayout, Layout, ServiceInfo
 from corescale.record.trial import TrialRecord
 from corescale.serve import examples
 from corescale.serve.manifest import (

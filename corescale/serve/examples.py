@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from corescale.measure.contract import API_KEY_ENV, STOP_S, Layout
+from corescale.measure.http.contract import API_KEY_ENV, STOP_S, Layout
 
 SYSTEMD, DOCKERFILE, README = "corescale-serve.service", "Dockerfile.example", "README.md"
 

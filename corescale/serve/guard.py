@@ -10,7 +10,7 @@ import json
 
 from fastapi.responses import JSONResponse
 
-from corescale.measure.contract import is_loopback_host
+from corescale.measure.http.contract import is_loopback_host
 
 
 class Refused(Exception):

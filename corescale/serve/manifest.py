@@ -25,7 +25,7 @@ from typing import Any
 
 from corescale.config import BenchmarkConfig, migrate_config_v1, validate
 from corescale.errors import UserError
-from corescale.measure.contract import Layout
+from corescale.measure.http.contract import Layout
 from corescale.typed import Section, checked
 from corescale.userfiles import parse_json, read_text
 from corescale.workload.heads import HeadSpec

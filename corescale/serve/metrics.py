@@ -9,7 +9,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 
-from corescale.measure.contract import FRONT_CPU_METRIC
+from corescale.measure.http.contract import FRONT_CPU_METRIC
 
 SECONDS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
 ROWS = (1, 2, 4, 8, 16, 32, 64, 128)

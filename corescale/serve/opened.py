@@ -35,7 +35,7 @@ from corescale.machine import instance_env
 from corescale.machine.cpulist import format_cpulist
 from corescale.machine.environment import HostEnvironment, cpuinfo
 from corescale.machine.placement import InstanceSpec
-from corescale.measure.contract import Layout
+from corescale.measure.http.contract import Layout
 from corescale.record.files import read_result
 from corescale.serve import bundle
 from corescale.serve.manifest import (

@@ -5,7 +5,7 @@ instances start and warm up; the front moves to the CPUs no instance uses when t
 them: the layout says which; every thread of the front moves); uvicorn serves on the bound socket.
 
 SIGTERM (or Ctrl-C) stops the restarts at once, stops accepting connections, waits for every accepted request to
-be answered (at most GRACEFUL_S, then the pool's DRAIN_S: within measure/contract.py's STOP_S; what is left then
+be answered (at most GRACEFUL_S, then the pool's DRAIN_S: within measure/http/contract.py's STOP_S; what is left then
 gets 503), stops the instances and exits 0 (130 after Ctrl-C), printing the front's CPU time and each instance's
 share of busy time. A second signal after the drain ends the process at once. The instances ignore SIGTERM (they
 end when told, or when this process ends), so a signal to every process of the service (a process manager's
@@ -28,7 +28,7 @@ from pathlib import Path
 from corescale.errors import UserError
 from corescale.machine.cpulist import format_cpulist
 from corescale.machine.scratch import scratch
-from corescale.measure.contract import GRACEFUL_S, ready_line
+from corescale.measure.http.contract import GRACEFUL_S, ready_line
 from corescale.measure.trial import housekeeping_cpus
 from corescale.serve.limits import Limits
 from corescale.serve.opened import Bundle, Trust, from_config_file, from_overrides, open_bundle
@@ -91,7 +91,7 @@ def run(source: list[str], options: Options) -> int:
     """`source`: a bundle's path, overrides or a config file (a layout that was not measured)."""
     import uvicorn
 
-    from corescale.measure.contract import is_loopback_host
+    from corescale.measure.http.contract import is_loopback_host
     from corescale.serve.app import Front, create_app
     from corescale.serve.guard import deadline_protocol
     from corescale.serve.metrics import Metrics, front_cpu_seconds
@@ -137,7 +137,7 @@ def run(source: list[str], options: Options) -> int:
                 host, port = sock.getsockname()[:2]
                 say(ready_line(f"{len(opened.specs)} instance(s) of {opened.model} on "
                                f"{cfg.backend.name} ({cfg.precision})", where, host, port))
-                # after the ready line, never before: a reader that waits for it (measure/managed.py) reads line by
+                # after the ready line, never before: a reader that waits for it (measure/http/managed.py) reads line by
                 # line under select(), and a line buffered behind another would not wake it
                 say(f"ready {ready_s:.2f} s after the process started (instances loaded and warm)")
                 app = create_app(Front(pool, tokens, opened.head, opened.model, metrics, width), options.api_key,

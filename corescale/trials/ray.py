@@ -26,7 +26,7 @@ from corescale.config import RayExecutorConfig
 from corescale.errors import UserError
 from corescale.machine import environment
 from corescale.machine.lock import machine_lock
-from corescale.measure.contract import is_loopback_host
+from corescale.measure.http.contract import is_loopback_host
 from corescale.measure.runner import Trial, UncommittedResult, failed_result
 from corescale.record.trial import Failure, machine_fingerprint
 from corescale.trials.local import Listener, LoopState, Planned, Resume, commit_once, schedule, stamp

@@ -55,7 +55,7 @@ class Route:
     handler: str  # "module:function": async (front, body) -> the answer (serve/routes.py)
     request: str | None = None  # "module:function": (query, model) -> the JSON payload of one measured query
     answer: str | None = None  # "module:function": (payload) -> the embedding's length or None; raises
-    # measure/http_api.BadAnswer unless it answers one query. None with request: not driven over HTTP
+    # measure/http/api.BadAnswer unless it answers one query. None with request: not driven over HTTP
     about: tuple[str, ...] = ("/info",)  # GET paths where a server of this API describes itself
 
     @property
@@ -178,7 +178,7 @@ def of_head(head: str, labels: int = 0) -> str | None:
 
 
 _SERVE = "corescale.serve.routes:"
-_SENT = "corescale.measure.http_api:"
+_SENT = "corescale.measure.http.api:"
 _RERANK_METRICS = ("ndcg_at_10_mean", "ndcg_at_10_min", "kendall_tau_mean", "kendall_tau_min", "top1_agreement")
 for _task in (
     Task("embed", "sentence embedder", "pooled", "sentence_embedding", "embedding",

@@ -33,7 +33,7 @@ def request(query: Any, model: str) -> dict[str, Any]:
 
 
 def norms_answer(payload: Any) -> None:
-    from corescale.measure.http_api import BadAnswer
+    from corescale.measure.http.api import BadAnswer
 
     if not (isinstance(payload, dict) and isinstance(payload.get("norms"), list) and len(payload["norms"]) == 1):
         raise BadAnswer(f"expected one norm, got {str(payload)[:80]}")

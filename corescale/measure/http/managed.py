@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import IO
 
 from corescale.machine import instance_env
-from corescale.measure.contract import FRONT_CPU_METRIC, READY, STOP_S, front_in, url_in
-from corescale.measure.http_api import headers
+from corescale.measure.http.api import headers
+from corescale.measure.http.contract import FRONT_CPU_METRIC, READY, STOP_S, front_in, url_in
 
 LOG_TAIL_LINES = 3
 METRICS_LIMIT = 4 << 20  # bytes of /metrics read, at most

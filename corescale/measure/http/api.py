@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Union
 
 from corescale.http_keys import check_task
-from corescale.measure.contract import API_KEY_ENV
+from corescale.measure.http.contract import API_KEY_ENV
 from corescale.workload.tasks import TASKS, Route, resolve
 
 if TYPE_CHECKING:

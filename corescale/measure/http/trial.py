@@ -1,6 +1,6 @@
 """A trial of a server measured over HTTP: `endpoint=URL` (a running server) or `endpoint=managed` (the trial
 starts `corescale serve` on its own layout on loopback, measures it, and stops it), with LoadGen's tests sent by
-the HTTP client (http_load.py). No local instance is started by the trial itself."""
+the HTTP client (load.py). No local instance is started by the trial itself."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from corescale.config import BenchmarkConfig
 from corescale.http_keys import check_task
 from corescale.machine.placement import Plan
 from corescale.machine.scratch import scratch
-from corescale.measure.http_api import api_of
+from corescale.measure.http.api import api_of
 from corescale.measure.server import summarise
 from corescale.measure.trial import Trial, UncommittedResult, check_places, housekeeping_cpus
 from corescale.record.sections import Managed, ServerSummary
@@ -36,7 +36,7 @@ def prepare_endpoint(cfg: BenchmarkConfig, served: Trial | None = None) -> Trial
     """endpoint=URL: the texts, then the server itself (reachable, healthy, answering this API); no model is loaded
     here. endpoint=managed (`served`: the layout's trial, already checked): the task is the served model's, and the
     key holds the layout too."""
-    from corescale.measure.endpoint import check_settings, probe
+    from corescale.measure.http.endpoint import check_settings, probe
 
     if served is None:
         check_settings(cfg)
@@ -64,8 +64,8 @@ def run_endpoint(trial: Trial, record: TrialRecord, started: float) -> Uncommitt
     trial's layout, started here and stopped after (its exit status and log tail recorded on failure)."""
     if trial.served is None:
         return over_http(trial, trial.cfg, record, started)
-    from corescale.measure import managed
-    from corescale.measure.endpoint import probe
+    from corescale.measure.http import managed
+    from corescale.measure.http.endpoint import probe
 
     assert trial.texts is not None, "an endpoint trial carries its texts"
     with scratch("managed") as work:
@@ -113,8 +113,8 @@ def layout_words(trial: Trial) -> str:
 
 def over_http(trial: Trial, cfg: BenchmarkConfig, record: TrialRecord, started: float) -> UncommittedResult:
     """Warm the server up, ask what it is, then LoadGen's tests through the HTTP client (cfg.endpoint: its URL)."""
-    from corescale.measure.endpoint import self_description, warm
-    from corescale.measure.http_load import HttpServer, requests_csv
+    from corescale.measure.http.endpoint import self_description, warm
+    from corescale.measure.http.load import HttpServer, requests_csv
 
     api = api_of(cfg)
     assert trial.texts is not None, "an endpoint trial carries its texts"

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from corescale.errors import UserError
-from corescale.measure.contract import API_KEY_ENV, is_loopback_host
-from corescale.measure.http_api import BadAnswer, HttpApi, Query, api_of, headers
+from corescale.measure.http.api import BadAnswer, HttpApi, Query, api_of, headers
+from corescale.measure.http.contract import API_KEY_ENV, is_loopback_host
 from corescale.measure.timing import warm_up
 
 if TYPE_CHECKING:

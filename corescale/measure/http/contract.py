@@ -1,4 +1,4 @@
-"""What `corescale serve` and the trials that measure it (endpoint=managed, measure/managed.py) agree on: its ready
+"""What `corescale serve` and the trials that measure it (endpoint=managed, measure/http/managed.py) agree on: its ready
 line, the metric that says what its front cost, the variable that holds the API key, how long a stop takes, and
 GET /info (ServiceInfo).
 Both sides import it from here; nothing else spells them."""

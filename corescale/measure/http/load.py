@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from corescale.measure.endpoint import Warm
-from corescale.measure.http_api import TIMING_HEADERS, BadAnswer, api_of, headers, timings
+from corescale.measure.http.api import TIMING_HEADERS, BadAnswer, api_of, headers, timings
+from corescale.measure.http.endpoint import Warm
 from corescale.measure.server import LoadGenServer, StepResult
 
 if TYPE_CHECKING:
