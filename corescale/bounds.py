@@ -37,7 +37,7 @@ def check_bounded(cfg: Any, max_target_qps: float) -> None:
 
 
 def _check_loadgen_bounds(cfg: Any, max_target_qps: float) -> None:
-    """A LoadGen test stops issuing at half the timeout (measure/server.py): its minimum duration and query count
+    """A LoadGen test stops issuing at half the timeout (measure/loadgen.py): its minimum duration and query count
     must be reachable before that, or every test is INVALID."""
     if cfg.scenario == "offline":
         return

@@ -247,3 +247,11 @@ def test_http_measurement_lives_in_its_own_package():
              "corescale.measure.worker")
     starts = {p.name: sorted(n for n in _imported_names(p) if n in local) for p in (measure / "http").glob("*.py")}
     assert {name: found for name, found in starts.items() if found} == {}
+
+
+def test_only_serve_is_named_for_the_service():
+    """`corescale serve` is serve/ (and its command); measure/server.py (LoadGen's scenarios) read as the service and
+    is measure/loadgen.py since issue 35: no other module is named `serve*` or `server*`."""
+    named = [str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py") if p.stem.startswith("serve")
+             and p.relative_to(PACKAGE).parts[0] not in ("serve", "commands")]
+    assert named == []

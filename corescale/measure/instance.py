@@ -179,7 +179,7 @@ class Handshake:
 
 
 class Feeder(Protocol):
-    """An instance fed by `dispatch`: LoadGen's (measure/server.py) or an HTTP request's (serve/pool.py)."""
+    """An instance fed by `dispatch`: LoadGen's (measure/loadgen.py) or an HTTP request's (serve/pool.py)."""
 
     def idle(self) -> bool:
         """Blocks until the instance may take a batch; False when no batch will come any more."""

@@ -55,7 +55,7 @@ class Launcher:
         self.instances: dict[int, InstanceHandle] = {}
         self.launches: dict[int, dict[str, Any]] = {}  # command prefix and the variables set (recorded)
         self.handshake = Handshake([], START_DELAY_NS)
-        self.server = server  # measure/server.py's LoadGenServer: serves LoadGen's queries once every instance is ready
+        self.server = server  # loadgen.py's LoadGenServer: serves LoadGen's queries once every instance is ready
         self.files = files  # the trial's files every worker's job names (the query set's path)
         self.deadline = 0.0
 

@@ -27,8 +27,8 @@ from corescale.machine.topology import Topology
 from corescale.measure.aggregate import InstanceSamples, run_metrics, samples_frame
 from corescale.measure.calibrate import with_peaks
 from corescale.measure.launcher import Launcher, LaunchOutcome
+from corescale.measure.loadgen import LoadGenServer, batches_csv, summarise
 from corescale.measure.protocol import TrialFiles
-from corescale.measure.server import LoadGenServer, batches_csv, summarise
 from corescale.measure.timing import read_pairs
 from corescale.measure.trial import Trial, UncommittedResult, check_places, housekeeping_cpus, new_record
 from corescale.overrides import override_key

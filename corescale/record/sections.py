@@ -147,7 +147,7 @@ class InstanceReport(Section):
 
 @dataclass(frozen=True)
 class ServerStep(Section):
-    """One LoadGen test (measure/server.py's StepResult)."""
+    """One LoadGen test (measure/loadgen.py's StepResult)."""
 
     target_qps: float | None
     validity: str

@@ -1,6 +1,6 @@
 """`scenario=server endpoint=URL api=openai|tei`: LoadGen drives a running server over HTTP.
 
-The same LoadGen tests, search and validity as the in-process server scenario (measure/server.py), with the system
+The same LoadGen tests, search and validity as the in-process server scenario (measure/loadgen.py), with the system
 under test swapped: each query LoadGen issues becomes one POST carrying that query's text, sent by one async HTTP
 client (aiohttp) on its own event-loop thread; LoadGen's issue callback hands the queries to that loop thread-safely,
 and the query is reported complete to LoadGen the moment its answer is read (LoadGen counts latency from the query's
@@ -23,7 +23,7 @@ import numpy as np
 
 from corescale.measure.http.api import TIMING_HEADERS, BadAnswer, api_of, headers, timings
 from corescale.measure.http.endpoint import Warm
-from corescale.measure.server import LoadGenServer, StepResult
+from corescale.measure.loadgen import LoadGenServer, StepResult
 
 if TYPE_CHECKING:
     from corescale.config import BenchmarkConfig
