@@ -69,7 +69,7 @@ def register(name: str, target: Target) -> Target:
 register("kubernetes", Target(
     "manifests to apply: a Deployment of Guaranteed pods on the layout's whole cores, its Service and an "
     "autoscaler on the measured capacity (docs/deploy.md#kubernetes)",
-    None, writes=True))
+    "corescale.deploy.kubernetes:deploy", writes=True))
 register("ray", Target(
     "a Ray Serve application on the connected Ray cluster, one replica per measured core block (docs/ray.md)",
     None, requires=("ray",), extra="ray"))
