@@ -96,15 +96,20 @@ def test_other_library_versions(tmp_path):
 
 
 def test_cpus_this_process_may_not_use(tmp_path):
+    """A block larger than the CPUs this process may use is refused (one of other CPU ids is placed on the usable
+    ones: tests/test_cpuset.py)."""
+    import os
+
     root = fake_bundle(tmp_path)
+    cpus = list(range(4000, 4001 + len(os.sched_getaffinity(0))))
     record = json.loads((root / bundle.RECORD).read_text())
-    record["specs"][0]["cpus"] = [4095]
+    record["specs"][0].update(cpus=cpus, threads=len(cpus))
     (root / bundle.RECORD).write_text(json.dumps(record))
     manifest = json.loads((root / bundle.MANIFEST).read_text())
-    manifest["layout"]["instances"][0]["cpus"] = [4095]
+    manifest["layout"]["instances"][0].update(cpus=cpus, threads=len(cpus))
     manifest["files"][bundle.RECORD] = bundle.sha256(root / bundle.RECORD)
     (root / bundle.MANIFEST).write_text(json.dumps(manifest))
-    refusal(root, "instance 0 ran on CPUs 4095")
+    refusal(root, "instance(s) on CPUs 4000-", "do not fit the CPUs this process may use", "cannot place")
 
 
 def test_the_front_refuses_inputs_over_the_limits():

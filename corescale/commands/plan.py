@@ -25,10 +25,13 @@ def register(sub) -> None:
     parser.set_defaults(handler=handle)
 
 
-def load_topology(lscpu: str | None, allowed_cpus: str | None):
-    """The topology to plan on; CPUs asked for with --allowed-cpus must all be usable there."""
+def load_topology(lscpu: str | None, allowed_cpus: str | None, cfg: BenchmarkConfig | None = None):
+    """The topology to plan on; CPUs asked for with --allowed-cpus must all be usable there. This machine's
+    (neither option) is what this process may use: its cpuset, and for a layout sized from the machine its
+    cgroup's CPU quota (machine/cgroup.py)."""
     from corescale.errors import UserError
     from corescale.machine.cpulist import format_cpulist, parse_cpulist
+    from corescale.machine.placement import topology_here
     from corescale.machine.topology import Topology, default_allowed
     from corescale.userfiles import read_text
 
@@ -37,6 +40,8 @@ def load_topology(lscpu: str | None, allowed_cpus: str | None):
         raise UserError("--allowed-cpus is empty: give a CPU list such as 0-3,8")
     if lscpu is not None:
         whole = Topology.from_lscpu(read_text(lscpu, "--lscpu file"))
+    elif allowed is None and cfg is not None:
+        return topology_here(cfg.use_logical_cores, sized_by_machine=cfg.cores_per_instance is None)
     else:
         whole = Topology.from_sysfs(allowed=default_allowed())
     if allowed is None:
@@ -64,7 +69,11 @@ def handle(args) -> int:
     from corescale.overrides import compose
 
     cfg = compose(args.overrides)
-    document = plan_document(cfg, load_topology(args.lscpu, args.allowed_cpus))
+    document = plan_document(cfg, load_topology(args.lscpu, args.allowed_cpus, cfg))
+    if args.lscpu is None:  # the instances would run here: within this cgroup's CPU quota
+        from corescale.machine.cgroup import check_quota
+
+        check_quota(sum(i["threads"] for i in document["instances"]), "the layout")
     if args.json:
         print(json.dumps(document, indent=2))
         return 0

@@ -45,9 +45,7 @@ MAX_REPLICAS = 10
 NODE_LABEL = "corescale.io/cpu-manager"  # the label of nodes whose kubelet runs kubelet-config.yaml's policies
 NAME = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")  # a DNS-1035 label: a Service's name
 IMAGE = re.compile(r"[a-z0-9][a-z0-9._/:@-]{0,254}")
-NFD = {"avx2": "AVX2", "fma": "FMA3", "avx512f": "AVX512F", "avx512_vnni": "AVX512VNNI", "avx_vnni": "AVXVNNI",
-       "avx512_bf16": "AVX512BF16", "amx_tile": "AMXTILE", "amx_bf16": "AMXBF16", "amx_int8": "AMXINT8",
-       "asimd": "ASIMD", "sve": "SVE", "sve2": "SVE2", "i8mm": "I8MM", "bf16": "BF16"}  # node-feature-discovery's
+NFD_PREFIX = "feature.node.kubernetes.io/cpu-cpuid."  # node-feature-discovery's labels of CPU features
 
 
 @dataclass(frozen=True)
@@ -195,10 +193,16 @@ def node_affinity(plan: PodPlan) -> dict[str, Any]:
     (node-feature-discovery's labels), the kubelet policies (NODE_LABEL, set by whoever applied them)."""
     terms = [{"key": "kubernetes.io/arch", "operator": "In", "values": [plan.arch]},
              {"key": NODE_LABEL, "operator": "In", "values": ["static"]}]
-    terms += [{"key": f"feature.node.kubernetes.io/cpu-cpuid.{NFD[f]}", "operator": "In", "values": ["true"]}
-              for f in plan.cpu_features if f in NFD]
+    terms += [{"key": NFD_PREFIX + nfd_name(flag), "operator": "In", "values": ["true"]}
+              for flag in plan.cpu_features if re.fullmatch(r"[a-z0-9_]+", flag)]
     return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
         "nodeSelectorTerms": [{"matchExpressions": terms}]}}}
+
+
+def nfd_name(flag: str) -> str:
+    """node-feature-discovery's name of a /proc/cpuinfo flag: upper case without '_' (avx512_vnni -> AVX512VNNI),
+    fma its FMA3."""
+    return "FMA3" if flag == "fma" else flag.replace("_", "").upper()
 
 
 def deployment(plan: PodPlan) -> dict[str, Any]:

@@ -199,15 +199,17 @@ class Launch:
         return cls(command_prefix(spec), inherited_with(cfg, variables), tuple(spec.cpus), variables)
 
     @classmethod
-    def from_recorded(cls, cfg, spec: InstanceSpec, recorded: dict[str, Any]) -> Launch:
+    def from_recorded(cls, cfg, spec: InstanceSpec, recorded: dict[str, Any],
+                      placed: InstanceSpec | None = None) -> Launch:
         """The launch of an instance a measurement recorded (`recorded()`: a bundle's layout), derived here: its
         prefix, variables and preloaded libraries are what `of` gives for its config and CPUs on this machine
         (numactl and each library found here by name: a measuring machine's paths never run). The recorded launch
         is only checked, so that one corescale did not write is refused (one line naming what): a prefix other
         than numactl binding the instance's own CPUs and memory nodes, a variable corescale never sets, or a
-        preloaded file that is not an allocator or OpenMP runtime it preloads."""
+        preloaded file that is not an allocator or OpenMP runtime it preloads. `placed`: the same instance placed
+        on other CPUs here (a container's cpuset), which the launch then binds."""
         check_recorded(cfg, spec, recorded)
-        return cls.of(cfg, spec)
+        return cls.of(cfg, placed or spec)
 
     def recorded(self) -> dict[str, Any]:
         """What a result records of it: the command prefix and the variables set."""

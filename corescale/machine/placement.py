@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from corescale.errors import UserError
+from corescale.machine.cgroup import quota_cpus, read_limits
 from corescale.machine.cpulist import format_cpulist
 from corescale.machine.topology import Topology, plural
 
@@ -154,6 +155,33 @@ def plan(
         cpus = tuple(sorted(cpu for core in cores for cpu in (core if use_logical_cores else core[:1])))
         placed.append(InstancePlacement(id=i, cpus=cpus, numa_nodes=nodes, threads=len(cpus)))
     return Plan(instances=tuple(placed), warnings=tuple(warnings))
+
+
+def within_quota(topology: Topology, quota: float | None, use_logical_cores: bool = False) -> Topology:
+    """The topology a layout sized from the machine is placed on under a CPU quota: its first physical cores (in
+    the order plan() hands them out) holding at most the quota's whole CPUs of busy threads (one per core, or one
+    per sibling with use_logical_cores; at least one core); the whole topology without a quota."""
+    most = quota_cpus(quota)
+    if most is None:
+        return topology
+    kept: list[int] = []
+    used = 0
+    for core in (core for node in topology.numa_nodes for core in topology.cores_in_node(node)):
+        cost = len(core) if use_logical_cores else 1
+        if kept and used + cost > most:
+            break
+        kept += core
+        used += cost
+    if len(kept) == len(topology.cpus):
+        return topology
+    return Topology(tuple(cpu for cpu in topology.cpus if cpu.id in set(kept)))
+
+
+def topology_here(use_logical_cores: bool = False, sized_by_machine: bool = True) -> Topology:
+    """This machine's usable CPUs (online, in this process's affinity and cgroup cpuset); a layout sized from the
+    machine (sized_by_machine: no cores_per_instance given) also within the cgroup's CPU quota."""
+    topology = Topology.from_sysfs()
+    return within_quota(topology, read_limits().quota, use_logical_cores) if sized_by_machine else topology
 
 
 def _take(free: dict[int, list[tuple[int, ...]]], need: int) -> tuple[list[tuple[int, ...]], tuple[int, ...]]:

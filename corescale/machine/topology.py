@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from corescale.errors import UserError
+from corescale.machine.cgroup import CGROUP_ROOT, read_limits
 from corescale.machine.cpulist import format_cpulist, parse_cpulist
 
 SYSFS_CPU_ROOT = "/sys/devices/system/cpu"
 SYSFS_NODE_ROOT = "/sys/devices/system/node"
-CGROUP_ROOT = "/sys/fs/cgroup"
 # First readable, non-empty file wins: cgroup v2, then v1 (effective, then configured).
 CGROUP_CPUSET_PATHS = (
     "/sys/fs/cgroup/cpuset.cpus.effective",
@@ -97,7 +97,7 @@ class Topology:
         root: str | os.PathLike[str] = SYSFS_CPU_ROOT,
         node_root: str | os.PathLike[str] = SYSFS_NODE_ROOT,
         allowed: Iterable[int] | None = None,
-        cgroup_cpuset_paths: Sequence[str | os.PathLike[str]] = CGROUP_CPUSET_PATHS,
+        cgroup_cpuset_paths: Sequence[str | os.PathLike[str]] | None = None,
     ) -> Topology:
         """Read the topology from sysfs; `allowed` defaults to `default_allowed(cgroup_cpuset_paths)`."""
         root = Path(root)
@@ -185,13 +185,15 @@ class Topology:
             raise UserError(f"inconsistent lscpu output: {e}") from None
 
 
-def default_allowed(cgroup_cpuset_paths: Sequence[str | os.PathLike[str]] = CGROUP_CPUSET_PATHS) -> frozenset[int]:
-    """CPUs this process may run on: its affinity, narrowed by the cgroup cpuset if readable."""
+def default_allowed(cgroup_cpuset_paths: Sequence[str | os.PathLike[str]] | None = None) -> frozenset[int]:
+    """CPUs this process may run on: its affinity, narrowed by the cgroup cpuset if readable (its own cgroup's,
+    machine/cgroup.py; or the first readable of `cgroup_cpuset_paths`)."""
     try:
         affinity = frozenset(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         affinity = frozenset(range(os.cpu_count() or 1))
-    cpuset = cgroup_cpuset(cgroup_cpuset_paths)
+    cpuset = cgroup_cpuset(cgroup_cpuset_paths) if cgroup_cpuset_paths is not None else \
+        (read_limits().cpus or cgroup_cpuset())
     narrowed = affinity & frozenset(cpuset) if cpuset else affinity
     return narrowed or affinity  # a cpuset file from another cgroup level must not empty it
 
@@ -206,26 +208,9 @@ def cgroup_cpuset(paths: Sequence[str | os.PathLike[str]] = CGROUP_CPUSET_PATHS)
 
 
 def cgroup_cpu_quota(root: str | os.PathLike[str] = CGROUP_ROOT) -> float | None:
-    """CPU bandwidth limit in CPUs (cgroup v2 cpu.max or v1 cfs quota/period); None if unlimited."""
-    root = Path(root)
-    v2 = read_text(root / "cpu.max")
-    if v2 is not None:
-        fields = v2.split()
-        quota, period = fields[0], fields[1] if len(fields) > 1 else "100000"
-    else:
-        for v1 in (root / "cpu", root / "cpu,cpuacct", root):
-            quota_text = read_text(v1 / "cpu.cfs_quota_us")
-            if quota_text is not None:
-                quota, period = quota_text, read_text(v1 / "cpu.cfs_period_us") or "100000"
-                break
-        else:
-            return None
-    if quota == "max" or quota.startswith("-"):
-        return None
-    try:
-        return int(quota) / int(period)
-    except (ValueError, ZeroDivisionError):
-        return None  # unreadable limit: treat as none
+    """CPU bandwidth limit in CPUs (cgroup v2 cpu.max or v1 cfs quota/period) of this process's cgroup and its
+    parents (machine/cgroup.py); None if unlimited."""
+    return read_limits(root).quota
 
 
 # ---- helpers ---------------------------------------------------------------------------------

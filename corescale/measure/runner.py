@@ -19,9 +19,10 @@ from corescale.backends import check_available, entry, quality_reference, runs_m
 from corescale.config import BenchmarkConfig
 from corescale.errors import UserError
 from corescale.machine import environment, instance_env
+from corescale.machine.cgroup import check_quota
 from corescale.machine.environment import HostEnvironment
 from corescale.machine.peak import PeakCache
-from corescale.machine.placement import InstanceSpec, Plan, plan
+from corescale.machine.placement import InstanceSpec, Plan, plan, topology_here
 from corescale.machine.scratch import scratch
 from corescale.machine.topology import Topology
 from corescale.measure.aggregate import InstanceSamples, run_metrics, samples_frame
@@ -73,9 +74,11 @@ def prepare_trial(cfg: BenchmarkConfig, topology: Topology | None = None, on_nod
         raise UserError(f"sequence_length={cfg.sequence_length} exceeds the maximum of {model.max_positions} "
                         f"positions of model '{cfg.model}'")
     instance_env.preload_paths(cfg)  # a requested allocator/OpenMP library that is missing
-    topology = topology or Topology.from_sysfs()
+    topology = topology or topology_here(cfg.use_logical_cores, sized_by_machine=cfg.cores_per_instance is None)
     placement = placement_for(cfg, topology)
     check_threads(cfg, placement, topology)
+    if on_node or cfg.executor.name == "local":  # the instances run here: this cgroup's quota throttles them
+        check_quota(sum(cfg.threads or inst.threads for inst in placement.instances), layout_text(placement))
     if cfg.layout != "none" and len(placement.instances) != cfg.instances:
         cfg = dataclasses.replace(cfg, instances=len(placement.instances))
         if cfg.total_batch_size and cfg.total_batch_size % cfg.instances:
@@ -158,6 +161,14 @@ def check_task(cfg: BenchmarkConfig, model: ModelSpec) -> None:
         if folder is None or not (folder / "tokenizer.json").is_file():
             raise UserError(f"tokenize=true needs the model's fast tokenizer (tokenizer.json); model '{cfg.model}' "
                             "has none: give workload.tokenizer=DIR holding tokenizer.json")
+
+
+def layout_text(placement: Plan) -> str:
+    """e.g. "the layout of 2 instance(s) on CPUs 0,1"."""
+    from corescale.machine.cpulist import format_cpulist
+
+    cpus = [cpu for inst in placement.instances for cpu in inst.cpus]
+    return f"the layout of {len(placement.instances)} instance(s) on CPUs {format_cpulist(cpus)}"
 
 
 def check_threads(cfg: BenchmarkConfig, placement: Plan, topology: Topology) -> None:

@@ -93,16 +93,17 @@ def open_bundle(path: str | Path, work: Path, trust: Trust = Trust(), key: bytes
     record = read_result(copy / bundle.RECORD)
     specs = list(record.specs)
     check_layout(root, manifest, specs)
-    check_cpus(specs)
+    placed, moved = placed_here(root, specs, manifest.serving_config.use_logical_cores)
     cfg = runtime_config(root, copy, manifest, Path(work) / CACHE_DIR, trust)
-    launches = [instance_env.Launch.from_recorded(cfg, spec, entry.to_dict())
-                for spec, entry in zip(specs, manifest.layout.instances)]
+    launches = [instance_env.Launch.from_recorded(cfg, spec, entry.to_dict(), here)
+                for spec, here, entry in zip(specs, placed, manifest.layout.instances)]
+    specs = placed
     if manifest.artifact is not None:
         hooks = bundled_artifact(cfg.backend.name, manifest.artifact.kind)
         attribute(str(hooks.install))(copy / ARTIFACT_DIR, manifest.artifact.steps, cfg)
     layout = bundle.layout_of(cfg, [(spec, launch.recorded()) for spec, launch in zip(specs, launches)])
     return Bundle(root, manifest, manifest.model, manifest.head_spec, layout, cfg, specs, launches,
-                  differences(record.environment, specs, cfg))
+                  moved + differences(record.environment, specs, cfg))
 
 
 def sign_bundle(path: str | Path, key: bytes, trust: Trust = Trust()) -> Path:
@@ -243,13 +244,40 @@ def check_libraries(manifest: BundleManifest) -> None:
                             f"{have or 'none'}: install {name}=={wanted}")
 
 
-def check_cpus(specs: list[InstanceSpec]) -> None:
-    allowed = os.sched_getaffinity(0)
-    for spec in specs:
-        if not set(spec.cpus) <= allowed:
-            raise UserError(f"instance {spec.id} ran on CPUs {format_cpulist(spec.cpus)}; this process may use "
-                            f"only {format_cpulist(sorted(allowed))}: serve it on the machine it was measured on "
-                            "(or one with those CPUs)")
+def placed_here(root: Path, specs: list[InstanceSpec], logical: bool) -> tuple[list[InstanceSpec], list[str]]:
+    """The instances on the CPUs this process may use (its affinity and cgroup cpuset: a container's, a
+    `taskset`'s), within its cgroup's CPU quota; never outside them. The measured CPUs when they are all usable;
+    else the same blocks (as many instances, as many cores each, threads as measured) placed on the usable ones
+    as `corescale run` places them, with a warning line saying where (Kubernetes' static CPU manager, docker
+    --cpuset-cpus and taskset choose the CPU ids, not the bundle). One line when they do not fit, or when the
+    instances' busy threads exceed the quota (machine/cgroup.py), before any worker starts."""
+    import dataclasses
+
+    from corescale.machine.cgroup import check_quota
+    from corescale.machine.placement import plan
+    from corescale.machine.topology import Topology, default_allowed
+
+    allowed = default_allowed()
+    shape = f"its {len(specs)} instance(s) on CPUs {format_cpulist(c for s in specs for c in s.cpus)}"
+    if all(set(spec.cpus) <= allowed for spec in specs):
+        check_quota(sum(spec.threads for spec in specs), f"bundle '{root}' ({shape})")
+        return specs, []
+    topology = Topology.from_sysfs(allowed=allowed)
+    smt = max(len(core) for core in topology.physical_cores)
+    sizes = {len(spec.cpus) if not logical else -(-len(spec.cpus) // smt) for spec in specs}
+    try:
+        if len(sizes) != 1:
+            raise UserError(f"its blocks are of {' and '.join(map(str, sorted(sizes)))} cores")
+        placed = plan(topology, instances=len(specs), cores_per_instance=sizes.pop(), use_logical_cores=logical)
+    except UserError as exc:
+        raise UserError(f"bundle '{root}': {shape} do not fit the CPUs this process may use "
+                        f"({format_cpulist(allowed)}: its affinity and cgroup cpuset): {exc}") from None
+    moved = [dataclasses.replace(spec, placement=here, threads=min(spec.threads, len(here.cpus)))
+             for spec, here in zip(specs, placed.instances)]
+    check_quota(sum(spec.threads for spec in moved), f"bundle '{root}' ({shape})")
+    return moved, [f"{shape} are not all among the CPUs this process may use ({format_cpulist(allowed)}: a "
+                   f"container's or taskset's); placed on {', '.join(format_cpulist(m.cpus) for m in moved)}, "
+                   "as many cores each", *placed.warnings]
 
 
 def runtime_config(root: Path, copy: Path, manifest: BundleManifest, runtime: Path,

@@ -239,11 +239,11 @@ class StudyResult:
 
 def plan_study(kind: str, overrides: list[str], values: list[int] | None = None, topology=None):
     """(study dir, trials, planned loop items): every trial composed and checked before any runs."""
-    from corescale.machine.topology import Topology
+    from corescale.machine.placement import topology_here
     from corescale.overrides import compose, expand_sweep
     from corescale.trials.sweep import plan_sweep
 
-    topology = topology or Topology.from_sysfs()
+    topology = topology or topology_here()  # the study's sizes from the CPUs and the CPU quota this process has
     check_overrides(kind, overrides)
     first = compose(expand_sweep(overrides)[0] if overrides else [])  # output_dir is shared by all trials
     study_dir = first.results_root / study_dir_name(kind)
