@@ -188,3 +188,45 @@ def test_a_real_taskset():
     assert [i["cpus"] for i in json.loads(proc.stdout)["instances"]] == [[int(cpu)]]
     proc = pinned("plan", "instances=2")
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "cannot place 2 instances" in proc.stderr
+
+
+def one_block_on(source: Path, where: Path, cpu: int) -> Path:
+    """A copy of a measured bundle whose layout is one instance of one thread on `cpu` (manifest and record
+    alike, re-hashed): a bundle measured on that CPU."""
+    from corescale.serve import bundle
+
+    root = where / "bundle"
+    shutil.copytree(source, root)
+    record = json.loads((root / bundle.RECORD).read_text())
+    record["specs"] = [{**record["specs"][0], "cpus": [cpu], "cpulist": str(cpu), "threads": 1}]
+    (root / bundle.RECORD).write_text(json.dumps(record))
+    manifest = json.loads((root / bundle.MANIFEST).read_text())
+    first = manifest["layout"]["instances"][0]
+    manifest["layout"]["instances"] = [{**first, "cpus": [cpu], "threads": 1, "command_prefix": []}]
+    manifest["files"][bundle.RECORD] = bundle.sha256(root / bundle.RECORD)
+    (root / bundle.MANIFEST).write_text(json.dumps(manifest))
+    return root
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs: one measured on, another given")
+def test_serve_runs_a_bundle_on_the_cpu_its_container_was_given(tiny_bundle, tmp_path):
+    """A bundle measured on one CPU, served where this process may use only another (as in a pod of the static
+    CPU manager, or under taskset): the instance runs on the CPU given, says so, and answers."""
+    import httpx
+    from serving import Service
+
+    measured, given = sorted(os.sched_getaffinity(0))[0], sorted(os.sched_getaffinity(0))[-1]
+    bundle = one_block_on(tiny_bundle("embed"), tmp_path, measured)
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {given})  # the service inherits it, as from `taskset -c GIVEN`
+    try:
+        service = Service(bundle, tmp_path / "serve.log")
+    finally:
+        os.sched_setaffinity(0, before)
+    with service:
+        info = httpx.get(f"{service.url}/info", timeout=30).json()
+        assert [i["cpus"] for i in info["corescale"]["layout"]["instances"]] == [[given]]
+        answer = httpx.post(f"{service.url}/embed", json={"inputs": "a pinned block"}, timeout=60)
+        assert answer.status_code == 200, answer.text
+    assert f"placed on {given}" in (tmp_path / "serve.log").read_text()
