@@ -12,7 +12,7 @@ import yaml
 from corescale.analysis.fleet import UTILISATION
 from corescale.cli import main
 from corescale.deploy import kubernetes
-from corescale.measure.contract import STOP_S
+from corescale.measure.http.contract import STOP_S
 from corescale.record.trial import TrialRecord
 from corescale.serve import bundle
 

@@ -30,7 +30,7 @@ from corescale.analysis.fleet import UTILISATION
 from corescale.deploy import DeployOptions
 from corescale.deploy.source import CheckedBundle, read_bundle, write_folder
 from corescale.errors import UserError
-from corescale.measure.contract import API_KEY_ENV, STOP_S
+from corescale.measure.http.contract import API_KEY_ENV, STOP_S
 
 MANIFESTS, KUBELET, ADAPTER, README = "corescale.yaml", "kubelet-config.yaml", "prometheus-adapter-rules.yaml", \
     "README.md"
