@@ -18,6 +18,7 @@ request died or missed its deadline (it is started again).
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 from typing import Annotated, Any
@@ -32,7 +33,7 @@ from starlette.requests import ClientDisconnect
 
 from corescale.measure.http.contract import ServiceInfo, WhatRuns
 from corescale.serve import pool as pools
-from corescale.serve.guard import Guard, Refused, refusal
+from corescale.serve.guard import DISCONNECTED, Guard, Refused, refusal
 from corescale.serve.tokens import Tokens, TooLarge, Unservable
 from corescale.workload.heads import HeadSpec
 from corescale.workload.tasks import TASKS, Route, Task, resolve
@@ -82,13 +83,16 @@ class Front:
     async def parse(self, request: Request, schema: type[BaseModel]) -> Any:
         """The body as `schema` (422 naming the field), parsed in a thread when large; JSON only, as FastAPI
         requires (a cross-site text/plain POST computes nothing)."""
-        kind = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
-        if not (kind == "application/json" or kind.startswith("application/") and kind.endswith("+json")):
-            raise Refused(422, f"body: expected Content-Type application/json, not '{kind[:40]}'", "Validation")
+        json_only(request.headers.get("content-type"))
         try:
             raw = await request.body()
         except ClientDisconnect:  # gone before its body arrived (cut at --receive-timeout): no answer to send
-            raise Refused(400, "the client disconnected before sending its whole body", "Validation") from None
+            raise Refused(400, DISCONNECTED, "Validation") from None
+        return await self.validated(raw, schema)
+
+    async def validated(self, raw: bytes, schema: type[BaseModel]) -> Any:
+        """`raw` as `schema` (pydantic's parser in Rust: ~2 % of the front's samples, docs/serve-profile.md), in a
+        thread when large; 422 naming the field."""
         try:
             if len(raw) > INLINE_BYTES:
                 return await self.offload(schema.model_validate_json, raw)
@@ -186,11 +190,12 @@ def encoded(body: Callable[[], Any]) -> bytes:
 
 
 def create_app(front: Front, api_key: str | None, payload_bytes: int = 2_000_000,
-               loopback_only: bool = False) -> FastAPI:
+               loopback_only: bool = False) -> Served:
     """The routes, behind the Guard; every error, the framework's own included, in the documented body."""
-    app = FastAPI(title="corescale serve", docs_url=None, redoc_url=None, openapi_url=None)
+    app = Served(title="corescale serve", docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(Guard, metrics=front.metrics, key=api_key, payload_bytes=payload_bytes,
                        loopback_only=loopback_only)
+    guard = Guard(None, front.metrics, api_key, payload_bytes, loopback_only)
 
     @app.exception_handler(Refused)
     async def refused(request: Request, exc: Refused):
@@ -211,6 +216,7 @@ def create_app(front: Front, api_key: str | None, payload_bytes: int = 2_000_000
     for task in TASKS.values():
         for route in task.routes:
             app.post(route.path)(endpoint(front, task, route))
+            app.fast[route.path] = fast_endpoint(front, task, route, guard)
 
     @app.post("/tokenize")
     async def tokenize(request: Request):
@@ -240,6 +246,62 @@ def create_app(front: Front, api_key: str | None, payload_bytes: int = 2_000_000
 
     front.metrics.routes = frozenset(getattr(route, "path", "") for route in app.routes)
     return app
+
+
+class Served(FastAPI):
+    """FastAPI, with every registered task's POST route (`fast`: path -> its ASGI endpoint) answered before
+    FastAPI's stack: its five middlewares, routing and dependency solving were a third of the front's CPU per
+    request, more than the endpoint's own work (docs/serve-profile.md). The same checks in the same order (the
+    Guard's, the task, the content type, the body's size as it arrives, the route's pydantic schema), the same
+    handlers and answers; every other path and method goes through FastAPI (404, 405, /tokenize, GET routes)."""
+
+    fast: dict[str, Callable[..., Any]]
+
+    def __init__(self, **settings: Any) -> None:
+        super().__init__(**settings)
+        self.fast = {}
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            fast = self.fast.get(scope["path"])
+            if fast is not None:
+                await fast(scope, receive, send)
+                return
+        await super().__call__(scope, receive, send)
+
+
+LOG = logging.getLogger("uvicorn.error")
+
+
+def fast_endpoint(front: Front, task: Task, route: Route, guard: Guard) -> Callable[..., Any]:
+    """One task's route as a plain ASGI endpoint (Served): what the Guard middleware, FastAPI's exception handlers
+    and `endpoint` below do for it, without the layers between them."""
+    handler, schema, path = resolve(route.handler), resolve(route.schema), route.path
+
+    async def answer(scope, receive, send) -> None:
+        try:
+            guard.check(scope)
+            front.needs(task.name, path)
+            json_only(next((value.decode("latin-1") for name, value in scope["headers"]
+                            if name == b"content-type"), None))
+            response = await handler(front, task, await front.validated(await guard.body(receive), schema))
+        except Refused as exc:
+            front.metrics.answered(path, exc.status)
+            response = refusal(exc)
+        except Exception as exc:  # a bug of ours: logged as uvicorn logs it, answered in shape
+            LOG.exception("Exception in ASGI application")
+            front.metrics.answered(path, 500)
+            response = refusal(Refused(500, f"internal error ({type(exc).__name__})", "Backend"))
+        await response(scope, receive, send)
+
+    return answer
+
+
+def json_only(content_type: str | None) -> None:
+    """JSON bodies only, as FastAPI requires (a cross-site text/plain POST computes nothing); none said: JSON."""
+    kind = ("application/json" if content_type is None else content_type).split(";")[0].strip().lower()
+    if not (kind == "application/json" or kind.startswith("application/") and kind.endswith("+json")):
+        raise Refused(422, f"body: expected Content-Type application/json, not '{kind[:40]}'", "Validation")
 
 
 def endpoint(front: Front, task: Task, route: Route):
