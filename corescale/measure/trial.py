@@ -9,8 +9,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from corescale.backends import entry
 from corescale.config import BenchmarkConfig
@@ -20,6 +19,9 @@ from corescale.measure.http.api import Query
 from corescale.record.trial import TrialRecord
 from corescale.workload.models import ModelSpec
 from corescale.workload.samples import QuerySet
+
+if TYPE_CHECKING:  # pandas costs ~0.5 s to import: `corescale serve` needs this module, not it
+    import pandas as pd
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-import pandas as pd
 import yaml
 
 from corescale.errors import UserError
@@ -21,7 +20,9 @@ from corescale.machine import scratch
 from corescale.record.trial import TrialRecord
 from corescale.userfiles import fsync_path, read_json
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # pandas (~0.5 s to import) only where samples are read or written
+    import pandas as pd
+
     from corescale.config import BenchmarkConfig
 
 RESULT_FILE = "result.json"
@@ -158,6 +159,8 @@ def read_result(path: Path) -> TrialRecord:
 
 
 def read_samples(path: Path) -> pd.DataFrame:
+    import pandas as pd
+
     return pd.read_parquet(Path(path) / SAMPLES_FILE)
 
 

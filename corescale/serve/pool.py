@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import queue
 import sys
 import threading
@@ -28,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from corescale.config import BenchmarkConfig
 from corescale.errors import UserError
 from corescale.measure import protocol
 from corescale.measure.batching import Batcher, Waiting
@@ -175,6 +177,14 @@ class RequestFeeder:
                 self.fail(BatchFailed("corescale serve failed on this request's batch (see its log)"))
 
 
+def served_config(cfg: BenchmarkConfig) -> BenchmarkConfig:
+    """A served instance warms up to take the first calls' costs out of the answers (every batch size up to the
+    max batch, twice: measure/worker.py's warm_shapes), not to find the stable median a timed window starts from:
+    its warm-up loop stops at `warmup.min_iterations` (on a shared machine it seldom converged before
+    max_iterations, 50 calls at the max batch: 2-3 s of the cold start)."""
+    return dataclasses.replace(cfg, warmup=dataclasses.replace(cfg.warmup, max_iterations=cfg.warmup.min_iterations))
+
+
 class Pool:
     def __init__(self, opened: Bundle, work: Path, metrics, max_queue: int,
                  batch_deadline_s: float = BATCH_DEADLINE_S):
@@ -189,12 +199,18 @@ class Pool:
         self.dispatchers: list[threading.Thread] = []
         self.due: queue.Queue = queue.Queue()  # (when, instance) to start again; (0, None) ends the keeper
         self.keeper = threading.Thread(target=self.keep, daemon=True, name="corescale-serve-keeper")
+        self.launched = 0.0  # when launch() started the instances (time.monotonic)
 
     def start(self, timeout_s: float) -> None:
         """Every instance started and ready (warm), or UserError/RuntimeError with the first failure."""
+        self.launch()
+        self.wait_ready(timeout_s)
+
+    def launch(self) -> None:
+        """Every instance's process started (they load and warm up meanwhile: wait_ready follows)."""
         from corescale.workload.models import configured_model
 
-        cfg = self.bundle.cfg
+        cfg = served_config(self.bundle.cfg)
         model = configured_model(cfg, judged=False)  # served: the quality reference stays behind
         jobs = protocol.Job.each(cfg, model, self.bundle.specs)
         for job, spec, launch in zip(jobs, self.bundle.specs, self.bundle.launches):
@@ -202,7 +218,11 @@ class Pool:
                                                  self.work / f"instance-{spec.id}.log"))
         for instance in self.instances:
             instance.start()
-        deadline = time.monotonic() + timeout_s
+        self.launched = time.monotonic()
+
+    def wait_ready(self, timeout_s: float) -> None:
+        """Every instance ready (warm), `timeout_s` after launch() at most; or the first failure."""
+        deadline = self.launched + timeout_s
         for instance in self.instances:
             while not instance.ready.wait(0.1):
                 if instance.handle is not None and instance.handle.process.poll() is not None:

@@ -89,21 +89,10 @@ def stop_signal(number: int, frame) -> None:
 
 def run(source: list[str], options: Options) -> int:
     """`source`: a bundle's path, overrides or a config file (a layout that was not measured)."""
-    import uvicorn
-
     from corescale.measure.http.contract import is_loopback_host
-    from corescale.serve.app import Front, create_app
-    from corescale.serve.guard import deadline_protocol
     from corescale.serve.metrics import Metrics, front_cpu_seconds
     from corescale.serve.tokens import Tokens, longest_served
     from corescale.workload.models import resolve_model
-
-    class Server(uvicorn.Server):
-        def handle_exit(self, sig: int, frame) -> None:  # the drain begins: no restarts from now on
-            caught.append(sig)
-            pool.draining = True  # (the rest off the signal handler: it may have interrupted a holder of a lock)
-            threading.Thread(target=pool.drain_begins, daemon=True, name="corescale-serve-drain").start()
-            super().handle_exit(sig, frame)
 
     more_files()
     runtime = os.environ.get("RUNTIME_DIRECTORY", "").split(":")[0] or None  # systemd's RuntimeDirectory=
@@ -126,7 +115,9 @@ def run(source: list[str], options: Options) -> int:
             signal.signal(sig, stop_signal)
         try:
             try:
-                pool.start(cfg.timeout)
+                pool.launch()
+                Server = http_server()  # FastAPI's and uvicorn's imports (~0.7 s) while the instances load
+                pool.wait_ready(cfg.timeout)
             except RuntimeError as failed:  # an instance that could not load: its reason, exit 1
                 print(f"corescale: error: {failed}", file=sys.stderr)
                 return 1
@@ -140,9 +131,14 @@ def run(source: list[str], options: Options) -> int:
                 # after the ready line, never before: a reader that waits for it (measure/http/managed.py) reads line by
                 # line under select(), and a line buffered behind another would not wake it
                 say(f"ready {ready_s:.2f} s after the process started (instances loaded and warm)")
+                import uvicorn
+
+                from corescale.serve.app import Front, create_app
+                from corescale.serve.guard import deadline_protocol
+
                 app = create_app(Front(pool, tokens, opened.head, opened.model, metrics, width), options.api_key,
                                  limits.payload_bytes, not options.api_key and is_loopback_host(options.host))
-                server = Server(uvicorn.Config(
+                server = Server(pool, caught, uvicorn.Config(
                     app, log_level="warning", access_log=options.access_log, lifespan="off",
                     timeout_graceful_shutdown=GRACEFUL_S,
                     http=deadline_protocol(options.receive_timeout_s, HEADER_BYTES),
@@ -161,6 +157,28 @@ def run(source: list[str], options: Options) -> int:
             sock.close()
         summary(pool, front_cpu_seconds() - metrics.cpu_at_start, time.monotonic() - began)
     return 130 if signal.SIGINT in caught else 0
+
+
+def http_server() -> type:
+    """uvicorn's Server, draining the pool on a stop signal; imported here, not at the top, so that the front's
+    HTTP stack (FastAPI, uvicorn) is imported while the instances load (the cold start's critical path)."""
+    import uvicorn
+
+    import corescale.serve.app  # noqa: F401 - imported now, used once the instances are ready
+
+    class Server(uvicorn.Server):
+        def __init__(self, pool: Pool, caught: list[int], config: uvicorn.Config) -> None:
+            super().__init__(config)
+            self.pool, self.caught = pool, caught
+
+        def handle_exit(self, sig: int, frame) -> None:  # the drain begins: no restarts from now on
+            pool = self.pool
+            self.caught.append(sig)
+            pool.draining = True  # (the rest off the signal handler: it may have interrupted a holder of a lock)
+            threading.Thread(target=pool.drain_begins, daemon=True, name="corescale-serve-drain").start()
+            super().handle_exit(sig, frame)
+
+    return Server
 
 
 def more_files() -> None:

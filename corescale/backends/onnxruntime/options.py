@@ -36,7 +36,7 @@ class OnnxRuntimeOptions(Int8Options):
 ONNXRUNTIME = BackendEntry(
     options=OnnxRuntimeOptions, backend="corescale.backends.onnxruntime.backend:OnnxRuntimeBackend",
     extra="onnxruntime", requires=("onnxruntime", "onnx"), precisions=("fp32", "int8"), openmp=False,
-    forkable=True, worker_modules=("onnxruntime", "onnx", "corescale.backends.onnxruntime.backend"),
+    forkable=True, worker_modules=("onnxruntime", "corescale.backends.onnxruntime.backend"),  # onnx: only info()
     artifacts=(ONNX_EXPORT,),
     profiler=Profiler("ONNX Runtime profiling (SessionOptions.enable_profiling)",
                       "corescale.backends.onnxruntime.profiler:OnnxRuntimeProfiler"),
