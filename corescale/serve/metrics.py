@@ -40,6 +40,7 @@ def front_cpu_seconds() -> float:
 class Metrics:
     def __init__(self) -> None:
         self.routes: frozenset[str] = frozenset()  # the app's paths (serve/app.py sets them)
+        self.counters: dict[tuple[str, int], Counter] = {}  # bounded as the labels are: routes x statuses
         registry = self.registry = CollectorRegistry()
         ProcessCollector(registry=registry)
         self.started, self.cpu_at_start = time.monotonic(), front_cpu_seconds()
@@ -112,7 +113,11 @@ class Metrics:
     def answered(self, route: str, status: int, timings: dict[str, float] | None = None) -> None:
         """A request's answer, labelled by its route when the app has it, else `other` (labels are bounded: an
         unauthenticated client sending random paths must not grow the series)."""
-        self.requests.labels(route if route in self.routes else OTHER, str(status)).inc()
+        key = (route if route in self.routes else OTHER, status)
+        counter = self.counters.get(key)
+        if counter is None:  # each (route, status) child looked up once (labels() takes a lock and formats)
+            counter = self.counters[key] = self.requests.labels(key[0], str(status))
+        counter.inc()
         if status == 200 and self.first_answer_s is None and timings:
             self.first_answer_s = process_age_s()
             self.cold.labels("first_answer").set(self.first_answer_s)
