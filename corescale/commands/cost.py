@@ -28,6 +28,12 @@ def register(sub) -> None:
                         "(refused when its CPU or core count differ)")
     parser.add_argument("--rank", action="store_true", help="rank the catalog even with --price-per-hour")
     parser.add_argument("--slo-p99-ms", type=positive_number, help="latency bound: p99 must be at most this many ms")
+    parser.add_argument("--target-qps", type=positive_number, metavar="N",
+                        help="the fleet plan: per catalog kind, the machines that carry N inferences/s under "
+                        "--slo-p99-ms and their US$ per hour and month")
+    parser.add_argument("--utilisation", type=positive_number, metavar="U",
+                        help="with --target-qps: the share of each machine's measured rate it is planned to carry "
+                        "(default 0.8: 20 %% headroom)")
     parser.add_argument("--catalog", type=path_arg, help="YAML machine catalog to use instead of the packaged one")
     parser.add_argument("--list-machines", action="store_true", help="print the machine catalog and exit")
     parser.add_argument("--csv", metavar="PATH", type=path_arg, help="write the table as CSV ('-' for stdout)")
@@ -53,6 +59,8 @@ def handle(args) -> int:
     if not args.root:
         raise UserError("corescale cost: give a results root (e.g. outputs/), or --list-machines")
     check_csv_dest(args.csv)
+    if args.target_qps is not None or args.utilisation is not None:
+        return fleet(args)
     catalog = load_catalog(args.catalog)
     if args.this_machine:
         find_machine(args.this_machine, catalog)  # an unknown name, before any work
@@ -107,3 +115,43 @@ def ranked(args, catalog) -> int:
         for line in summary:
             out.print(f"{workload}: {line}" if len(lines) > 1 else line, markup=False, soft_wrap=True)
     return 0 if any(t["rank"].notna().any() for t in tables) else 1
+
+
+def fleet(args) -> int:
+    """--target-qps N --slo-p99-ms S: every offered kind's fleet for the load (analysis/fleet.py); --machine NAME
+    plans that kind alone."""
+    import pandas as pd
+
+    from corescale.analysis import fleet as fleets
+    from corescale.analysis import ranking
+    from corescale.analysis.catalog import find_machine, load_catalog
+    from corescale.errors import UserError
+    from corescale.report.console import console, errors, print_wide
+    from corescale.report.tables import fleet_table
+
+    if args.target_qps is None:
+        raise UserError("--utilisation goes with --target-qps (the fleet plan)")
+    utilisation = fleets.UTILISATION if args.utilisation is None else args.utilisation
+    fleets.check_load(args.target_qps, args.slo_p99_ms, utilisation)
+    if args.price_per_hour is not None or args.this_machine or args.rank:
+        raise UserError("--target-qps plans catalog kinds at their list prices: leave out --price-per-hour, "
+                        "--this-machine and --rank (--catalog FILE for prices of your own, --machine NAME for one)")
+    catalog = load_catalog(args.catalog)
+    if args.machine:
+        catalog = {args.machine: find_machine(args.machine, catalog)}
+    groups = ranking.workloads(load_table(args.root, args).frame)
+    if not groups:
+        raise UserError(f"no valid results under '{args.root}' to plan a fleet from")
+    planned = [(workload, frame, fleets.fleet_plan(frame, catalog, args.target_qps, args.slo_p99_ms, utilisation))
+               for workload, frame in groups]  # each computed before anything is printed or written
+    if args.csv:
+        write_csv(pd.concat([table.assign(workload=workload) for workload, _, table in planned], ignore_index=True),
+                  args.csv)
+    out = errors if args.csv == "-" else console
+    for workload, frame, table in planned:
+        if not args.csv:
+            print_wide(fleet_table(table, args.target_qps, args.slo_p99_ms, str(frame["cpu_model"].iloc[0]),
+                                   workload))
+        for line in fleets.fleet_summary(table, args.target_qps, args.slo_p99_ms, utilisation):
+            out.print(f"{workload}: {line}" if len(planned) > 1 else line, markup=False, soft_wrap=True)
+    return 0 if any(table["machines"].notna().any() for _, _, table in planned) else 1

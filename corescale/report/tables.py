@@ -151,6 +151,35 @@ def cost_ranking_table(ranked, slo_p99_ms: float | None, cpu_model: str, workloa
     return table
 
 
+def fleet_table(planned, target_qps: float, slo_p99_ms: float, cpu_model: str, workload: str) -> Table:
+    """`corescale cost ROOT --target-qps N`: per catalog kind, the machines that carry N under the SLO and their
+    cost per hour and month (analysis/fleet.py's fleet_plan)."""
+    import pandas as pd
+
+    from corescale.analysis.fleet import money
+
+    table = Table(title=escape(f"fleet for {target_qps:g} inferences/s of {workload} under p99 <= {slo_p99_ms:g} ms"),
+                  caption=escape(f"measured on {cpu_model}; a projected kind's figures are ranges (two significant "
+                                 "digits): its count at the slow end is what it can promise"), header_style="bold")
+    for column in ("machine", "CPU", "cores", "US$/h each", "price of", "layout", "basis", "samples/s each",
+                   "p99 ms", "machines", "US$/h", "US$/month", "caution · flags / reason"):
+        table.add_column(column, justify="left" if column in ("machine", "CPU", "layout", "basis") else "right",
+                         overflow="fold")
+    for _, row in planned.iterrows():
+        count, fewest = row.get("machines"), row.get("machines_low")
+        if count is None or pd.isna(count):
+            machines = hourly = monthly = "-"
+        else:
+            machines = str(int(count)) if pd.isna(fewest) or fewest == count else f"{int(fewest)}–{int(count)}"
+            hourly = money(row["cost_per_hour_usd"], row.get("cost_per_hour_low_usd"), 2)
+            monthly = money(row["cost_per_month_usd"], row.get("cost_per_month_low_usd"), 0)
+        table.add_row(escape(row["machine"]), escape(str(row["cpu"])), str(row["physical_cores"]),
+                      f"{row['price_per_hour']:g}", escape(f"{row['price_date']} ({row['price_age']})"),
+                      escape(str(row["layout"] or "-")), str(row["basis"]), _rate(row), _p99(row, 0), machines,
+                      hourly, monthly, escape(_notes(row)))
+    return table
+
+
 def placement_table(document: dict) -> Table:
     """`corescale plan`: each instance's CPUs, NUMA nodes and threads (commands/plan.py's plan document)."""
     table = Table(title="placement", caption=document["topology"], header_style="bold")
