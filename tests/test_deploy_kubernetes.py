@@ -38,7 +38,8 @@ def make_bundle(where: Path, record_file: Path, server: bool = False) -> Path:
                             for spec in record["specs"]]}
     manifest = {"format": bundle.FORMAT, "config": bundle.manifest_config(typed.config, None, True),
                 "layout": layout, "head": {"task": "embed"}, "model": typed.config.model,
-                "precision": typed.config.precision, "requires": {"cpu_features": ["avx512f"], "libraries": {}},
+                "precision": typed.config.precision,
+                "requires": {"cpu_features": ["avx512f"], "libraries": {"onnxruntime": "1.32.0", "bad lib": "1 && x"}},
                 "files": {p.relative_to(root).as_posix(): bundle.sha256(p) for p in root.rglob("*") if p.is_file()}}
     (root / bundle.MANIFEST).write_text(json.dumps(manifest))
     return root
@@ -126,7 +127,9 @@ def test_an_offline_bundle_is_sized_on_its_throughput_and_says_so(tmp_path, caps
     out = tmp_path / "k8s"
     assert deploy(make_bundle(tmp_path, ONE_BY_TWO), out) == 0
     assert "no latency bound" in capsys.readouterr().err
-    assert "offline throughput" in (out / kubernetes.README).read_text()
+    readme = (out / kubernetes.README).read_text()
+    assert "offline throughput" in readme
+    assert "onnxruntime==1.32.0" in readme and "bad lib" not in readme  # the pins, never a shell word
 
 
 def tamper(root: Path) -> None:

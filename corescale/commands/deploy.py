@@ -27,7 +27,7 @@ def register(sub) -> None:
                         help="where a target that writes files writes them (a new or empty folder)")
     parser.add_argument("--name", help="the application's / objects' name (default: from the model's name)")
     parser.add_argument("--image", help="kubernetes: the image built from the bundle's Dockerfile.example "
-                        "(default: corescale-serve-NAME:latest)")
+                        "(default: NAME:TAG, TAG the first 12 hex digits of the manifest's sha256)")
     parser.add_argument("--namespace", help="kubernetes: the objects' namespace (default: kubectl's)")
     parser.add_argument("--host", default="127.0.0.1", help="ray: address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=port_number, default=8080, help="ray: port (default 8080)")

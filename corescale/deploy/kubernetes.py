@@ -67,6 +67,7 @@ class PodPlan:
     cpu_features: tuple[str, ...]
     arch: str  # the nodes' kubernetes.io/arch
     measured_on: str
+    pins: str = ""  # the measured library versions serve requires, as pip pins ("onnxruntime==1.32.0 ...")
 
     @property
     def target_qps(self) -> float:
@@ -129,7 +130,9 @@ def pod_plan(checked: CheckedBundle, name: str, image: str | None, namespace: st
     return PodPlan(name, image or f"{name}:{manifest_digest(checked)}", namespace, len(instances), cores, smt,
                    cores * smt, memory, memory_basis, capacity, capacity_basis, len(nodes) <= 1,
                    tuple(manifest.requires.cpu_features), "arm64" if isa.get("asimd") else "amd64",
-                   f"{record.environment.cpu.model or 'an unnamed CPU'} ({record.started_at or 'undated'})")
+                   f"{record.environment.cpu.model or 'an unnamed CPU'} ({record.started_at or 'undated'})",
+                   " ".join(f"{name}=={version}" for name, version in manifest.requires.libraries.items()
+                            if version and re.fullmatch(r"[A-Za-z0-9_.+-]+", f"{name}{version}")))
 
 
 def manifest_digest(checked: CheckedBundle) -> str:
@@ -323,7 +326,9 @@ def readme(plan: PodPlan) -> str:
 `kubectl apply -f {MANIFESTS}` after three steps (docs/deploy.md#kubernetes):
 
 1. Build and push the image from the bundle's own Dockerfile: `docker build -f Dockerfile.example -t {plan.image}
-   BUNDLE` (edit the Deployment's image to where you push it).
+   BUNDLE` (edit the Deployment's image to where you push it). `corescale serve` refuses other versions of the
+   libraries the bundle was measured with: {plan.pins or 'none listed'}; pin them in the Dockerfile's pip line
+   (`pip install ... {plan.pins}`) when corescale[all] installs others.
 2. On the nodes: the kubelet settings in `{KUBELET}` (static CPU manager, full-pcpus-only, topology manager), then
    `kubectl label node NODE {NODE_LABEL}=static`. The pods also require kubernetes.io/arch={plan.arch} and
    node-feature-discovery's labels for the CPU features the bundle was measured with
