@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from corescale.backends.onnxruntime.options import ONNXRUNTIME
 from corescale.backends.openvino.options import OPENVINO
-from corescale.backends.options import DEFAULT_BACKEND, Artifact, BackendEntry, BackendOptions, Profiler
+from corescale.backends.options import DEFAULT_BACKEND, Artifact, BackendEntry, BackendOptions, LoadSettings, Profiler
 from corescale.backends.pytorch.options import PYTORCH, TORCH_COMPILE, TORCHSCRIPT
 from corescale.backends.sentence_transformers.options import SENTENCE_TRANSFORMERS
 from corescale.backends.tensorflow.options import TENSORFLOW, TENSORFLOW_GRAPH, TENSORFLOW_XLA
@@ -135,7 +135,7 @@ class Backend(Protocol):
     model_path: Path | None  # the file load() opened, built by one of the entry's artifacts (None: none): the
     # worker reports it, and a bundle copies it through that artifact's collect hook
 
-    def load(self, spec, cfg, threads: int, inputs: dict[str, np.ndarray]) -> None:
+    def load(self, spec, cfg: LoadSettings, threads: int, inputs: dict[str, np.ndarray]) -> None:
         """Build the model for `threads` intra-op threads; may run `inputs` once to trace/compile."""
 
     def prepare(self, inputs: dict[str, np.ndarray]) -> Any:

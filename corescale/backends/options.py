@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Protocol, TypeVar
 
 from corescale.errors import RegistrationError, UserError
 from corescale.machine.precisions import PRECISIONS
@@ -19,6 +19,53 @@ from corescale.workload.tasks import HEADS, TASKS
 
 DEFAULT_BACKEND = "pytorch"  # `backend=` when none is given; also the tune's baseline and its drift reference
 MODEL_FILES = ("onnx", "openvino-ir")  # the exported model files a backend may load as they are (model=FILE)
+
+
+class TextSource(Protocol):
+    @property
+    def source(self) -> str | None: ...  # workload.source: a text file the queries come from (None: random ids)
+
+
+class CheckedSettings(Protocol):
+    """What the options' checks read of the rest of the config (`config.BenchmarkConfig` is one: the options are
+    a group of it, so they cannot name it)."""
+
+    @property
+    def precision(self) -> str: ...
+
+    @property
+    def tokenize(self) -> bool: ...
+
+    @property
+    def workload(self) -> TextSource: ...
+
+
+class LoadSettings(CheckedSettings, Protocol):
+    """What a backend's `load` reads of the config (a backend annotates it as the `BenchmarkConfig` it is)."""
+
+    @property
+    def backend(self) -> BackendOptions: ...
+
+    @property
+    def batch_size(self) -> int: ...
+
+    @property
+    def sequence_length(self) -> int: ...
+
+    @property
+    def interop_threads(self) -> int: ...
+
+    @property
+    def seed(self) -> int: ...
+
+    @property
+    def trust_remote_code(self) -> bool: ...
+
+    @property
+    def allow_pickle(self) -> bool: ...
+
+    @property
+    def cache_dir(self) -> str: ...
 
 
 @dataclass
@@ -63,7 +110,7 @@ class BackendOptions:
         keeps calling glibc's free() on the allocator's memory aborts the process unless it is preloaded too."""
         return []
 
-    def check(self, cfg) -> None:
+    def check(self, cfg: CheckedSettings) -> None:
         """Checks of the options against the rest of the config (precision, the installed framework); called
         by config.validate, before any worker starts."""
 
@@ -111,7 +158,7 @@ class Int8Options(BackendOptions):
             raise UserError(f"backend.calibration_samples must be a whole number in [1, {MAX_CALIBRATION_SAMPLES}] "
                             f"(got {n})")
 
-    def check(self, cfg) -> None:
+    def check(self, cfg: CheckedSettings) -> None:
         changed = self.changed()
         given = [k for k in self.int8_options() if k in changed]
         if cfg.precision != "int8" and given:

@@ -14,11 +14,14 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from corescale.errors import UserError
 from corescale.machine.cpulist import format_cpulist
 from corescale.machine.placement import InstanceSpec
+
+if TYPE_CHECKING:
+    from corescale.backends.options import BackendOptions
 
 LIB_PATH_ENV = "CORESCALE_LIB_PATH"  # colon-separated directories searched instead of the defaults
 NUMACTL_ENV = "CORESCALE_NUMACTL"  # "0" = never use numactl (pin with sched_setaffinity only)
@@ -68,7 +71,23 @@ def find_library(library: Library, dirs: list[Path] | None = None) -> Path:
                     f"or point {LIB_PATH_ENV} at its directory")
 
 
-def requested_libraries(cfg) -> list[Library]:
+class LaunchSettings(Protocol):
+    """What an instance's launch reads of the config (`config.BenchmarkConfig` is one; machine/ sits below it)."""
+
+    @property
+    def allocator(self) -> str: ...
+
+    @property
+    def openmp(self) -> str: ...
+
+    @property
+    def interop_threads(self) -> int: ...
+
+    @property
+    def backend(self) -> BackendOptions: ...
+
+
+def requested_libraries(cfg: LaunchSettings) -> list[Library]:
     """Libraries to LD_PRELOAD for this config (allocator first)."""
     wanted = [ALLOCATORS[cfg.allocator]] if cfg.allocator in ALLOCATORS else []
     if cfg.openmp == "intel":
@@ -76,7 +95,7 @@ def requested_libraries(cfg) -> list[Library]:
     return wanted
 
 
-def preload_paths(cfg) -> list[Path]:
+def preload_paths(cfg: LaunchSettings) -> list[Path]:
     """Resolves every requested library; raises UserError naming the package when one is missing. A preloaded
     allocator comes with the libraries the backend needs bound to it."""
     paths = [find_library(library) for library in requested_libraries(cfg)]
@@ -85,7 +104,7 @@ def preload_paths(cfg) -> list[Path]:
     return paths
 
 
-def openmp_env(cfg, spec: InstanceSpec) -> dict[str, str]:
+def openmp_env(cfg: LaunchSettings, spec: InstanceSpec) -> dict[str, str]:
     """Thread affinity for the OpenMP runtime in use; the process itself is pinned to spec.cpus."""
     if cfg.openmp == "intel":
         return {"KMP_AFFINITY": "granularity=fine,compact,1,0"}
@@ -93,7 +112,7 @@ def openmp_env(cfg, spec: InstanceSpec) -> dict[str, str]:
     return {"OMP_PROC_BIND": "close", "OMP_PLACES": ",".join(f"{{{cpu}}}" for cpu in spec.cpus)}
 
 
-def instance_variables(cfg, spec: InstanceSpec, preload: list[Path]) -> dict[str, str]:
+def instance_variables(cfg: LaunchSettings, spec: InstanceSpec, preload: list[Path]) -> dict[str, str]:
     """The variables this tool sets for one instance (recorded with the result)."""
     threads = str(spec.threads)
     env = {
@@ -114,13 +133,13 @@ def instance_variables(cfg, spec: InstanceSpec, preload: list[Path]) -> dict[str
     return env
 
 
-def dropped_variables(cfg) -> tuple[str, ...]:
+def dropped_variables(cfg: LaunchSettings) -> tuple[str, ...]:
     """What an instance never inherits from this environment: under Intel's OpenMP runtime, GNU's binding
     variables (libiomp5 would read them too)."""
     return ("OMP_PROC_BIND", "OMP_PLACES") if cfg.openmp == "intel" else ()
 
 
-def inherited_with(cfg, variables: dict[str, str]) -> dict[str, str]:
+def inherited_with(cfg: LaunchSettings, variables: dict[str, str]) -> dict[str, str]:
     """This process's environment, less what an instance never inherits, with `variables` set over it."""
     dropped = dropped_variables(cfg)
     return {**{k: v for k, v in os.environ.items() if k not in dropped}, **variables, "PYTHONUNBUFFERED": "1"}
@@ -153,7 +172,7 @@ RECORDED_VARIABLES = SET_PER_INSTANCE | {"CORESCALE_INSTANCE_CPUS", "LD_PRELOAD"
                                          "KMP_BLOCKTIME"}
 
 
-def check_recorded(cfg, spec: InstanceSpec, recorded: dict[str, Any]) -> None:
+def check_recorded(cfg: LaunchSettings, spec: InstanceSpec, recorded: dict[str, Any]) -> None:
     """A recorded launch (a bundle's, which anyone may have edited) is one corescale writes: see from_recorded."""
     where = f"instance {spec.id}'s recorded launch"
     prefix = recorded.get("command_prefix") or []
@@ -193,13 +212,13 @@ class Launch:
     variables: dict[str, str] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, cfg, spec: InstanceSpec, preload: list[Path] | None = None) -> Launch:
+    def of(cls, cfg: LaunchSettings, spec: InstanceSpec, preload: list[Path] | None = None) -> Launch:
         """The launch of one instance of `cfg` (preload: the resolved libraries, when the caller has them)."""
         variables = instance_variables(cfg, spec, preload_paths(cfg) if preload is None else preload)
         return cls(command_prefix(spec), inherited_with(cfg, variables), tuple(spec.cpus), variables)
 
     @classmethod
-    def from_recorded(cls, cfg, spec: InstanceSpec, recorded: dict[str, Any],
+    def from_recorded(cls, cfg: LaunchSettings, spec: InstanceSpec, recorded: dict[str, Any],
                       placed: InstanceSpec | None = None) -> Launch:
         """The launch of an instance a measurement recorded (`recorded()`: a bundle's layout), derived here: its
         prefix, variables and preloaded libraries are what `of` gives for its config and CPUs on this machine
@@ -261,7 +280,7 @@ def die_with_parent() -> None:
         pass
 
 
-def verify_mapped(cfg, mapped: dict[str, str], instance: int) -> None:
+def verify_mapped(cfg: LaunchSettings, mapped: dict[str, str], instance: int) -> None:
     """Raises UserError when a requested allocator/OpenMP runtime is not really in the process."""
     for library in requested_libraries(cfg):
         if library.label not in mapped:

@@ -224,7 +224,7 @@ def batch_change(cfg: BenchmarkConfig, model, backend, queries: QuerySet, measur
     return float(1.0 - _rows_cosine(a, b).min())
 
 
-def evaluate(cfg, model, threads: int, backend) -> dict:
+def evaluate(cfg: BenchmarkConfig, model, threads: int, backend) -> dict:
     """The evaluation section of the quality report: both configurations' metrics and the drop."""
     import time
 

@@ -12,7 +12,7 @@ import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from corescale.errors import UserError
 from corescale.userfiles import default_cache_dir, read_json
@@ -20,6 +20,9 @@ from corescale.workload.heads import HeadSpec, classification_labels, head_for_t
 from corescale.workload.modelfile import check_text_inputs, graph_task, is_model_file, read_graph, tokenizer_vocab
 from corescale.workload.packaged import PACKAGED, packaged_model
 from corescale.workload.tasks import TASKS, of_head
+
+if TYPE_CHECKING:
+    from corescale.config import BenchmarkConfig
 
 _BERT = dict(model_type="bert", vocab_size=30522, max_position_embeddings=512, type_vocab_size=2,
              hidden_act="gelu", layer_norm_eps=1e-12)
@@ -180,7 +183,7 @@ class ModelSpec:
         return {**found, "file": self.model_file} if self.model_file is not None else found
 
 
-def configured_model(cfg, judged: bool = True) -> ModelSpec:
+def configured_model(cfg: BenchmarkConfig, judged: bool = True) -> ModelSpec:
     """The model a configuration measures: `model`, `task`, `pooling`, `normalize`, and `reference=` naming a model
     where its quality is judged (not where a bundle is served: the reference stays behind)."""
     return resolve_model(cfg.model, cfg.trust_remote_code, cfg.task, cfg.cache_dir, cfg.workload.tokenizer,

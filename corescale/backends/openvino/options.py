@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from corescale.backends.options import KEEP_FP32, ONNX_EXPORT, BackendEntry, Int8Options, Profiler
+from corescale.backends.options import KEEP_FP32, ONNX_EXPORT, BackendEntry, CheckedSettings, Int8Options, Profiler
 from corescale.errors import UserError
 from corescale.workload.tasks import HEADS
 
@@ -29,7 +29,7 @@ class OpenVinoOptions(Int8Options):
                                              "keep_fp32": ["none", "ffn_output"]}
     RENAMED: ClassVar[dict[str, str]] = {"ov_performance_hint": "performance_hint"}
 
-    def check(self, cfg) -> None:
+    def check(self, cfg: CheckedSettings) -> None:
         super().check(cfg)
         if cfg.precision == "int8" and importlib.util.find_spec("nncf") is None:
             raise UserError("precision=int8 on openvino is built with NNCF, which is not installed: "

@@ -13,7 +13,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
-from corescale.backends.options import BackendEntry, BackendOptions, Profiler
+from corescale.backends.options import BackendEntry, BackendOptions, CheckedSettings, Profiler
 from corescale.errors import UserError
 from corescale.workload.tasks import HEADS
 
@@ -29,7 +29,7 @@ class PyTorchOptions(BackendOptions):
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"linear": LINEARS}
     PRECISION_BOUND: ClassVar[dict[tuple[str, str], tuple[str, ...]]] = {("linear", "onednn"): ONEDNN_PRECISIONS}
 
-    def check(self, cfg) -> None:
+    def check(self, cfg: CheckedSettings) -> None:
         if self.linear != "onednn":
             return
         if cfg.precision not in ONEDNN_PRECISIONS:
@@ -61,7 +61,7 @@ class TorchCompileOptions(BackendOptions):
         """The tuner never draws linear=onednn here (check() refuses it)."""
         return {k: v for k, v in super().tune_values().items() if k != "linear"}
 
-    def check(self, cfg) -> None:
+    def check(self, cfg: CheckedSettings) -> None:
         if self.linear == "onednn":
             raise UserError("backend.linear=onednn does not compose with torch_compile (inductor cannot lower a "
                             "prepacked oneDNN weight; it prepacks its own with torch._inductor.config.freezing); "

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from corescale.backends.options import BackendEntry, BackendOptions
+from corescale.backends.options import BackendEntry, BackendOptions, CheckedSettings
 from corescale.errors import UserError
 
 LOADS = ("local", "packaged")  # model sources that are a directory sentence-transformers loads
@@ -16,7 +16,7 @@ LOADS = ("local", "packaged")  # model sources that are a directory sentence-tra
 class SentenceTransformersOptions(BackendOptions):
     name: str = "sentence_transformers"
 
-    def check(self, cfg) -> None:
+    def check(self, cfg: CheckedSettings) -> None:
         if not (cfg.tokenize and cfg.workload.source):
             raise UserError("backend=sentence_transformers times encode()/predict() on text, its tokenizer inside: "
                             "give workload=builtin (or workload=FILE) and tokenize=true")
