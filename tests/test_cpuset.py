@@ -230,3 +230,39 @@ def test_serve_runs_a_bundle_on_the_cpu_its_container_was_given(tiny_bundle, tmp
         answer = httpx.post(f"{service.url}/embed", json={"inputs": "a pinned block"}, timeout=60)
         assert answer.status_code == 200, answer.text
     assert f"placed on {given}" in (tmp_path / "serve.log").read_text()
+
+
+V1_CPU = Path("/sys/fs/cgroup/cpu")
+
+
+def writable_v1_cpu() -> bool:
+    return V1_CPU.is_dir() and (V1_CPU / "cpu.cfs_quota_us").is_file() and os.access(V1_CPU, os.W_OK)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not writable_v1_cpu(), reason="needs a writable cgroup v1 cpu hierarchy (a described one: above)")
+def test_a_real_cgroup_quota():
+    """`corescale plan` in a real cgroup of one CPU of CPU time (cfs quota 100 ms per 100 ms): a layout sized from
+    the machine gets one thread, one of two busy threads is refused in one line."""
+    group = V1_CPU / f"corescale-test-{os.getpid()}"
+    group.mkdir()
+    try:
+        (group / "cpu.cfs_period_us").write_text("100000\n")
+        (group / "cpu.cfs_quota_us").write_text("100000\n")
+
+        def inside(*args: str) -> subprocess.CompletedProcess:
+            def join() -> None:
+                (group / "cgroup.procs").write_text(f"{os.getpid()}\n")
+
+            return subprocess.run([sys.executable, "-m", "corescale.cli", *args], capture_output=True, text=True,
+                                  timeout=300, cwd=ROOT, preexec_fn=join)
+
+        proc = inside("plan", "--json")
+        assert proc.returncode == 0, proc.stderr
+        assert [i["threads"] for i in json.loads(proc.stdout)["instances"]] == [1]
+        if len(Topology.from_sysfs().physical_cores) >= 2:
+            proc = inside("plan", "instances=2", "cores_per_instance=1")
+            assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+            assert "more than the 1 CPU(s) of CPU time" in proc.stderr and str(group) in proc.stderr
+    finally:
+        group.rmdir()
