@@ -79,10 +79,14 @@ def test_a_bad_object_fails_the_schema_check():
         validate.validate(service, VERSIONS[-1], strict=True)
 
 
-@pytest.mark.parametrize("record_file, cpus", [(ONE_BY_TWO, 2), (TWO_BY_ONE, 2)], ids=["1x2", "2x1"])
-def test_pods_are_guaranteed_on_the_layouts_whole_cores(tmp_path, record_file, cpus):
+@pytest.mark.parametrize("record_file, cpus, more", [(ONE_BY_TWO, 2, []), (TWO_BY_ONE, 2, []),
+                                                     (TWO_BY_ONE, 4, ["--threads-per-core", "2"])],
+                         ids=["1x2", "2x1", "2x1-on-smt-nodes"])
+def test_pods_are_guaranteed_on_the_layouts_whole_cores(tmp_path, record_file, cpus, more):
+    """The measured machine has one thread per core: a pod asks for the layout's cores; on nodes of two threads
+    per core, for both threads of each (full-pcpus-only admits whole cores only)."""
     out = tmp_path / "k8s"
-    assert deploy(make_bundle(tmp_path, record_file), out) == 0
+    assert deploy(make_bundle(tmp_path, record_file), out, *more) == 0
     pod = written(out)["Deployment"]["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     resources = container["resources"]

@@ -9,7 +9,7 @@ import os
 
 from corescale.commands import add_common
 from corescale.commands._common import path_arg
-from corescale.commands.serve import port_number
+from corescale.commands.serve import port_number, whole_number
 from corescale.measure.http.contract import API_KEY_ENV
 
 ORDER = 76
@@ -29,6 +29,9 @@ def register(sub) -> None:
     parser.add_argument("--image", help="kubernetes: the image built from the bundle's Dockerfile.example "
                         "(default: NAME:TAG, TAG the first 12 hex digits of the manifest's sha256)")
     parser.add_argument("--namespace", help="kubernetes: the objects' namespace (default: kubectl's)")
+    parser.add_argument("--threads-per-core", type=whole_number, metavar="N",
+                        help="kubernetes: the nodes' hardware threads per core, when not the measuring machine's "
+                        "(a pod asks for whole cores: cores x N CPUs)")
     parser.add_argument("--host", default="127.0.0.1", help="ray: address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=port_number, default=8080, help="ray: port (default 8080)")
     parser.add_argument("--api-key", default=os.environ.get(API_KEY_ENV),
@@ -61,5 +64,6 @@ def handle(args) -> int:
     if args.api_key is not None and not args.api_key.strip():
         raise UserError(f"the API key is empty (--api-key or ${API_KEY_ENV}): give a key, or unset {API_KEY_ENV}")
     options = DeployOptions(out, args.host, args.port, args.api_key, Trust(args.trust_remote_code, args.allow_pickle),
-                            read_key(args.verify) if args.verify else None, args.name, args.image, args.namespace)
+                            read_key(args.verify) if args.verify else None, args.name, args.image, args.namespace,
+                            args.threads_per_core)
     return runner(found)(Path(args.bundle), options)

@@ -36,6 +36,7 @@ class DeployOptions:
     name: str | None = None  # the application's / the Kubernetes objects' name (default: from the model)
     image: str | None = None  # kubernetes: the image built from the bundle's Dockerfile.example
     namespace: str | None = None  # kubernetes: the objects' namespace (default: none written, kubectl's)
+    threads_per_core: int | None = None  # kubernetes: the nodes' (default: the measuring machine's)
 
 
 @dataclass(frozen=True)

@@ -57,7 +57,7 @@ class PodPlan:
     namespace: str | None
     instances: int
     cores: int  # physical cores of the whole layout
-    threads_per_core: int  # the measured machine's; the pod asks for whole cores
+    threads_per_core: int  # the nodes' (--threads-per-core), else the measured machine's: whole cores
     cpus: int  # the pod's CPU request and limit: cores x threads_per_core
     memory_bytes: int
     memory_basis: str
@@ -87,7 +87,7 @@ def deploy(path: Path, options: DeployOptions) -> int:
     if options.namespace is not None and not NAME.fullmatch(options.namespace):
         raise UserError(f"--namespace '{options.namespace[:80]}': expected a DNS label (a-z, 0-9, '-', at most 63)")
     checked = read_bundle(path, options.trust, options.key)
-    plan = pod_plan(checked, name or default_name(checked), image, options.namespace)
+    plan = pod_plan(checked, name or default_name(checked), image, options.namespace, options.threads_per_core)
     files = manifests(plan)
     assert options.out is not None  # the command checked it (the target writes files)
     write_folder(options.out, files)
@@ -113,7 +113,10 @@ def default_name(checked: CheckedBundle) -> str:
     return f"corescale-{model}"[:63].rstrip("-")
 
 
-def pod_plan(checked: CheckedBundle, name: str, image: str | None, namespace: str | None) -> PodPlan:
+def pod_plan(checked: CheckedBundle, name: str, image: str | None, namespace: str | None,
+             node_threads: int | None = None) -> PodPlan:
+    """The pod of the bundle's layout; `node_threads`: the nodes' threads per core when not the measuring
+    machine's (a pod asks for whole cores, so for each core all its threads)."""
     record, manifest = checked.record, checked.manifest
     cfg = manifest.serving_config
     topology = record.environment.topology
@@ -127,8 +130,9 @@ def pod_plan(checked: CheckedBundle, name: str, image: str | None, namespace: st
     capacity, capacity_basis = pod_capacity(checked)
     nodes = {node for i in instances for node in i.numa_nodes}
     isa = record.environment.cpu.isa
-    return PodPlan(name, image or f"{name}:{manifest_digest(checked)}", namespace, len(instances), cores, smt,
-                   cores * smt, memory, memory_basis, capacity, capacity_basis, len(nodes) <= 1,
+    per_core = node_threads or smt
+    return PodPlan(name, image or f"{name}:{manifest_digest(checked)}", namespace, len(instances), cores, per_core,
+                   cores * per_core, memory, memory_basis, capacity, capacity_basis, len(nodes) <= 1,
                    tuple(manifest.requires.cpu_features), "arm64" if isa.get("asimd") else "amd64",
                    f"{record.environment.cpu.model or 'an unnamed CPU'} ({record.started_at or 'undated'})",
                    " ".join(f"{name}=={version}" for name, version in manifest.requires.libraries.items()
@@ -339,7 +343,8 @@ def readme(plan: PodPlan) -> str:
 What each figure is:
 
 - One pod = the bundle's layout: {plan.instances} pinned instance(s) and one front on {plan.cores} whole core(s)
-  ({plan.threads_per_core} thread(s) per core on the measured machine: {plan.cpus} CPU(s)). Requests = limits
+  ({plan.threads_per_core} thread(s) per core, the nodes' as given or the measured machine's: {plan.cpus} CPU(s);
+  on nodes with another count, deploy again with --threads-per-core N). Requests = limits
   (Guaranteed QoS), so the static CPU manager gives the container exclusive CPUs; `corescale serve` places the
   blocks on the CPUs it was given (never outside them).
 - Memory {plan.memory_bytes // 2**20} MiB: {plan.memory_basis}.
