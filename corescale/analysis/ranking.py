@@ -42,7 +42,7 @@ def rank(frame: pd.DataFrame, catalog: dict[str, Machine], slo_p99_ms: float | N
     rows = [best_on(frame, kind, slo_p99_ms) for kind in catalog.values()]
     table = pd.DataFrame(rows, columns=list(COLUMNS))
     text = ["layout", "basis", "caution", "flags", "reason"]
-    table[text] = table[text].fillna("")
+    table[text] = table[text].astype(object).fillna("")  # an all-empty column is float64 (NaN)
     history = table["basis"] == HISTORY
     priced = table["cost_per_1m_usd"].notna() & ~table["cost_per_1m_usd"].isin([math.inf]) & ~history
     table = pd.concat([table[priced].sort_values(["cost_per_1m_usd", "physical_cores"], kind="stable"),
