@@ -15,6 +15,18 @@ seed: the judged mean of the tuner's winner ÷ the judged best (goal: >= 0.95 on
 single-window ratio and the tuner's own mean beside it. Rerun with the same --output: everything measured is
 resumed by key, so only what is missing runs.
 `--demo` also runs the demo's tune (and `space.precision=[fp32]`) and prints N× out-of-box PyTorch with CI.
+
+P6' (search efficiency of the service's tune, issue 32):
+
+    python benchmarks/tuner.py --p6 [--short 5m] [--long 40m] [--seeds 0,1] [--slo 100] [--judge-repeats 3]
+                               [--output DIR] [OVERRIDES...]
+
+On the trained all-MiniLM-L6-v2's service (`corescale demo`'s words: objective server_qps at p99 <= --slo ms on
+the built-in text), per seed a --short and a --long tune, alternated (S0 L0 L1 S1 ...: neither always runs
+first), each in its own output folder (no shared measurements or tune store). Then the judge, in one run: every
+tune's winner measured --judge-repeats more times in fresh processes, interleaved (A B A B ...), so the two
+winners are compared side by side, not from two separate runs. Printed per seed: the judged QPS of the short
+tune's winner ÷ the long tune's (goal >= 0.95), and each tune's coverage and estimate of a longer budget.
 """
 
 from __future__ import annotations
@@ -134,8 +146,68 @@ def winner_key(doc: dict) -> tuple | None:
     return key_of(json.loads((Path(winner["paths"][0]) / "result.json").read_text()))
 
 
+def served_qps(record: dict) -> float | None:
+    server = record.get("server") or {}
+    return server.get("max_valid_qps") if record["status"] == "ok" and record["valid"] else None
+
+
+def p6(args) -> int:
+    """P6': a short and a long tune of the service per seed, alternated, then their winners judged side by side."""
+    from corescale.commands.demo import demo_words
+    from corescale.overrides import assignment, override_key
+    from corescale.trials.local import run_trials
+    from corescale.trials.sweep import plan_sweep
+
+    root = args.output or Path(tempfile.mkdtemp(prefix="corescale-p6-"))
+    seeds = [int(s) for s in args.seeds.split(",")]
+    docs: dict[tuple[int, str], dict] = {}
+    for i, seed in enumerate(seeds):  # alternated: S L, then L S, ...
+        order = [("short", args.short), ("long", args.long)][::(1 if i % 2 == 0 else -1)]
+        for name, budget in order:
+            words = demo_words([f"slo_p99_ms={args.slo:g}", f"budget={budget}", f"seed={seed}", *args.overrides])
+            docs[seed, name] = tune(words, root / f"{name}-seed{seed}")
+            doc = docs[seed, name]
+            print(f"seed {seed} {name} ({budget}): {doc['winner']} in {doc['wall_s'] / 60:.1f} min, "
+                  f"{doc['measurements']} measurements; {doc.get('search_end')}")
+            print(f"  a longer budget: {(doc.get('coverage') or {}).get('gain_words')}")
+    winners = {}
+    for key, doc in docs.items():
+        winner = next((f for f in [*doc["finalists"], doc.get("baseline") or {}] if f.get("role") == "winner"), None)
+        if winner is not None:
+            winners[key] = [o for o in winner["overrides"] if override_key(o) not in ("output_dir", "repeats")]
+    labels = list(winners)
+    planned = plan_sweep([[*winners[k], f"repeats={args.judge_repeats}", assignment("output_dir", root / "judge" /
+                                                                                      f"{k[1]}-seed{k[0]}")]
+                          for k in labels])
+    for item, k in zip(planned, labels):
+        item.label = f"judge {k[1]} seed {k[0]}: {docs[k]['winner']}"
+    run_trials(planned, resume=True)  # one run: A B A B ..., fresh processes each
+    judged = {}
+    for k in labels:
+        rates = [q for p in (root / "judge" / f"{k[1]}-seed{k[0]}").glob("*/result.json")
+                 for q in (served_qps(json.loads(p.read_text())),) if q is not None]
+        judged[k] = (sum(rates) / len(rates), len(rates)) if rates else (float("nan"), 0)
+        print(f"judged {k[1]} seed {k[0]}: {judged[k][0]:.1f} QPS at p99 <= {args.slo:g} ms over {judged[k][1]} "
+              f"repeats: {docs[k]['winner']}")
+    ok = True
+    for seed in seeds:
+        missing = (float("nan"), 0)
+        short, long = judged.get((seed, "short"), missing)[0], judged.get((seed, "long"), missing)[0]
+        ratio = short / long if long else float("nan")
+        print(f"seed {seed}: the {args.short} winner ÷ the {args.long} winner = {ratio:.3f} (judged side by side; "
+              f"goal >= {GOAL})")
+        ok &= ratio >= GOAL
+    print(f"goal short ÷ long >= {GOAL} on every seed: {'met' if ok else 'NOT met'}")
+    print(f"results: {root}")
+    return 0 if ok else 1
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--p6", action="store_true", help="P6': a short vs a long tune of the service (see above)")
+    parser.add_argument("--short", default="5m", help="--p6: the short tune's budget")
+    parser.add_argument("--long", default="40m", help="--p6: the long tune's budget")
+    parser.add_argument("--slo", type=float, default=100.0, help="--p6: the service's p99 SLO in ms")
     parser.add_argument("--model", default="bert-base")
     parser.add_argument("--duration", type=float, default=3.0)
     parser.add_argument("--screen", type=float, default=1.0)
@@ -148,6 +220,10 @@ def main() -> int:
     parser.add_argument("--judge-repeats", type=int, default=3)
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
+    if args.p6:
+        if args.seeds == "0,1,2":
+            args.seeds = "0,1"
+        return p6(args)
     from corescale.machine.topology import Topology
 
     cores = len(Topology.from_sysfs().physical_cores)

@@ -15,7 +15,8 @@ def test_demo_tunes_the_real_model_and_ends_with_the_peer_ratio_the_report_and_t
     """make run's tune of all-MiniLM-L6-v2 on the built-in text, kept small: its ending gives the speed-up over the
     out-of-box baseline and over the peer (sentence-transformers' encode(), whose quality is the reference's)."""
     # workload.samples: a window covers every query of the set once (the demo's 256 texts: 256 calls a trial)
-    small = ["workload.samples=64", "trials=1", "tune.repeats=2", "tune.top_k=1", "tune.screen=0.5",
+    small = ["objective=throughput", "workload.samples=64", "trials=1", "tune.repeats=2", "tune.top_k=1",
+             "tune.screen=0.5",
              "space.backend=[pytorch]", "space.precision=[fp32]", "space.layout=[1x1]", "space.allocator=[default]",
              "space.openmp=[default]", "space.threads=[1]", "space.backend.linear=[default]"]
     proc = corescale("demo", *QUICK_ANY_MODEL, *small, f"output_dir={tmp_path}", "--no-progress", timeout=1100)
@@ -42,10 +43,11 @@ def test_demo_tunes_the_real_model_and_ends_with_the_peer_ratio_the_report_and_t
 
 
 def test_demo_defaults_give_way_to_the_users_words():
-    words = demo_words([])
+    words = demo_words(["objective=throughput"])  # the service's defaults: tests/test_tune_service.py
     assert {"model=all-minilm-l6-v2", "workload=builtin", "tokenize=true", "sequence_length=128", "batch_size=1",
             "budget=5m"} <= set(words)
     assert "space.backend=[pytorch,onnxruntime,openvino]" in words
-    mine = demo_words(["model=bert-tiny", "backend=onnxruntime", "space.batch_size=[1,2]", "workload=my.txt"])
+    mine = demo_words(["model=bert-tiny", "backend=onnxruntime", "space.batch_size=[1,2]", "workload=my.txt",
+                       "objective=throughput"])
     assert "model=all-minilm-l6-v2" not in mine and "model=bert-tiny" in mine and "workload=builtin" not in mine
     assert not any(w.startswith(("space.backend=", "batch_size=")) for w in mine)

@@ -270,7 +270,8 @@ def test_report_tuner_section_renders_offline_and_hover_shows_the_config(tuned):
 @pytest.mark.slow
 def test_an_infeasible_slo_says_the_closest_and_exits_1_with_the_report(tuned):
     """Measurements of the first tune under the same results root are reused by key: few new ones."""
-    proc = corescale("tune", *[w for w in TUNE if not w.startswith("trials=")], "trials=1", "slo_p99_ms=0.001",
+    proc = corescale("tune", *[w for w in TUNE if not w.startswith("trials=")], "trials=1", "objective=throughput",
+                     "slo_p99_ms=0.001",
                      f"output_dir={tuned['out']}", timeout=600)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "no configuration meets the constraints; the closest:" in proc.stdout
@@ -432,7 +433,7 @@ def _finalist(label, throughputs, cores=2, complexity=1, baseline=False):
 def test_a_tie_is_reported_with_the_simpler_first_and_a_clear_winner_is_not():
     from corescale.tune.verdict import decide
 
-    settings = tune_settings.parse(["slo_p99_ms=100"])
+    settings = tune_settings.parse(["objective=throughput", "slo_p99_ms=100"])
     baseline = _finalist("baseline", [8.0, 8.2, 7.9], baseline=True)
     close = [_finalist("ort int8 2x1", [50.0, 52.0, 49.0], complexity=3),
              _finalist("ort fp32 2x1", [49.5, 51.0, 50.5], complexity=2)]

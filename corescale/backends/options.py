@@ -76,6 +76,9 @@ class BackendOptions:
     # (option, value) -> the precisions it holds for (check() refuses the others; the tune draws it only there)
     PRECISION_BOUND: ClassVar[dict[tuple[str, str], tuple[str, ...]]] = {}
     RENAMED: ClassVar[dict[str, str]] = {}  # corescale 0.1's flat config key -> the option here (old configs read)
+    # option -> its values by build time, cheapest first: the tuner builds a value only once the one before it
+    # was measured with this backend (expensive builds last: torch.compile's max-autotune takes minutes)
+    BUILD_ORDER: ClassVar[dict[str, tuple[str, ...]]] = {}
 
     @classmethod
     def tune_values(cls) -> dict[str, list[str]]:

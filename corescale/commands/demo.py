@@ -1,11 +1,14 @@
-"""`corescale demo [words]` (what `make run` runs): the tune of the default model on this machine, then the
-HTML report: the trained all-MiniLM-L6-v2 sentence embedder on the built-in real text (256 texts, up to 128 tokens),
-the tokenizer inside every timed call, batch 1, objective throughput over PyTorch, ONNX Runtime and OpenVINO (every
-precision and layout this CPU offers), each configuration gated on its embeddings' quality against fp32 PyTorch
-(min_quality: cosine p1 >= 0.99, recall@10 >= 0.95), beside out-of-box PyTorch and the peer baseline
-(sentence-transformers' own encode(), tune/peer.py), within a 5-minute budget (baselines, search and final repeats).
-Any `corescale tune` word overrides a default (model=bert-base task=encode, budget=10m,
-space.backend=[...], objective=latency ...); the seed study's bert-base is `corescale study instances`."""
+"""`corescale demo [words]` (what `make run` runs): the tune of the default model's service on this machine, then
+the HTML report: the trained all-MiniLM-L6-v2 sentence embedder served under a p99 SLO of 100 ms to queries of the
+built-in real text (256 texts at their own lengths, up to 128 tokens), objective server_qps (the highest Poisson
+arrival rate whose p99 meets the SLO) over PyTorch, ONNX Runtime and OpenVINO (every precision and layout this CPU
+offers) and the dynamic batcher's knobs (max batch, queue delay, token budget, padding), each configuration gated
+on its embeddings' quality against fp32 PyTorch (min_quality: cosine p1 >= 0.99, recall@10 >= 0.95), beside
+out-of-box PyTorch served the same way, within a 5-minute budget (baseline, search and final repeats); the bundle
+it writes is that service (`corescale serve DIR`). Any `corescale tune` word overrides a default (model=bert-base,
+budget=10m, space.backend=[...], slo_p99_ms=50 ...); `objective=throughput` tunes the offline closed loop at batch
+1 with the tokenizer timed instead, beside sentence-transformers' own encode() (tune/peer.py). The seed study's
+bert-base is `corescale study instances`."""
 
 from __future__ import annotations
 
@@ -16,12 +19,19 @@ ORDER = 5
 # key -> the word used when the user gives none of `keys`
 DEFAULTS = [
     (("model",), "model=all-minilm-l6-v2"), (("workload", "workload.source"), "workload=builtin"),
-    (("tokenize",), "tokenize=true"), (("workload.samples",), "workload.samples=256"),
-    (("sequence_length",), "sequence_length=128"),
-    (("batch_size", "space.batch_size"), "batch_size=1"), (("duration",), "duration=3"),
+    (("workload.samples",), "workload.samples=256"), (("sequence_length",), "sequence_length=128"),
     (("tune.screen",), "tune.screen=1"), (("budget",), "budget=5m"),
     (("backend", "space.backend"), "space.backend=[pytorch,onnxruntime,openvino]"),
 ]
+# the service (the default objective): its SLO; full windows at LoadGen's fewest queries that judge a p99 (the
+# final repeats, not one long window, give the interval), two finalists twice each: a 5-minute budget then
+# screens more than the baseline and the final stage cost
+SERVICE = [(("slo_p99_ms",), "slo_p99_ms=100"), (("duration",), "duration=2"),
+           (("server.min_query_count",), "server.min_query_count=459"), (("tune.top_k",), "tune.top_k=2"),
+           (("tune.repeats",), "tune.repeats=2")]
+# objective=throughput (or latency, cost): the offline closed loop at batch 1, the tokenizer inside every call
+OFFLINE = [(("tokenize",), "tokenize=true"), (("batch_size", "space.batch_size"), "batch_size=1"),
+           (("duration",), "duration=3")]
 
 
 def register(sub) -> None:
@@ -36,7 +46,10 @@ def register(sub) -> None:
 def demo_words(words: list[str]) -> list[str]:
     """The demo's defaults, less those the user set, then the user's words."""
     given = {override_key(w) for w in words}
-    return [word for keys, word in DEFAULTS if not given & set(keys)] + list(words)
+    objective = next((w.split("=", 1)[1] for w in words if override_key(w) == "objective" and "=" in w), None)
+    served = objective == "server_qps" or (objective is None and not given & {"scenario", "tokenize"})
+    defaults = DEFAULTS + (SERVICE if served else OFFLINE)
+    return [word for keys, word in defaults if not given & set(keys)] + list(words)
 
 
 def handle(args) -> int:

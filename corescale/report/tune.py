@@ -281,6 +281,19 @@ def recipe_html(doc: TuneDocument, root) -> str:
             f"{e(script)}</pre>")
 
 
+def coverage_html(doc: TuneDocument) -> str:
+    """How good the answer is: coverage, the best seen per backend and precision, what a longer budget could gain."""
+    found = doc.coverage
+    assert found is not None, "called for a tune document with a coverage"
+    rows = "".join(f"<tr><td>{e(b.backend)}</td><td>{e(b.precision)}</td><td>{b.measured} of {b.in_space}</td>"
+                   f"<td>{b.withheld}</td><td>{'-' if b.best is None else f'{b.best:.4g}'}</td>"
+                   f"<td>{e(b.label or '')}</td></tr>" for b in found.branches)
+    return (f"<h3>How good is the answer</h3><p>{e(found.lines(doc.objective.unit)[0])}</p>"
+            f"<table><tr><th>backend</th><th>precision</th><th>measured</th><th>withheld (quality)</th>"
+            f"<th>best seen ({e(doc.objective.unit)})</th><th>configuration</th></tr>{rows}</table>"
+            f"<p>{e(found.lines(doc.objective.unit)[-1])}.</p>")
+
+
 def sections(doc: TuneDocument, root, frame, cpu: str, missing: list[tuple[str, str]]
              ) -> list[tuple[str, str, str]]:
     """(id, title, html) of a tune's sections: the answer, how the tuner searched, the recipe; a chart without
@@ -306,6 +319,8 @@ def sections(doc: TuneDocument, root, frame, cpu: str, missing: list[tuple[str, 
                f"{doc.duration_s:g} s windows · final repeats {e(str(doc.settings.get('repeats')))} · elapsed "
                f"{(doc.elapsed_s or 0) / 60:.1f} min</p>")
     searched = [summary] + ([f"<p>Search: {e(doc.search_end)}.</p>"] if doc.search_end else [])
+    if doc.coverage is not None:
+        searched.append(coverage_html(doc))
     trials, importance = trials_figure(doc), importance_figure(doc)
     longer = f"corescale tune model={model_word(frame)} trials={max(10, 2 * len(doc.trials))}"
     if trials is not None:

@@ -15,6 +15,7 @@ from corescale.userfiles import read_json
 TUNE_FILE = "tune.json"
 SCHEMA_VERSION = 2  # 1: the untyped document of corescale 0.2 before this one (no schema_version), same shape
 READS = (1, 2)
+LONGER = 3  # the longer budget a tune's coverage speaks of: this many times the configurations it measured
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,7 @@ class TuneTrial(Section):
     repeat_of: int | None = None
     started: float | None = None
     finished: float | None = None
+    outcome: str | None = None  # complete | pruned | failed | invalid | withheld (its artifact missed the gate)
 
     def figure(self, stage: str, metric: str) -> float | None:
         """A figure of its screening (stage "screen") or full window (None where not measured)."""
@@ -110,6 +112,50 @@ class Speedup(Section):
     ratio: float
     low: float
     high: float
+
+
+@dataclass(frozen=True)
+class BestSeen(Section):
+    """The best screen or full window of one backend at one precision, and how much of that branch was measured."""
+
+    backend: str
+    precision: str
+    in_space: int  # configurations of the space at this backend and precision
+    measured: int  # of them screened
+    withheld: int = 0  # measured or pruned because the artifact missed the quality gate
+    best: float | None = None  # the objective's best figure seen (screen or full window), feasible only
+    label: str | None = None
+
+
+@dataclass(frozen=True)
+class Coverage(Section):
+    measured: int  # distinct configurations screened (withheld ones and repeats not counted)
+    space_size: int
+    branches: list[BestSeen] = field(default_factory=list)  # every backend × precision of the space
+    gain: float | None = None  # the relative gain of a LONGER-times budget, estimated (None: too few screens)
+    gain_words: str = ""  # how it was estimated, or why there is none
+
+    @property
+    def fraction(self) -> float:
+        return self.measured / self.space_size if self.space_size else 0.0
+
+    def unmeasured(self) -> list[str]:
+        """The backend × precision branches no screen reached."""
+        return [f"{b.backend} {b.precision}" for b in self.branches if not b.measured and not b.withheld]
+
+    def lines(self, unit: str) -> list[str]:
+        """The console's and the report's sentences."""
+        out = [f"coverage: {self.measured} of {self.space_size} configurations measured ({self.fraction:.2%}); "
+               f"{sum(1 for b in self.branches if b.measured)} of {len(self.branches)} backend × precision "
+               "branches reached" + (f" (not reached: {', '.join(self.unmeasured())})" if self.unmeasured() else "")]
+        seen = [b for b in self.branches if b.measured or b.withheld]
+        if seen:
+            out.append("best seen: " + "; ".join(
+                f"{b.backend} {b.precision} " + (f"{b.best:.4g} {unit}" if b.best is not None else
+                                                  "withheld (quality)" if b.withheld else "none feasible")
+                + f" ({b.measured} of {b.in_space})" for b in seen))
+        out.append(f"a longer budget: {self.gain_words}")
+        return out
 
 
 @dataclass(frozen=True)
@@ -143,6 +189,9 @@ class TuneDocument(Section):
     peer_speedup: Speedup | None = None  # the recommendation's throughput over the peer's, 95 % bootstrap CI
     peer_note: str | None = None  # why no peer was measured
     search_end: str | None = None  # how much of the space was searched and why the search stopped
+    coverage: Coverage | None = None  # how good the answer is (tune/coverage.py)
+    machine_kind: dict[str, Any] | None = None  # priors.MachineKind: what a later tune's priors match it by
+    starts: list[str] = field(default_factory=list)  # the first trials and why (tune/priors.py)
 
     @property
     def winning(self) -> TunedFinalist | None:

@@ -10,6 +10,7 @@ from pathlib import Path
 from corescale.record.files import write_json_atomic
 from corescale.record.repeats import Interval
 from corescale.tune import recipe as recipes
+from corescale.tune.coverage import coverage
 from corescale.tune.document import (
     TUNE_FILE,
     Figure,
@@ -75,7 +76,7 @@ def trials_json(study) -> list[TuneTrial]:
             "label": t.user_attrs.get("label"), "overrides": t.user_attrs.get("overrides"),
             "screen": t.user_attrs.get("screen"), "full": t.user_attrs.get("full"),
             "constraints": t.user_attrs.get("constraints"), "reason": t.user_attrs.get("reason"),
-            "repeat_of": t.user_attrs.get("repeat_of"),
+            "repeat_of": t.user_attrs.get("repeat_of"), "outcome": t.user_attrs.get("outcome"),
             "started": t.datetime_start.timestamp() if t.datetime_start else None,
             "finished": t.datetime_complete.timestamp() if t.datetime_complete else None}, f"trial {t.number}"))
     return rows
@@ -146,13 +147,14 @@ def quality_words(f: Finalist) -> str:
 def document(tune: Tune, study, verdict: Verdict, finalists: list[Finalist], recipe: dict | None,
              search_end: str | None = None) -> TuneDocument:
     objective = tune.settings.objective
+    trials = trials_json(study)
     return TuneDocument(
         created_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), tune_dir=str(tune.tune_dir),
         settings=tune.settings.to_json(), space=tune.space.to_json(), space_size=tune.space.size(),
         screen_s=tune.screen_s, duration_s=tune.cfg.duration, physical_cores=tune.physical_cores,
         node_type=tune.node_type, nodes=tune.nodes, machine=None if tune.machine is None else tune.machine.name,
         objective=TuneObjective(objective.name, objective.metric, objective.direction, objective.unit),
-        elapsed_s=study.user_attrs.get("elapsed_s"), trials=trials_json(study), importances=importances(study),
+        elapsed_s=study.user_attrs.get("elapsed_s"), trials=trials, importances=importances(study),
         finalists=[finalist_json(f, verdict, tune.settings) for f in verdict.ranked + verdict.infeasible
                    if f is not verdict.baseline],  # out-of-box has its own entry, winner or not
         baseline=None if verdict.baseline is None else finalist_json(verdict.baseline, verdict, tune.settings),
@@ -163,7 +165,8 @@ def document(tune: Tune, study, verdict: Verdict, finalists: list[Finalist], rec
         tie=list(verdict.tie), tie_p=verdict.tie_p,
         speedup=None if verdict.speedup is None else Speedup(*verdict.speedup),
         headline=headline(tune, verdict), recipe=recipe, cost_source=cost_source(tune, verdict),
-        search_end=search_end)
+        search_end=search_end, coverage=coverage(trials, tune.space, objective.metric, objective.direction),
+        machine_kind=tune.machine_kind.to_json(), starts=list(study.user_attrs.get("starts", [])))
 
 
 def cost_source(tune: Tune, verdict: Verdict) -> str:

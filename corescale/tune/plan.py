@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from corescale.backends import BACKENDS, DEFAULT_BACKEND, OPTIONS, quality_reference
-from corescale.config import BenchmarkConfig
+from corescale.config import EARLY_STOPPING_QUERIES, BenchmarkConfig
 from corescale.errors import UserError
 from corescale.http_keys import MANAGED
 from corescale.machine.precisions import PRECISIONS, REFERENCE
@@ -21,6 +21,7 @@ from corescale.trials.sweep import plan_sweep
 from corescale.tune import peer as peers
 from corescale.tune import space as spaces
 from corescale.tune import verdict as verdicts
+from corescale.tune.priors import MachineKind
 from corescale.tune.settings import LOAD_MARGIN_S, TuneSettings, scenario_overrides
 from corescale.userfiles import check_writable
 from corescale.workload.tasks import TASKS
@@ -30,6 +31,12 @@ if TYPE_CHECKING:
     from corescale.machine.topology import Topology
 
 STUDY_FILE = "study.db"
+# a server screen's QPS search: LoadGen's early-stopping minimum for a p99 (config.EARLY_STOPPING_QUERIES), at
+# most 5 tests, a 15 % bracket (a screen ranks; the full window and the final repeats measure)
+SCREEN_QUERIES, SCREEN_STEPS, SCREEN_PRECISION = EARLY_STOPPING_QUERIES["server"], 5, 0.15
+# the serving knobs at the service's defaults (config.ServerConfig, pad): a label shows only what differs
+SERVING_DEFAULTS = {"server.queue_delay": "fixed", "server.max_queue_ms": "2", "server.max_batch_tokens": "null",
+                    "pad": "max"}
 
 
 def merge(*groups: list[str]) -> list[str]:
@@ -55,13 +62,32 @@ def config_label(overrides: list[str]) -> str:
     for key, default in (("threads", None), ("batch_size", None), ("allocator", "default"), ("openmp", "default")):
         if key in values and values[key] != default:
             parts.append(f"{'bs' if key == 'batch_size' else key}={values[key]}")
+    if "server.max_batch" in values:
+        parts.append(f"max_batch={values['server.max_batch']}")
+    parts += [f"{key.removeprefix('server.')}={values[key]}" for key, default in SERVING_DEFAULTS.items()
+              if key in values and values[key] != default]
     return " ".join(parts)
+
+
+def artifact_key(overrides: list[str]) -> str:
+    """What decides a configuration's outputs, so its quality: the code that builds the artifact (the backend's
+    module: PyTorch eager, TorchScript and torch.compile share one dynamic quantization), the precision and the
+    quantization recipe (the int8 options). Layouts, threads, batching and allocators change the speed only: a
+    configuration whose artifact missed the quality gate once misses it in every one of them."""
+    from corescale.backends.options import Int8Options
+
+    values = {override_key(o): o.split("=", 1)[1] for o in overrides}
+    backend = values.get("backend", DEFAULT_BACKEND)
+    code = BACKENDS[backend].backend.split(":")[0] if backend in BACKENDS else backend
+    recipe = sorted((k, v) for k, v in values.items()
+                    if k.startswith("backend.") and k.split(".", 1)[1] in Int8Options.int8_options())
+    return json.dumps([code, values.get("precision", REFERENCE), recipe])
 
 
 def complexity(overrides: list[str]) -> int:
     """How many settings differ from the out-of-box defaults (ties go to the simpler)."""
     defaults = {"backend": DEFAULT_BACKEND, "precision": REFERENCE, "allocator": "default", "openmp": "default",
-                "instances": "1", "backend.fusion": "false"}
+                "instances": "1", "backend.fusion": "false", **SERVING_DEFAULTS}
     values = {override_key(o): o.split("=", 1)[1] for o in overrides}
     return sum(1 for k, v in values.items() if k in defaults and v != defaults[k]) + ("threads" in values)
 
@@ -88,6 +114,8 @@ class Tune:
     peer: list[str] = field(default_factory=list)  # the peer baseline's overrides (tune/peer.py); empty: none
     peer_label: str = ""
     peer_note: str = ""  # why no peer is measured
+    isa: dict = field(default_factory=dict)  # the CPU flags the trials run on (tune/priors.py)
+    model_size_m: float | None = None  # millions of encoder weights (tune/priors.py)
 
     @property
     def on_ray(self) -> bool:
@@ -97,8 +125,14 @@ class Tune:
     def study_path(self) -> Path:
         return self.tune_dir / STUDY_FILE
 
+    @property
+    def machine_kind(self) -> MachineKind:
+        """What the tune store matches earlier tunes by (tune/priors.py)."""
+        return MachineKind(self.cpu_model, self.physical_cores, self.cfg.model, self.cfg.sequence_length,
+                           self.settings.objective.scenario)
+
     def trial_overrides(self, suggested: list[str], duration: float) -> list[str]:
-        extra = [f"duration={duration:g}"]
+        extra = [f"duration={duration:g}", *self.fidelity(duration)]
         values = {override_key(o): o.split("=", 1)[1] for o in suggested}
         if reduced(values.get("precision")) and not TASKS[self.task].judged:  # drift vs fp32, same inputs
             # (a task with a head is judged by its quality on real text in every trial: min_quality)
@@ -108,6 +142,16 @@ class Tune:
         if not getattr(BACKENDS.get(values.get("backend", "")), "openmp", False):
             extra.append("openmp=default")
         return merge(self.base, suggested, extra)
+
+    def fidelity(self, duration: float) -> list[str]:
+        """A server screen's cheaper QPS search (the multi-fidelity of the server objective): LoadGen's fewest
+        queries that can judge a p99, fewer steps and a coarser bracket; a full window searches as configured."""
+        if self.settings.objective.scenario != "server" or duration >= self.cfg.duration:
+            return []
+        server = self.cfg.server
+        return [f"server.min_query_count={min(server.min_query_count, SCREEN_QUERIES)}",
+                f"server.max_steps={min(server.max_steps, SCREEN_STEPS)}",
+                f"server.search_precision={max(server.search_precision, SCREEN_PRECISION):g}"]
 
     def cost_of(self, record: TrialRecord) -> float | None:
         """US$ per 1M inferences: on the priced machine (measured, or its projection's slow end), else at the
@@ -198,6 +242,10 @@ def plan_tune(settings: TuneSettings, topology=None, kind=None, name: str | None
                 model.task, reference)
     found = peers.choose(settings.peer, cfg, model, base, settings.objective.scenario)
     tune.peer, tune.peer_label, tune.peer_note = found.overrides, found.label, found.note
+    from corescale.tune.priors import model_size_m
+
+    tune.isa, tune.model_size_m = dict(isa), model_size_m(model)
+    tune.cpu_model = tune.cpu_model or environment.cpuinfo().model or ""
     plan_sweep([merge(c, [f"duration={cfg.duration:g}"]) for c in (tune.baseline, tune.peer) if c],
                topology)  # the baseline and the peer can run here
     return tune

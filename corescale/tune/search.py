@@ -30,7 +30,7 @@ from corescale.trials.sweep import plan_sweep, run_sweep
 from corescale.tune import space as spaces
 from corescale.tune import study as studies
 from corescale.tune import verdict as verdicts
-from corescale.tune.plan import Tune, complexity, config_label, merge
+from corescale.tune.plan import Tune, artifact_key, complexity, config_label, merge
 from corescale.tune.progress import Progress
 from corescale.tune.settings import LOAD_MARGIN_S, budget_text
 
@@ -48,6 +48,7 @@ class Tuner:
         self.progress: Progress | None = None
         self.forkservers: ForkServers | None = None  # one set for the whole tune: workers start in milliseconds
         self.search_end = ""  # why the search stopped, in words (tune.json's search_end; the console prints it)
+        self.final_end = ""  # why the final stage stopped before its last repeat, in words
 
     # one measurement (or a batch of them) through the one trial loop
     def run_trials(self, configs: list[list[str]], labels: list[str], repeats: int = 1,
@@ -109,7 +110,8 @@ class Tuner:
             fresh = [key not in seen and key not in keys[:i] for i, key in enumerate(keys)]
             again = again + len(batch) if not any(fresh) else 0
             self._search(study, batch, seen)
-            again += sum(seen[key].get("outcome") == "invalid" for key in keys)  # cost nothing, bounded too
+            again += sum(study.trials[t.number].user_attrs.get("outcome") in studies.FREE
+                         for t, _ in batch)  # cost nothing, bounded too
             self._save_elapsed()
             self.progress.best = studies.best_text(study, tune.settings)
         if again >= CONVERGED:
@@ -118,7 +120,8 @@ class Tuner:
         finalists = self._final()
         self._save_elapsed()
         searched = f"{len(seen)} of the space's {tune.space.size()} configurations searched: "
-        return {"study": study, "finalists": finalists, "optuna": optuna, "search_end": searched + self.search_end}
+        return {"study": study, "finalists": finalists, "optuna": optuna,
+                "search_end": searched + self.search_end + self.final_end}
 
     def _done(self, seen: dict) -> bool:
         """Whether the search stops here; when it does, search_end says why."""
@@ -156,12 +159,18 @@ class Tuner:
         tune = self.tune
         screens: list[tuple] = []  # (trial, suggested) to screen
         later: list[tuple] = []  # (trial, key) asked again within the batch
+        missed = studies.missed_artifacts(study)  # quality is judged once per artifact
         for trial, suggested in batch:
             key = json.dumps(suggested)
             trial.set_user_attr("overrides", suggested)
             trial.set_user_attr("label", config_label(suggested))
             if key in seen:
                 studies.tell_known(study, trial, seen[key], tune.settings)
+            elif artifact_key(suggested) in missed:
+                studies.tell_withheld(study, trial, missed[artifact_key(suggested)], tune.settings)
+                seen[key] = study.trials[trial.number].user_attrs
+            elif (first := spaces.cheaper_first(suggested, studies.tried_overrides(study))) is not None:
+                studies.defer(study, trial, *first)  # the cheaper build is asked next; this one costs nothing
             elif any(json.dumps(s) == key for _, s in screens):
                 later.append((trial, key))
             elif self._valid(study, trial, suggested, seen):
@@ -220,15 +229,21 @@ class Tuner:
         if tune.peer:
             configs.append(merge(tune.peer, [f"duration={tune.cfg.duration:g}"]))
             labels.append(tune.peer_label)
-        results = self.run_trials(configs, [f"final {label}" for label in labels], repeats=tune.settings.repeats)
-        finalists = []
-        for overrides, label, rows, suggested in zip(configs, labels, results,
-                                                     [t.user_attrs["overrides"] for t in top] + [None, None]):
-            records = [record for record, _ in rows]
-            finalists.append(verdicts.Finalist(
-                label, overrides, records, [str(path) for _, path in rows],
-                [verdicts.figures(r, tune.cost_of) for r in records], baseline=label == labels[len(top)],
-                complexity=complexity(suggested or []), cores=_cores_used(records), peer=label == tune.peer_label))
+        repeats = tune.settings.repeats
+        suggested = [t.user_attrs["overrides"] for t in top] + [None, None]
+        for done in range(min(2, repeats), repeats + 1):  # one more fresh repeat of each a round (A B C A B C)
+            results = self.run_trials(configs, [f"final {label}" for label in labels], repeats=done)
+            finalists = []
+            for overrides, label, rows, words in zip(configs, labels, results, suggested):
+                records = [record for record, _ in rows]
+                finalists.append(verdicts.Finalist(
+                    label, overrides, records, [str(path) for _, path in rows],
+                    [verdicts.figures(r, tune.cost_of) for r in records], baseline=label == labels[len(top)],
+                    complexity=complexity(words or []), cores=_cores_used(records), peer=label == tune.peer_label))
+            if done < repeats and verdicts.separated(finalists, tune.settings):
+                self.final_end = (f"; the final stage stopped after {done} of {repeats} repeats: the leader's 95 % "
+                                  "interval was clear of every other finalist's")
+                break
         return finalists + self._withheld(study)
 
     def _withheld(self, study) -> list[verdicts.Finalist]:
@@ -274,5 +289,4 @@ def _read(path):
 
 def _deterministic_miss(trial) -> bool:
     """Measured validly, but its outputs missed the quality or drift gate (a fact of the artifact, not noise)."""
-    figs = trial.user_attrs.get("full") or trial.user_attrs.get("screen") or {}
-    return bool(figs.get("valid")) and not (figs.get("quality_ok", True) and figs.get("drift_ok", True))
+    return studies.deterministic_miss(trial.user_attrs)

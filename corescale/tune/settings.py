@@ -182,7 +182,8 @@ def parse(words: list[str]) -> TuneSettings:
                             if key == "repeats" else f"tune sets {key} itself; remove {word}")
         else:
             overrides.append(word)
-    name = found.get("objective", "throughput")
+    # a service's SLO names the service: by default its highest rate under the SLO is what is tuned
+    name = found.get("objective", "server_qps" if "slo_p99_ms" in found else "throughput")
     if name not in OBJECTIVES:
         raise UserError(f"unknown objective '{name}'; allowed: {', '.join(OBJECTIVES)}")
     settings = TuneSettings(OBJECTIVES[name], overrides, space, **knobs, node_types=node_types)

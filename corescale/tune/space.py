@@ -19,7 +19,14 @@ from corescale.machine.precisions import PRECISIONS
 from corescale.overrides import override_key
 
 THROUGHPUT_BATCHES = ("1", "2", "4", "8", "16")
+SERVER_BATCHES = ("1", "2", "4", "8", "16", "32")  # server.max_batch: a bound the queue fills only under load
 DIMENSIONS = ("backend", "precision", "layout", "threads", "batch_size", "allocator", "openmp")
+# objective=server_qps: the dynamic batcher's knobs (measure/batching.py), searched with the deployment; each
+# matters only when a call may take more than one query (server.max_batch > 1), so it is drawn only then.
+# pad: max and sorted pad a dynamic batch alike (to its longest query); bucket pads to a length bucket's edge
+# (fewer shapes: a graph compiled per shape reuses them). server.max_batch_tokens: null = no token budget.
+SERVING = {"server.queue_delay": ("fixed", "adaptive"), "server.max_queue_ms": ("2", "5"),
+           "server.max_batch_tokens": ("null", "2048"), "pad": ("max", "bucket")}
 
 
 @dataclass
@@ -34,12 +41,20 @@ class Space:
     openmp: list[str]  # for the OpenMP backends only
     notes: list[str] = field(default_factory=list)  # what was left out and why
     batch_key: str = "batch_size"  # server.max_batch for objective=server_qps: the dynamic batch's bound
+    serving: dict[str, list[str]] = field(default_factory=dict)  # objective=server_qps: SERVING, narrowed
 
     def size(self) -> int:
+        return sum(self.size_of(b, p) for b in self.backends for p in self.precisions[b])
+
+    def size_of(self, backend: str, precision: str) -> int:
+        """The configurations of one backend at one precision (its options, layouts, batching, libraries)."""
         per_layout = sum(len(self.threads[_cores(layout)]) for layout in self.layouts)
-        per_backend = sum(len(self.precisions[b]) * math.prod(len(v) for v in self.options[b].values())
-                          * (len(self.openmp) if BACKENDS[b].openmp else 1) for b in self.backends)
-        return per_backend * per_layout * len(self.batch_sizes) * len(self.allocators)
+        per_backend = (math.prod(len(option_values(backend, o, v, precision)) or 1
+                                 for o, v in self.options[backend].items())
+                       * (len(self.openmp) if BACKENDS[backend].openmp else 1))
+        knobs = math.prod(len(v) for v in self.serving.values())  # drawn only where a call batches
+        batches = sum(knobs if int(b) > 1 else 1 for b in self.batch_sizes)
+        return per_backend * per_layout * batches * len(self.allocators)
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -111,13 +126,19 @@ def derive(cfg: BenchmarkConfig, overrides: list[str], narrow: dict[str, list[st
     options = {b: OPTIONS[b].tune_values() for b in backends}
     layouts = candidate_layouts(physical_cores)
     threads = {c: [""] + [str(t) for t in powers(c) if t != c] for c in powers(physical_cores)}
+    serving: dict[str, list[str]] = {}
     if batch_key != "batch_size":  # the server scenario batches dynamically, up to the searched bound
-        batch_sizes = [str(cfg.server.max_batch)] if batch_key in given else list(THROUGHPUT_BATCHES)
+        batch_sizes = [str(cfg.server.max_batch)] if batch_key in given else list(SERVER_BATCHES)
+        serving = {key: [_config_text(cfg, key)] if key in given else list(values) for key, values in SERVING.items()}
+        tokens = cfg.sequence_length  # a token budget must hold one query of the measured length
+        serving["server.max_batch_tokens"] = [v for v in serving["server.max_batch_tokens"]
+                                              if v == "null" or int(v) >= tokens] or ["null"]
     else:
         batch_sizes = [str(cfg.batch_size)] if latency or "batch_size" in given else list(THROUGHPUT_BATCHES)
     allocators = ["default"] + [a for a, lib in ALLOCATORS.items() if _library_found(lib)]
     openmp = ["default"] + (["intel"] if _library_found(INTEL_OPENMP) else [])
-    space = Space(backends, precisions, options, layouts, threads, batch_sizes, allocators, openmp, notes, batch_key)
+    space = Space(backends, precisions, options, layouts, threads, batch_sizes, allocators, openmp, notes, batch_key,
+                  serving)
     _fix(space, cfg, given)
     _narrow(space, narrow)
     _check_not_empty(space)
@@ -158,6 +179,14 @@ def text(value) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
+def _config_text(cfg: BenchmarkConfig, key: str) -> str:
+    """A serving knob's value in the config, as an override writes it (None: null, 2.0: 2)."""
+    value = cfg
+    for part in key.split("."):
+        value = getattr(value, part)
+    return "null" if value is None else f"{value:g}" if isinstance(value, float) else text(value)
+
+
 def _narrow(space: Space, narrow: dict[str, list[str]]) -> None:
     for name, values in narrow.items():
         if name == "backend":
@@ -185,10 +214,13 @@ def _narrow(space: Space, narrow: dict[str, list[str]]) -> None:
             setattr(space, _plural(name), _subset(name, values, getattr(space, _plural(name))))
         elif name.startswith("backend."):
             _narrow_option(space, name.split(".", 1)[1], values)
+        elif name in space.serving:
+            space.serving[name] = _subset(name, values, space.serving[name])
         else:
             raise UserError(f"unknown search dimension 'space.{name}'; dimensions: "
                             f"{', '.join(f'space.{d}' for d in (*DIMENSIONS, 'instances', 'cores_per_instance'))}"
-                            ", space.backend.OPTION")
+                            ", space.backend.OPTION" + (f", {', '.join(f'space.{k}' for k in space.serving)}"
+                                                       if space.serving else ""))
 
 
 def _plural(name: str) -> str:
@@ -260,7 +292,10 @@ def suggest(trial, space: Space) -> list[str]:
     threads = pick(f"threads[{_cores(layout)}]", space.threads[_cores(layout)])
     if threads:
         overrides.append(f"threads={threads}")
-    overrides.append(f"{space.batch_key}={pick('batch_size', space.batch_sizes)}")
+    batch = pick("batch_size", space.batch_sizes)
+    overrides.append(f"{space.batch_key}={batch}")
+    if int(batch) > 1:  # a queue delay, token budget or padding only matters where a call takes several queries
+        overrides += [f"{key}={pick(key, values)}" for key, values in space.serving.items()]
     overrides.append(f"allocator={pick('allocator', space.allocators)}")
     if BACKENDS[backend].openmp:
         overrides.append(f"openmp={pick('openmp', space.openmp)}")
@@ -296,6 +331,21 @@ def starting_points(space: Space, latency: bool) -> list[dict]:
         if point:
             points.append(point)
     return points
+
+
+def cheaper_first(suggested: list[str], measured: list[list[str]]) -> tuple[str, str] | None:
+    """(option, the value to build first) when `suggested` builds an option's value (BackendOptions.BUILD_ORDER)
+    before the value one step cheaper was measured with its backend; None when it may be measured now."""
+    values = {override_key(o): o.split("=", 1)[1] for o in suggested}
+    backend = values.get("backend", DEFAULT_BACKEND)
+    for option, order in OPTIONS[backend].BUILD_ORDER.items():
+        value = values.get(f"backend.{option}")
+        if value not in order or order.index(value) == 0:
+            continue
+        cheaper = order[order.index(value) - 1]
+        if not any(f"backend={backend}" in words and f"backend.{option}={cheaper}" in words for words in measured):
+            return option, cheaper
+    return None
 
 
 BASELINE_DROPS = ("backend", "precision", "instances", "cores_per_instance", "threads", "allocator", "openmp")

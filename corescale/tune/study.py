@@ -9,12 +9,14 @@ import warnings
 from contextlib import contextmanager
 
 from corescale.machine.lock import folder_lock
-from corescale.tune import space as spaces
+from corescale.tune import priors
 from corescale.tune import verdict as verdicts
-from corescale.tune.plan import Tune
+from corescale.tune.plan import Tune, artifact_key
 from corescale.tune.settings import TuneSettings
 
 RUNNING = ".running"  # the folder inside a tune's whose flock says the tune runs
+# outcomes that measured nothing: they cost nothing and do not count as trials (CONVERGED bounds them)
+FREE = ("invalid", "withheld", "deferred")
 
 
 @contextmanager
@@ -70,7 +72,13 @@ def _recover(study, tune: Tune) -> None:
     if not trials:
         study.set_user_attr("settings", tune.settings.to_json())
         study.set_user_attr("space", tune.space.to_json())
-        for point in spaces.starting_points(tune.space, latency=tune.settings.objective.name == "latency"):
+        kind = tune.machine_kind
+        earlier = priors.earlier_winners(tune.cfg.results_root, tune.tune_dir, kind)
+        batch = int(tune.space.batch_sizes[0]) if len(tune.space.batch_sizes) == 1 else tune.cfg.batch_size
+        starts = priors.starting(tune.space, tune.isa, tune.model_size_m, tune.settings.objective.scenario, batch,
+                                 tune.settings.objective.name == "latency", earlier)
+        study.set_user_attr("starts", [f"{json.dumps(point, sort_keys=True)}: {why}" for point, why in starts])
+        for point, _ in starts:
             study.enqueue_trial(point, skip_if_exists=True)
 
 
@@ -80,7 +88,7 @@ def measured_count(study) -> int:
     from optuna.trial import TrialState
 
     return sum(1 for t in study.get_trials(deepcopy=False) if "repeat_of" not in t.user_attrs
-               and t.user_attrs.get("outcome") != "invalid" and (
+               and t.user_attrs.get("outcome") not in FREE and (
         t.state in (TrialState.COMPLETE, TrialState.PRUNED) or (t.state == TrialState.FAIL and "reason" in
                                                                t.user_attrs)))
 
@@ -106,6 +114,59 @@ def tell_known(study, trial, earlier: dict, settings: TuneSettings) -> None:
         study.tell(trial, value)
     else:
         study.tell(trial, state=TrialState.PRUNED if earlier["outcome"] == "pruned" else TrialState.FAIL)
+
+
+def missed_artifacts(study) -> dict[str, dict]:
+    """The artifacts (plan.artifact_key) whose outputs missed the quality or drift gate, each with the trial that
+    judged it first: a fact of the artifact, the same in every layout, thread count, batch and allocator."""
+    found: dict[str, dict] = {}
+    for t in study.get_trials(deepcopy=False):
+        if "repeat_of" in t.user_attrs or "overrides" not in t.user_attrs or not deterministic_miss(t.user_attrs):
+            continue
+        found.setdefault(artifact_key(t.user_attrs["overrides"]), t.user_attrs)
+    return found
+
+
+def tell_withheld(study, trial, judged: dict, settings: TuneSettings) -> None:
+    """A configuration whose artifact missed the quality gate in an earlier trial: pruned at once, nothing
+    measured (its constraints violated, so the sampler learns the subtree is out)."""
+    from optuna.trial import TrialState
+
+    trial.set_user_attr("outcome", "withheld")
+    trial.set_user_attr("number", trial.number)
+    trial.set_user_attr("reason", f"its artifact missed the quality gate in trial {judged.get('number')} "
+                                  f"({judged.get('label')}): not measured again")
+    trial.set_user_attr("withheld_by", judged.get("number"))
+    constrain(trial, {}, settings)
+    if judged.get("value") is not None:
+        trial.report(judged["value"], 1)
+    study.tell(trial, state=TrialState.PRUNED)
+
+
+def tried_overrides(study) -> list[list[str]]:
+    """The overrides of every configuration tried so far (measured, or found invalid or withheld)."""
+    return [t.user_attrs["overrides"] for t in study.get_trials(deepcopy=False)
+            if "overrides" in t.user_attrs and t.user_attrs.get("outcome") not in (None, "deferred")]
+
+
+def defer(study, trial, option: str, cheaper: str) -> None:
+    """An expensive build asked before the cheaper one was measured: not measured now; the same parameters with
+    the cheaper value are asked next (expensive builds last)."""
+    from optuna.trial import TrialState
+
+    trial.set_user_attr("outcome", "deferred")
+    trial.set_user_attr("reason", f"backend.{option}={cheaper} builds faster and was not measured yet: it is "
+                                  "measured first")
+    params = {name: (cheaper if name.split("[")[0].endswith(f".{option}") else value)
+              for name, value in trial.params.items()}
+    study.tell(trial, state=TrialState.FAIL)
+    study.enqueue_trial(params, skip_if_exists=True)
+
+
+def deterministic_miss(attrs: dict) -> bool:
+    """Measured validly, but its outputs missed the quality or drift gate (a fact of the artifact, not noise)."""
+    figs = attrs.get("full") or attrs.get("screen") or {}
+    return bool(figs.get("valid")) and not (figs.get("quality_ok", True) and figs.get("drift_ok", True))
 
 
 def tell_screen(study, trial, row: tuple, seen: dict, tune: Tune) -> dict | None:

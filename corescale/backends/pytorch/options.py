@@ -54,6 +54,10 @@ class TorchCompileOptions(BackendOptions):
     linear: str = "default"  # only default: see the module's docstring
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"mode": COMPILE_MODES, "linear": LINEARS}
     RENAMED: ClassVar[dict[str, str]] = {"compile_mode": "mode"}
+    # inductor's compile time, shortest first: default and reduce-overhead (no CUDA graphs on a CPU) compile once;
+    # max-autotune benchmarks GEMM and kernel choices first (minutes for an encoder: docs/results-2026-12-xeon.md)
+    BUILD_ORDER: ClassVar[dict[str, tuple[str, ...]]] = {"mode": ("default", "reduce-overhead",
+                                                                  "max-autotune-no-cudagraphs", "max-autotune")}
     PRECISION_BOUND: ClassVar[dict[tuple[str, str], tuple[str, ...]]] = {("linear", "onednn"): ONEDNN_PRECISIONS}
 
     @classmethod

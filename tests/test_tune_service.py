@@ -1,0 +1,320 @@
+"""`corescale tune` of a service (issue 32): the SLO makes server_qps the objective, the dynamic batcher's knobs
+are searched with the deployment and land in the bundle, a server screen is a cheaper QPS search, quality is
+judged once per artifact, and the tune says how good its answer is. One real tune of bert-tiny (slow); the rest
+without processes."""
+
+import json
+import math
+from types import SimpleNamespace
+
+import optuna
+import pytest
+from helpers import FAST, corescale
+
+from corescale.errors import UserError
+from corescale.overrides import compose
+from corescale.tune import plan as plans
+from corescale.tune import settings as tune_settings
+from corescale.tune import space as spaces
+from corescale.tune import study as studies
+
+ISA = {"avx2": True, "fma": True}
+
+
+def _served_space(overrides=(), narrow=None):
+    return spaces.derive(compose(list(overrides)), list(overrides), narrow or {}, 2, ISA, False,
+                         batch_key="server.max_batch")
+
+
+def test_an_slo_alone_tunes_the_service_and_throughput_stays_a_word_away():
+    assert tune_settings.parse(["slo_p99_ms=100"]).objective.name == "server_qps"
+    assert tune_settings.parse([]).objective.name == "throughput"
+    offline = tune_settings.parse(["objective=throughput", "slo_p99_ms=100"])
+    assert offline.objective.name == "throughput" and offline.slo_p99_ms == 100  # the SLO bounds the p99 then
+    assert tune_settings.scenario_overrides(offline) == []
+
+
+def test_the_serving_knobs_are_searched_where_a_call_batches():
+    space = _served_space(["sequence_length=128"])
+    assert space.batch_sizes == list(spaces.SERVER_BATCHES) and set(space.serving) == set(spaces.SERVING)
+    assert space.serving["server.queue_delay"] == ["fixed", "adaptive"] and space.serving["pad"] == ["max", "bucket"]
+    offline = spaces.derive(compose([]), [], {}, 2, ISA, False)
+    assert offline.serving == {} and offline.size() * len(space.batch_sizes) < space.size()
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=3))
+    seen_batched = seen_single = False
+    for _ in range(40):
+        words = spaces.suggest(study.ask(), space)
+        values = dict(w.split("=", 1) for w in words)
+        compose(words)  # every suggestion is a config
+        if values["server.max_batch"] == "1":  # one query a call: no queue delay, budget or padding to choose
+            seen_single = True
+            assert not set(spaces.SERVING) & set(values)
+        else:
+            seen_batched = True
+            assert set(spaces.SERVING) <= set(values)
+    assert seen_single and seen_batched
+    # a token budget below one query of the measured length is never drawn
+    assert _served_space(["sequence_length=4096"]).serving["server.max_batch_tokens"] == ["null"]
+
+
+def test_serving_knobs_are_fixed_by_an_override_and_narrowed_by_space_words():
+    fixed = _served_space(["server.queue_delay=adaptive", "pad=bucket", "server.max_queue_ms=5"])
+    assert fixed.serving["server.queue_delay"] == ["adaptive"] and fixed.serving["pad"] == ["bucket"]
+    assert fixed.serving["server.max_queue_ms"] == ["5"]
+    narrowed = _served_space([], {"server.max_batch_tokens": ["2048"], "batch_size": ["8", "32"]})
+    assert narrowed.serving["server.max_batch_tokens"] == ["2048"] and narrowed.batch_sizes == ["8", "32"]
+    with pytest.raises(UserError) as info:
+        _served_space([], {"server.queue_delay": ["eager"]})
+    assert "space.server.queue_delay: eager not possible here; possible: fixed, adaptive" in str(info.value)
+    with pytest.raises(UserError) as info:
+        _served_space([], {"nosuch": ["1"]})
+    assert "space.server.queue_delay" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_label_shows_the_served_batch_and_the_knobs_off_their_defaults():
+    label = plans.config_label(["backend=onnxruntime", "precision=int8", "instances=2", "cores_per_instance=1",
+                                "server.max_batch=16", "server.queue_delay=adaptive", "server.max_queue_ms=2",
+                                "server.max_batch_tokens=null", "pad=bucket"])
+    assert label == "onnxruntime int8 2×1c max_batch=16 queue_delay=adaptive pad=bucket"
+
+
+def _tune(objective="server_qps", duration=2.0, **server):
+    cfg = compose([f"duration={duration}", *(f"server.{k}={v}" for k, v in server.items())])
+    return SimpleNamespace(settings=SimpleNamespace(objective=tune_settings.OBJECTIVES[objective]), cfg=cfg)
+
+
+def test_a_server_screen_is_a_cheaper_qps_search_and_a_full_window_is_as_configured():
+    tune = _tune()
+    screen = plans.Tune.fidelity(tune, 0.5)
+    assert screen == ["server.min_query_count=459", "server.max_steps=5", "server.search_precision=0.15"]
+    compose(screen + ["scenario=server", "target_qps=auto", "slo_p99_ms=100"])  # a valid config
+    assert plans.Tune.fidelity(tune, 2.0) == []  # the full window and the final repeats: as configured
+    assert plans.Tune.fidelity(_tune("throughput"), 0.5) == []  # offline: the window length is the fidelity
+    finer = _tune(max_steps=3, search_precision=0.3)  # the user's cheaper settings stay
+    assert plans.Tune.fidelity(finer, 0.5)[1:] == ["server.max_steps=3", "server.search_precision=0.3"]
+
+
+def test_one_quantization_recipe_is_one_artifact_whatever_runs_it_and_wherever():
+    def key(*words):
+        return plans.artifact_key(list(words))
+
+    torch_int8 = key("backend=pytorch", "precision=int8", "instances=2", "cores_per_instance=1")
+    assert torch_int8 == key("backend=torchscript", "precision=int8", "instances=1", "cores_per_instance=2",
+                             "server.max_batch=8", "allocator=jemalloc")
+    assert torch_int8 == key("backend=torch_compile", "precision=int8", "backend.mode=max-autotune")
+    assert torch_int8 != key("backend=pytorch", "precision=fp32")
+    static = key("backend=onnxruntime", "precision=int8", "backend.quantization=static")
+    assert static != key("backend=onnxruntime", "precision=int8", "backend.quantization=dynamic")
+    assert static != key("backend=openvino", "precision=int8", "backend.quantization=static")
+    assert static == key("backend=onnxruntime", "precision=int8", "backend.quantization=static",
+                         "backend.fusion=true", "instances=2")  # a graph option changes the speed only
+
+
+def _trial(study, words, figs, value):
+    trial = study.ask()
+    trial.set_user_attr("overrides", words)
+    trial.set_user_attr("label", plans.config_label(words))
+    trial.set_user_attr("number", trial.number)
+    trial.set_user_attr("screen", figs)
+    trial.set_user_attr("value", value)
+    trial.set_user_attr("outcome", "pruned")
+    study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+
+
+def test_a_quality_withheld_artifact_prunes_its_subtree_without_measuring():
+    settings = tune_settings.parse(["slo_p99_ms=100"])
+    study = optuna.create_study(direction="maximize")
+    missed = ["backend=pytorch", "precision=int8", "instances=2", "cores_per_instance=1", "server.max_batch=4"]
+    _trial(study, missed, {"valid": True, "quality_ok": False, "drift_ok": True}, 90.0)
+    _trial(study, ["backend=onnxruntime", "precision=fp32"], {"valid": True, "quality_ok": True}, 80.0)
+    found = studies.missed_artifacts(study)
+    assert list(found) == [plans.artifact_key(missed)]
+    other_layout = ["backend=torchscript", "precision=int8", "instances=1", "cores_per_instance=2"]
+    judged = found[plans.artifact_key(other_layout)]
+    trial = study.ask()
+    studies.tell_withheld(study, trial, judged, settings)
+    done = study.trials[trial.number]
+    assert done.state == optuna.trial.TrialState.PRUNED and done.user_attrs["outcome"] == "withheld"
+    assert "missed the quality gate in trial 0" in done.user_attrs["reason"]
+    assert done.constraints and all(c > 0 for c in done.constraints.values())  # the sampler learns the subtree is out
+    assert studies.measured_count(study) == 2  # pruned at once: costs nothing, counts nothing
+
+
+def test_the_demo_tunes_the_service_and_throughput_is_one_word_away():
+    from corescale.commands.demo import demo_words
+
+    words = demo_words([])
+    assert {"slo_p99_ms=100", "workload=builtin", "model=all-minilm-l6-v2", "budget=5m"} <= set(words)
+    assert not any(w.startswith(("tokenize=", "batch_size=", "objective=")) for w in words)
+    settings = tune_settings.parse(words)
+    assert settings.objective.name == "server_qps" and settings.top_k == 2 and settings.repeats == 2
+    offline = demo_words(["objective=throughput"])
+    assert {"tokenize=true", "batch_size=1"} <= set(offline) and not any(w.startswith("slo_p99_ms=")
+                                                                         for w in offline)
+    assert "slo_p99_ms=50" in demo_words(["slo_p99_ms=50"]) and "slo_p99_ms=100" not in demo_words(["slo_p99_ms=50"])
+
+
+# --- one real tune of a service -----------------------------------------------------------------------------
+
+SERVED = [*FAST, "tune.screen=0.25", "trials=1", "tune.top_k=1", "tune.repeats=2", "slo_p99_ms=200",
+          "server.min_query_count=459", "server.max_steps=4", "space.backend=[onnxruntime]",
+          "space.precision=[fp32]", "space.layout=[2x1]", "space.batch_size=[4]", "space.server.queue_delay=[adaptive]",
+          "space.pad=[bucket]", "--no-progress", "--no-report"]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    out = tmp_path_factory.mktemp("served")
+    proc = corescale("tune", *SERVED, f"output_dir={out}", timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    tune_dir, = out.glob("tune-*")
+    return {"proc": proc, "dir": tune_dir, "doc": json.loads((tune_dir / "tune.json").read_text())}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # five QPS searches of bert-tiny (baseline, screen, full, a final round of two)
+def test_a_service_tune_measures_qps_under_the_slo_and_its_bundle_serves_the_chosen_knobs(served):
+    doc = served["doc"]
+    assert doc["objective"]["name"] == "server_qps" and doc["settings"]["slo_p99_ms"] == 200
+    winner = next(f for f in doc["finalists"] if f["role"] == "winner")
+    assert math.isfinite(winner["throughput"]["mean"]) and winner["throughput"]["mean"] > 0
+    manifest = json.loads((served["dir"] / "bundle" / "manifest.json").read_text())
+    if not winner["baseline"]:  # the searched deployment: its knobs as measured
+        config = manifest["config"]
+        assert config["server"]["queue_delay"] == "adaptive" and config["pad"] == "bucket"
+        assert config["server"]["max_batch"] == 4
+    screens = [t for t in doc["trials"] if t.get("screen")]
+    assert screens, doc["trials"]
+    record = json.loads((plans.Path(screens[0]["screen"]["path"]) / "result.json").read_text())
+    assert record["config"]["server"]["min_query_count"] == 459 and record["config"]["server"]["max_steps"] == 4
+    # how good the answer is: on the console and in tune.json; the store's key for a later tune's priors
+    out = served["proc"].stdout
+    assert "coverage: 1 of " in out and "best seen: onnxruntime fp32 " in out and "a longer budget: no estimate" in out
+    assert doc["coverage"]["measured"] == 1 and doc["machine_kind"]["model"] == "bert-tiny"
+    assert doc["machine_kind"]["scenario"] == "server" and doc["starts"]
+
+
+def _doc_trial(number, words, screen=None, outcome="pruned", constraints=(0.0,), repeat_of=None):
+    from corescale.tune.document import TuneTrial
+
+    return TuneTrial(number, "PRUNED", overrides=words, label=plans.config_label(words), screen=screen,
+                     constraints=list(constraints), outcome=outcome, repeat_of=repeat_of)
+
+
+def test_coverage_says_what_was_measured_the_best_per_branch_and_what_a_longer_budget_could_gain():
+    from corescale.tune.coverage import coverage, estimate
+
+    space = spaces.derive(compose([]), [], {"backend": ["pytorch", "onnxruntime"], "precision": ["fp32", "int8"]},
+                          2, ISA, False)
+    ort = ["backend=onnxruntime", "precision=fp32", "instances=2", "cores_per_instance=1"]
+    trials = [_doc_trial(0, ort, {"valid": True, "throughput": 100.0}),
+              _doc_trial(1, [*ort[:2], "instances=1", "cores_per_instance=2"], {"valid": True, "throughput": 80.0}),
+              _doc_trial(2, ["backend=pytorch", "precision=int8"], {"valid": True, "throughput": 120.0,
+                                                                   "quality_ok": False}, constraints=(1.0,)),
+              _doc_trial(3, ["backend=torchscript", "precision=int8"], outcome="withheld"),
+              _doc_trial(4, ort, {"valid": True, "throughput": 100.0}, repeat_of=0)]
+    found = coverage(trials, space, "throughput", "maximize")
+    assert found.measured == 3 and found.space_size == space.size()
+    by = {(b.backend, b.precision): b for b in found.branches}
+    assert by["onnxruntime", "fp32"].best == 100.0 and by["onnxruntime", "fp32"].measured == 2
+    assert by["pytorch", "int8"].best is None and by["pytorch", "int8"].withheld == 1  # infeasible: no best
+    assert sum(b.in_space for b in found.branches) == space.size()
+    assert found.unmeasured() == ["pytorch fp32", "onnxruntime int8"]
+    lines = found.lines("samples/s")
+    assert lines[0].startswith("coverage: 3 of ") and "not reached: pytorch fp32, onnxruntime int8" in lines[0]
+    assert "onnxruntime fp32 100 samples/s (2 of " in lines[1] and "pytorch int8 withheld (quality)" in lines[1]
+    assert lines[2].startswith("a longer budget: no estimate: 2 feasible screen(s)")
+    # the screens' spread: none, none to gain; wide, more; a latency (minimised) gains the other way
+    assert estimate([50.0] * 6, "maximize")[0] == 0.0
+    narrow, wide = estimate([95.0, 100.0, 105.0, 98.0], "maximize")[0], estimate([40.0, 100.0, 70.0, 20.0],
+                                                                                 "maximize")[0]
+    assert narrow is not None and wide is not None and 0 < narrow < 0.1 < wide
+    low = estimate([40.0, 100.0, 70.0, 20.0], "minimize")[0]
+    assert low is not None and 0 < low < 1
+    assert type(found).from_dict(found.to_dict(), "coverage") == found  # tune.json keeps it typed
+
+
+def test_the_final_stage_stops_once_the_leader_is_separated_by_the_repeats_intervals():
+    from corescale.tune.verdict import Finalist, separated
+
+    settings = tune_settings.parse(["objective=throughput"])
+
+    def finalist(label, values, baseline=False, peer=False):
+        figs = [{"valid": True, "throughput": v, "p99_ms": 10.0, "memory_gb": 0.1} for v in values]
+        return Finalist(label, [], [], [], figs, baseline=baseline, peer=peer)
+
+    clear = [finalist("fast", [100.0, 101.0, 100.5]), finalist("slow", [60.0, 61.0, 60.5]),
+             finalist("out-of-box", [20.0, 21.0, 20.5], baseline=True), finalist("peer", [99.0, 200.0], peer=True)]
+    assert separated(clear, settings)  # the peer is measured beside, never ranked: it does not hold the stage
+    overlapping = [finalist("fast", [100.0, 70.0]), finalist("slow", [80.0, 85.0]),
+                   finalist("out-of-box", [20.0, 21.0], baseline=True)]
+    assert not separated(overlapping, settings)
+    assert not separated([finalist("fast", [100.0, 101.0]), finalist("one window", [50.0])], settings)
+    latency = tune_settings.parse(["objective=latency"])  # minimised: the leader's interval lies below
+    low = [Finalist("quick", [], [], [], [{"valid": True, "p50_ms": v, "p99_ms": v, "memory_gb": 0.1}
+                                          for v in (5.0, 5.1, 5.05)]),
+           Finalist("slow", [], [], [], [{"valid": True, "p50_ms": v, "p99_ms": v, "memory_gb": 0.1}
+                                         for v in (9.0, 9.1, 9.05)])]
+    assert separated(low, latency)
+
+
+def test_expensive_builds_come_last_each_after_the_one_that_builds_faster():
+    compiled = ["backend=torch_compile", "precision=fp32", "instances=2", "cores_per_instance=1"]
+    autotune = [*compiled, "backend.mode=max-autotune"]
+    assert spaces.cheaper_first(autotune, []) == ("mode", "max-autotune-no-cudagraphs")
+    assert spaces.cheaper_first([*compiled, "backend.mode=default"], []) is None  # the cheapest: at once
+    assert spaces.cheaper_first([*compiled, "backend.mode=reduce-overhead"],
+                                [["backend=torch_compile", "backend.mode=default", "instances=1"]]) is None
+    assert spaces.cheaper_first(autotune, [["backend=pytorch", "backend.mode=max-autotune-no-cudagraphs"]]) == \
+        ("mode", "max-autotune-no-cudagraphs")  # measured with another backend: does not count
+    assert spaces.cheaper_first(["backend=onnxruntime", "precision=fp32"], []) is None  # no build order
+
+    space = spaces.derive(compose([]), [], {"backend": ["torch_compile"], "precision": ["fp32"]}, 2, ISA, False)
+    study = optuna.create_study()
+    study.enqueue_trial({"torch_compile.mode": "max-autotune"})
+    trial = study.ask()
+    words = spaces.suggest(trial, space)
+    assert "backend.mode=max-autotune" in words
+    studies.defer(study, trial, *spaces.cheaper_first(words, studies.tried_overrides(study)))
+    assert study.trials[0].user_attrs["outcome"] == "deferred" and studies.measured_count(study) == 0
+    assert "backend.mode=max-autotune-no-cudagraphs" in spaces.suggest(study.ask(), space)  # asked next
+
+
+def test_the_search_starts_from_earlier_winners_then_the_priors_of_this_isa_then_each_backend(tmp_path):
+    from corescale.tune import priors
+
+    space = _served_space([], {"backend": ["pytorch", "onnxruntime"]})
+    zen5 = {"avx512f": True, "avx512_vnni": True, "avx512_bf16": True}
+    earlier = [{"backend": "pytorch", "precision[pytorch]": "fp32", "layout": "1x2", "batch_size": "16"}]
+    starts = priors.starting(space, zen5, 10.6, "server", 1, False, earlier)
+    points = [p for p, _ in starts]
+    assert points[0] == earlier[0] and "earlier tune" in starts[0][1]
+    assert points[1] == {"backend": "onnxruntime", "precision[onnxruntime]": "int8", "layout": "2x1",
+                         "batch_size": "8"} and "results-2026-12-zen5.md" in starts[1][1]
+    assert {"backend": "pytorch", "precision[pytorch]": "int8", "layout": "2x1"} in points  # each backend's corner
+    amx = priors.starting(space, {**zen5, "amx_int8": True}, 10.6, "server", 1, False, [])
+    assert not any("zen5" in why for _, why in amx)  # openvino's prior: not in this space, left out
+    big = priors.starting(space, zen5, 85.0, "server", 1, False, [])  # bert-base: no prior for its size
+    assert all("corner" in why for _, why in big)
+    assert priors.fit({"backend": "tensorflow"}, space) is None
+    assert priors.fit({"backend": "onnxruntime", "onnxruntime.fusion": "maybe"}, space) is None
+
+
+def test_the_tune_store_is_keyed_by_machine_kind_model_length_and_scenario(tmp_path):
+    import dataclasses
+
+    from corescale.tune import priors
+    from corescale.tune.document import TuneDocument, TuneObjective, TuneTrial
+
+    kind = priors.MachineKind("AMD EPYC 9B45", 2, "all-minilm-l6-v2", 128, "server")
+    params = {"backend": "onnxruntime", "layout": "2x1"}
+    doc = TuneDocument(created_at="", tune_dir="", settings={}, space={}, space_size=1, screen_s=1.0, duration_s=2.0,
+                       physical_cores=2, objective=TuneObjective("server_qps", "server_qps", "maximize", "QPS"),
+                       trials=[TuneTrial(0, "COMPLETE", params=params, label="ort")], finalists=[], baseline=None,
+                       headline=[], winner="ort", machine_kind=kind.to_json())
+    for name, document in (("tune-a", doc), ("tune-b", dataclasses.replace(
+            doc, machine_kind=dataclasses.replace(kind, sequence_length=256).to_json())), ("tune-c", None)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "tune.json").write_text("{" if document is None else json.dumps(document.to_dict()))
+    assert priors.earlier_winners(tmp_path, tmp_path / "tune-own", kind) == [params]  # b: other length; c: broken
+    assert priors.earlier_winners(tmp_path, tmp_path / "tune-a", kind) == []  # its own folder is not a prior
