@@ -191,7 +191,7 @@ def test_a_service_tune_measures_qps_under_the_slo_and_its_bundle_serves_the_cho
     out = served["proc"].stdout
     assert "coverage: 1 of " in out and "best seen: onnxruntime fp32 " in out and "a longer budget: no estimate" in out
     assert doc["coverage"]["measured"] == 1 and doc["machine_kind"]["model"] == "bert-tiny"
-    assert doc["machine_kind"]["scenario"] == "server" and doc["starts"]
+    assert doc["machine_kind"]["scenario"] == "server" and doc["starts"] == []  # no prior fits this narrow space
 
 
 def _doc_trial(number, words, screen=None, outcome="pruned", constraints=(0.0,), repeat_of=None):
