@@ -79,8 +79,10 @@ def test_a_label_shows_the_served_batch_and_the_knobs_off_their_defaults():
 
 
 def _tune(objective="server_qps", duration=2.0, **server):
-    cfg = compose([f"duration={duration}", *(f"server.{k}={v}" for k, v in server.items())])
-    return SimpleNamespace(settings=SimpleNamespace(objective=tune_settings.OBJECTIVES[objective]), cfg=cfg)
+    settings = tune_settings.parse([f"objective={objective}", "slo_p99_ms=100"])
+    cfg = compose([f"duration={duration}", *(f"server.{k}={v}" for k, v in server.items()),
+                   *tune_settings.scenario_overrides(settings)])
+    return SimpleNamespace(settings=settings, cfg=cfg)
 
 
 def test_a_server_screen_is_a_cheaper_qps_search_and_a_full_window_is_as_configured():

@@ -146,7 +146,7 @@ class Tune:
     def fidelity(self, duration: float) -> list[str]:
         """A server screen's cheaper QPS search (the multi-fidelity of the server objective): LoadGen's fewest
         queries that can judge a p99, fewer steps and a coarser bracket; a full window searches as configured."""
-        if self.settings.objective.scenario != "server" or duration >= self.cfg.duration:
+        if self.cfg.scenario != "server" or duration >= self.cfg.duration:
             return []
         server = self.cfg.server
         return [f"server.min_query_count={min(server.min_query_count, SCREEN_QUERIES)}",
