@@ -91,6 +91,25 @@ def test_search_stops_at_a_broken_step_and_goes_below_an_overloaded_one():
     assert search(step(False), 100.0, 0.1, 8, steps) is not None  # timed out: overload, lower rates are tried
 
 
+def test_the_first_rate_tried_counts_the_instances_the_server_says_it_runs(tmp_path):
+    """A corescale serve says its layout in GET /info: the search starts at one request at a time on each instance
+    (a managed 2x1 started at half its rate and spent its longest test there); a server that says nothing: one."""
+    from corescale.measure.http.contract import InstanceLayout, Layout, ServiceInfo, WhatRuns
+    from corescale.measure.http.endpoint import Warm, instances_said
+    from corescale.measure.http.load import HttpServer
+
+    layout = Layout([InstanceLayout(i, [i], [0], 1, 1) for i in range(2)])
+    info = ServiceInfo("m", "float32", {"embedding": "pooled"}, 32, 8, 8, "1",
+                       WhatRuns("overrides", "onnxruntime", "fp32", {}, layout)).to_dict()
+    assert instances_said({"/info": info}) == 2
+    assert instances_said({}) == instances_said({"/info": {"model_id": "m"}}) == 1  # TEI's own /info: no layout
+    cfg = compose([*QUICK, "target_qps=auto", "slo_p99_ms=500", "endpoint=http://127.0.0.1:9", "api=tei"])
+    warm = Warm(requests=8, errors=0, durations_ms=[50.0] * 8, dimension=None)
+    alone, each = HttpServer(cfg, [b"{}"], warm, tmp_path), HttpServer(cfg, [b"{}"], warm, tmp_path, 2)
+    assert (alone._first_guess(), each._first_guess()) == (20.0, 40.0)
+    alone.loop.close(), each.loop.close()
+
+
 def test_an_unreachable_endpoint_is_refused_before_loadgen(tmp_path):
     from corescale.measure.runner import prepare_trial
 

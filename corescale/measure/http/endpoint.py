@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from corescale.errors import UserError
 from corescale.measure.http.api import BadAnswer, HttpApi, Query, api_of, headers
-from corescale.measure.http.contract import API_KEY_ENV, is_loopback_host
+from corescale.measure.http.contract import API_KEY_ENV, ServiceInfo, is_loopback_host
 from corescale.measure.timing import warm_up
 
 if TYPE_CHECKING:
@@ -203,6 +203,15 @@ def self_description(cfg: BenchmarkConfig, api: HttpApi) -> tuple[int | None, di
                 text = json.dumps(payload)
                 found[path] = payload if len(text) <= REPORT_LIMIT else {"truncated": text[:REPORT_LIMIT]}
     return (status if status not in (404, 405) else None), found
+
+
+def instances_said(reports: dict) -> int:
+    """How many instances the server says it runs side by side: a corescale serve's GET /info layout (a server
+    that says nothing, or something else there: 1)."""
+    try:
+        return max(len(ServiceInfo.from_dict(reports.get("/info"), "GET /info").corescale.layout.instances), 1)
+    except UserError:
+        return 1
 
 
 def why(exc: Exception) -> str:

@@ -71,9 +71,10 @@ def stats(values: np.ndarray) -> dict:
 class HttpServer(LoadGenServer):
     """The server scenario against a running server: `run()` returns once every LoadGen test is done."""
 
-    def __init__(self, cfg: BenchmarkConfig, bodies: list[bytes], warm: Warm, work_dir: Path):
+    def __init__(self, cfg: BenchmarkConfig, bodies: list[bytes], warm: Warm, work_dir: Path, instances: int = 1):
         super().__init__(cfg, np.ones(len(bodies), dtype=np.int64), work_dir)  # lengths: only their count (the QSL)
         self.api, self.bodies, self.warm = api_of(cfg), bodies, warm
+        self.instances = max(instances, 1)  # what the server says it runs side by side (1: it does not say)
         assert cfg.endpoint, "a config measured over HTTP names its endpoint"
         self.url = cfg.endpoint.rstrip("/") + self.api.path
         self.loop = asyncio.new_event_loop()
@@ -211,9 +212,10 @@ class HttpServer(LoadGenServer):
         return float(np.median(recent)) if recent else 10.0
 
     def _first_guess(self) -> float:
-        """What one request at a time would sustain (a server that overlaps requests sustains more): the bracket
-        corrects it either way, and a low first guess costs the longest test (min_query_count at a low rate)."""
-        return float(f"{max(1000 / self._single_ms(), 0.1):.3g}")
+        """What one request at a time on each instance the server says it runs would sustain (a server that
+        batches sustains more): the bracket corrects it either way, and a low first guess costs the longest test
+        (min_query_count at a low rate)."""
+        return float(f"{max(self.instances * 1000 / self._single_ms(), 0.1):.3g}")
 
     def _expected_latency_ns(self) -> int:
         return int(self._single_ms() * 1e6)

@@ -113,7 +113,7 @@ def layout_words(trial: Trial) -> str:
 
 def over_http(trial: Trial, cfg: BenchmarkConfig, record: TrialRecord, started: float) -> UncommittedResult:
     """Warm the server up, ask what it is, then LoadGen's tests through the HTTP client (cfg.endpoint: its URL)."""
-    from corescale.measure.http.endpoint import self_description, warm
+    from corescale.measure.http.endpoint import instances_said, self_description, warm
     from corescale.measure.http.load import HttpServer, requests_csv
 
     api = api_of(cfg)
@@ -127,7 +127,7 @@ def over_http(trial: Trial, cfg: BenchmarkConfig, record: TrialRecord, started: 
                 "warmup_errors": warmed.errors, "dimension": warmed.dimension, "request_timeout_s": cfg.request_timeout}
     interrupted = None
     with scratch() as work:
-        server = HttpServer(cfg, bodies, warmed, Path(work))
+        server = HttpServer(cfg, bodies, warmed, Path(work), instances_said(reports))
         try:
             server.run()
         except KeyboardInterrupt as stop:
