@@ -145,3 +145,25 @@ def test_an_incomplete_or_malformed_entry_is_refused_at_registration(entry, mess
     with pytest.raises(RegistrationError) as info:
         register(entry)
     assert message in str(info.value) and entry.name not in TASKS
+
+
+@pytest.mark.slow
+def test_a_worker_knows_a_task_registered_from_a_plug_in_before_it_reads_its_job():
+    """A task from outside the package comes in as a backend does, through CORESCALE_BACKENDS: a worker's first
+    imports (those it reads its job with) load the plug-ins, so a job naming the task resolves (one interpreter
+    doing exactly that, not a whole run: ~1 s)."""
+    import os
+    import subprocess
+    import sys
+
+    from helpers import ROOT
+
+    code = ("from corescale.measure import imports; imports.timed_imports(list(imports.JOB_MODULES)); "
+            "from corescale.workload.tasks import get; print(get('toyscore').judge)")
+    env = {**os.environ, "CORESCALE_BACKENDS": "toy_task.plugin",
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT)])}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "toy_task:judge", proc.stderr
+    env["CORESCALE_BACKENDS"] = ""
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "unknown task 'toyscore'" in proc.stderr  # the plug-in, not the test, registered it
