@@ -2,6 +2,7 @@
 
 import ast
 import dataclasses
+import functools
 from collections import defaultdict
 from pathlib import Path
 
@@ -14,13 +15,25 @@ ORDER = ["errors", "typed", "userfiles", "bounds", "workload.tasks", "http_keys"
          "explain", "tune", "report", "commands", "cli", "__main__"]
 
 
+@functools.cache
+def _tree(path: Path) -> ast.Module:
+    """A module's syntax tree, parsed once for every rule here (each read the whole package again: ~190 files)."""
+    return ast.parse(path.read_text())
+
+
+@functools.cache
+def _nodes(path: Path) -> tuple[ast.AST, ...]:
+    return tuple(ast.walk(_tree(path)))
+
+
+@functools.cache
 def imports() -> dict[str, set[str]]:
     """module -> corescale modules it imports (module level and inside functions)."""
     graph = {}
     for path in PACKAGE.rglob("*.py"):
         name = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__")
         found = set()
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in _nodes(path):
             if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("corescale"):
                 found.add(node.module)
                 found.update(f"{node.module}.{a.name}" for a in node.names)
@@ -88,7 +101,7 @@ def _allowed(module: str, target: str) -> bool:
 def _imported_names(path: Path) -> set[str]:
     """Every module a file imports (module level and inside functions), corescale's or not."""
     names = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in _nodes(path):
         if isinstance(node, ast.ImportFrom) and node.module:
             names.add(node.module)
         elif isinstance(node, ast.Import):
@@ -102,9 +115,8 @@ def test_commands_parse_stage_and_render():
     class (listeners live in report/)."""
     found = {}
     for path in (PACKAGE / "commands").glob("*.py"):
-        tree = ast.parse(path.read_text())
         banned = sorted(n for n in _imported_names(path) if n.split(".")[0] in ("rich", "threading"))
-        classes = [node.name for node in ast.walk(tree) if isinstance(node, ast.ClassDef)]
+        classes = [node.name for node in _nodes(path) if isinstance(node, ast.ClassDef)]
         if banned or classes:
             found[path.name] = banned + classes
     assert found == {}
@@ -137,7 +149,7 @@ def test_one_meaning_per_name():
     milliseconds (record/stats.py; report/console.ms_text formats it)."""
     defined = defaultdict(list)
     for path in PACKAGE.rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in _nodes(path):
             if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name in RETIRED_NAMES:
                 defined[node.name].append(str(path.relative_to(PACKAGE)))
     assert dict(defined) == {"ms": ["record/stats.py"]}
@@ -162,11 +174,10 @@ OTHER_MEANINGS = {"machine/environment.py": ({"bf16"}, "aarch64's CPU flag"),
 
 def _literal_precisions(path: Path) -> set[str]:
     """The precision names written as string literals in a module (docstrings aside)."""
-    tree = ast.parse(path.read_text())
-    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+    docstrings = {id(node.body[0].value) for node in _nodes(path)
                   if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef)) and node.body
                   and isinstance(node.body[0], ast.Expr)}
-    return {node.value for node in ast.walk(tree) if isinstance(node, ast.Constant)
+    return {node.value for node in _nodes(path) if isinstance(node, ast.Constant)
             and node.value in PRECISION_NAMES and id(node) not in docstrings}
 
 
@@ -199,7 +210,7 @@ def test_no_two_top_level_definitions_of_a_package_share_a_name():
     serve/ giving different results); a module's private helpers (`_name`) are its own."""
     defined = defaultdict(list)
     for path in PACKAGE.rglob("*.py"):
-        for node in ast.parse(path.read_text()).body:
+        for node in _tree(path).body:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and \
                     not node.name.startswith("_") and node.name not in SHARED_NAMES:
                 defined[(str(path.parent.relative_to(PACKAGE)), node.name)].append(path.name)
@@ -219,7 +230,7 @@ def test_no_module_but_the_task_registry_names_a_task_in_a_branch_or_a_table():
     for path in PACKAGE.rglob("*.py"):
         if path == PACKAGE / "workload" / "tasks.py":
             continue
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in _nodes(path):
             if isinstance(node, ast.Compare):
                 names = [name for side in (node.left, *node.comparators) for name in named(side)]
             elif isinstance(node, ast.Dict):
@@ -262,7 +273,7 @@ def test_every_config_parameter_is_typed():
     as the Protocol of what that stage reads of it (machine/instance_env.LaunchSettings, backends/options.py's)."""
     bare = []
     for path in PACKAGE.rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in _nodes(path):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 args = node.args
                 bare += [f"{path.relative_to(PACKAGE)}:{node.lineno} {node.name}({a.arg})"
