@@ -22,19 +22,15 @@ MODEL_FILES = ("onnx", "openvino-ir")  # the exported model files a backend may 
 
 
 class TextSource(Protocol):
-    @property
-    def source(self) -> str | None: ...  # workload.source: a text file the queries come from (None: random ids)
+    source: str | None  # workload.source: a text file the queries come from (None: random ids)
 
 
 class CheckedSettings(Protocol):
     """What the options' checks read of the rest of the config (`config.BenchmarkConfig` is one: the options are
     a group of it, so they cannot name it)."""
 
-    @property
-    def precision(self) -> str: ...
-
-    @property
-    def tokenize(self) -> bool: ...
+    precision: str
+    tokenize: bool
 
     @property
     def workload(self) -> TextSource: ...
@@ -43,29 +39,14 @@ class CheckedSettings(Protocol):
 class LoadSettings(CheckedSettings, Protocol):
     """What a backend's `load` reads of the config (a backend annotates it as the `BenchmarkConfig` it is)."""
 
-    @property
-    def backend(self) -> BackendOptions: ...
-
-    @property
-    def batch_size(self) -> int: ...
-
-    @property
-    def sequence_length(self) -> int: ...
-
-    @property
-    def interop_threads(self) -> int: ...
-
-    @property
-    def seed(self) -> int: ...
-
-    @property
-    def trust_remote_code(self) -> bool: ...
-
-    @property
-    def allow_pickle(self) -> bool: ...
-
-    @property
-    def cache_dir(self) -> str: ...
+    backend: BackendOptions
+    batch_size: int
+    sequence_length: int
+    interop_threads: int
+    seed: int
+    trust_remote_code: bool
+    allow_pickle: bool
+    cache_dir: str
 
 
 @dataclass

@@ -74,17 +74,10 @@ def find_library(library: Library, dirs: list[Path] | None = None) -> Path:
 class LaunchSettings(Protocol):
     """What an instance's launch reads of the config (`config.BenchmarkConfig` is one; machine/ sits below it)."""
 
-    @property
-    def allocator(self) -> str: ...
-
-    @property
-    def openmp(self) -> str: ...
-
-    @property
-    def interop_threads(self) -> int: ...
-
-    @property
-    def backend(self) -> BackendOptions: ...
+    allocator: str
+    openmp: str
+    interop_threads: int
+    backend: BackendOptions
 
 
 def requested_libraries(cfg: LaunchSettings) -> list[Library]:
