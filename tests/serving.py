@@ -40,18 +40,21 @@ def measure_bundle(model: str, where: Path, *overrides: str) -> Path:
 
 
 class Service:
-    """`corescale serve BUNDLE --port 0 OPTIONS` in its own process, its stderr in a file."""
+    """`corescale serve BUNDLE --port 0 OPTIONS` in its own process, its stderr in a file (`command`: another
+    command that serves a bundle and prints the same ready line, `("deploy", "--target", "ray")`)."""
 
-    def __init__(self, bundle: Path | str, log: Path, *options: str, env: dict | None = None):
+    def __init__(self, bundle: Path | str, log: Path, *options: str, env: dict | None = None,
+                 command: tuple[str, ...] = ("serve",)):
         """`bundle`: a folder, or overrides in one string (`model=bert-tiny backend=onnxruntime`)."""
         self.log, self.bundle = log, bundle
         source = str(bundle).split() if "=" in str(bundle) else [str(bundle)]
         with open(log, "wb") as stderr:
-            self.process = subprocess.Popen([sys.executable, "-m", "corescale.cli", "serve", *source, "--port",
-                                             "0", *options], stdout=subprocess.PIPE, stderr=stderr, text=True,
-                                            cwd=ROOT, env=dict(os.environ, **(env or {})))
+            self.process = subprocess.Popen([sys.executable, "-m", "corescale.cli", command[0], *source,
+                                             *command[1:], "--port", "0", *options], stdout=subprocess.PIPE,
+                                            stderr=stderr, text=True, cwd=ROOT, env=dict(os.environ, **(env or {})))
         try:
-            self.url = url_in(wait_ready(self.process, log, 180))
+            self.ready = wait_ready(self.process, log, 180)
+            self.url = url_in(self.ready)
         except RuntimeError:
             self.stop()
             raise

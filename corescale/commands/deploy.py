@@ -34,6 +34,9 @@ def register(sub) -> None:
                         "(a pod asks for whole cores: cores x N CPUs)")
     parser.add_argument("--host", default="127.0.0.1", help="ray: address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=port_number, default=8080, help="ray: port (default 8080)")
+    parser.add_argument("--address", metavar="HOST:PORT",
+                        help="ray: the Ray cluster to run on (HOST:PORT of its head, or auto; default: a private "
+                        "local cluster on loopback, stopped at the end)")
     parser.add_argument("--api-key", default=os.environ.get(API_KEY_ENV),
                         help=f"ray: require 'Authorization: Bearer KEY' (default: ${API_KEY_ENV})")
     trust = parser.add_argument_group("bundles are code (docs/deploy.md#a-bundle-is-code-serve-only-bundles-you-trust)")
@@ -65,5 +68,5 @@ def handle(args) -> int:
         raise UserError(f"the API key is empty (--api-key or ${API_KEY_ENV}): give a key, or unset {API_KEY_ENV}")
     options = DeployOptions(out, args.host, args.port, args.api_key, Trust(args.trust_remote_code, args.allow_pickle),
                             read_key(args.verify) if args.verify else None, args.name, args.image, args.namespace,
-                            args.threads_per_core)
+                            args.threads_per_core, args.address)
     return runner(found)(Path(args.bundle), options)

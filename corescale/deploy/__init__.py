@@ -37,6 +37,7 @@ class DeployOptions:
     image: str | None = None  # kubernetes: the image built from the bundle's Dockerfile.example
     namespace: str | None = None  # kubernetes: the objects' namespace (default: none written, kubectl's)
     threads_per_core: int | None = None  # kubernetes: the nodes' (default: the measuring machine's)
+    address: str | None = None  # ray: the cluster (HOST:PORT or auto); None: a private local one on loopback
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,7 @@ register("kubernetes", Target(
     "corescale.deploy.kubernetes:deploy", writes=True))
 register("ray", Target(
     "a Ray Serve application on the connected Ray cluster, one replica per measured core block (docs/ray.md)",
-    None, requires=("ray",), extra="ray"))
+    "corescale.deploy.ray_serve:deploy", requires=("ray", "fastapi", "uvicorn", "prometheus_client"), extra="ray"))
 
 
 def target(name: str) -> Target:

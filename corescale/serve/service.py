@@ -89,10 +89,7 @@ def stop_signal(number: int, frame) -> None:
 
 def run(source: list[str], options: Options) -> int:
     """`source`: a bundle's path, overrides or a config file (a layout that was not measured)."""
-    from corescale.measure.http.contract import is_loopback_host
     from corescale.serve.metrics import Metrics, front_cpu_seconds
-    from corescale.serve.tokens import Tokens, longest_served
-    from corescale.workload.models import resolve_model
 
     more_files()
     runtime = os.environ.get("RUNTIME_DIRECTORY", "").split(":")[0] or None  # systemd's RuntimeDirectory=
@@ -101,11 +98,7 @@ def run(source: list[str], options: Options) -> int:
         for line in opened.warnings:
             print(f"corescale serve: warning: {line}", file=sys.stderr, flush=True)
         cfg = opened.cfg
-        model = resolve_model(cfg.model, cfg.trust_remote_code, cfg.task, cfg.cache_dir)
-        limits = dataclasses.replace(options.limits, max_inputs=options.max_inputs)
-        longest = longest_served(opened.tokenizer.parent, model.max_positions, cfg.sequence_length)
-        tokens = Tokens(opened.tokenizer, longest, limits, model.vocab_size, opened.head.prompt)
-        width = opened.head.dense[-1].out_features if opened.head.dense else model.hidden or None
+        tokens, width = front_parts(opened, options)
         sock = bind(options.host, options.port)
         metrics = Metrics()
         pool = Pool(opened, Path(work), metrics, options.max_queue, options.batch_timeout)
@@ -133,11 +126,10 @@ def run(source: list[str], options: Options) -> int:
                 say(f"ready {ready_s:.2f} s after the process started (instances loaded and warm)")
                 import uvicorn
 
-                from corescale.serve.app import Front, create_app
+                from corescale.serve.app import Front
                 from corescale.serve.guard import deadline_protocol
 
-                app = create_app(Front(pool, tokens, opened.head, opened.model, metrics, width), options.api_key,
-                                 limits.payload_bytes, not options.api_key and is_loopback_host(options.host))
+                app = front_app(Front(pool, tokens, opened.head, opened.model, metrics, width), options)
                 server = Server(pool, caught, uvicorn.Config(
                     app, log_level="warning", access_log=options.access_log, lifespan="off",
                     timeout_graceful_shutdown=GRACEFUL_S,
@@ -157,6 +149,29 @@ def run(source: list[str], options: Options) -> int:
             sock.close()
         summary(pool, front_cpu_seconds() - metrics.cpu_at_start, time.monotonic() - began)
     return 130 if signal.SIGINT in caught else 0
+
+
+def front_parts(opened: Bundle, options: Options):
+    """(the tokenizer with the request limits, the length of one output row or None) the front of `opened` uses
+    (`corescale serve`'s, and each replica's of `corescale deploy --target ray`)."""
+    from corescale.serve.tokens import Tokens, longest_served
+    from corescale.workload.models import resolve_model
+
+    cfg = opened.cfg
+    model = resolve_model(cfg.model, cfg.trust_remote_code, cfg.task, cfg.cache_dir)
+    limits = dataclasses.replace(options.limits, max_inputs=options.max_inputs)
+    longest = longest_served(opened.tokenizer.parent, model.max_positions, cfg.sequence_length)
+    tokens = Tokens(opened.tokenizer, longest, limits, model.vocab_size, opened.head.prompt)
+    return tokens, opened.head.dense[-1].out_features if opened.head.dense else model.hidden or None
+
+
+def front_app(front, options: Options):
+    """The routes of `front` behind the guard `options` ask for (the key, the body limit, loopback's Host check)."""
+    from corescale.measure.http.contract import is_loopback_host
+    from corescale.serve.app import create_app
+
+    return create_app(front, options.api_key, front.tokens.limits.payload_bytes,
+                      not options.api_key and is_loopback_host(options.host))
 
 
 def http_server() -> type:

@@ -41,12 +41,12 @@ class Owner(Protocol):
         """Its process ended (exit status `code`): the pool decides whether it starts again."""
 
 
-def say(text: str, stream=None) -> None:
+def say(text: str, stream=None, who: str = "corescale serve") -> None:
     """One line of the service's log (stdout, or `stream`); a closed pipe (`corescale serve B | head`) silences
     it instead of raising in whichever thread logs."""
     stream = stream or sys.stdout
     try:
-        print(f"corescale serve: {text}", file=stream, flush=True)
+        print(f"{who}: {text}", file=stream, flush=True)
     except (OSError, ValueError):
         try:  # later writes and the flush at exit go nowhere instead of failing again
             os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())

@@ -73,8 +73,8 @@ def is_loopback(address: str | None) -> bool:
     return is_loopback_host(parsed[0])
 
 
-def check_reachable(address: str, timeout_s: float = 5.0) -> None:
-    """Fails fast with one line where ray.init would retry for minutes."""
+def check_reachable(address: str, what: str = "executor.address", timeout_s: float = 5.0) -> None:
+    """Fails fast with one line where ray.init would retry for minutes (`what`: the setting that names it)."""
     parsed = split_address(address)
     if parsed is None:
         return
@@ -82,7 +82,7 @@ def check_reachable(address: str, timeout_s: float = 5.0) -> None:
         socket.create_connection(parsed, timeout=timeout_s).close()
     except OSError as exc:
         raise UserError(f"cannot reach the Ray cluster at '{address}' ({exc.strerror or exc}); start it with "
-                        "`ray start --head --port 6379 ...` or fix executor.address") from None
+                        f"`ray start --head --port 6379 ...` or fix {what}") from None
 
 
 # --- on the node ------------------------------------------------------------------------------------------------
@@ -328,24 +328,7 @@ class RayExecutor:
         return queue
 
     def _connect(self, ray) -> bool:
-        """Connects to executor.address, or starts a private local Ray (loopback only, no dashboard).
-        Returns whether this call connected (and so must disconnect)."""
-        if ray.is_initialized():
-            return False
-        options = {"logging_level": logging.WARNING, "log_to_driver": False}
-        address = self.settings.address
-        try:
-            if address is None:
-                ray.init(address="local", include_dashboard=False, _node_ip_address=LOOPBACK,
-                         num_cpus=len(os.sched_getaffinity(0)),
-                         resources={NODE_RESOURCE: 1}, object_store_memory=LOCAL_OBJECT_STORE_BYTES, **options)
-            else:
-                check_reachable(address)
-                ray.init(address=address, **options)
-        except ConnectionError as exc:
-            raise UserError(f"cannot connect to the Ray cluster at '{address}': {_first_line(exc)}; start it with "
-                            "`ray start --head --port 6379 ...` or fix executor.address") from None
-        return True
+        return connect(ray, self.settings.address, {NODE_RESOURCE: 1})
 
     def _check_types(self, ray, queue: list[Attempt]) -> None:
         nodes = benchmark_nodes(ray)
@@ -428,6 +411,27 @@ class RayExecutor:
                     "failed_attempts": attempt.failures}
         return stamp(measured, node=measured.record.node or node, executor=executor, repeat=attempt.repeat,
                      repeats=attempt.trial.cfg.repeats)
+
+
+def connect(ray, address: str | None, resources: dict[str, float] | None = None, what: str = "executor.address",
+            ) -> bool:
+    """Connects to `address`, or starts a private local Ray (loopback only, no dashboard, this process's CPUs,
+    `resources` declared). Returns whether this call connected (and so must disconnect)."""
+    if ray.is_initialized():
+        return False
+    options = {"logging_level": logging.WARNING, "log_to_driver": False}
+    try:
+        if address is None:
+            ray.init(address="local", include_dashboard=False, _node_ip_address=LOOPBACK,
+                     num_cpus=len(os.sched_getaffinity(0)), resources=resources or {},
+                     object_store_memory=LOCAL_OBJECT_STORE_BYTES, **options)
+        else:
+            check_reachable(address, what)
+            ray.init(address=address, **options)
+    except ConnectionError as exc:
+        raise UserError(f"cannot connect to the Ray cluster at '{address}': {_first_line(exc)}; start it with "
+                        f"`ray start --head --port 6379 ...` or fix {what}") from None
+    return True
 
 
 def _ray_initialized() -> bool:

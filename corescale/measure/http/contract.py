@@ -86,6 +86,7 @@ class WhatRuns(Section):
     precision: str
     config: dict[str, Any]
     layout: Layout
+    engine: str = "corescale serve"  # what serves: `corescale serve`, or "ray serve" (corescale deploy --target ray)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
