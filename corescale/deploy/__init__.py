@@ -74,7 +74,8 @@ register("kubernetes", Target(
     "corescale.deploy.kubernetes:deploy", writes=True))
 register("ray", Target(
     "a Ray Serve application on the connected Ray cluster, one replica per measured core block (docs/ray.md)",
-    "corescale.deploy.ray_serve:deploy", requires=("ray", "fastapi", "uvicorn", "prometheus_client"), extra="ray"))
+    "corescale.deploy.ray_serve:serve_on_ray", requires=("ray", "fastapi", "uvicorn", "prometheus_client"),
+    extra="ray"))
 
 
 def target(name: str) -> Target:

@@ -143,7 +143,7 @@ class Replica:
 
 # --- on the driver -------------------------------------------------------------------------------------------------
 
-def deploy(bundle: Path, options: DeployOptions) -> int:
+def serve_on_ray(bundle: Path, options: DeployOptions) -> int:
     """The registry's entry (deploy/__init__.py): the command line's options as `corescale serve`'s."""
     from corescale.serve.opened import Trust
 
