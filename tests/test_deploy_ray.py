@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import httpx
 import numpy as np
 import pytest
-from helpers import corescale, left_after, needs_two_cpus, processes_with_env
+from helpers import corescale, left_after, needs_two_cpus, processes_with_env, raw_record
 from serving import Service, measure_bundle
 
 CPUS = sorted(os.sched_getaffinity(0))
@@ -138,6 +138,14 @@ def test_two_nodes_serve_minilm_as_corescale_serve_one_pinned_replica_on_each(cl
         assert sorted(pids) == sorted(r["instance_pid"] for r in seen.values())
         for replica in seen.values():
             assert_pinned(replica["instance_pid"], replica["cpus"])
+        # measured through the engine: LoadGen over HTTP against Ray Serve's proxy; the record names the engine
+        measured = corescale("run", "--no-progress", "scenario=server", f"endpoint={ray.url}", "api=tei",
+                             "model=all-MiniLM-L6-v2", "target_qps=20", "duration=0.5", "server.min_query_count=40",
+                             "warmup.max_iterations=8", "timeout=120", f"output_dir={tmp_path / 'out'}")
+        assert measured.returncode == 0, measured.stderr
+        record = raw_record(next((tmp_path / "out").glob("*/result.json")).parent)
+        assert record["status"] == "ok" and record["server"]["steps"][0]["errors"] == 0, record["server"]["steps"]
+        assert record["server"]["endpoint"]["engine"] == "ray serve"
         code, out = ray.terminate()
     assert code == 0, out
     deadline = time.monotonic() + 30

@@ -276,6 +276,7 @@ class Endpoint(Section):
     dimension: int | None = None  # the embedding's length in its answers
     request_timeout_s: float | None = None
     managed: Managed | None = None  # endpoint=managed: the service the trial started
+    engine: str | None = None  # which engine served, as its GET /info says ("corescale serve", "ray serve"); None
 
 
 @dataclass(frozen=True)

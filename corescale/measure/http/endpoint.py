@@ -214,6 +214,16 @@ def instances_said(reports: dict) -> int:
         return 1
 
 
+def engine_of(reports: dict) -> str | None:
+    """Which engine served, as the server's GET /info says: corescale's names it under `corescale.engine`
+    (`corescale serve`, or `ray serve` for `corescale deploy --target ray`; one written before it was said:
+    `corescale serve`); None when the server does not say."""
+    runs = (reports.get("/info") or {}).get("corescale") if isinstance(reports.get("/info"), dict) else None
+    if not isinstance(runs, dict):
+        return None
+    return str(runs.get("engine") or "corescale serve")[:100]
+
+
 def why(exc: Exception) -> str:
     text = str(exc).splitlines()[0] if str(exc) else ""
     return f"{type(exc).__name__}: {text[:120]}" if text else type(exc).__name__

@@ -113,7 +113,7 @@ def layout_words(trial: Trial) -> str:
 
 def over_http(trial: Trial, cfg: BenchmarkConfig, record: TrialRecord, started: float) -> UncommittedResult:
     """Warm the server up, ask what it is, then LoadGen's tests through the HTTP client (cfg.endpoint: its URL)."""
-    from corescale.measure.http.endpoint import instances_said, self_description, warm
+    from corescale.measure.http.endpoint import engine_of, instances_said, self_description, warm
     from corescale.measure.http.load import HttpServer, requests_csv
 
     api = api_of(cfg)
@@ -124,7 +124,8 @@ def over_http(trial: Trial, cfg: BenchmarkConfig, record: TrialRecord, started: 
     endpoint = {"url": cfg.endpoint, "api": api.name, "path": api.path, "health": health,
                 "model_field": cfg.model if api.name == "openai" else None, "reports": reports,
                 "single_ms": min(warmed.durations_ms, default=None), "warmup_requests": warmed.requests,
-                "warmup_errors": warmed.errors, "dimension": warmed.dimension, "request_timeout_s": cfg.request_timeout}
+                "warmup_errors": warmed.errors, "dimension": warmed.dimension, "request_timeout_s": cfg.request_timeout,
+                "engine": engine_of(reports)}
     interrupted = None
     with scratch() as work:
         server = HttpServer(cfg, bodies, warmed, Path(work), instances_said(reports))
