@@ -140,7 +140,7 @@ def test_two_nodes_serve_minilm_as_corescale_serve_one_pinned_replica_on_each(cl
             assert_pinned(replica["instance_pid"], replica["cpus"])
         # measured through the engine: LoadGen over HTTP against Ray Serve's proxy; the record names the engine
         measured = corescale("run", "--no-progress", "scenario=server", f"endpoint={ray.url}", "api=tei",
-                             "model=all-MiniLM-L6-v2", "target_qps=20", "duration=0.5", "server.min_query_count=40",
+                             "model=all-MiniLM-L6-v2", "target_qps=60", "duration=0.5", "server.min_query_count=459",
                              "warmup.max_iterations=8", "timeout=120", f"output_dir={tmp_path / 'out'}")
         assert measured.returncode == 0, measured.stderr
         record = raw_record(next((tmp_path / "out").glob("*/result.json")).parent)
