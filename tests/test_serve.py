@@ -197,9 +197,10 @@ def test_sigterm_drains_accepted_requests_and_exits_0(bundle, tmp_path):
     try:
         for thread in threads:
             thread.start()
-        deadline = time.monotonic() + 30
-        while "corescale_queue_inputs 0.0" in httpx.get(f"{service.url}/metrics").text:
+        deadline = time.monotonic() + 60
+        while accepted_inputs(service) < 48:  # every request in (SIGTERM stops accepting: a later one is refused)
             assert time.monotonic() < deadline, "the requests never queued"
+            time.sleep(0.01)
         code, out = service.terminate()
         for thread in threads:
             thread.join()
@@ -210,6 +211,13 @@ def test_sigterm_drains_accepted_requests_and_exits_0(bundle, tmp_path):
     assert "the front used" in out and "48 inputs served" in out
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"{service.url}/health")
+
+
+def accepted_inputs(service) -> float:
+    """Inputs the service holds or has computed (its queue and its computed count, from /metrics)."""
+    found = {line.split()[0]: float(line.split()[-1]) for line in httpx.get(f"{service.url}/metrics").text.splitlines()
+             if line.startswith(("corescale_queue_inputs ", "corescale_inputs_total "))}
+    return found.get("corescale_queue_inputs", 0.0) + found.get("corescale_inputs_total", 0.0)
 
 
 def test_a_killed_worker_is_restarted_and_the_service_answers_again(bundle, tmp_path):
