@@ -150,6 +150,8 @@ def test_the_demo_tunes_the_service_and_throughput_is_one_word_away():
     assert not any(w.startswith(("tokenize=", "batch_size=", "objective=")) for w in words)
     settings = tune_settings.parse(words)
     assert settings.objective.name == "server_qps" and settings.top_k == 2 and settings.repeats == 2
+    server = compose(settings.overrides).server  # each QPS search short enough for a 5-minute budget
+    assert (server.min_query_count, server.max_steps, server.search_precision) == (459, 6, 0.1)
     offline = demo_words(["objective=throughput"])
     assert {"tokenize=true", "batch_size=1"} <= set(offline) and not any(w.startswith("slo_p99_ms=")
                                                                          for w in offline)
