@@ -2,6 +2,8 @@
 before FastAPI's stack, with the same checks, answers and errors as through it. In process (no instance): the
 front with a pool that answers at once, each request sent once through the fast path and once through FastAPI's."""
 
+import functools
+
 import fastapi
 import numpy as np
 import pytest
@@ -25,15 +27,20 @@ def clients(task="embed", key=KEY, room=8, rows=lambda ids: np.arange(1, 33, dty
 
     made = []
     for fast in (True, False):
-        tokens = Tokens(minilm_folder() / "tokenizer.json", 64, Limits(max_inputs=8, answer_floats=1000), VOCAB)
         head = HeadSpec(task=task, pooling="mean", normalize=False)
         metrics = Metrics()
-        app = create_app(Front(FakePool(room=room, rows=rows), tokens, head, "m", metrics, width=32), key,
+        app = create_app(Front(FakePool(room=room, rows=rows), tokens(), head, "m", metrics, width=32), key,
                          payload_bytes=PAYLOAD, loopback_only=key is None)
         if not fast:
             app.fast.clear()
         made.append((TestClient(app, base_url="http://localhost", raise_server_exceptions=False), metrics))
     return made
+
+
+@functools.cache
+def tokens() -> Tokens:
+    """One tokenizer for every front here (it holds no state between requests)."""
+    return Tokens(minilm_folder() / "tokenizer.json", 64, Limits(max_inputs=8, answer_floats=1000), VOCAB)
 
 
 AUTH = {"Authorization": f"Bearer {KEY}"}
