@@ -117,7 +117,8 @@ def test_poison_inputs_get_422_and_no_instance_dies(service):
 @pytest.mark.slow
 def test_oversized_and_hostile_bodies_while_health_answers(service):
     """H2: bodies past the limit are refused as they arrive (declared or not); large inputs within the limits are
-    tokenized off the event loop: /health answers within 0.5 s throughout."""
+    tokenized off the event loop: /health answers within 0.5 s throughout (one probe of a busy machine's may take up to
+    1 s; a loop blocked by tokenizing held every probe 1.3 s, three times, on an idle Zen 5)."""
     host, port = service.url.removeprefix("http://").split(":")
 
     def hostile():
@@ -142,7 +143,7 @@ def test_oversized_and_hostile_bodies_while_health_answers(service):
 
     times, statuses = probe_health(service, hostile)
     assert statuses == [b"413", 413, 200, 200, 200, 413], statuses  # /tokenize: 38000 tokens, over 128
-    assert len(times) >= 5 and max(times) < 0.5, sorted(times)[-5:]
+    assert len(times) >= 5 and sum(t > 0.5 for t in times) <= 1 and max(times) < 1.0, sorted(times)[-5:]
 
 
 @pytest.mark.slow
