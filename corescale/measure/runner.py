@@ -328,7 +328,8 @@ def contamination_of(cfg: BenchmarkConfig, readings: list[dict], reports: list[d
     return Contamination.from_dict({
         "steal_fraction": sum(by_cpu.values()) / len(by_cpu) if by_cpu else None, "steal_by_cpu": by_cpu,
         "foreign_load": max(foreign) if foreign else None, "sentinel": readings,
-        "sentinel_tolerance": run_sentinel().tolerance if cfg.sentinel else None}, "contamination")
+        "sentinel_tolerance": run_sentinel().tolerance if cfg.sentinel else None,
+        "sentinel_memory_tolerance": run_sentinel().memory_tolerance if cfg.sentinel else None}, "contamination")
 
 
 def commit(measured: UncommittedResult) -> TrialOutcome:

@@ -5,13 +5,16 @@ Foreign processes on the same guest are seen by the contamination check (measure
 sees what it cannot: the hypervisor taking the CPU, a neighbour on the host's shared caches and memory bandwidth,
 a frequency change. Each reading runs, pinned to one CPU at a time with one BLAS thread, a compute-bound part (a
 fixed 192² float32 GEMM, 16 times: ~226 MFLOP) and a memory-bound part (a STREAM-like triad over three 16 MiB float64
-arrays, 2 times: ~100 MB of traffic), a few milliseconds each on a current core; a part's time is the median of
-RUNS timings (one interrupt spoils none: single timings moved on a quiet Zen 5 in 2 of 15 readings). Each CPU's
+arrays, 2 times: ~100 MB of traffic), a few milliseconds each on a current core. A part's time is the median of RUNS
+timings: an interrupt or a burst of steal in two of them spoils none (single GEMM timings of 2.2 ms read 6.4 ms in 2
+of 5 runs on an idle Zen 5), while a CPU shared half the time, a lower clock or a neighbour on the memory bus slows
+most of them (the fastest would hide a CPU shared in time slices longer than one timing). Each CPU's
 reference is its first reading (the median of three), replaced by a reading faster than it beyond the tolerance (a
-reference taken while the machine was busy heals itself; noise never lowers it). A part more than TOLERANCE slower
-than its reference marks the reading as moved; a trial with a moved reading is flagged, and `repeats` and a tune's
-final rounds measure it once more (trials/local.py). A faster reading never marks a trial: its CPUs were at least as
-fast as before.
+reference taken while the machine was busy heals itself; noise never lowers it). A part slower than its reference
+beyond its tolerance marks the reading as moved: TOLERANCE for the GEMM, MEMORY_TOLERANCE for the triad, whose median
+of five ranged 3.3–5.0 ms within 3 s on the idle Zen 5 guest (the host's memory bandwidth: only a halving is
+taken as moved). A trial with a moved reading is flagged, and `repeats` and a tune's final rounds measure it once more
+(trials/local.py). A faster reading never marks a trial: its CPUs were at least as fast as before.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-TOLERANCE = 0.25  # a part 25 % slower than its reference on the same CPU: moved
+TOLERANCE = 0.25  # the GEMM 25 % slower than its reference on the same CPU: moved
+MEMORY_TOLERANCE = 1.0  # the triad twice as slow (an idle guest's triad ranged 1.6x within seconds)
 RUNS = 5  # timings of each part per reading, their median kept
 GEMM_SIZE, GEMM_REPS = 192, 16
 TRIAD_ELEMENTS, TRIAD_REPS = 1 << 21, 2  # three float64 arrays of 16 MiB: beyond one CCD's 32 MiB L3 together
@@ -101,12 +105,13 @@ class Sentinel:
     faster beyond the tolerance, is the reference of every later one."""
 
     tolerance: float = TOLERANCE
+    memory_tolerance: float = MEMORY_TOLERANCE
     first: dict[int, Timing] = field(default_factory=dict)
 
     def read(self, cpus, phase: str) -> dict:
         """One reading on `cpus` as the record keeps it: per CPU times, the worst ratio to the reference (a part's
         time ÷ its reference's: 1.0 = unchanged, below 1 faster; far faster replaces the reference) and
-        whether it moved (slower beyond the tolerance)."""
+        whether it moved (a part slower beyond its tolerance)."""
         timings = time_cpus(cpus)
         new = [cpu for cpu in timings if cpu not in self.first]
         if new:  # the reference of a CPU is the median of three readings: one interrupted reading spoils none
@@ -118,24 +123,25 @@ class Sentinel:
         memory = [now.memory_ms / self.first[cpu].memory_ms for cpu, now in timings.items()]
         worst = _worst(compute + memory)
         for cpu, now in timings.items():  # far faster: the reference was taken on slowed CPUs (noise never lowers it)
-            self.first[cpu] = Timing(*(_healed(getattr(now, part), getattr(self.first[cpu], part), self.tolerance)
-                                       for part in ("compute_ms", "memory_ms")))
+            self.first[cpu] = Timing(_healed(now.compute_ms, self.first[cpu].compute_ms, self.tolerance),
+                                     _healed(now.memory_ms, self.first[cpu].memory_ms, self.memory_tolerance))
         # which part moved tells the cause apart: both (the CPU's time or clock: steal, frequency, a process on it),
         # the memory part only (a neighbour on the shared caches and memory bandwidth)
         return {"at": time.time(), "phase": phase,
                 "compute_ms": {str(c): round(t.compute_ms, 3) for c, t in timings.items()},
                 "memory_ms": {str(c): round(t.memory_ms, 3) for c, t in timings.items()},
-                "ratio": round(worst, 4), "moved": moved(worst, self.tolerance),
+                "ratio": round(worst, 4),
+                "moved": moved(_worst(compute), self.tolerance) or moved(_worst(memory), self.memory_tolerance),
                 "compute_ratio": round(_worst(compute), 4), "memory_ratio": round(_worst(memory), 4)}
+
+
+def _median(values: list[float]) -> float:
+    return sorted(values)[len(values) // 2]
 
 
 def _healed(now: float, reference: float, tolerance: float) -> float:
     """The reference, or this reading where it is faster beyond the tolerance."""
     return now if now * (1 + tolerance) < reference else reference
-
-
-def _median(values: list[float]) -> float:
-    return sorted(values)[len(values) // 2]
 
 
 def _worst(ratios: list[float]) -> float:

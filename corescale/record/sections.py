@@ -306,7 +306,7 @@ class SentinelReading(Section):
     compute_ms: dict[str, float]
     memory_ms: dict[str, float]
     ratio: float
-    moved: bool  # slower than the reference beyond the tolerance (before 0.4's last build: either way)
+    moved: bool  # a part slower than its reference beyond its tolerance (earlier 0.4 builds: either way)
     compute_ratio: float | None = None  # the GEMM's worst ratio alone (None: records of the first 0.4 builds)
     memory_ratio: float | None = None  # the triad's: moved alone, a neighbour on the caches or memory bandwidth
 
@@ -322,7 +322,8 @@ class Contamination(Section):
     steal_by_cpu: dict[str, float] = field(default_factory=dict)
     foreign_load: float | None = None
     sentinel: list[SentinelReading] = field(default_factory=list)
-    sentinel_tolerance: float | None = None  # None: the sentinel was off (sentinel=false)
+    sentinel_tolerance: float | None = None  # the GEMM's; None: the sentinel was off (sentinel=false)
+    sentinel_memory_tolerance: float | None = None  # the triad's (None: records before it had its own)
     rerun_of_moved: bool = False  # this trial measures again one whose sentinel moved (repeats, a tune's final)
     extra: dict[str, Any] = field(default_factory=dict)
 

@@ -224,9 +224,11 @@ def shared_host_lines(record: TrialRecord) -> list[str]:
         last = found.sentinel[-1]
         parts = f" (GEMM {last.compute_ratio:.2f}x, triad {last.memory_ratio:.2f}x)" \
             if last.compute_ratio is not None and last.memory_ratio is not None else ""
+        memory = "" if found.sentinel_memory_tolerance is None else \
+            f", triad {found.sentinel_memory_tolerance:.0%} slower"
         lines.append(f"speed sentinel moved: {', '.join(f'{r.phase} {r.ratio:.2f}x' for r in found.sentinel)} its "
                      f"reference{parts} (range {span[0]:.2f}-{span[1]:.2f}x, tolerance "
-                     f"{found.sentinel_tolerance or 0:.0%} slower): the CPUs got slower around this trial")
+                     f"GEMM {found.sentinel_tolerance or 0:.0%} slower{memory}): the CPUs got slower around this trial")
     return lines
 
 

@@ -128,9 +128,9 @@ CHARTS = [
 SHARED_HOST = Chart(
     "shared_host", "Shared host: steal and the speed sentinel over time", "Per trial, in the order measured: the "
     "speed sentinel's readings before and after it (a fixed GEMM and triad on its CPUs) as a ratio to its "
-    "reference (the run's first reading), the band its tolerance (up to 25 % slower); a red x marks a trial whose "
-    "sentinel moved; bars: the "
-    "hypervisor's steal over the timed window (right axis). A figure measured while the CPU's speed moved is not "
+    "reference (the run's first reading), the bands its tolerances (the GEMM 25 % slower, the triad twice as "
+    "slow); a red x marks a trial whose sentinel moved; bars: the hypervisor's steal over the timed window (right "
+    "axis). A figure measured while the CPU's speed moved is not "
     "comparable with one measured before.", lambda *_: None, "")
 
 
