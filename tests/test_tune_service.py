@@ -322,3 +322,21 @@ def test_the_tune_store_is_keyed_by_machine_kind_model_length_and_scenario(tmp_p
         (tmp_path / name / "tune.json").write_text("{" if document is None else json.dumps(document.to_dict()))
     assert priors.earlier_winners(tmp_path, tmp_path / "tune-own", kind) == [params]  # b: other length; c: broken
     assert priors.earlier_winners(tmp_path, tmp_path / "tune-a", kind) == []  # its own folder is not a prior
+
+
+def test_the_reports_tuner_section_says_how_good_the_answer_is():
+    from corescale.report.tune import coverage_html
+    from corescale.tune.document import BestSeen, Coverage, TuneDocument, TuneObjective
+
+    found = Coverage(12, 15552, [BestSeen("onnxruntime", "int8", 1944, 4, 0, 412.0, "onnxruntime int8 2×1c"),
+                                 BestSeen("pytorch", "int8", 3888, 1, 1, None, None),
+                                 BestSeen("openvino", "fp32", 1944, 0)], 0.061, "≈ +6.1% on the best ...")
+    doc = TuneDocument(created_at="", tune_dir="", settings={}, space={}, space_size=15552, screen_s=1.0,
+                       duration_s=2.0, physical_cores=2, trials=[], finalists=[], baseline=None, headline=[],
+                       objective=TuneObjective("server_qps", "server_qps", "maximize", "QPS at p99 <= SLO"),
+                       coverage=found)
+    html = coverage_html(doc)
+    assert "How good is the answer" in html and "not reached: openvino fp32" in html
+    assert "<td>onnxruntime</td><td>int8</td><td>4 of 1944</td><td>0</td><td>412</td>" in html
+    assert "≈ +6.1% on the best" in html and "<script" not in html
+    assert TuneDocument.from_dict(doc.to_dict(), "tune.json").coverage == found
