@@ -70,9 +70,9 @@ def reading(ratio: float, phase: str = "after") -> dict:
             "moved": sentinel.moved(ratio)}
 
 
-def contamination(ratio: float = 1.0, steal: float = 0.0, **more) -> Contamination:
+def contamination(ratio: float = 1.0, steal: float = 0.0, before: float = 1.0, **more) -> Contamination:
     return Contamination.from_dict({"steal_fraction": steal, "steal_by_cpu": {"0": steal}, "foreign_load": 0.0,
-                                    "sentinel": [reading(1.0, "before"), reading(ratio)], "sentinel_tolerance": 0.25,
+                                    "sentinel": [reading(before, "before"), reading(ratio)], "sentinel_tolerance": 0.25,
                                     **more}, "contamination")
 
 
@@ -103,8 +103,8 @@ def test_console_warns_of_steal_and_a_moved_sentinel_only_above_their_thresholds
     assert "sentinel moved" in moved and "after 1.60x" in moved
 
 
-def test_a_repeat_whose_sentinel_moved_is_measured_once_more(tmp_path, monkeypatch):
-    trial = prepare_trial(compose([*FAST, "repeats=2", f"output_dir={tmp_path}"]))
+def test_a_repeat_whose_sentinel_moved_before_and_after_is_measured_once_more(tmp_path, monkeypatch):
+    trial = prepare_trial(compose([*FAST, "repeats=3", f"output_dir={tmp_path}"]))
     calls = []
 
     def fake_run_trial(trial, host, on_event, keep_going, on_lock_wait, repeat, done_meanwhile, forkservers,
@@ -112,16 +112,19 @@ def test_a_repeat_whose_sentinel_moved_is_measured_once_more(tmp_path, monkeypat
         calls.append((repeat, rerun_of_moved))
         record = new_record(trial, host, 0.0)
         record.repeat = repeat
-        record.contamination = contamination(1.0 if rerun_of_moved or repeat == 0 else 1.5,
+        # repeat 0 unmoved, repeat 1 slowed before and after (then fine again), repeat 2 slowed after only
+        ratio = 1.0 if rerun_of_moved or repeat == 0 else 1.5
+        record.contamination = contamination(ratio, before=ratio if repeat == 1 else 1.0,
                                              rerun_of_moved=rerun_of_moved)
         return TrialOutcome(tmp_path / f"r{len(calls)}", record)
 
     monkeypatch.setattr(local, "run_trial", fake_run_trial)
     item = Planned(1, [], trial, "x")
     state = run_trials([item], resume=False)
-    assert calls == [(0, False), (1, False), (1, True)]  # repeat 1 moved: once more, and only once
+    assert calls == [(0, False), (1, False), (1, True), (2, False)]  # repeat 1 once more, only once; 2 flagged only
     kept = [row.record.contamination for row in state.rows]
-    assert [c.rerun_of_moved for c in kept] == [False, True] and not kept[1].sentinel_moved
+    assert [c.rerun_of_moved for c in kept] == [False, True, False] and not kept[1].sentinel_moved
+    assert kept[2].sentinel_moved and not kept[2].sentinel_moved_throughout
 
 
 def side(run: str, hour: int, moved: bool) -> pd.DataFrame:

@@ -332,6 +332,11 @@ class Contamination(Section):
         return any(r.moved for r in self.sentinel)
 
     @property
+    def sentinel_moved_throughout(self) -> bool:
+        """Moved before and after the trial: a slowdown that lasted through it (one side alone may be a blip)."""
+        return len(self.sentinel) >= 2 and all(r.moved for r in self.sentinel)
+
+    @property
     def sentinel_range(self) -> tuple[float, float] | None:
         """The lowest and highest ratio of its readings to the run's first (None without readings)."""
         ratios = [r.ratio for r in self.sentinel]
