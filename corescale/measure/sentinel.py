@@ -117,11 +117,10 @@ class Sentinel:
         if new:  # the reference of a CPU is the median of three readings: one interrupted reading spoils none
             again = [time_cpus(new) for _ in range(2)]
             for cpu in new:
-                self.first[cpu] = Timing(*(sorted(getattr(t[cpu], part) for t in (timings, *again))[1]
+                self.first[cpu] = Timing(*(_median([getattr(t[cpu], part) for t in (timings, *again)])
                                            for part in ("compute_ms", "memory_ms")))
-        compute = [now.compute_ms / self.first[cpu].compute_ms for cpu, now in timings.items()]
-        memory = [now.memory_ms / self.first[cpu].memory_ms for cpu, now in timings.items()]
-        worst = _worst(compute + memory)
+        compute = _worst([now.compute_ms / self.first[cpu].compute_ms for cpu, now in timings.items()])
+        memory = _worst([now.memory_ms / self.first[cpu].memory_ms for cpu, now in timings.items()])
         for cpu, now in timings.items():  # far faster: the reference was taken on slowed CPUs (noise never lowers it)
             self.first[cpu] = Timing(_healed(now.compute_ms, self.first[cpu].compute_ms, self.tolerance),
                                      _healed(now.memory_ms, self.first[cpu].memory_ms, self.memory_tolerance))
@@ -130,9 +129,9 @@ class Sentinel:
         return {"at": time.time(), "phase": phase,
                 "compute_ms": {str(c): round(t.compute_ms, 3) for c, t in timings.items()},
                 "memory_ms": {str(c): round(t.memory_ms, 3) for c, t in timings.items()},
-                "ratio": round(worst, 4),
-                "moved": moved(_worst(compute), self.tolerance) or moved(_worst(memory), self.memory_tolerance),
-                "compute_ratio": round(_worst(compute), 4), "memory_ratio": round(_worst(memory), 4)}
+                "ratio": round(_worst([compute, memory]), 4),
+                "moved": moved(compute, self.tolerance) or moved(memory, self.memory_tolerance),
+                "compute_ratio": round(compute, 4), "memory_ratio": round(memory, 4)}
 
 
 def _median(values: list[float]) -> float:
