@@ -287,17 +287,21 @@ def test_expensive_builds_come_last_each_after_the_one_that_builds_faster():
 def test_the_search_starts_from_earlier_winners_then_the_priors_of_this_isa_then_each_backend(tmp_path):
     from corescale.tune import priors
 
-    space = _served_space([], {"backend": ["pytorch", "onnxruntime"]})
+    space = _served_space([], {"backend": ["pytorch", "openvino"]})
     zen5 = {"avx512f": True, "avx512_vnni": True, "avx512_bf16": True}
     earlier = [{"backend": "pytorch", "precision[pytorch]": "fp32", "layout": "1x2", "batch_size": "16"}]
     starts = priors.starting(space, zen5, 10.6, "server", 1, False, earlier)
     points = [p for p, _ in starts]
     assert points[0] == earlier[0] and "earlier tune" in starts[0][1]
-    assert points[1] == {"backend": "onnxruntime", "precision[onnxruntime]": "int8", "layout": "2x1",
-                         "batch_size": "8"} and "results-2026-12-zen5.md" in starts[1][1]
+    assert points[1] == {"backend": "openvino", "precision[openvino]": "int8", "layout": "2x1",
+                         "openvino.quantization": "static", "batch_size": "32", "server.queue_delay": "adaptive",
+                         "pad": "bucket"} and "results-2026-12-zen5.md" in starts[1][1]
     assert {"backend": "pytorch", "precision[pytorch]": "int8", "layout": "2x1"} in points  # each backend's corner
     amx = priors.starting(space, {**zen5, "amx_int8": True}, 10.6, "server", 1, False, [])
-    assert not any("zen5" in why for _, why in amx)  # openvino's prior: not in this space, left out
+    assert not any("zen5" in why for _, why in amx)  # the Xeon's prior holds there instead
+    no_openvino = priors.starting(_served_space([], {"backend": ["pytorch", "onnxruntime"]}), zen5, 10.6,
+                                  "server", 1, False, [])
+    assert all("corner" in why for _, why in no_openvino)  # a prior outside this space is left out
     big = priors.starting(space, zen5, 85.0, "server", 1, False, [])  # bert-base: no prior for its size
     assert all("corner" in why for _, why in big)
     assert priors.fit({"backend": "tensorflow"}, space) is None
