@@ -219,7 +219,11 @@ def serve_until_signal(ray, root: str, opened: Bundle, options: Options, caught:
                   file=sys.stderr)
             return 1
         url = f"http://{options.host}:{options.port}"
-        wait_answering(url, options.api_key)
+        try:
+            wait_answering(url, options.api_key)
+        except RuntimeError as silent:  # the application runs but its proxy never answered: why, exit 1
+            print(f"corescale: error: {silent}", file=sys.stderr)
+            return 1
         stop = threading.Event()
 
         def stopping(number: int, frame) -> None:
