@@ -29,6 +29,7 @@ def test_the_ready_line_serve_prints_is_the_one_the_trial_reads(front):
     line = ready_line("2 instance(s) of bert-tiny on onnxruntime (fp32)", front, "127.0.0.1", 40123)
     assert url_in(line) == "http://127.0.0.1:40123" and front_in(line) == front
     assert front_in("listening on http://127.0.0.1:1") == ""  # a line that does not say where its front runs
+    assert url_in(ready_line("1 instance(s)", front, "::1", 8000)) == "http://[::1]:8000"  # IPv6: bracketed
 
 
 @pytest.mark.slow

@@ -41,7 +41,7 @@ from corescale.deploy import DeployOptions
 from corescale.errors import UserError
 from corescale.machine.cpulist import format_cpulist
 from corescale.machine.scratch import scratch
-from corescale.measure.http.contract import ready_line
+from corescale.measure.http.contract import authority, ready_line
 from corescale.serve.app import Front
 from corescale.serve.opened import Bundle, open_bundle
 from corescale.serve.service import Options, Stopped, bind, front_app, front_parts, stop_signal
@@ -218,7 +218,7 @@ def serve_until_signal(ray, root: str, opened: Bundle, options: Options, caught:
             print(f"corescale: error: the Ray Serve application did not start: {first_line(failed)}",
                   file=sys.stderr)
             return 1
-        url = f"http://{options.host}:{options.port}"
+        url = f"http://{authority(options.host, options.port)}"
         try:
             wait_answering(url, options.api_key)
         except RuntimeError as silent:  # the application runs but its proxy never answered: why, exit 1

@@ -32,7 +32,12 @@ def is_loopback_host(host: str) -> bool:
 
 def ready_line(what: str, front: str, host: str, port: int) -> str:
     """What the service prints once it answers: `what` is ready, where its front runs, its URL."""
-    return f"{what} ready{FRONT}{front}; {READY}{host}:{port}"
+    return f"{what} ready{FRONT}{front}; {READY}{authority(host, port)}"
+
+
+def authority(host: str, port: int) -> str:
+    """host:port as a URL writes it (an IPv6 address in brackets: `[::1]:8000`)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def url_in(ready: str) -> str:
