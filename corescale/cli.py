@@ -19,11 +19,13 @@ class ArgumentParser(argparse.ArgumentParser):
         raise UserError(f"{self.prog}: {message}")
 
 
-def build_parser() -> ArgumentParser:
+def build_parser(command: str | None = None) -> ArgumentParser:
+    """The whole command line; `command`: only that subcommand registered (the one argv names), as the others'
+    modules import what their options need (the config's stack, the record's statistics) at registration."""
     parser = ArgumentParser(prog="corescale", description="Benchmark transformer inference on CPUs.")
     add_common(parser)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=ArgumentParser)
-    for module in command_modules():
+    for module in command_modules(command):
         module.register(sub)
     return parser
 
@@ -31,7 +33,7 @@ def build_parser() -> ArgumentParser:
 def parse(argv: list[str]) -> argparse.Namespace:
     """Like parse_args, but overrides may come after options too (`run model=x --no-progress duration=1`):
     argparse fills a positional list only once, the later words are appended in their order."""
-    parser = build_parser()
+    parser = build_parser(next((word for word in argv if not word.startswith("-")), None))
     args, extra = parser.parse_known_args(argv)
     if extra and isinstance(getattr(args, "overrides", None), list) and not any(w.startswith("-") for w in extra):
         args.overrides.extend(extra)
