@@ -33,3 +33,31 @@ def test_the_tour_and_an_unknown_command_still_list_every_command():
 
     assert "corescale serve" in tour(build_parser()) and "corescale study" in tour(build_parser())
     assert "corescale run" in tour(build_parser("no-such-command"))
+
+
+class Counting:
+    """A backend that records the shape of every call."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, int]] = []
+
+    def prepare(self, inputs):
+        return inputs["input_ids"].shape
+
+    def forward(self, shape):
+        self.calls.append(shape)
+
+
+def test_a_served_instance_warms_every_shape_twice_and_no_more():
+    from corescale.config import BenchmarkConfig
+    from corescale.measure.worker import warm_shapes
+    from corescale.workload.models import resolve_model
+
+    cfg = BenchmarkConfig(model="bert-tiny", sequence_length=32)
+    backend = Counting()
+    single_ns, at_max = warm_shapes(backend, resolve_model("bert-tiny"), cfg, 3, single_calls=2)
+    assert backend.calls == [(1, 32)] * 2 + [(2, 32)] * 2 + [(3, 32)] * 2
+    assert len(at_max) == 2 and single_ns is not None  # the deadline's unit: the calls at the max batch
+    measured = Counting()
+    warm_shapes(measured, resolve_model("bert-tiny"), cfg, 3)  # measurement's: one query four times
+    assert measured.calls.count((1, 32)) == 4

@@ -111,7 +111,8 @@ class Instance:
         self.cfg, self.spec, self.model, self.trial_cpus = job.config, job.instance, job.model, job.trial_cpus
         os.sched_setaffinity(0, list(self.spec.cpus))  # before any framework creates its thread pool
         self.serving = self.cfg.scenario != "offline"
-        if self.serving and job.files.queries is None:  # corescale serve's: it ends on `stop` or end of input
+        self.service = self.serving and job.files.queries is None  # corescale serve's (no query set, no window)
+        if self.service:  # it ends on `stop` or end of input,
             signal.signal(signal.SIGTERM, signal.SIG_IGN)  # so a SIGTERM to every process of the service drains
         self.tokens = TokenCount()
 
@@ -175,12 +176,29 @@ class Instance:
         control.send(protocol.Loaded(self.load_seconds, None if artifact is None else str(artifact)))
         if control.wait_for(protocol.Warmup) is None:  # every sibling is loaded: warm up under the window's load
             return None
+        if self.service:
+            return self.warm_service()
         self.warmed = warm_up(self.call, cfg.warmup, progress=lambda n: control.send(protocol.Warming(n)))
         self.durations = list(self.warmed.durations_ns)
-        single_ns = warm_shapes(self.backend, self.model, cfg, self.batch) if self.serving else None
+        single_ns = warm_shapes(self.backend, self.model, cfg, self.batch)[0] if self.serving else None
         stable = sorted(self.durations[-cfg.warmup.window:])
         control.send(protocol.Ready(len(self.durations), self.warmed.converged, stable[len(stable) // 2], single_ns))
         return keep_warm(self.call, control, self.durations)
+
+    def warm_service(self) -> int | None:
+        """corescale serve's instance: no timed window follows, so no stable median to reach and no start instant
+        to keep warm for; every shape it will answer is called twice (warm_shapes: the first call at a new shape
+        pays its allocations, a JIT backend's second call its optimisation), then `ready` at once. Its warm call
+        (the deadline's unit) is the faster one at the max batch. About half the calls of the measurement's
+        warm-up (issue 31's cold start: 13 calls at max batch 4 were 0.5-1.3 s of it on the shared Zen 5)."""
+        from corescale.measure.timing import WarmupResult
+
+        _, at_max = warm_shapes(self.backend, self.model, self.cfg, self.batch, single_calls=2)
+        self.warmed = WarmupResult(at_max, True)
+        self.durations = list(at_max)
+        self.control.send(protocol.Ready(len(at_max), True, min(at_max), None))
+        start = self.control.wait_for(protocol.Start)
+        return None if start is None else start.ns
 
     def closed_loop(self, start_ns: int) -> None:
         """The timed window from `start_ns`, then the instance's result (its calls saved beside it)."""
@@ -392,9 +410,12 @@ def tokenized(tokenizer, items: list, model, cfg: BenchmarkConfig):
     return batch_inputs(ids, length, pad_id(model), model.takes_token_type_ids, types)
 
 
-def warm_shapes(backend, model, cfg: BenchmarkConfig, max_batch: int) -> int | None:
+def warm_shapes(backend, model, cfg: BenchmarkConfig, max_batch: int,
+                single_calls: int = 4) -> tuple[int | None, list[int]]:
     """Serving meets every batch size up to max_batch (and, padded to buckets, every bucket length): each is
-    called twice before the start, so no first-call cost at a new shape lands in the measured latencies."""
+    called twice before the start (one query at sequence_length `single_calls` times), so no first-call cost at
+    a new shape lands in the measured latencies. Returns (the fastest warm call of one query at sequence_length,
+    the durations of the calls at max_batch x sequence_length), ns."""
     from corescale.workload.inputs import make_inputs
     from corescale.workload.samples import BUCKET_EDGES
 
@@ -404,16 +425,20 @@ def warm_shapes(backend, model, cfg: BenchmarkConfig, max_batch: int) -> int | N
     if cfg.pad == "bucket":
         lengths |= {edge for edge in BUCKET_EDGES if edge < cfg.sequence_length}
     single_ns = None
+    at_max: list[int] = []
     for rows in sizes:
         for length in sorted(lengths):
             prepared = backend.prepare(make_inputs(model, rows, length, cfg.seed))
             single = rows == 1 and length == cfg.sequence_length
-            for call in range(4 if single else 2):
+            for call in range(single_calls if single else 2):
                 began = time.perf_counter_ns()
                 backend.forward(prepared)
+                took = time.perf_counter_ns() - began
                 if single and call:  # warm calls: their fastest bounds any query's latency from below
-                    single_ns = min(single_ns or 2**63, time.perf_counter_ns() - began)
-    return single_ns
+                    single_ns = min(single_ns or 2**63, took)
+                if rows == sizes[-1] and length == cfg.sequence_length:
+                    at_max.append(took)
+    return single_ns, at_max
 
 
 def main(argv: list[str]) -> int:

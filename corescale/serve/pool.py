@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import dataclasses
 import queue
 import sys
 import threading
@@ -29,7 +28,6 @@ from typing import Any
 
 import numpy as np
 
-from corescale.config import BenchmarkConfig
 from corescale.errors import UserError
 from corescale.measure import protocol
 from corescale.measure.batching import Batcher, Waiting
@@ -177,14 +175,6 @@ class RequestFeeder:
                 self.fail(BatchFailed("corescale serve failed on this request's batch (see its log)"))
 
 
-def served_config(cfg: BenchmarkConfig) -> BenchmarkConfig:
-    """A served instance warms up to take the first calls' costs out of the answers (every batch size up to the
-    max batch, twice: measure/worker.py's warm_shapes), not to find the stable median a timed window starts from:
-    its warm-up loop stops at `warmup.min_iterations` (on a shared machine it seldom converged before
-    max_iterations, 50 calls at the max batch: 2-3 s of the cold start)."""
-    return dataclasses.replace(cfg, warmup=dataclasses.replace(cfg.warmup, max_iterations=cfg.warmup.min_iterations))
-
-
 class Pool:
     def __init__(self, opened: Bundle, work: Path, metrics, max_queue: int,
                  batch_deadline_s: float = BATCH_DEADLINE_S):
@@ -210,7 +200,7 @@ class Pool:
         """Every instance's process started (they load and warm up meanwhile: wait_ready follows)."""
         from corescale.workload.models import configured_model
 
-        cfg = served_config(self.bundle.cfg)
+        cfg = self.bundle.cfg
         model = configured_model(cfg, judged=False)  # served: the quality reference stays behind
         jobs = protocol.Job.each(cfg, model, self.bundle.specs)
         for job, spec, launch in zip(jobs, self.bundle.specs, self.bundle.launches):

@@ -132,6 +132,7 @@ def run(source: list[str], options: Options) -> int:
                 app = front_app(Front(pool, tokens, opened.head, opened.model, metrics, width), options)
                 server = Server(pool, caught, uvicorn.Config(
                     app, log_level="warning", access_log=options.access_log, lifespan="off",
+                    ws="none",  # no WebSocket route: the websockets library is not imported (cold start)
                     timeout_graceful_shutdown=GRACEFUL_S,
                     http=deadline_protocol(options.receive_timeout_s, HEADER_BYTES),
                     limit_concurrency=options.max_connections, timeout_keep_alive=KEEP_ALIVE_S,
