@@ -12,6 +12,7 @@ from typing import Any, List, Optional
 
 from corescale.backends import BACKENDS, DEFAULT_BACKEND, OPTIONS, BackendOptions, named
 from corescale.bounds import LOAD_MARGIN_S, check_bounded
+from corescale.config_server import UNMEASURED_SERVER_FIELDS, ServerConfig, validate_server
 from corescale.errors import UserError
 from corescale.http_keys import default_api, validate_endpoint
 from corescale.machine.placement import LAYOUTS as NAMED_LAYOUTS
@@ -26,7 +27,6 @@ REPEAT_ORDERS = ("interleaved", "shuffled")
 LAYOUTS = ("none", *NAMED_LAYOUTS)  # none: instances and cores_per_instance as given
 SCENARIOS = ("offline", "single_stream", "server")  # offline: closed loop; the others: MLPerf LoadGen drives load
 PAD_POLICIES = ("max", "bucket", "sorted")
-QUEUE_DELAYS = ("fixed", "adaptive")  # server.queue_delay (measure/batching.py)
 STUDY_KINDS = ("cores", "instances", "batch")  # corescale study KIND
 # 0.1's flat backend options -> (backend, option in its group), as each backend's options declare them
 RENAMED_OPTIONS = {old: (name, option) for name, cls in OPTIONS.items() for old, option in cls.RENAMED.items()}
@@ -70,21 +70,6 @@ class RayExecutorConfig(ExecutorConfig):
 
 
 EXECUTORS: dict[str, type[ExecutorConfig]] = {"local": ExecutorConfig, "ray": RayExecutorConfig}
-
-
-@dataclass
-class ServerConfig:
-    """`scenario=server|single_stream`: each instance's dynamic batcher and LoadGen's settings (docs/scenarios.md)."""
-
-    max_batch: int = 8  # queries one instance call may take
-    max_queue_ms: float = 2.0  # how long the oldest waiting query may wait for a batch to fill
-    # fixed: a batch that is not full waits max_queue_ms | adaptive: it waits only while the arrival rate says
-    # another query comes within what is left of max_queue_ms (a slow stream goes at once, a fast one fills)
-    queue_delay: str = "fixed"
-    max_batch_tokens: Optional[int] = None  # padded tokens per call (rows x padded length); None = no budget
-    min_query_count: int = 1024  # LoadGen's minimum per test (its minimum duration is `duration`)
-    search_precision: float = 0.05  # target_qps=auto stops when (hi - lo) / lo is below this
-    max_steps: int = 12  # LoadGen tests target_qps=auto may run
 
 
 @dataclass
@@ -233,7 +218,8 @@ def scenario_key_fields(cfg: BenchmarkConfig) -> dict[str, Any]:
     flat: dict[str, Any] = {}
     if cfg.scenario != "offline":
         flat.update(scenario=cfg.scenario, target_qps=cfg.target_qps, slo_p99_ms=cfg.slo_p99_ms)
-        flat.update(flatten({"server": dataclasses.asdict(cfg.server)}))
+        server = {k: v for k, v in dataclasses.asdict(cfg.server).items() if k not in UNMEASURED_SERVER_FIELDS}
+        flat.update(flatten({"server": server}))
     if cfg.endpoint:
         flat.update(endpoint=cfg.endpoint, api=cfg.http_api)
     if cfg.workload != WorkloadConfig() or cfg.pad != "max":
@@ -392,7 +378,7 @@ MAX_TARGET_QPS = 1e6
 def _validate_scenario(cfg: BenchmarkConfig) -> None:
     _one_of("scenario", cfg.scenario, SCENARIOS)
     _one_of("pad", cfg.pad, PAD_POLICIES)
-    qps, server = cfg.target_qps, cfg.server
+    qps = cfg.target_qps
     if cfg.scenario != "server" and (qps is not None or cfg.slo_p99_ms is not None):
         raise UserError(f"target_qps and slo_p99_ms apply to scenario=server (got scenario={cfg.scenario}); "
                         "add scenario=server or leave them out")
@@ -408,34 +394,12 @@ def _validate_scenario(cfg: BenchmarkConfig) -> None:
             raise UserError(f"target_qps must be a number in (0, {MAX_TARGET_QPS:g}] or auto (got {qps})")
     if cfg.slo_p99_ms is not None:
         _positive("slo_p99_ms", cfg.slo_p99_ms)
-    if server.max_batch < 1 or server.max_batch > 4096:
-        raise UserError(f"server.max_batch must be a whole number from 1 to 4096 (got {server.max_batch})")
-    if server.max_queue_ms < 0:
-        raise UserError(f"server.max_queue_ms must be >= 0 (got {server.max_queue_ms})")
-    _one_of("server.queue_delay", server.queue_delay, QUEUE_DELAYS)
-    if server.max_batch_tokens is not None and server.max_batch_tokens < cfg.sequence_length:
-        raise UserError(f"server.max_batch_tokens={server.max_batch_tokens} cannot hold one query of up to "
-                        f"sequence_length={cfg.sequence_length} tokens; allowed: >= {cfg.sequence_length}")
-    _positive("server.min_query_count", server.min_query_count)
-    least = EARLY_STOPPING_QUERIES.get(cfg.scenario)
-    if least and server.min_query_count < least:
-        percentile = "99th" if cfg.scenario == "server" else "90th"
-        raise UserError(f"server.min_query_count={server.min_query_count} is below {least}, the fewest queries "
-                        f"LoadGen's early stopping needs to judge a {percentile} percentile ({cfg.scenario}; none "
-                        f"over the bound, 99 % confidence): every test would be INVALID; allowed: >= {least}")
-    if not 0 < server.search_precision < 1 or server.max_steps < 2:
-        raise UserError("server.search_precision must be in (0, 1) and server.max_steps >= 2 "
-                        f"(got {server.search_precision}, {server.max_steps})")
+    validate_server(cfg)
     if not 1 <= cfg.workload.samples <= 1_000_000:
         raise UserError(f"workload.samples must be from 1 to 1000000 (got {cfg.workload.samples})")
     if cfg.workload.source and cfg.workload.lengths:
         raise UserError("give either workload (a text file) or workload.lengths (a length distribution), not both")
     validate_endpoint(cfg)
-
-
-# LoadGen's early stopping: the fewest queries that can pass with none over the latency bound
-# (loadgen/early_stopping.cc: 459 for the Server scenario's p99, 64 for SingleStream's p90)
-EARLY_STOPPING_QUERIES = {"server": 459, "single_stream": 64}
 
 
 def _check_finite(node: Any, prefix: str = "") -> None:

@@ -86,9 +86,9 @@ def test_search_stops_at_a_broken_step_and_goes_below_an_overloaded_one():
         return lambda qps: types.SimpleNamespace(target_qps=qps, meets_slo=qps <= 10, latency_ms={}, broken=broken)
 
     steps = []
-    assert search(step(True), 100.0, 0.1, 8, steps) is None and len(steps) == 1  # refused or 5xx: stop
+    assert search(step(True), 100.0, 0.1, 8, steps).best is None and len(steps) == 1  # refused or 5xx: stop
     steps = []
-    assert search(step(False), 100.0, 0.1, 8, steps) is not None  # timed out: overload, lower rates are tried
+    assert search(step(False), 100.0, 0.1, 8, steps).best is not None  # timed out: overload, lower rates are tried
 
 
 def test_the_first_rate_tried_counts_the_instances_the_server_says_it_runs(tmp_path):

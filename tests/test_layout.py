@@ -8,11 +8,11 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "corescale"
 TOP_LEVEL = {"__init__.py", "__main__.py", "cli.py", "errors.py", "typed.py", "userfiles.py", "bounds.py",
-             "http_keys.py", "config.py", "overrides.py"}
+             "http_keys.py", "config_server.py", "config.py", "overrides.py"}
 # each stage may import the ones before it, never one after it (commands and cli sit on top)
 ORDER = ["errors", "typed", "userfiles", "bounds", "workload.tasks", "http_keys", "machine", "backends.options",
-         "config", "overrides", "workload", "record", "measure", "backends", "trials", "analysis", "serve", "deploy",
-         "explain", "tune", "report", "commands", "cli", "__main__"]
+         "config_server", "config", "overrides", "workload", "record", "measure", "backends", "trials", "analysis",
+         "serve", "deploy", "explain", "tune", "report", "commands", "cli", "__main__"]
 
 
 @functools.cache

@@ -108,7 +108,7 @@ def _fake_step(capacity):
 @pytest.mark.parametrize("first", [5.0, 300.0, 3000.0])
 def test_search_brackets_then_bisects_to_the_highest_qps_that_meets_the_slo(first):
     steps = []
-    found = search(_fake_step(123.0), first, 0.02, 30, steps)
+    found = search(_fake_step(123.0), first, 0.02, 30, steps).best
     assert found <= 123.0
     above = min(s.target_qps for s in steps if not s.meets_slo)
     assert (above - found) / found <= 0.02 and above > 123.0 * 0.999
@@ -117,7 +117,7 @@ def test_search_brackets_then_bisects_to_the_highest_qps_that_meets_the_slo(firs
 
 def test_search_stops_at_max_steps_and_reports_none_when_nothing_met():
     steps = []
-    assert search(_fake_step(0.001), 100.0, 0.01, 5, steps) is None
+    assert search(_fake_step(0.001), 100.0, 0.01, 5, steps).best is None
     assert len(steps) == 5 and all(not s.meets_slo for s in steps)
 
 
@@ -125,9 +125,9 @@ def test_search_stops_halving_once_even_the_fastest_query_missed():
     def step(qps):
         return types.SimpleNamespace(target_qps=qps, meets_slo=False, latency_ms={"min": 300.0})
     steps = []
-    assert search(step, 100.0, 0.01, 10, steps, slo_ms=130.0) is None and len(steps) == 1
+    assert search(step, 100.0, 0.01, 10, steps, slo_ms=130.0).best is None and len(steps) == 1
     steps = []
-    assert search(step, 100.0, 0.01, 10, steps, floor=30.0, slo_ms=500.0) is None
+    assert search(step, 100.0, 0.01, 10, steps, floor=30.0, slo_ms=500.0).best is None
     assert [s.target_qps for s in steps] == [100.0, 50.0]  # 25 is below the floor
     steps = []
     search(_fake_step(1000.0), 1.0, 0.01, 1, steps, floor=40.0)

@@ -7,11 +7,14 @@ server.max_queue_ms after the oldest query arrived), sends the query indices dow
 its `served` line and reports the queries complete to LoadGen. LoadGen counts latency from each query's
 *scheduled* issue time, so a queue that falls behind shows in p99 (no coordinated omission).
 `target_qps=auto` brackets then bisects on QPS, each step one LoadGen test judged by its validity (p99 within
-the SLO, early stopping, minimum duration and query count), the instances staying loaded between steps.
+the SLO, early stopping, minimum duration and query count), the instances staying loaded between steps;
+`server.max_search_s` bounds the search's wall time: no test starts that cannot end within it, and a test still
+running at the bound stops issuing and has its queued queries answered at once (cut: not valid).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import queue
@@ -28,7 +31,7 @@ import numpy as np
 from corescale.measure.batching import Batcher, Waiting
 from corescale.measure.instance import dispatch
 from corescale.measure.protocol import Batch, Served, Stop
-from corescale.measure.qps_search import floor_qps, knee, load_curve, search
+from corescale.measure.qps_search import Bound, floor_qps, knee, load_curve, search
 from corescale.record.trial import Failure
 
 if TYPE_CHECKING:
@@ -76,6 +79,7 @@ class StepResult:
     errors: int = 0  # queries the system under test failed (over HTTP: non-2xx, reset, timeout, bad answer)
     http: dict | None = None  # over HTTP: the step's errors by kind and the server's timing breakdown
     broken: bool = False  # every query failed, none for lack of time (refused, 5xx): lower rates cannot help
+    cut: bool = False  # the search's wall-time bound ended this test: its queued queries were answered at once
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
@@ -87,6 +91,7 @@ class ServeOutcome:
     batch_rows: list[tuple] = field(default_factory=list)
     logs: dict[str, bytes] = field(default_factory=dict)
     unreachable: str | None = None  # target_qps=auto found no rate worth testing, and why
+    bounded: str | None = None  # target_qps=auto: its wall-time bound (server.max_search_s) ended it, and how
 
 
 class LoadGenServer:
@@ -106,6 +111,8 @@ class LoadGenServer:
         self.lock = threading.Lock()
         self.step_batches: list[int] = []  # rows of each batch of the current step
         self.dispatchers: list[threading.Thread] = []
+        self.bound = Bound(None)  # target_qps=auto: the search's wall-time bound, from its first test
+        self.cut = False  # the bound ended the current test: queued queries are answered at once
 
     # --- the launcher's side ---
     def begin(self, launcher, start_ns: int) -> None:
@@ -148,8 +155,12 @@ class LoadGenServer:
                 self.outcome.unreachable = self._unreachable()
                 if self.outcome.unreachable:
                     return
-                search(self._step, self._first_guess(), self.cfg.server.search_precision, self.cfg.server.max_steps,
-                       self.outcome.steps, floor_qps(self.cfg), self.cfg.slo_p99_ms)
+                server = self.cfg.server
+                self.bound = Bound(server.max_search_s)
+                found = search(self._step, self._first_guess(), server.search_precision, server.max_steps,
+                               self.outcome.steps, floor_qps(self.cfg), self.cfg.slo_p99_ms, self.bound,
+                               lambda qps: self._least_s(qps, server.min_query_count))
+                self.outcome.bounded = found.bounded
             else:
                 self.outcome.steps.append(self._step(self.cfg.target_qps if self.cfg.scenario == "server" else None))
         except BaseException as exc:  # reported through the launcher's loop
@@ -181,6 +192,14 @@ class LoadGenServer:
                        for inst in self.launcher.instances.values())
         return float(f"{max(capacity / 2, 0.1):.3g}")
 
+    def _least_s(self, qps: float, queries: int) -> float:
+        """The least a LoadGen test at `qps` takes: its minimum duration, or the time to issue its queries."""
+        return max(self.cfg.duration, queries / qps)
+
+    def _cut(self) -> None:
+        """The search's bound ended the current test: every query still queued is answered at once."""
+        self.cut = True
+
     def _issue(self, samples) -> None:
         assert self.batcher is not None, "LoadGen issues queries only during a test"
         self.batcher.put(samples)
@@ -195,7 +214,8 @@ class LoadGenServer:
         try:
             result = self._test(qps, sut, qsl, self.cfg.server.min_query_count)
             more = _queries_needed(result.early_stopping)
-            if result.meets_slo is None and more:
+            if result.meets_slo is None and more and \
+                    (qps is None or self._least_s(qps, result.queries + more + 16) <= self.bound.left()):
                 result = self._test(qps, sut, qsl, result.queries + more + 16)
             return result
         finally:
@@ -212,13 +232,24 @@ class LoadGenServer:
         out = self.work_dir / "loadgen" / prefix
         out.mkdir(parents=True)
         settings = test_settings(self.cfg, qps, min_queries, self._expected_latency_ns())
+        left = self.bound.left()
+        if left < self.cfg.timeout / 2:  # LoadGen stops issuing at the search's bound, the rest is cut there
+            settings.max_duration_ms = max(int(left * 1000), 1)
+        cutter = threading.Timer(max(left, 0.0), self._cut) if left < float("inf") else None
         log = lg.LogSettings()
         log.log_output.outdir = str(out)
         log.log_output.copy_summary_to_stdout = False
         log.enable_trace = False
         self._open_test()
         usage, began = _cpu_seconds(), time.perf_counter()
+        self.cut = False
+        if cutter is not None:
+            cutter.daemon = True
+            cutter.start()
         lg.StartTestWithLogSettings(sut, qsl, settings, log)
+        if cutter is not None:
+            cutter.cancel()
+        cut = self.cut
         self._close_test()
         wall, cpu = time.perf_counter() - began, _cpu_seconds() - usage
         for name in LOG_FILES:
@@ -227,8 +258,10 @@ class LoadGenServer:
                 self.outcome.logs[f"{prefix}{name}.txt"] = path.read_bytes()
         if self.aborted:
             raise RuntimeError("the trial was stopped")
-        return self._judged(step_result(qps, read_detail(out / "mlperf_log_detail.txt"), wall, cpu,
-                                        self.step_batches, prefix))
+        result = step_result(qps, read_detail(out / "mlperf_log_detail.txt"), wall, cpu, self.step_batches, prefix)
+        if cut:  # answered at once, not served: its latencies say nothing of the rate
+            result = dataclasses.replace(result, cut=True, validity="INVALID", meets_slo=False)
+        return self._judged(result)
 
     def _open_test(self) -> None:
         """Before a LoadGen test: the one queue and each instance's dispatcher."""
@@ -271,7 +304,7 @@ class LoadGenFeeder:
         return True  # the instance answers each batch before this feeder takes the next
 
     def send(self, batch: list[Waiting]) -> bool:
-        if self.server.aborted:
+        if self.server.aborted or self.server.cut:
             return False
         with self.server.lock:
             self.server.batch_count += 1
@@ -399,7 +432,7 @@ def summarise(cfg: BenchmarkConfig, outcome: ServeOutcome, queries: dict, endpoi
         "max_valid_qps": max((s["target_qps"] for s in met), default=None),
         "latency_ms": (max(met, key=lambda s: s["target_qps"]) if met else last).get("latency_ms", {}),
         "steps": steps, "load_curve": curve, "knee_qps": knee(curve), "search_floor_qps": floor_qps(cfg),
-        "unreachable": outcome.unreachable,
+        "unreachable": outcome.unreachable, "bounded": outcome.bounded,
         "batching": None if cfg.endpoint else {  # over HTTP the server batches, out of sight
             "max_batch": cfg.server.max_batch, "max_queue_ms": cfg.server.max_queue_ms,
             "max_batch_tokens": cfg.server.max_batch_tokens, "pad": cfg.pad, "batches": len(outcome.batch_rows),

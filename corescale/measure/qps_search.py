@@ -3,7 +3,10 @@ and what its steps show: the load curve and its knee."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import math
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
@@ -16,36 +19,102 @@ def floor_qps(cfg: BenchmarkConfig) -> float:
     return cfg.server.min_query_count / (0.5 * cfg.timeout)
 
 
+# a step that missed the SLO and completed less than this share of its rate fell behind: it completed about what
+# the configuration sustains (its server was busy throughout), an estimate (a busy machine's short test completes
+# less than a calm one sustains) the search tries, never assumes: with no rate met yet, the next rate is this
+# share of it (queues stay short below saturation); once one is met, the estimate is tried before bisecting above
+BEHIND = 0.9
+SUSTAINED_SHARE = 0.7
+
+
+@dataclass
+class Bound:
+    """A wall-time bound on one search (server.max_search_s; None: none): seconds left, and whether a test of
+    `least_s` seconds still fits."""
+
+    seconds: float | None
+    clock: Callable[[], float] = time.monotonic
+    started: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.started = self.clock()
+
+    def left(self) -> float:
+        return math.inf if self.seconds is None else self.seconds - (self.clock() - self.started)
+
+    def words(self) -> str:
+        return f"server.max_search_s={self.seconds:g}"
+
+
+@dataclass
+class Searched:
+    """What a search found: the highest rate that met the SLO (None: none did), and why it stopped early when its
+    wall-time bound did (None: it ran to its precision or max_steps)."""
+
+    best: float | None
+    bounded: str | None = None
+
+
 def search(step, first: float, precision: float, max_steps: int, steps: list, floor: float = 0.0,
-           slo_ms: float | None = None) -> float | None:
-    """Bracket (double until a step misses the SLO, halve until one meets it) then bisect until the bracket is
-    within `precision` of its low end; every step is appended to `steps`. Returns the highest QPS that met it.
-    Halving stops below `floor` (a LoadGen test there would outlast the timeout)."""
+           slo_ms: float | None = None, bound: Bound | None = None,
+           least_s: Callable[[float], float] | None = None) -> Searched:
+    """Bracket (double until a step misses the SLO, halve until one meets it: after a missed step that fell
+    behind, go below the rate it completed rather than to half a high guess, and try that rate before bisecting)
+    then bisect until the bracket is within `precision` of its low end; every step is appended to `steps`.
+    Halving stops below `floor` (a LoadGen test there would outlast the timeout). `bound`: no test starts that
+    cannot end within it (least_s(qps): the least a test at qps takes), and a step that the bound cut (result.cut)
+    ends the search; either way the best rate met so far is kept."""
     low: float | None = None
     high: float | None = None
+    ceiling: float | None = None  # what a step that fell behind completed: tried once a rate is met
+    bound = bound or Bound(None)
     qps = max(first, floor)
     while len(steps) < max_steps and qps >= floor:
+        need = least_s(qps) if least_s is not None else 0.0
+        if need > bound.left():
+            return Searched(low, f"{bound.words()} ended it after {tests(len(steps))}: the next, at {qps:g} QPS, "
+                                 f"takes at least {need:.3g} s and {max(bound.left(), 0.0):.3g} s were left")
         result = step(qps)
         steps.append(result)
+        if getattr(result, "cut", False):
+            return Searched(low, f"{bound.words()} cut the last of {tests(len(steps))}, at {qps:g} QPS: the "
+                                 "queries still queued were answered at once, the test judged not valid")
         if result.meets_slo:
             low = qps if low is None else max(low, qps)
         else:
             high = qps if high is None else min(high, qps)
+            fell = behind(result, qps)
+            ceiling = fell if fell is not None else ceiling
             if low is None and slo_ms is not None and (result.latency_ms or {}).get("min", 0) > slo_ms:
                 break  # even the fastest query missed: lower rates cannot help
             if low is None and getattr(result, "broken", False):
                 break  # every query failed, none for lack of time: the server is broken, not overloaded
         if low is None:
             assert high is not None, "each step sets one end of the bracket"
-            qps = high / 2
+            qps = min(high / 2, SUSTAINED_SHARE * ceiling) if ceiling is not None else high / 2
         elif high is None:
             qps = low * 2
         elif (high - low) / low <= precision:
             break
+        elif ceiling is not None and low * (1 + precision) < ceiling < (low + high) / 2:
+            qps, ceiling = ceiling, None  # the rate a step sustained, before bisecting the rest of a wide bracket
         else:
             qps = (low + high) / 2
         qps = float(f"{qps:.4g}")
-    return low
+    return Searched(low)
+
+
+def tests(count: int) -> str:
+    return f"{count} LoadGen test{'' if count == 1 else 's'}"
+
+
+def behind(result, qps: float) -> float | None:
+    """The rate a step at `qps` completed when it fell behind (less than BEHIND of what it was offered: about
+    what the configuration sustains), else None."""
+    completed = getattr(result, "completed_qps", None)
+    if completed is None or not math.isfinite(completed) or completed <= 0 or completed >= BEHIND * qps:
+        return None
+    return float(completed)
 
 
 def load_curve(steps: list[dict]) -> list[dict]:

@@ -166,6 +166,7 @@ class ServerStep(Section):
     errors: int = 0  # queries the system under test failed (a step with any is not valid)
     http: HttpStep | None = None  # endpoint=: the requests of this test
     broken: bool = False  # every query failed, none for lack of time: the search stops there
+    cut: bool = False  # the search's wall-time bound ended this test (its queued queries answered at once)
 
 
 @dataclass(frozen=True)
@@ -253,6 +254,7 @@ class ServerSummary(Section):
     queries: dict[str, Any] = field(default_factory=dict)  # the query set's summary
     errors: int = 0  # failed queries over every step
     endpoint: Endpoint | None = None  # endpoint=: the server measured, as it describes itself
+    bounded: str | None = None  # target_qps=auto ended by its wall-time bound (server.max_search_s), in words
 
     @property
     def searched(self) -> bool:

@@ -120,6 +120,8 @@ def server_table(table: Table, record: TrialRecord) -> Table:
         table.add_row("max valid QPS", found, f"p99 <= {s.slo_p99_ms:g} ms, {len(s.steps)} LoadGen tests")
         if s.unreachable:
             table.add_row("not searched", "", escape(s.unreachable))
+        if s.bounded:
+            table.add_row("search bounded", "best so far", escape(s.bounded))
         if s.knee_qps:
             table.add_row("load curve knee (QPS)", f"{s.knee_qps:.4g}", "where p99 turns up")
     elif s.scenario == "server":
@@ -333,7 +335,8 @@ def brief(record: TrialRecord) -> str:
     if record.ok and record.server is not None:
         s = record.server
         if s.target_qps == "auto":
-            return f"max valid QPS {s.max_valid_qps or 0:.4g} at p99 <= {s.slo_p99_ms:g} ms"
+            bounded = f" (search bounded at {len(s.steps)} tests: best so far)" if s.bounded else ""
+            return f"max valid QPS {s.max_valid_qps or 0:.4g} at p99 <= {s.slo_p99_ms:g} ms{bounded}"
         return f"LoadGen {s.validity}, p99 {s.latency_ms.get('p99', float('nan')):.2f} ms"
     if not record.ok or m is None:
         return f"failed: {record.reason}"

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from corescale.backends import BACKENDS, DEFAULT_BACKEND, OPTIONS, quality_reference
-from corescale.config import EARLY_STOPPING_QUERIES, BenchmarkConfig
+from corescale.config import BenchmarkConfig
+from corescale.config_server import EARLY_STOPPING_QUERIES
 from corescale.errors import UserError
 from corescale.http_keys import MANAGED
 from corescale.machine.precisions import PRECISIONS, REFERENCE

@@ -119,6 +119,11 @@ class HttpServer(LoadGenServer):
     def _stop(self) -> None:
         """Nothing was started here: the server keeps running."""
 
+    def _cut(self) -> None:
+        """The search's bound ended the test: the requests in flight are given up (answered to LoadGen at once)."""
+        self.cut = True
+        self.loop.call_soon_threadsafe(lambda: [task.cancel() for task in list(self.tasks)])
+
     # --- LoadGen's side ---
     def _issue(self, samples) -> None:
         """LoadGen's issue thread: the queries go to the event loop."""
@@ -142,7 +147,7 @@ class HttpServer(LoadGenServer):
         sent = time.perf_counter_ns()
         status, kind, message, content, answered = None, "", "", b"", {}
         try:
-            if self.aborted:
+            if self.aborted or self.cut:
                 raise asyncio.CancelledError
             async with self.session.post(self.url, data=self.bodies[sample.index], allow_redirects=False) as answer:
                 content = await answer.read()
@@ -156,7 +161,8 @@ class HttpServer(LoadGenServer):
         except aiohttp.ClientError as exc:
             kind, message = type(exc).__name__, str(exc)
         except asyncio.CancelledError:
-            kind, message = "aborted", "the trial was stopped"
+            kind, message = ("cut", "the search's bound (server.max_search_s) ended the test") if self.cut and \
+                not self.aborted else ("aborted", "the trial was stopped")
         done = time.perf_counter_ns()
         lg.QuerySamplesComplete([lg.QuerySampleResponse(sample.id, 0, 0)])
         log.in_flight -= 1
@@ -191,8 +197,8 @@ class HttpServer(LoadGenServer):
         http = self.log.summary()
         step = len(self.outcome.steps) + 1
         self.request_rows.extend((step, *row) for row in self.log.rows)
-        errors = sum(http["errors"].values())
-        broken = errors >= max(result.queries, 1) and not http["errors"].get("timeout")
+        errors = sum(count for kind, count in http["errors"].items() if kind != "cut")  # given up: not the server's
+        broken = errors >= max(result.queries, 1) and not http["errors"].get("timeout") and not result.cut
         judged = dataclasses.replace(result, errors=errors, http=http, batches={}, broken=broken)
         if errors:
             judged = dataclasses.replace(judged, validity="INVALID", meets_slo=False)

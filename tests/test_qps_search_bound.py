@@ -1,0 +1,97 @@
+"""The QPS search's wall-time bound (server.max_search_s, issue 32): a search that would outlast it stops with the
+best valid rate found so far and says why; a missed step's completed rate is the next rate when it is lower than
+halving; the field is checked before anything starts and changes no config key. No processes (a fake clock and
+fake steps)."""
+
+import types
+
+import pytest
+
+from corescale.config import validate
+from corescale.errors import UserError
+from corescale.measure.qps_search import Bound, behind, search
+from corescale.overrides import compose
+
+SERVED = ["model=bert-tiny", "scenario=server", "target_qps=auto", "slo_p99_ms=100"]
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def slow_steps(clock, capacity, seconds, completed=None, cut_at=None):
+    """Each LoadGen test takes `seconds` on the fake clock; it meets the SLO at or below `capacity`."""
+    def step(qps):
+        clock.now += seconds
+        return types.SimpleNamespace(target_qps=qps, meets_slo=qps <= capacity, latency_ms={},
+                                     completed_qps=completed, cut=cut_at is not None and clock.now >= cut_at)
+    return step
+
+
+def test_a_bounded_search_keeps_the_best_rate_met_so_far_and_says_it_was_bounded():
+    clock = Clock()
+    steps = []
+    found = search(slow_steps(clock, 100.0, 20.0), 80.0, 0.01, 12, steps, bound=Bound(50.0, clock),
+                   least_s=lambda qps: 15.0)
+    assert [s.target_qps for s in steps] == [80.0, 160.0]  # a third test (15 s) does not fit the 10 s left
+    assert found.best == 80.0 and clock.now == 40.0
+    assert found.bounded.startswith("server.max_search_s=50 ended it after 2 LoadGen tests: the next, at 120 QPS")
+    unbounded = search(slow_steps(Clock(), 100.0, 20.0), 80.0, 0.01, 12, [])
+    assert unbounded.bounded is None and 99.0 <= unbounded.best <= 100.0
+
+
+def test_a_slow_invalid_configuration_ends_at_its_bound_with_no_rate():
+    clock = Clock()
+    steps = []
+    found = search(slow_steps(clock, 0.0, 90.0), 1000.0, 0.05, 12, steps, bound=Bound(60.0, clock),
+                   least_s=lambda qps: 2.0)
+    assert found.best is None and len(steps) == 1 and "after 1 LoadGen test:" in found.bounded
+    # a test the bound cut mid-way ends the search at once, its verdict not trusted
+    clock = Clock()
+    steps = []
+    found = search(slow_steps(clock, 50.0, 30.0, cut_at=60.0), 40.0, 0.01, 12, steps, bound=Bound(60.0, clock))
+    assert found.best == 40.0 and len(steps) == 2 and "cut the last of 2 LoadGen tests, at 80 QPS" in found.bounded
+
+
+def test_a_missed_step_that_fell_behind_goes_to_what_it_sustained_not_half_a_high_guess():
+    clock = Clock()
+    steps = []
+    found = search(slow_steps(clock, 8.0, 1.0, completed=10.0), 1000.0, 0.1, 12, steps)
+    rates = [s.target_qps for s in steps]
+    assert rates[:2] == [1000.0, 7.0]  # 0.7 x the 10 QPS it completed, not 500
+    assert rates[2] == 10.0  # then the rate it sustained, before bisecting 7 .. 1000
+    assert found.best is not None and 7.0 <= found.best <= 8.0 and len(steps) <= 6
+    # a rate met above what a short busy step completed: the estimate is not assumed (the bracket is not crossed)
+    steps = []
+    found = search(slow_steps(Clock(), 5000.0, 1.0, completed=3900.0), 4460.0, 0.05, 12, steps)
+    assert 4750 <= found.best <= 5000 and [s.target_qps for s in steps][:3] == [4460.0, 8920.0, 6690.0]
+    assert behind(types.SimpleNamespace(completed_qps=None), 100.0) is None  # no estimate: halving
+    assert behind(types.SimpleNamespace(completed_qps=95.0), 100.0) is None  # kept up: halving
+    assert behind(types.SimpleNamespace(completed_qps=float("nan")), 100.0) is None
+    assert behind(types.SimpleNamespace(completed_qps=30.0), 100.0) == 30.0
+
+
+@pytest.mark.parametrize("value, message", [
+    ("abc", "server.max_search_s: expected float, got 'abc'"),
+    ("0.1", "server.max_search_s=0.1 s cannot hold one LoadGen test of duration=0.5 s; allowed: >= 0.5"),
+    ("-3", "server.max_search_s=-3 s cannot hold one LoadGen test"),
+    ("nan", "server.max_search_s=nan is not a finite number"),
+])
+def test_a_bad_bound_is_one_line_before_anything_starts(value, message):
+    with pytest.raises(UserError) as info:
+        validate(compose([*SERVED, "duration=0.5", f"server.max_search_s={value}"]))
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_the_bound_changes_no_config_key():
+    """Keys computed on main before the field existed (a server search, a fixed rate): the default and any bound
+    keep them, so earlier results and a tune's store still match."""
+    assert validate(compose([*SERVED, "server.max_search_s=null"])).key() == "ac4b991d1f5baa80"
+    assert compose([*SERVED, "server.max_search_s=30"]).key() == "ac4b991d1f5baa80"
+    fixed = ["model=bert-tiny", "scenario=server", "target_qps=50", "slo_p99_ms=100", "server.max_batch=4"]
+    assert compose(fixed).key() == compose([*fixed, "server.max_search_s=45"]).key() == "127307529544b0cb"
+    assert "server.max_search_s" not in compose([*SERVED, "server.max_search_s=30"]).key_fields()
