@@ -461,7 +461,7 @@ def test_when_the_budget_ends_the_search_the_tune_says_so_and_what_searches_more
     tuner = Tuner.__new__(Tuner)
     tuner.search_end = ""
     tuner.tune = SimpleNamespace(space=SimpleNamespace(size=lambda: 96), screen_s=1.0, peer=None,
-                                 cfg=SimpleNamespace(duration=3.0), settings=SimpleNamespace(top_k=2, repeats=3))
+                                 cfg=SimpleNamespace(duration=3.0), settings=SimpleNamespace(top_k=2, repeats=3, eta=3))
     tuner.study = optuna.create_study()
     tuner.study.add_trial(optuna.trial.create_trial(value=1.0))
     tuner.progress = Progress(started=time.monotonic() - 280, elapsed_before=0.0, budget_s=300.0, trials=None,

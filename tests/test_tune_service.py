@@ -17,6 +17,7 @@ from corescale.tune import plan as plans
 from corescale.tune import settings as tune_settings
 from corescale.tune import space as spaces
 from corescale.tune import study as studies
+from corescale.tune.budget import search_bounds
 
 ISA = {"avx2": True, "fma": True}
 
@@ -78,11 +79,12 @@ def test_a_label_shows_the_served_batch_and_the_knobs_off_their_defaults():
     assert label == "onnxruntime int8 2×1c max_batch=16 queue_delay=adaptive pad=bucket"
 
 
-def _tune(objective="server_qps", duration=2.0, **server):
-    settings = tune_settings.parse([f"objective={objective}", "slo_p99_ms=100"])
+def _tune(objective="server_qps", duration=2.0, budget=None, **server):
+    settings = tune_settings.parse([f"objective={objective}", "slo_p99_ms=100",
+                                    *([f"budget={budget}"] if budget else [])])
     cfg = compose([f"duration={duration}", *(f"server.{k}={v}" for k, v in server.items()),
                    *tune_settings.scenario_overrides(settings)])
-    return SimpleNamespace(settings=settings, cfg=cfg)
+    return SimpleNamespace(settings=settings, cfg=cfg, bounds=search_bounds(settings, cfg, duration / 4))
 
 
 def test_a_server_screen_is_a_cheaper_qps_search_and_a_full_window_is_as_configured():
@@ -94,6 +96,23 @@ def test_a_server_screen_is_a_cheaper_qps_search_and_a_full_window_is_as_configu
     assert plans.Tune.fidelity(_tune("throughput"), 0.5) == []  # offline: the window length is the fidelity
     finer = _tune(max_steps=3, search_precision=0.3)  # the user's cheaper settings stay
     assert plans.Tune.fidelity(finer, 0.5)[1:] == ["server.max_steps=3", "server.search_precision=0.3"]
+
+
+def test_a_budget_bounds_every_qps_search_and_says_how():
+    """A 5-minute tune: a full window's search 30 s, a screen's 10 s; a short one: at least three tests of each
+    window; a bound the user gave is kept (a screen's no longer than its share); no budget, no bound."""
+    five = _tune(budget="5m")
+    assert (five.bounds.full_s, five.bounds.screen_s, five.bounds.slack_s) == (30.0, 10.0, 15.0)
+    assert plans.Tune.fidelity(five, 0.5)[-1] == "server.max_search_s=10"
+    assert "each QPS search at most 30 s (a screen's 10 s)" in five.bounds.line()
+    assert "ends within its budget + 15 s" in five.bounds.line()
+    short = _tune(budget="30s", duration=4.0)
+    assert (short.bounds.full_s, short.bounds.screen_s) == (12.0, 3.0)
+    assert _tune(budget="1h").bounds.slack_s == 180.0
+    given = _tune(budget="5m", max_search_s=20)
+    assert (given.bounds.full_s, given.bounds.screen_s) == (20.0, 10.0) and "as given" in given.bounds.source
+    assert _tune().bounds is None and _tune("throughput", budget="5m").bounds is None
+    assert _tune(max_search_s=8).bounds.screen_s == 8.0
 
 
 def test_one_quantization_recipe_is_one_artifact_whatever_runs_it_and_wherever():
@@ -160,7 +179,8 @@ def test_the_demo_tunes_the_service_and_throughput_is_one_word_away():
 
 # --- one real tune of a service -----------------------------------------------------------------------------
 
-SERVED = [*FAST, "tune.screen=0.25", "trials=1", "tune.top_k=1", "tune.repeats=2", "slo_p99_ms=200",
+# budget: bounds each QPS search (12 s a full window's, 4 s a screen's: tune/budget.py); trials=1 ends the search
+SERVED = [*FAST, "tune.screen=0.25", "trials=1", "budget=2m", "tune.top_k=1", "tune.repeats=2", "slo_p99_ms=200",
           "server.min_query_count=459", "server.max_steps=4", "space.backend=[onnxruntime]",
           "space.precision=[fp32]", "space.layout=[2x1]", "space.batch_size=[4]", "space.server.queue_delay=[adaptive]",
           "space.pad=[bucket]", "--no-progress", "--no-report"]
@@ -176,7 +196,7 @@ def served(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(900)  # five QPS searches of bert-tiny (baseline, screen, full, a final round of two)
+@pytest.mark.timeout(900)  # five bounded QPS searches of bert-tiny (baseline, screen, full, a final round of two)
 def test_a_service_tune_measures_qps_under_the_slo_and_its_bundle_serves_the_chosen_knobs(served):
     doc = served["doc"]
     assert doc["objective"]["name"] == "server_qps" and doc["settings"]["slo_p99_ms"] == 200
@@ -191,6 +211,13 @@ def test_a_service_tune_measures_qps_under_the_slo_and_its_bundle_serves_the_cho
     assert screens, doc["trials"]
     record = json.loads((plans.Path(screens[0]["screen"]["path"]) / "result.json").read_text())
     assert record["config"]["server"]["min_query_count"] == 459 and record["config"]["server"]["max_steps"] == 4
+    # each QPS search bounded from the budget (the out-of-box baseline's may take minutes unbounded), stated
+    assert doc["search_bounds"]["full_s"] == 12 and doc["search_bounds"]["screen_s"] == 4
+    assert record["config"]["server"]["max_search_s"] == 4
+    baseline = json.loads((plans.Path(doc["baseline"]["paths"][0]) / "result.json").read_text())
+    assert baseline["config"]["server"]["max_search_s"] == 12 and "bounds: each QPS search at most 12 s" in \
+        served["proc"].stdout
+    assert doc["elapsed_s"] < 2 * 120  # the budget and its slack, loosely (a busy machine's loads are not bounded)
     # how good the answer is: on the console and in tune.json; the store's key for a later tune's priors
     out = served["proc"].stdout
     assert "coverage: 1 of " in out and "best seen: onnxruntime fp32 " in out and "a longer budget: no estimate" in out

@@ -319,6 +319,8 @@ def sections(doc: TuneDocument, root, frame, cpu: str, missing: list[tuple[str, 
                f"{doc.duration_s:g} s windows · final repeats {e(str(doc.settings.get('repeats')))} · elapsed "
                f"{(doc.elapsed_s or 0) / 60:.1f} min</p>")
     searched = [summary] + ([f"<p>Search: {e(doc.search_end)}.</p>"] if doc.search_end else [])
+    if doc.search_bounds is not None:
+        searched.append(f"<p>{e(doc.search_bounds.line().capitalize())}.</p>")
     if doc.coverage is not None:
         searched.append(coverage_html(doc))
     trials, importance = trials_figure(doc), importance_figure(doc)

@@ -128,6 +128,23 @@ class BestSeen(Section):
 
 
 @dataclass(frozen=True)
+class SearchBounds(Section):
+    """How long a tune lets each QPS search run (server.max_search_s) and how far past its budget it may end
+    (tune/budget.py): stated in tune.json."""
+
+    full_s: float  # a full window's search (the baseline, the peer, full windows, final repeats)
+    screen_s: float  # a screen's search
+    slack_s: float | None  # a budgeted tune ends within budget + this (None: no budget)
+    source: str  # where the bounds come from, in words
+
+    def line(self) -> str:
+        """One console line: 'bounds: ...'."""
+        ends = "" if self.slack_s is None else f"; the tune ends within its budget + {self.slack_s:g} s"
+        return (f"bounds: each QPS search at most {self.full_s:g} s (a screen's {self.screen_s:g} s), from "
+                f"{self.source}{ends}")
+
+
+@dataclass(frozen=True)
 class Coverage(Section):
     measured: int  # distinct configurations screened (withheld ones and repeats not counted)
     space_size: int
@@ -192,6 +209,7 @@ class TuneDocument(Section):
     coverage: Coverage | None = None  # how good the answer is (tune/coverage.py)
     machine_kind: dict[str, Any] | None = None  # priors.MachineKind: what a later tune's priors match it by
     starts: list[str] = field(default_factory=list)  # the first trials and why (tune/priors.py)
+    search_bounds: SearchBounds | None = None  # the QPS searches' wall-time bounds and the budget's slack
 
     @property
     def winning(self) -> TunedFinalist | None:

@@ -166,7 +166,8 @@ def document(tune: Tune, study, verdict: Verdict, finalists: list[Finalist], rec
         speedup=None if verdict.speedup is None else Speedup(*verdict.speedup),
         headline=headline(tune, verdict), recipe=recipe, cost_source=cost_source(tune, verdict),
         search_end=search_end, coverage=coverage(trials, tune.space, objective.metric, objective.direction),
-        machine_kind=tune.machine_kind.to_json(), starts=list(study.user_attrs.get("starts", [])))
+        machine_kind=tune.machine_kind.to_json(), starts=list(study.user_attrs.get("starts", [])),
+        search_bounds=tune.bounds)
 
 
 def cost_source(tune: Tune, verdict: Verdict) -> str:

@@ -22,6 +22,8 @@ from corescale.trials.sweep import plan_sweep
 from corescale.tune import peer as peers
 from corescale.tune import space as spaces
 from corescale.tune import verdict as verdicts
+from corescale.tune.budget import search_bounds
+from corescale.tune.document import SearchBounds
 from corescale.tune.priors import MachineKind
 from corescale.tune.settings import LOAD_MARGIN_S, TuneSettings, scenario_overrides
 from corescale.userfiles import check_writable
@@ -117,6 +119,7 @@ class Tune:
     peer_note: str = ""  # why no peer is measured
     isa: dict = field(default_factory=dict)  # the CPU flags the trials run on (tune/priors.py)
     model_size_m: float | None = None  # millions of encoder weights (tune/priors.py)
+    bounds: SearchBounds | None = None  # each QPS search's wall-time bound (tune/budget.py); None: unbounded
 
     @property
     def on_ray(self) -> bool:
@@ -150,9 +153,10 @@ class Tune:
         if self.cfg.scenario != "server" or duration >= self.cfg.duration:
             return []
         server = self.cfg.server
+        bound = [] if self.bounds is None else [f"server.max_search_s={self.bounds.screen_s:g}"]
         return [f"server.min_query_count={min(server.min_query_count, SCREEN_QUERIES)}",
                 f"server.max_steps={min(server.max_steps, SCREEN_STEPS)}",
-                f"server.search_precision={max(server.search_precision, SCREEN_PRECISION):g}"]
+                f"server.search_precision={max(server.search_precision, SCREEN_PRECISION):g}", *bound]
 
     def cost_of(self, record: TrialRecord) -> float | None:
         """US$ per 1M inferences: on the priced machine (measured, or its projection's slow end), else at the
@@ -228,8 +232,10 @@ def plan_tune(settings: TuneSettings, topology=None, kind=None, name: str | None
         tune_dir = tune_dir / (node_type or "any-node")
     check_writable(tune_dir, "output_dir", directory=True)
     placed = [assignment("executor.node_type", node_type)] if node_type else []
+    bounds = search_bounds(settings, cfg, screen)
+    bounded = [f"server.max_search_s={bounds.full_s:g}"] if bounds and cfg.server.max_search_s is None else []
     base = merge([o for o in settings.overrides if override_key(o) != "output_dir"], scenario_overrides(settings),
-                 placed, [assignment("output_dir", tune_dir)])
+                 placed, bounded, [assignment("output_dir", tune_dir)])
     if model.reference is not None and not model.head.entry.judged:
         raise UserError(f"reference={cfg.reference} judges a head's quality on real text; model '{cfg.model}' is "
                         f"task={model.task}, judged by drift against a backend in a tune: give pooling= (a head) "
@@ -243,6 +249,7 @@ def plan_tune(settings: TuneSettings, topology=None, kind=None, name: str | None
                 model.task, reference)
     found = peers.choose(settings.peer, cfg, model, base, settings.objective.scenario)
     tune.peer, tune.peer_label, tune.peer_note = found.overrides, found.label, found.note
+    tune.bounds = bounds
     from corescale.tune.priors import model_size_m
 
     tune.isa, tune.model_size_m = dict(isa), model_size_m(model)

@@ -41,12 +41,15 @@ class Progress:
         total = f"/{self.trials}" if self.trials else ""
         return f"{self.stage} · trial {self.done}{total} · {self.best} · {when}"
 
+    def full_estimate(self, tune: Tune) -> float:
+        """Seconds one full-window measurement takes: the mean of those measured, else from the screens', else the
+        window and the least a trial spends outside it."""
+        if self.full_s:
+            return sum(self.full_s) / len(self.full_s)
+        if self.screen_s:
+            return sum(self.screen_s) / len(self.screen_s) + tune.cfg.duration - tune.screen_s
+        return tune.cfg.duration + LOAD_MARGIN_S
+
     def reserve(self, tune: Tune) -> float:
         """Seconds the final stage will take: (top k + baseline + peer) × the repeats still to measure."""
-        if self.full_s:
-            full = sum(self.full_s) / len(self.full_s)
-        elif self.screen_s:
-            full = sum(self.screen_s) / len(self.screen_s) + tune.cfg.duration - tune.screen_s
-        else:
-            full = tune.cfg.duration + LOAD_MARGIN_S
-        return (tune.settings.top_k + 1 + bool(tune.peer)) * (tune.settings.repeats - 1) * full
+        return (tune.settings.top_k + 1 + bool(tune.peer)) * (tune.settings.repeats - 1) * self.full_estimate(tune)

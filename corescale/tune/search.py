@@ -134,6 +134,7 @@ class Tuner:
             return True
         if p.budget_s is not None and self._count() >= 1:  # a budget that allows the baseline allows one trial
             per = (sum(p.screen_s) / len(p.screen_s)) if p.screen_s else self.tune.screen_s + LOAD_MARGIN_S
+            per += p.full_estimate(self.tune) / self.tune.settings.eta  # successive halving promotes ~1 in eta
             if p.elapsed() + per + self.reserve() > p.budget_s:
                 self.search_end = (f"the budget ({budget_text(p.budget_s)}) ended it, keeping "
                                    f"{budget_text(self.reserve())} for the final repeats "
@@ -231,7 +232,15 @@ class Tuner:
             labels.append(tune.peer_label)
         repeats = tune.settings.repeats
         suggested = [t.user_attrs["overrides"] for t in top] + [None, None]
+        finalists: list[verdicts.Finalist] = []
         for done in range(min(2, repeats), repeats + 1):  # one more fresh repeat of each a round (A B C A B C)
+            short = not self._round_fits(len(configs))
+            if short:  # the full windows measured so far (found by key) are the first round, nothing is measured
+                self.final_end = (f"; the budget ended the final stage after {done - 1} of {repeats} repeats (a "
+                                  f"round of {len(configs)} takes ≈ {budget_text(self._round_s(len(configs)))})")
+                if finalists:
+                    break
+                done = 1
             results = self.run_trials(configs, [f"final {label}" for label in labels], repeats=done)
             finalists = []
             for overrides, label, rows, words in zip(configs, labels, results, suggested):
@@ -240,11 +249,22 @@ class Tuner:
                     label, overrides, records, [str(path) for _, path in rows],
                     [verdicts.figures(r, tune.cost_of) for r in records], baseline=label == labels[len(top)],
                     complexity=complexity(words or []), cores=_cores_used(records), peer=label == tune.peer_label))
+            if short:
+                break
             if done < repeats and verdicts.separated(finalists, tune.settings):
                 self.final_end = (f"; the final stage stopped after {done} of {repeats} repeats: the leader's 95 % "
                                   "interval was clear of every other finalist's")
                 break
         return finalists + self._withheld(study)
+
+    def _round_s(self, configs: int) -> float:
+        """Seconds a final round of `configs` fresh full windows takes (Progress.full_estimate each)."""
+        return configs * self._running()[1].full_estimate(self.tune)
+
+    def _round_fits(self, configs: int) -> bool:
+        """Whether a final round ends within the budget (always without one)."""
+        progress = self._running()[1]
+        return progress.budget_s is None or progress.elapsed() + self._round_s(configs) <= progress.budget_s
 
     def _withheld(self, study) -> list[verdicts.Finalist]:
         """The fastest configurations whose outputs missed the quality (or drift) gate, as measured once: the
