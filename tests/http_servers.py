@@ -23,7 +23,8 @@ TIMES = {"X-Queue-Time": "2", "X-Tokenization-Time": "1", "X-Inference-Time": "5
 class TinyHandler(BaseHTTPRequestHandler):
     """/health, /info, and /embed or /v1/embeddings answering one 4-float embedding; `fail` in the server picks
     what the embedding routes do: None (answer), "500" (every request), "mixed" (500, drop, answer in turn);
-    `slow_first` answers that many requests 25 ms late (a warm-up slower than the test, as on a busy machine)."""
+    `slow_first` answers that many requests 25 ms late (a warm-up slower than the test, as on a busy machine);
+    `slow_s` answers every request that late (a server too slow for the SLO)."""
 
     protocol_version = "HTTP/1.1"  # keep-alive, as a real server
     disable_nagle_algorithm = True  # headers and body go out as separate writes: no 40 ms delayed-ACK stall
@@ -47,6 +48,7 @@ class TinyHandler(BaseHTTPRequestHandler):
         turn = next(self.server.turns)  # type: ignore[attr-defined]
         if turn < self.server.slow_first:  # type: ignore[attr-defined]
             time.sleep(0.025)
+        time.sleep(self.server.slow_s)  # type: ignore[attr-defined]
         fail = self.server.fail  # type: ignore[attr-defined]
         if fail == "500" or (fail == "mixed" and turn % 3 == 0):
             self._answer(500, b'{"error": "boom"}')
@@ -79,10 +81,11 @@ class TinyServer(ThreadingHTTPServer):
 
 
 @contextmanager
-def tiny_server(fail: str | None = None, slow_first: int = 0):
+def tiny_server(fail: str | None = None, slow_first: int = 0, slow_s: float = 0.0):
     """Its URL while it runs (threads of this process)."""
     server = TinyServer(("127.0.0.1", 0), TinyHandler)
     server.fail, server.turns, server.slow_first = fail, itertools.count(), slow_first  # type: ignore[attr-defined]
+    server.slow_s = slow_s  # type: ignore[attr-defined]
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:

@@ -204,6 +204,26 @@ def test_timing_headers_give_the_breakdown_and_the_search_runs_over_http(tmp_pat
 
 
 @pytest.mark.slow
+def test_a_bounded_search_over_http_cuts_its_test_at_the_bound(tmp_path):
+    """server.max_search_s: a server that answers in 250 ms is tested at the lowest rate whose queries fit the bound
+    (1.1 s), LoadGen stops issuing there and the test, its last answers due after it, is cut (its requests in
+    flight given up, not counted as the server's errors); the search ends and says why (issue 32: one ran 421 s)."""
+    with tiny_server(slow_s=0.25) as url:
+        proc = _run(url, "api=tei", "target_qps=auto", "slo_p99_ms=300", "duration=1", "server.max_search_s=1.1",
+                    "request_timeout=30", out=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    _, record = _result(tmp_path)
+    server = record["server"]
+    assert "server.max_search_s=1.1" in server["bounded"] and len(server["steps"]) == 1, server["bounded"]
+    step = server["steps"][0]
+    assert step["target_qps"] >= 459 / 1.1 and step["duration_s"] < 10  # not 30 s of requests waiting
+    if step["cut"]:  # the usual case; on a slow machine the bound may fall after the last answer
+        assert step["http"]["errors"].get("cut") and step["errors"] == 0 and step["validity"] == "INVALID"
+        assert server["max_valid_qps"] is None
+    assert "search bounded" in proc.stdout
+
+
+@pytest.mark.slow
 def test_single_stream_over_http(tmp_path):
     """A warm-up slower than the test (a busy machine's) still leaves LoadGen queries enough for min_duration: it
     pre-generates its single-stream queries from the expected latency and ends the test INVALID, min_duration_met

@@ -54,7 +54,7 @@ def test_a_slow_invalid_configuration_ends_at_its_bound_with_no_rate():
     clock = Clock()
     steps = []
     found = search(slow_steps(clock, 50.0, 30.0, cut_at=60.0), 40.0, 0.01, 12, steps, bound=Bound(60.0, clock))
-    assert found.best == 40.0 and len(steps) == 2 and "cut the last of 2 LoadGen tests, at 80 QPS" in found.bounded
+    assert found.best == 40.0 and len(steps) == 2 and "cut LoadGen test 2, at 80 QPS" in found.bounded
 
 
 def test_a_missed_step_that_fell_behind_goes_to_what_it_sustained_not_half_a_high_guess():

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 NO_SLO_NS = 3_600 * 10**9  # fixed target_qps without slo_p99_ms: LoadGen needs a bound; an hour judges nothing
 PERCENTILES = ("50.00", "90.00", "95.00", "97.00", "99.00", "99.90")
 LOG_FILES = ("summary", "detail")
+FITS = 0.9  # a bounded search's first test issues its queries within this share of the bound
 SINGLE_STREAM_QUERIES = 20_000  # the fewest single-stream queries LoadGen pre-generates (single_stream_expected_ns)
 
 
@@ -157,7 +158,10 @@ class LoadGenServer:
                     return
                 server = self.cfg.server
                 self.bound = Bound(server.max_search_s)
-                found = search(self._step, self._first_guess(), server.search_precision, server.max_steps,
+                first = self._first_guess()
+                if server.max_search_s is not None:  # at least the lowest rate whose test fits the bound
+                    first = max(first, float(f"{server.min_query_count / (FITS * server.max_search_s):.3g}"))
+                found = search(self._step, first, server.search_precision, server.max_steps,
                                self.outcome.steps, floor_qps(self.cfg), self.cfg.slo_p99_ms, self.bound,
                                lambda qps: self._least_s(qps, server.min_query_count))
                 self.outcome.bounded = found.bounded

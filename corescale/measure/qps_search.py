@@ -39,6 +39,9 @@ class Bound:
     def __post_init__(self) -> None:
         self.started = self.clock()
 
+    def total(self) -> float:
+        return math.inf if self.seconds is None else self.seconds
+
     def left(self) -> float:
         return math.inf if self.seconds is None else self.seconds - (self.clock() - self.started)
 
@@ -71,14 +74,14 @@ def search(step, first: float, precision: float, max_steps: int, steps: list, fl
     qps = max(first, floor)
     while len(steps) < max_steps and qps >= floor:
         need = least_s(qps) if least_s is not None else 0.0
-        if need > bound.left():
+        if need > (bound.left() if steps else bound.total()):  # the first test runs when it fits at all
             return Searched(low, f"{bound.words()} ended it after {tests(len(steps))}: the next, at {qps:g} QPS, "
                                  f"takes at least {need:.3g} s and {max(bound.left(), 0.0):.3g} s were left")
         result = step(qps)
         steps.append(result)
         if getattr(result, "cut", False):
-            return Searched(low, f"{bound.words()} cut the last of {tests(len(steps))}, at {qps:g} QPS: the "
-                                 "queries still queued were answered at once, the test judged not valid")
+            return Searched(low, f"{bound.words()} cut LoadGen test {len(steps)}, at {qps:g} QPS: the queries "
+                                 "still queued were answered at once, the test judged not valid")
         if result.meets_slo:
             low = qps if low is None else max(low, qps)
         else:

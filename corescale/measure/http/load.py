@@ -79,6 +79,7 @@ class HttpServer(LoadGenServer):
         self.url = cfg.endpoint.rstrip("/") + self.api.path
         self.loop = asyncio.new_event_loop()
         self.tasks: set[asyncio.Task] = set()
+        self.posting: set[asyncio.Task] = set()  # requests sent and not answered (a task not started yet is not)
         self.log = StepLog()
         self.request_rows: list[tuple] = []  # every step's, for http-requests.csv
 
@@ -112,17 +113,19 @@ class HttpServer(LoadGenServer):
                                      timeout=aiohttp.ClientTimeout(total=self.cfg.request_timeout))
 
     def abort(self) -> None:
-        self.aborted = True
-        self.loop.call_soon_threadsafe(lambda: [task.cancel() for task in list(self.tasks)])
+        self.aborted = True  # a request not started yet sees it when it starts (_cut)
+        self.loop.call_soon_threadsafe(lambda: [task.cancel() for task in list(self.posting)])
         self.finished.wait(self.cfg.duration + 10)  # past that LoadGen's thread is left running (a daemon)
 
     def _stop(self) -> None:
         """Nothing was started here: the server keeps running."""
 
     def _cut(self) -> None:
-        """The search's bound ended the test: the requests in flight are given up (answered to LoadGen at once)."""
+        """The search's bound ended the test: the requests in flight are given up (answered to LoadGen at once);
+        one not started yet sees `cut` when it starts (a task cancelled before it starts would never run its body,
+        and LoadGen would wait for its query forever)."""
         self.cut = True
-        self.loop.call_soon_threadsafe(lambda: [task.cancel() for task in list(self.tasks)])
+        self.loop.call_soon_threadsafe(lambda: [task.cancel() for task in list(self.posting)])
 
     # --- LoadGen's side ---
     def _issue(self, samples) -> None:
@@ -146,9 +149,12 @@ class HttpServer(LoadGenServer):
         log.max_in_flight = max(log.max_in_flight, log.in_flight)
         sent = time.perf_counter_ns()
         status, kind, message, content, answered = None, "", "", b"", {}
+        posting = asyncio.current_task()
         try:
             if self.aborted or self.cut:
                 raise asyncio.CancelledError
+            if posting is not None:
+                self.posting.add(posting)
             async with self.session.post(self.url, data=self.bodies[sample.index], allow_redirects=False) as answer:
                 content = await answer.read()
                 status, answered = answer.status, answer.headers
@@ -163,6 +169,8 @@ class HttpServer(LoadGenServer):
         except asyncio.CancelledError:
             kind, message = ("cut", "the search's bound (server.max_search_s) ended the test") if self.cut and \
                 not self.aborted else ("aborted", "the trial was stopped")
+        if posting is not None:
+            self.posting.discard(posting)
         done = time.perf_counter_ns()
         lg.QuerySamplesComplete([lg.QuerySampleResponse(sample.id, 0, 0)])
         log.in_flight -= 1
