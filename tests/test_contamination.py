@@ -175,7 +175,10 @@ def test_cpu_burner_on_the_pinned_cpu_flags_the_result(tmp_path, capsys, monkeyp
     # the speed sentinel after the trial shares the CPU with the busy loop, which is still running: about 2x slower
     found = outcome.record.contamination
     assert found is not None and [r.phase for r in found.sentinel] == ["before", "after"]
-    assert found.sentinel[1].moved and found.sentinel[1].ratio > 1.25  # against the "before" (median of three)
+    # (how much slower depends on what else shares the CPU already: 1.5x on a busy machine; when a part is slower
+    # beyond its tolerance the reading moved — test_sentinel.py holds that rule)
+    assert found.sentinel[1].ratio > 1.25  # against the "before" (median of three)
+    assert found.sentinel[1].moved == (found.sentinel[1].compute_ratio > 1.25 or found.sentinel[1].memory_ratio > 2)
     assert found.sentinel_moved and found.foreign_load == metrics.foreign_load
     assert found.steal_fraction is not None and str(cpu) in found.steal_by_cpu
     again = TrialRecord.from_json(json.loads(json.dumps(outcome.record.to_json())))

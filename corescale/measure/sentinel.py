@@ -4,11 +4,14 @@ repeats), compared with the first reading of the run.
 Foreign processes on the same guest are seen by the contamination check (measure/contamination.py); the sentinel
 sees what it cannot: the hypervisor taking the CPU, a neighbour on the host's shared caches and memory bandwidth,
 a frequency change. Each reading runs, pinned to one CPU at a time with one BLAS thread, a compute-bound part (a
-fixed 192² float32 GEMM, 16 times: ~226 MFLOP) and a memory-bound part (a STREAM-like triad over three 16 MiB float64
-arrays, 2 times: ~100 MB of traffic), a few milliseconds each on a current core. A part's time is the median of RUNS
-timings: an interrupt or a burst of steal in two of them spoils none (single GEMM timings of 2.2 ms read 6.4 ms in 2
-of 5 runs on an idle Zen 5), while a CPU shared half the time, a lower clock or a neighbour on the memory bus slows
-most of them (the fastest would hide a CPU shared in time slices longer than one timing). Each CPU's
+fixed 192² float32 GEMM, 64 times: ~906 MFLOP) and a memory-bound part (a STREAM-like triad over three 16 MiB float64
+arrays, 2 times: ~100 MB of traffic), each 3–10 ms on a current core, timed RUNS times in turn (compute, memory,
+compute, ...). A part's time is the median of its RUNS timings: an interrupt or a burst of steal in two of them spoils
+none (single GEMM timings of 2.2 ms read 6.4 ms in 2 of 5 runs on an idle Zen 5), while a CPU shared half the time, a
+lower clock or a neighbour on the memory bus slows most of them. Each timing spans several scheduler slices, and the
+parts alternate, because a thread that slept runs its first milliseconds on the scheduler's credit: a GEMM of 16
+products (1.8 ms) timed five times in a row read unchanged beside a busy loop on its CPU in 4 of 4 readings (Zen 5,
+Linux 6.18), while the triad timed after it read 1.8× slower. Each CPU's
 reference is its first reading (the median of three), replaced by a reading faster than it beyond the tolerance (a
 reference taken while the machine was busy heals itself; noise never lowers it). A part slower than its reference
 beyond its tolerance marks the reading as moved: TOLERANCE for the GEMM, MEMORY_TOLERANCE for the triad, whose median
@@ -27,7 +30,7 @@ from typing import Any
 TOLERANCE = 0.25  # the GEMM 25 % slower than its reference on the same CPU: moved
 MEMORY_TOLERANCE = 1.0  # the triad twice as slow (an idle guest's triad ranged 1.6x within seconds)
 RUNS = 5  # timings of each part per reading, their median kept
-GEMM_SIZE, GEMM_REPS = 192, 16
+GEMM_SIZE, GEMM_REPS = 192, 64
 TRIAD_ELEMENTS, TRIAD_REPS = 1 << 21, 2  # three float64 arrays of 16 MiB: beyond one CCD's 32 MiB L3 together
 
 
@@ -92,8 +95,8 @@ def time_cpus(cpus) -> dict[int, Timing]:
             for cpu in cpus:
                 os.sched_setaffinity(0, {cpu})
                 kernel.compute()  # the first call after a move pays the migration: not timed
-                found[cpu] = Timing(_median([kernel.compute() for _ in range(RUNS)]),
-                                    _median([kernel.memory() for _ in range(RUNS)]))
+                pairs = [(kernel.compute(), kernel.memory()) for _ in range(RUNS)]  # alternated: the same moments
+                found[cpu] = Timing(_median([c for c, _ in pairs]), _median([m for _, m in pairs]))
     finally:
         os.sched_setaffinity(0, mine)
     return found
