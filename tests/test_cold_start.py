@@ -58,6 +58,9 @@ def test_a_served_instance_warms_every_shape_twice_and_no_more():
     single_ns, at_max = warm_shapes(backend, resolve_model("bert-tiny"), cfg, 3, single_calls=2)
     assert backend.calls == [(1, 32)] * 2 + [(2, 32)] * 2 + [(3, 32)] * 2
     assert len(at_max) == 2 and single_ns is not None  # the deadline's unit: the calls at the max batch
+    once = Counting()
+    _, at_max = warm_shapes(once, resolve_model("bert-tiny"), cfg, 3, 1, 1)  # a backend warm after one call
+    assert once.calls == [(1, 32), (2, 32), (3, 32)] and len(at_max) == 1
     measured = Counting()
     warm_shapes(measured, resolve_model("bert-tiny"), cfg, 3)  # measurement's: one query four times
     assert measured.calls.count((1, 32)) == 4

@@ -245,6 +245,8 @@ class BackendEntry:
     # "openvino-ir" (workload/modelfile.py FORMATS); () = it needs the PyTorch model (a preset or a directory)
     peer_calls: tuple[tuple[str, str], ...] = ()  # (task, the call its users make): a peer baseline of that task,
     # measured beside a tune's out-of-box baseline (tune/peer.py), never searched or recommended
+    shape_warm_calls: int = 2  # calls at a new input shape until the next one is warm: `corescale serve`'s instance
+    # makes that many at every shape it will answer before it is ready (a JIT backend optimises on its second)
 
     def computes(self, task: str) -> bool:
         return TASKS[task].head in self.heads

@@ -187,13 +187,16 @@ class Instance:
 
     def warm_service(self) -> int | None:
         """corescale serve's instance: no timed window follows, so no stable median to reach and no start instant
-        to keep warm for; every shape it will answer is called twice (warm_shapes: the first call at a new shape
-        pays its allocations, a JIT backend's second call its optimisation), then `ready` at once. Its warm call
-        (the deadline's unit) is the faster one at the max batch. About half the calls of the measurement's
-        warm-up (issue 31's cold start: 13 calls at max batch 4 were 0.5-1.3 s of it on the shared Zen 5)."""
+        to keep warm for; every shape it will answer is called as many times as its backend needs to warm a new
+        shape (its registry entry's shape_warm_calls: the first call pays the allocations, a JIT backend's second
+        its optimisation), then `ready` at once. Its warm call (the deadline's unit) is the fastest at the max
+        batch. A third to a half of the measurement's warm-up (issue 31's cold start: 13 calls at max batch 4 were
+        0.5-1.3 s of it on the shared Zen 5)."""
+        from corescale.backends import entry
         from corescale.measure.timing import WarmupResult
 
-        _, at_max = warm_shapes(self.backend, self.model, self.cfg, self.batch, single_calls=2)
+        calls = entry(self.cfg.backend.name).shape_warm_calls
+        _, at_max = warm_shapes(self.backend, self.model, self.cfg, self.batch, calls, calls)
         self.warmed = WarmupResult(at_max, True)
         self.durations = list(at_max)
         self.control.send(protocol.Ready(len(at_max), True, min(at_max), None))
@@ -410,11 +413,11 @@ def tokenized(tokenizer, items: list, model, cfg: BenchmarkConfig):
     return batch_inputs(ids, length, pad_id(model), model.takes_token_type_ids, types)
 
 
-def warm_shapes(backend, model, cfg: BenchmarkConfig, max_batch: int,
+def warm_shapes(backend, model, cfg: BenchmarkConfig, max_batch: int, calls: int = 2,
                 single_calls: int = 4) -> tuple[int | None, list[int]]:
     """Serving meets every batch size up to max_batch (and, padded to buckets, every bucket length): each is
-    called twice before the start (one query at sequence_length `single_calls` times), so no first-call cost at
-    a new shape lands in the measured latencies. Returns (the fastest warm call of one query at sequence_length,
+    called `calls` times before the start (one query at sequence_length `single_calls` times), so no first-call
+    cost at a new shape lands in the measured latencies. Returns (the fastest warm call of one query at sequence_length,
     the durations of the calls at max_batch x sequence_length), ns."""
     from corescale.workload.inputs import make_inputs
     from corescale.workload.samples import BUCKET_EDGES
@@ -430,7 +433,7 @@ def warm_shapes(backend, model, cfg: BenchmarkConfig, max_batch: int,
         for length in sorted(lengths):
             prepared = backend.prepare(make_inputs(model, rows, length, cfg.seed))
             single = rows == 1 and length == cfg.sequence_length
-            for call in range(single_calls if single else 2):
+            for call in range(single_calls if single else calls):
                 began = time.perf_counter_ns()
                 backend.forward(prepared)
                 took = time.perf_counter_ns() - began

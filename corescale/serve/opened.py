@@ -24,6 +24,8 @@ import errno
 import hashlib
 import os
 import stat
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -80,16 +82,27 @@ class Bundle:
         return Path(self.cfg.workload.tokenizer or "") / "tokenizer.json"
 
 
-def open_bundle(path: str | Path, work: Path, trust: Trust = Trust(), key: bytes | None = None) -> Bundle:
+def open_bundle(path: str | Path, work: Path, trust: Trust = Trust(), key: bytes | None = None,
+                meanwhile: Callable[[], object] | None = None) -> Bundle:
     """Checks the bundle at `path` and copies it, verified, into `work` (the service's private folder, which
-    also holds its runtime cache): what serves is that copy. `key`: its signature must verify with it."""
+    also holds its runtime cache): what serves is that copy. `key`: its signature must verify with it.
+    `meanwhile`: run in this thread while the copy is made in another (reading, hashing and writing release the
+    GIL: the two share the CPUs); the copy's error, if any, is raised once both are done."""
     root = Path(path).expanduser()
     manifest = read_manifest(root, key)
     check_trust(root, manifest, trust)
     check_cpu(manifest)
     check_libraries(manifest)
     copy = Path(work) / COPY_DIR
-    verified_copy(root, manifest, copy)
+    if meanwhile is None:
+        verified_copy(root, manifest, copy)
+    else:
+        with ThreadPoolExecutor(1, thread_name_prefix="corescale-serve-copy") as copier:
+            copying = copier.submit(verified_copy, root, manifest, copy)
+            try:
+                meanwhile()
+            finally:
+                copying.result()
     record = read_result(copy / bundle.RECORD)
     specs = list(record.specs)
     check_layout(root, manifest, specs)

@@ -71,12 +71,12 @@ def bind(host: str, port: int) -> socket.socket:
 
 def opened_source(source: list[str], work: Path, options: Options) -> Bundle:
     """Overrides (key=value), a config file (CONFIG.json: endpoint=managed's trials), or a bundle folder (copied,
-    verified, into `work`)."""
+    verified, into `work`; the front's HTTP stack is imported meanwhile, while the copy hashes and writes)."""
     if "=" in source[0]:
         return from_overrides(source)
     if Path(source[0]).is_file():
         return from_config_file(Path(source[0]))
-    return open_bundle(source[0], work, options.trust, options.key)
+    return open_bundle(source[0], work, options.trust, options.key, meanwhile=http_stack)
 
 
 class Stopped(BaseException):
@@ -109,7 +109,7 @@ def run(source: list[str], options: Options) -> int:
         try:
             try:
                 pool.launch()
-                Server = http_server()  # FastAPI's and uvicorn's imports (~0.7 s) while the instances load
+                Server = http_server()  # FastAPI's and uvicorn's imports (if not done) while the instances load
                 pool.wait_ready(cfg.timeout)
             except RuntimeError as failed:  # an instance that could not load: its reason, exit 1
                 print(f"corescale: error: {failed}", file=sys.stderr)
@@ -175,12 +175,19 @@ def front_app(front, options: Options):
                       not options.api_key and is_loopback_host(options.host))
 
 
-def http_server() -> type:
-    """uvicorn's Server, draining the pool on a stop signal; imported here, not at the top, so that the front's
-    HTTP stack (FastAPI, uvicorn) is imported while the instances load (the cold start's critical path)."""
-    import uvicorn
+def http_stack() -> None:
+    """The front's HTTP stack (FastAPI, uvicorn: ~0.4 CPU-s) imported, not at the top: at the latest while the
+    instances load, and with a bundle while its copy is made (the copy releases the GIL), so that it does not
+    take the CPUs from the instances then (the cold start's critical path)."""
+    import uvicorn  # noqa: F401
 
     import corescale.serve.app  # noqa: F401 - imported now, used once the instances are ready
+
+
+def http_server() -> type:
+    """uvicorn's Server, draining the pool on a stop signal (http_stack's imports, if they were not done yet)."""
+    http_stack()
+    import uvicorn
 
     class Server(uvicorn.Server):
         def __init__(self, pool: Pool, caught: list[int], config: uvicorn.Config) -> None:
