@@ -97,10 +97,13 @@ def main() -> int:
 
 
 def cpu_model() -> str:
+    """The CPU's name with its family and model (a guest's name alone may be just "AMD EPYC")."""
+    fields: dict[str, str] = {}
     for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "unknown"
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    return f"{fields.get('model name', 'unknown')} (family {fields.get('cpu family', '?')} model " \
+           f"{fields.get('model', '?')})"
 
 
 if __name__ == "__main__":
