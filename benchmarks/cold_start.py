@@ -26,26 +26,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from serve import ROOT, descendants_cpu, serving  # noqa: E402 (benchmarks/serve.py: the same clock)
+from serve import ROOT, descendants_cpu, evict, serving  # noqa: E402 (benchmarks/serve.py: the same clock)
 
 
 def process_cpu(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def evict(bundle: Path) -> int:
-    """The bundle's files dropped from the page cache (their clean pages); returns the bytes advised."""
-    total = 0
-    for path in bundle.rglob("*"):
-        if path.is_file() and not path.is_symlink():
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-                total += os.fstat(fd).st_size
-            finally:
-                os.close(fd)
-    return total
 
 
 def one_start(checkout: Path, bundle: Path, log: Path, cache: str) -> dict:
