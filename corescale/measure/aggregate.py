@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from corescale.machine.placement import InstanceSpec
 from corescale.measure.contamination import CONTAMINATION_THRESHOLD, foreign_fraction
 from corescale.record.stats import Measurement, in_window, window_throughput
 from corescale.record.trial import InstanceMetrics, RunMetrics
+
+if TYPE_CHECKING:  # pandas (~0.4 s) is imported where a frame is made: `corescale plan` and serve never need it
+    import pandas as pd
 
 
 @dataclass
@@ -45,6 +48,8 @@ def common_window(instances: list[InstanceSamples], start_ns: int) -> tuple[int,
 
 def samples_frame(instances: list[InstanceSamples], window: tuple[int, int]) -> pd.DataFrame:
     """Every warmup and timed call of every instance, one row each (the Parquet file)."""
+    import pandas as pd
+
     frames = []
     for inst in instances:
         durations = inst.ends_ns - inst.starts_ns
