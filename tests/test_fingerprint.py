@@ -31,7 +31,8 @@ def test_a_variable_that_changes_what_runs_changes_the_fingerprint(name, value):
 
 
 @pytest.mark.parametrize("name", ["OMP_NUM_THREADS", "MKL_NUM_THREADS", "OMP_PLACES", "OMP_PROC_BIND",
-                                  "TF_NUM_INTRAOP_THREADS", "CUDA_VISIBLE_DEVICES", "HF_HUB_OFFLINE"])
+                                  "TF_NUM_INTRAOP_THREADS", "CUDA_VISIBLE_DEVICES", "HF_HUB_OFFLINE",
+                                  "KMP_DUPLICATE_LIB_OK"])
 def test_what_every_instance_sets_itself_or_what_changes_nothing_does_not(name):
     assert machine_fingerprint(_host(**{name: "3"})) == machine_fingerprint(_host())
 

@@ -25,8 +25,11 @@ ENV_PREFIXES = ("OMP_", "KMP_", "MKL_", "GOMP_", "OPENBLAS_", "TF_NUM_", "TF_ENA
                 "DNNL_", "ONEDNN_", "MALLOC_", "JE_MALLOC_", "TCMALLOC_")
 ENV_NAMES = ("LD_PRELOAD", "LD_LIBRARY_PATH", "GLIBC_TUNABLES", "HF_HUB_OFFLINE", "CUDA_VISIBLE_DEVICES",
              "CORESCALE_NUMACTL", "CORESCALE_LIB_PATH")
-# Recorded, but no part of what is measured: a CPU run ignores the GPU list; the hub is never needed.
-ENV_NOT_MEASURED = ("HF_HUB_OFFLINE", "CUDA_VISIBLE_DEVICES")
+# Recorded, but no part of what is measured: a CPU run ignores the GPU list; the hub is never needed;
+# KMP_DUPLICATE_LIB_OK only lets two OpenMP runtimes load without aborting, and threadpoolctl (the speed sentinel
+# imports it) sets it in the process that imports it: a tune's first trial (its out-of-box baseline) was captured
+# without it and every later one with it, so the final stage never found the baseline and measured it again.
+ENV_NOT_MEASURED = ("HF_HUB_OFFLINE", "CUDA_VISIBLE_DEVICES", "KMP_DUPLICATE_LIB_OK")
 
 
 def measuring_variables(env: dict[str, str]) -> dict[str, str]:
