@@ -335,7 +335,7 @@ def brief(record: TrialRecord) -> str:
     if record.ok and record.server is not None:
         s = record.server
         if s.target_qps == "auto":
-            bounded = f" (search bounded at {len(s.steps)} tests: best so far)" if s.bounded else ""
+            bounded = f" (search bounded after {len(s.steps)} LoadGen test(s): best so far)" if s.bounded else ""
             return f"max valid QPS {s.max_valid_qps or 0:.4g} at p99 <= {s.slo_p99_ms:g} ms{bounded}"
         return f"LoadGen {s.validity}, p99 {s.latency_ms.get('p99', float('nan')):.2f} ms"
     if not record.ok or m is None:

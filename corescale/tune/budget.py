@@ -6,7 +6,7 @@ searched configurations' full windows and the final repeats) FULL_SHARE of the b
 SCREEN_SHARE, each at least LEAST_TESTS LoadGen tests of its window: a pathological configuration (out-of-box
 PyTorch's OpenMP threads descheduled beside LoadGen on 2 cores served 4-12 QPS, each test of 459 queries 40-150 s)
 then costs a bounded share instead of the whole budget. server.max_search_s given by the user is kept (a screen
-takes the smaller of it and the screen's share). The final stage runs a round of repeats only while its estimate
+takes the smaller of it and the screen's share). The final stage starts a measurement only while its estimate
 fits the budget; a tune ends within the budget plus `slack` (the estimate's error: a trial's load and warm-up are
 not bounded)."""
 

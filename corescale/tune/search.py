@@ -233,23 +233,24 @@ class Tuner:
         repeats = tune.settings.repeats
         suggested = [t.user_attrs["overrides"] for t in top] + [None, None]
         finalists: list[verdicts.Finalist] = []
+        rows: list[list[tuple]] = [[] for _ in configs]  # each configuration's (record, path) so far
         for done in range(min(2, repeats), repeats + 1):  # one more fresh repeat of each a round (A B C A B C)
-            short = not self._round_fits(len(configs))
-            if short:  # the full windows measured so far (found by key) are the first round, nothing is measured
-                self.final_end = (f"; the budget ended the final stage after {done - 1} of {repeats} repeats (a "
-                                  f"round of {len(configs)} takes ≈ {budget_text(self._round_s(len(configs)))})")
-                if finalists:
-                    break
-                done = 1
-            results = self.run_trials(configs, [f"final {label}" for label in labels], repeats=done)
+            short = False
+            for i, (config, label) in enumerate(zip(configs, labels)):
+                fits = self._trial_fits(rows[i])
+                short = short or not fits
+                if fits or not rows[i]:  # past the budget: what was measured (its full window, found by key)
+                    rows[i] = self.run_trials([config], [f"final {label}"], repeats=done if fits else 1)[0]
             finalists = []
-            for overrides, label, rows, words in zip(configs, labels, results, suggested):
-                records = [record for record, _ in rows]
+            for overrides, label, found, words in zip(configs, labels, rows, suggested):
+                records = [record for record, _ in found]
                 finalists.append(verdicts.Finalist(
-                    label, overrides, records, [str(path) for _, path in rows],
+                    label, overrides, records, [str(path) for _, path in found],
                     [verdicts.figures(r, tune.cost_of) for r in records], baseline=label == labels[len(top)],
                     complexity=complexity(words or []), cores=_cores_used(records), peer=label == tune.peer_label))
             if short:
+                self.final_end = (f"; the budget ended the final stage in its repeat {done} of {repeats} (no "
+                                  "measurement starts that its estimate says would end past the budget)")
                 break
             if done < repeats and verdicts.separated(finalists, tune.settings):
                 self.final_end = (f"; the final stage stopped after {done} of {repeats} repeats: the leader's 95 % "
@@ -257,14 +258,16 @@ class Tuner:
                 break
         return finalists + self._withheld(study)
 
-    def _round_s(self, configs: int) -> float:
-        """Seconds a final round of `configs` fresh full windows takes (Progress.full_estimate each)."""
-        return configs * self._running()[1].full_estimate(self.tune)
-
-    def _round_fits(self, configs: int) -> bool:
-        """Whether a final round ends within the budget (always without one)."""
+    def _trial_fits(self, rows: list[tuple]) -> bool:
+        """Whether one more final measurement of a configuration ends within the budget (always without one): its
+        estimate is the mean time its earlier measurements took (records' elapsed_s; out-of-box PyTorch's can be
+        minutes where a searched one's are seconds), else the mean full measurement's (Progress.full_estimate)."""
         progress = self._running()[1]
-        return progress.budget_s is None or progress.elapsed() + self._round_s(configs) <= progress.budget_s
+        if progress.budget_s is None:
+            return True
+        took = [record.elapsed_s for record, _ in rows if record.elapsed_s]
+        need = sum(took) / len(took) if took else progress.full_estimate(self.tune)
+        return progress.elapsed() + need <= progress.budget_s
 
     def _withheld(self, study) -> list[verdicts.Finalist]:
         """The fastest configurations whose outputs missed the quality (or drift) gate, as measured once: the
