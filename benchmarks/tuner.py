@@ -27,6 +27,19 @@ first), each in its own output folder (no shared measurements or tune store). Th
 tune's winner measured --judge-repeats more times in fresh processes, interleaved (A B A B ...), so the two
 winners are compared side by side, not from two separate runs. Printed per seed: the judged QPS of the short
 tune's winner ÷ the long tune's (goal >= 0.95), and each tune's coverage and estimate of a longer budget.
+
+P5' (the served speed-up of `make run`'s bundle, issue 32):
+
+    python benchmarks/tuner.py --p5 [--bundle DIR | --demo-budget 5m] [--rounds 2] [--slo 100] [--output DIR]
+
+The bundle `make run` (`corescale demo`) writes (--bundle; without it the demo's tune runs first, --demo-budget)
+served by `corescale serve DIR` as a user starts it, against out-of-box sentence-transformers behind FastAPI
+(benchmarks/peer_servers/st_fastapi.py: `SentenceTransformer(DIR).encode()` per request, torch's default threads)
+on the same model directory, alternated in one run (A B A B ..., --rounds each, one server up at a time on every
+CPU this process may use, LoadGen and its HTTP client beside them). Each is measured the same way: `scenario=server
+target_qps=auto` at p99 <= --slo ms over HTTP (POST /v1/embeddings, one built-in text per request, the same
+LoadGen settings as benchmarks/http_peers.py). Writes p5.json and p5.md (a markdown table: each round's max
+valid QPS and p99, each round's ratio, the mean ratio with its range; goal >= 4x) under --output.
 """
 
 from __future__ import annotations
@@ -202,9 +215,105 @@ def p6(args) -> int:
     return 0 if ok else 1
 
 
+P5_GOAL = 4.0
+
+
+def p5(args) -> int:
+    """P5': the demo's bundle served ÷ sentence-transformers behind FastAPI, alternated, LoadGen over HTTP each."""
+    import os
+
+    here = Path(__file__).resolve().parent
+    sys.path[:0] = [str(here), str(here / "peer_servers")]
+    from http_peers import measure_one
+    from peer_launch import free_port, started
+
+    root = args.output or Path(tempfile.mkdtemp(prefix="corescale-p5-"))
+    bundle = args.bundle or demo_bundle(args, root / "demo")
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    model_dir = served_model_dir(bundle)
+    client = argparse.Namespace(slo_p99_ms=args.slo, duration=args.p5_duration, min_queries=459, precision=0.1,
+                                max_steps=8, model_field="all-MiniLM-L6-v2", output=str(root / "loadgen"))
+    servers = {"corescale serve (make run's bundle)": [sys.executable, "-m", "corescale", "serve", str(bundle)],
+               "sentence-transformers + FastAPI": [sys.executable, str(here / "peer_servers" / "st_fastapi.py"),
+                                                   "--model", str(model_dir)]}
+    rounds: list[dict[str, dict]] = []
+    for number in range(args.rounds):  # A B A B: one server up at a time
+        found: dict[str, dict] = {}
+        for name, command in servers.items():
+            port = free_port()
+            began = time.monotonic()
+            with started([*command, "--port", str(port)], port, "/health") as url:
+                found[name] = measure_one(f"{name} round {number + 1}", url, "openai", client)
+            found[name]["wall_s"] = time.monotonic() - began
+            print(f"round {number + 1}: {name}: {found[name]['qps']} QPS at p99 {found[name]['p99']} ms",
+                  flush=True)
+        rounds.append(found)
+    ours, theirs = list(servers)
+    ratios = [r[ours]["qps"] / r[theirs]["qps"] if r[ours]["qps"] and r[theirs]["qps"] else None for r in rounds]
+    known = [x for x in ratios if x is not None]
+    mean = sum(known) / len(known) if known else None
+    result = {"slo_p99_ms": args.slo, "bundle": str(bundle), "model_dir": str(model_dir), "rounds": rounds,
+              "ratios": ratios, "mean_ratio": mean, "goal": P5_GOAL, "cpu": rounds[0][ours]["cpu"] if rounds else None,
+              "cpus": len(os.sched_getaffinity(0)), "served": manifest.get("config", {}).get("backend"),
+              "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "p5.json").write_text(json.dumps(result, indent=1, default=str))
+    (root / "p5.md").write_text(p5_table(result, ours, theirs))
+    print(p5_table(result, ours, theirs))
+    print(f"results: {root}")
+    return 0 if mean is not None and mean >= P5_GOAL else 1
+
+
+def served_model_dir(bundle: Path) -> Path:
+    """The model directory the peer loads: the bundle's copy of the model when it holds its fp32 weights, else the
+    packaged all-MiniLM-L6-v2 the demo tunes (a bundle of a quantized artifact copies the model's files but its
+    weights, which the artifact replaces)."""
+    import os
+
+    from corescale.workload.packaged import packaged_model
+
+    if any((bundle / "model" / name).is_file() for name in ("model.safetensors", "pytorch_model.bin")):
+        return bundle / "model"
+    return Path(packaged_model("all-minilm-l6-v2", os.path.expanduser("~/.cache/corescale")))
+
+
+def demo_bundle(args, out: Path) -> Path:
+    """The bundle `corescale demo` (what `make run` runs) writes, from a demo run into `out`."""
+    from corescale.commands.demo import demo_words
+
+    doc = tune(demo_words([f"budget={args.demo_budget}", f"slo_p99_ms={args.slo:g}"]), out)
+    bundle = (doc.get("recipe") or {}).get("bundle")
+    if not bundle:
+        raise SystemExit(f"the demo wrote no bundle: {(doc.get('recipe') or {}).get('bundle_skipped')}")
+    return Path(bundle)
+
+
+def p5_table(result: dict, ours: str, theirs: str) -> str:
+    def num(value, spec=".1f") -> str:
+        return "-" if value is None else format(value, spec)
+
+    lines = [f"P5': max QPS at p99 <= {result['slo_p99_ms']:g} ms over HTTP (LoadGen, one built-in text per request), "
+             f"{result['cpu']}, {result['cpus']} CPUs, {result['when']}", "",
+             f"| round | {ours}: QPS (p99 ms) | {theirs}: QPS (p99 ms) | ratio |", "|---|---:|---:|---:|"]
+    for number, (found, ratio) in enumerate(zip(result["rounds"], result["ratios"]), 1):
+        a, b = found[ours], found[theirs]
+        lines.append(f"| {number} | {num(a['qps'], '.4g')} ({num(a['p99'])}) | {num(b['qps'], '.4g')} "
+                     f"({num(b['p99'])}) | {num(ratio, '.2f')}× |")
+    known = [x for x in result["ratios"] if x is not None]
+    spread = f" (rounds {min(known):.2f}–{max(known):.2f}×)" if known else ""
+    lines.append(f"| mean | | | **{num(result['mean_ratio'], '.2f')}×**{spread}, goal ≥ {result['goal']:g}× |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--p6", action="store_true", help="P6': a short vs a long tune of the service (see above)")
+    parser.add_argument("--p5", action="store_true", help="P5': make run's bundle served vs sentence-transformers "
+                                                          "behind FastAPI (see above)")
+    parser.add_argument("--bundle", type=Path, help="--p5: the bundle to serve (default: run the demo first)")
+    parser.add_argument("--demo-budget", default="5m", help="--p5 without --bundle: the demo's budget")
+    parser.add_argument("--rounds", type=int, default=2, help="--p5: A B rounds")
+    parser.add_argument("--p5-duration", type=float, default=3.0, help="--p5: LoadGen's minimum duration per test")
     parser.add_argument("--short", default="5m", help="--p6: the short tune's budget")
     parser.add_argument("--long", default="40m", help="--p6: the long tune's budget")
     parser.add_argument("--slo", type=float, default=100.0, help="--p6: the service's p99 SLO in ms")
@@ -220,6 +329,8 @@ def main() -> int:
     parser.add_argument("--judge-repeats", type=int, default=3)
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
+    if args.p5:
+        return p5(args)
     if args.p6:
         if args.seeds == "0,1,2":
             args.seeds = "0,1"

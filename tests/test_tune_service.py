@@ -371,3 +371,28 @@ def test_the_reports_tuner_section_says_how_good_the_answer_is():
     assert "<td>onnxruntime</td><td>int8</td><td>4 of 1944</td><td>0</td><td>412</td>" in html
     assert "≈ +6.1% on the best" in html and "<script" not in html
     assert TuneDocument.from_dict(doc.to_dict(), "tune.json").coverage == found
+
+
+def test_the_final_stage_starts_a_measurement_only_while_its_own_estimate_fits_the_budget():
+    """Each configuration's estimate is what its earlier measurements took (out-of-box PyTorch's trial took 130 s
+    where the winner's took 20 s on the shared Zen 5), else the mean full measurement; no budget, no limit."""
+    import time
+
+    from corescale.tune.progress import Progress
+    from corescale.tune.search import Tuner
+
+    tuner = Tuner.__new__(Tuner)
+    tuner.tune = SimpleNamespace(cfg=SimpleNamespace(duration=2.0), screen_s=1.0)
+    tuner.study = object()
+    tuner.progress = Progress(started=time.monotonic() - 250, elapsed_before=0.0, budget_s=300.0, trials=None,
+                              full_s=[30.0])
+
+    def rows(*seconds):
+        return [(SimpleNamespace(elapsed_s=s), "path") for s in seconds]
+
+    assert not tuner._trial_fits(rows(130.0, 126.0)) and tuner._trial_fits(rows(20.0))
+    assert tuner._trial_fits([])  # the mean full measurement: 30 s, 50 s left
+    tuner.progress.full_s = [80.0]
+    assert not tuner._trial_fits([])
+    tuner.progress.budget_s = None
+    assert tuner._trial_fits(rows(1e6))
