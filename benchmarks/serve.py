@@ -66,6 +66,7 @@ class Served:
     front: str  # where its front ran (its ready line)
     steps: list[dict]
     cold_cache_start_s: float | None = None  # the same, the bundle's files dropped from the page cache first
+    tail_at_70pct: dict | None = None  # the 70 % step's tail_parts: what the requests past p99 waited on
 
 
 @dataclasses.dataclass
@@ -194,19 +195,35 @@ async def offered(url: str, texts: list[str], qps: float, count: int, seed: int)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=120)) as client:
         start = loop.time() + 0.2
 
-        async def one(i: int) -> tuple[float, int]:
+        async def one(i: int) -> tuple[float, int, list[float]]:
             await asyncio.sleep(max(start + times[i] - loop.time(), 0))
             body = {"inputs": texts[i % len(texts)], "truncate": True}
             async with client.post(f"{url}/embed", json=body) as answer:
                 await answer.read()
-                return loop.time() - (start + times[i]), answer.status
+                said = [float(answer.headers.get(f"X-{part.title()}-Time", "nan")) for part in PARTS]
+                return loop.time() - (start + times[i]), answer.status, said
 
         results = await asyncio.gather(*(one(i) for i in range(count)))
         wall = loop.time() - start
     latencies = np.array([r[0] for r in results]) * 1e3
     return {"p50_ms": float(np.percentile(latencies, 50)), "p99_ms": float(np.percentile(latencies, 99)),
             "ok": sum(r[1] == 200 for r in results), "count": count, "answered_qps": count / wall,
-            "scheduled_qps": count / float(times[-1])}  # the draw's own rate: a short step's differs from qps
+            "scheduled_qps": count / float(times[-1]),  # the draw's own rate: a short step's differs from qps
+            "tail": tail_parts(latencies, np.array([r[2] for r in results]))}
+
+
+PARTS = ("tokenization", "queue", "inference", "total")  # the service's timing headers (ms), TEI's
+
+
+def tail_parts(latencies: np.ndarray, said: np.ndarray) -> dict:
+    """What the slowest requests spent their time on, against the median ones: the median of each timing header
+    (ms) over the requests at or past p99 and over those between p45 and p55; `outside`: the client's latency less
+    the service's own total (the socket, the event loop before the handler, the load generator itself)."""
+    parts = np.column_stack([said, latencies - said[:, -1]])
+    p45, p55, p99 = np.percentile(latencies, [45, 55, 99])
+    groups = {"p99_and_past": latencies >= p99, "around_p50": (latencies >= p45) & (latencies <= p55)}
+    return {group: {name: float(np.nanmedian(parts[chosen, column])) if chosen.any() else None
+                    for column, name in enumerate((*PARTS, "outside"))} for group, chosen in groups.items()}
 
 
 def http_step(url: str, pid: int, texts: list[str], tokens: list[int], qps: float, args, seed: int) -> dict:
@@ -271,7 +288,7 @@ def measure_served(name: str, checkout: Path, bundle: Path, out: Path, start_qps
                   at70["p99_ms"] / at70["p50_ms"] if at70 else None, at_best("front_cpu_ms_per_request"),
                   at_best("model_cpu_ms_per_request"), at_best("real_tokens_per_s"), at_best("front_cores"),
                   at_best("client_cores"), first, ready, front, steps + ([{**at70, "at_70pct": True}] if at70 else []),
-                  cold_first)
+                  cold_first, at70["tail"] if at70 else None)
 
 
 def offline_best(words: list[str], batches: list[int]) -> tuple[float | None, int | None]:
@@ -403,6 +420,10 @@ def table(f: Figures) -> str:
         lines.append(f"| {label} | " + " | ".join(cells) + f" | {goal} |")
     lines.append(f"\nin process {num(f.in_process_qps, '.1f')} QPS; offline best {num(f.offline_samples_per_s, '.1f')} "
                  f"samples/s at batch {f.offline_batch} (pad=sorted)")
+    for name, s in zip(("this", "baseline"), services):
+        for group, parts in (s.tail_at_70pct or {}).items():
+            lines.append(f"{name} at 70 %, {group.replace('_', ' ')} (median ms): " + ", ".join(
+                f"{part} {num(value, '.1f')}" for part, value in parts.items()))
     return "\n".join(lines)
 
 
