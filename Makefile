@@ -29,11 +29,13 @@ lint: venv
 	$(BIN)/ruff check corescale tests benchmarks
 	$(BIN)/mypy
 
-# the fast tier runs in two pytest-xdist workers (in-process tests: about 1.4x faster on 2 cores); the slow tier
-# runs alone (its tests start pinned workers on every CPU: two at once ran no faster and would crowd each other)
+# both tiers run in two pytest-xdist workers. The slow tier's tests wait on processes they start (a worker's imports
+# on one core, a server, Ray) and left the second core idle: two workers, each test file (the Ray files together:
+# conftest.py's RAY_FILES) in one worker, ran it in about half the time. A test marked `alone` (it judges
+# timings: QPS searches, compare's verdicts, contamination, lock waits) runs with nothing beside it (conftest.py).
 test: system venv lint bytecode
 	$(BIN)/python -m pytest -q -ra -n 2 -m "not slow" tests
-	$(BIN)/python -m pytest -q -ra --durations=25 -m slow tests
+	$(BIN)/python -m pytest -q -ra -n 2 --dist loadfile --durations=25 -m slow tests
 
 test-fast: venv bytecode
 	$(BIN)/python -m pytest -q -ra -n 2 -m "not slow" tests

@@ -1,6 +1,7 @@
 """Fixtures and hooks only (what tests share as functions is in helpers.py)."""
 
 import contextlib
+import fcntl
 import os
 import shutil
 import subprocess
@@ -13,6 +14,7 @@ from serving import Service, measure_bundle
 
 pytest_plugins = ("pytester",)
 SUITE = pytest.StashKey[tuple[Path, dict]]()
+SHARED = "corescale_suite"  # pytest-xdist's workerinput key: the controller's suite folder
 
 
 def pytest_configure(config):
@@ -22,10 +24,38 @@ def pytest_configure(config):
     on this machine holds the lock inside a test's timing bound. A session started inside a test (pytester)
     restores them when done."""
     suite = Path(tempfile.mkdtemp(prefix="corescale-suite-"))
-    own = {"CORESCALE_CACHE_DIR": str(suite / "cache"), "CORESCALE_LOCK": str(suite / "machine.lock"),
+    # pytest-xdist's workers share their controller's cache (one export of a model, not one per worker) but each
+    # keeps its own machine lock: two workers' tests run side by side unless one is marked `alone`
+    shared = Path(config.workerinput[SHARED]) if hasattr(config, "workerinput") else suite
+    own = {"CORESCALE_CACHE_DIR": str(shared / "cache"), "CORESCALE_LOCK": str(suite / "machine.lock"),
            "CORESCALE_SENTINEL": "0"}  # the speed sentinel off (its own tests turn it on): ~0.1 s a trial here
     config.stash[SUITE] = suite, {name: os.environ.get(name) for name in own}
     os.environ.update(own)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    """pytest-xdist's controller: its workers share its suite folder (the cache, the `alone` turn's locks)."""
+    node.workerinput[SHARED] = str(node.config.stash[SUITE][0])
+
+
+# the files that start Ray clusters: one scope of `--dist loadfile` (one worker runs them, one Ray at a time)
+RAY_FILES = {"tests/test_ray_executor.py", "tests/test_ray_cli.py", "tests/test_deploy_ray.py"}
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadfile`, but RAY_FILES are one scope (xdist_group marks do not group under pytest 9: xdist sets
+    the node id pytest no longer reads)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class Scheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            file = super()._split_scope(nodeid)
+            return "ray" if file in RAY_FILES else file
+    return Scheduling(config, log)
 
 
 def pytest_unconfigure(config):
@@ -75,14 +105,38 @@ def refusing_processes(item):
 STARTED = pytest.StashKey[list]()
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_protocol(item, nextitem):
-    if item.get_closest_marker("slow"):
+@contextlib.contextmanager
+def turn(item):
+    """Under pytest-xdist (`make test` runs the slow tier in two workers), a slow test marked `alone` (it judges
+    timings, contamination or the machine lock's waits) runs with no other test beside it: it holds the turn
+    exclusively, every other test shares it. A waiting `alone` test holds the gate, so the other worker starts no
+    new test meanwhile (it is not starved). Without xdist, or for a test that starts no process: nothing."""
+    workerinput = getattr(item.config, "workerinput", None)
+    if workerinput is None or not item.get_closest_marker("slow"):
         yield
         return
-    with refusing_processes(item) as started:
-        item.stash[STARTED] = started
-        yield
+    alone = item.get_closest_marker("alone") is not None
+    folder = Path(workerinput[SHARED])
+    with open(folder / "turn-gate.lock", "a") as gate, open(folder / "turn.lock", "a") as room:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(room, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        finally:
+            fcntl.flock(gate, fcntl.LOCK_UN)
+        yield  # closing the file releases the turn
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Outermost (before pytest-timeout starts a test's clock, so the wait for its turn is not the test's time):
+    the test's turn, then for an unmarked test the refusal of processes."""
+    with turn(item):
+        if item.get_closest_marker("slow"):
+            yield
+            return
+        with refusing_processes(item) as started:
+            item.stash[STARTED] = started
+            yield
 
 
 @pytest.hookimpl(hookwrapper=True)

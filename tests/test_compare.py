@@ -13,6 +13,8 @@ from helpers import FAST, corescale
 
 from corescale.analysis import compare, store
 
+pytestmark = pytest.mark.alone  # its verdicts judge throughput across repeats
+
 THRESHOLD = "0.5"
 
 

@@ -15,6 +15,8 @@ from corescale.overrides import compose
 from corescale.record.trial import TrialRecord
 from corescale.report.console import print_result
 
+pytestmark = pytest.mark.alone  # a busy loop's share of a pinned CPU and the speed sentinel
+
 TICK = os.sysconf("SC_CLK_TCK")
 STAT = """cpu  900 0 300 9000 0 0 0 0 0 0
 cpu0 {busy0} 0 0 {idle0} {iowait0} 0 0 0 0 0

@@ -7,7 +7,7 @@ import uuid
 import pytest
 from helpers import FAST, corescale, processes_with_env
 
-pytestmark = pytest.mark.slow  # starts the CLI and its worker
+pytestmark = [pytest.mark.slow, pytest.mark.alone]  # starts the CLI and its worker; bounds its time
 
 
 def test_an_explain_that_overruns_its_timeout_is_one_line(tmp_path):

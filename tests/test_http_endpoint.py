@@ -19,6 +19,8 @@ from corescale.errors import UserError
 from corescale.measure.http.api import BadAnswer, route_of, timings
 from corescale.overrides import compose
 
+pytestmark = pytest.mark.alone  # QPS searches and latencies over HTTP
+
 QUICK = ["scenario=server", "duration=0.5", "server.min_query_count=459", "warmup.max_iterations=8", "timeout=120"]
 
 

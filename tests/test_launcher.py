@@ -17,7 +17,7 @@ from corescale.measure.runner import prepare_trial
 from corescale.overrides import compose
 from corescale.record.files import read_result, read_samples
 
-pytestmark = [pytest.mark.slow, needs_two_cpus]
+pytestmark = [pytest.mark.slow, needs_two_cpus, pytest.mark.alone]  # bounds how soon survivors stop
 TWO = ["instances=2", "cores_per_instance=1", "timeout=120"]
 
 

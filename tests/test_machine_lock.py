@@ -21,6 +21,8 @@ from helpers import ROOT
 from corescale.errors import UserError
 from corescale.machine.lock import holder, machine_lock
 
+pytestmark = pytest.mark.alone  # waits for the machine lock
+
 HOLD = """
 import sys, time
 from pathlib import Path

@@ -8,6 +8,8 @@ from helpers import assert_one_line_error, corescale, raw_record
 
 from corescale.tune import settings as tune_settings
 
+pytestmark = pytest.mark.alone  # QPS searches of served layouts
+
 # LoadGen's shortest valid tests (459 queries at p99), the search cut to two tests, a wide SLO
 QUICK = ["scenario=server", "duration=0.5", "server.min_query_count=459", "server.max_steps=2",
          "server.search_precision=0.5", "warmup.max_iterations=8", "timeout=120"]

@@ -24,6 +24,8 @@ from corescale.workload.samples import (
     read_texts,
 )
 
+pytestmark = pytest.mark.alone  # LoadGen's server scenario: latency bounds and a QPS search
+
 WORDS = ["the", "a", "model", "serves", "queries", "under", "load", "with", "latency", "batches", "cores",
          "tokens", "padding", "bucket", "server", "text"]
 

@@ -19,6 +19,8 @@ from corescale.tune import space as spaces
 from corescale.tune import study as studies
 from corescale.tune.budget import search_bounds
 
+pytestmark = pytest.mark.alone  # a QPS search under an SLO
+
 ISA = {"avx2": True, "fma": True}
 
 
