@@ -11,8 +11,6 @@ from corescale.explain.findings import RULES, findings
 from corescale.explain.opclasses import ALL_CLASSES, breakdown, classify
 from corescale.workload.models import resolve_model
 
-pytestmark = pytest.mark.alone  # a profile's closure against the unprofiled latency
-
 
 @pytest.mark.parametrize("op, name, shapes, expected", [
     ("aten::addmm", "", [[128], [64, 128], [128, 128]], "gemm"),

@@ -12,8 +12,6 @@ from corescale.machine.placement import InstancePlacement, InstanceSpec
 from corescale.measure.aggregate import percent_of_peak
 from corescale.measure.calibrate import disturbed, store
 
-pytestmark = pytest.mark.alone  # the peak's calibration, reused unless disturbed
-
 
 def spec(cpus, threads):
     return InstanceSpec(InstancePlacement(0, tuple(cpus), (), len(cpus)), threads, 1)
