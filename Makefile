@@ -31,7 +31,7 @@ lint: venv
 
 # both tiers run in two pytest-xdist workers. The slow tier's tests wait on processes they start (a worker's imports
 # on one core, a server, Ray) and left the second core idle: two workers, each test file (the Ray files together:
-# conftest.py's RAY_FILES) in one worker, ran it in about half the time. A test marked `alone` (it judges
+# conftest.py's RAY_FILES) in one worker, ran it 25 % faster (docs/results-2026-12-zen5.md, 2026-12-04 00:34). A test marked `alone` (it judges
 # timings: QPS searches, compare's verdicts, contamination, lock waits) runs with nothing beside it (conftest.py).
 test: system venv lint bytecode
 	$(BIN)/python -m pytest -q -ra -n 2 -m "not slow" tests
