@@ -377,7 +377,8 @@ def test_the_reports_tuner_section_says_how_good_the_answer_is():
 
 def test_the_final_stage_starts_a_measurement_only_while_its_own_estimate_fits_the_budget():
     """Each configuration's estimate is what its earlier measurements took (out-of-box PyTorch's trial took 130 s
-    where the winner's took 20 s on the shared Zen 5), else the mean full measurement; no budget, no limit."""
+    where the winner's took 20 s on the shared Zen 5), else the mean full measurement; those chosen in one round
+    start one after another (their estimates add up); no budget, no limit."""
     import time
 
     from corescale.tune.progress import Progress
@@ -392,9 +393,11 @@ def test_the_final_stage_starts_a_measurement_only_while_its_own_estimate_fits_t
     def rows(*seconds):
         return [(SimpleNamespace(elapsed_s=s), "path") for s in seconds]
 
-    assert not tuner._trial_fits(rows(130.0, 126.0)) and tuner._trial_fits(rows(20.0))
-    assert tuner._trial_fits([])  # the mean full measurement: 30 s, 50 s left
+    assert tuner._fitting([rows(130.0, 126.0), rows(20.0)]) == [1]  # 50 s left
+    assert tuner._fitting([rows(20.0), rows(20.0), rows(15.0), rows(5.0)]) == [0, 1, 3]  # 15 more would not fit
+    assert tuner._fitting([[]]) == [0]  # the mean full measurement: 30 s
+    assert tuner._fitting([rows(25.0), []]) == [0]  # 25 + 30
     tuner.progress.full_s = [80.0]
-    assert not tuner._trial_fits([])
+    assert tuner._fitting([[]]) == []
     tuner.progress.budget_s = None
-    assert tuner._trial_fits(rows(1e6))
+    assert tuner._fitting([rows(1e6), []]) == [0, 1]

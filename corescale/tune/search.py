@@ -235,12 +235,15 @@ class Tuner:
         finalists: list[verdicts.Finalist] = []
         rows: list[list[tuple]] = [[] for _ in configs]  # each configuration's (record, path) so far
         for done in range(min(2, repeats), repeats + 1):  # one more fresh repeat of each a round (A B C A B C)
-            short = False
-            for i, (config, label) in enumerate(zip(configs, labels)):
-                fits = self._trial_fits(rows[i])
-                short = short or not fits
-                if fits or not rows[i]:  # past the budget: what was measured (its full window, found by key)
-                    rows[i] = self.run_trials([config], [f"final {label}"], repeats=done if fits else 1)[0]
+            fitting = self._fitting(rows)
+            short = len(fitting) < len(configs)
+            # one call per kind, so an executor with several nodes measures the round's configurations side by side
+            for chosen, times in ((fitting, done), ([i for i, r in enumerate(rows) if i not in fitting and not r], 1)):
+                if chosen:  # past the budget: what was measured (its full window, found by key)
+                    measured = self.run_trials([configs[i] for i in chosen], [f"final {labels[i]}" for i in chosen],
+                                               repeats=times)
+                    for i, got in zip(chosen, measured):
+                        rows[i] = got
             finalists = []
             for overrides, label, found, words in zip(configs, labels, rows, suggested):
                 records = [record for record, _ in found]
@@ -258,16 +261,22 @@ class Tuner:
                 break
         return finalists + self._withheld(study)
 
-    def _trial_fits(self, rows: list[tuple]) -> bool:
-        """Whether one more final measurement of a configuration ends within the budget (always without one): its
-        estimate is the mean time its earlier measurements took (records' elapsed_s; out-of-box PyTorch's can be
-        minutes where a searched one's are seconds), else the mean full measurement's (Progress.full_estimate)."""
+    def _fitting(self, rows: list[list[tuple]]) -> list[int]:
+        """The configurations (indices into rows, in order) whose next final measurement ends within the budget
+        (all without one), each started after those before it: a configuration's estimate is the mean time its
+        earlier measurements took (records' elapsed_s; out-of-box PyTorch's can be minutes where a searched one's
+        are seconds), else the mean full measurement's (Progress.full_estimate)."""
         progress = self._running()[1]
         if progress.budget_s is None:
-            return True
-        took = [record.elapsed_s for record, _ in rows if record.elapsed_s]
-        need = sum(took) / len(took) if took else progress.full_estimate(self.tune)
-        return progress.elapsed() + need <= progress.budget_s
+            return list(range(len(rows)))
+        chosen, end = [], progress.elapsed()
+        for i, found in enumerate(rows):
+            took = [record.elapsed_s for record, _ in found if record.elapsed_s]
+            need = sum(took) / len(took) if took else progress.full_estimate(self.tune)
+            if end + need <= progress.budget_s:
+                chosen.append(i)
+                end += need
+        return chosen
 
     def _withheld(self, study) -> list[verdicts.Finalist]:
         """The fastest configurations whose outputs missed the quality (or drift) gate, as measured once: the
