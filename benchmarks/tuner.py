@@ -187,7 +187,9 @@ def p6(args) -> int:
     for key, doc in docs.items():
         winner = next((f for f in [*doc["finalists"], doc.get("baseline") or {}] if f.get("role") == "winner"), None)
         if winner is not None:
-            winners[key] = [o for o in winner["overrides"] if override_key(o) not in ("output_dir", "repeats")]
+            # the judge measures both winners alike: a tune's bound on each search (0.1 x its budget) is not kept
+            winners[key] = [o for o in winner["overrides"]
+                            if override_key(o) not in ("output_dir", "repeats", "server.max_search_s")]
     labels = list(winners)
     planned = plan_sweep([[*winners[k], f"repeats={args.judge_repeats}", assignment("output_dir", root / "judge" /
                                                                                       f"{k[1]}-seed{k[0]}")]
