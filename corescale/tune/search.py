@@ -237,9 +237,11 @@ class Tuner:
         for done in range(min(2, repeats), repeats + 1):  # one more fresh repeat of each a round (A B C A B C)
             fitting = self._fitting(rows)
             short = len(fitting) < len(configs)
-            # one call per kind, so an executor with several nodes measures the round's configurations side by side
-            for chosen, times in ((fitting, done), ([i for i, r in enumerate(rows) if i not in fitting and not r], 1)):
-                if chosen:  # past the budget: what was measured (its full window, found by key)
+            # those that fit: one more repeat; those past the budget with nothing yet: what was measured (their full
+            # window, found by key). One call each, so an executor with several nodes measures them side by side.
+            unmeasured = [i for i, found in enumerate(rows) if i not in fitting and not found]
+            for chosen, times in ((fitting, done), (unmeasured, 1)):
+                if chosen:
                     measured = self.run_trials([configs[i] for i in chosen], [f"final {labels[i]}" for i in chosen],
                                                repeats=times)
                     for i, got in zip(chosen, measured):
