@@ -44,6 +44,7 @@ def measure_one(name: str, url: str, api: str, args, *layout: str) -> dict:
     overrides = ["scenario=server", "target_qps=auto", f"slo_p99_ms={args.slo_p99_ms}", f"endpoint={url}",
                  f"api={api}", *layout, f"duration={args.duration}", f"server.min_query_count={args.min_queries}",
                  f"server.search_precision={args.precision}", f"server.max_steps={args.max_steps}",
+                 *([f"server.max_search_s={args.max_search_s:g}"] if getattr(args, "max_search_s", None) else []),
                  *([] if layout else [f"model={args.model_field}"]), f"output_dir={args.output}"]
     record = measure({name: overrides})[name][0]
     return row(name, record)
@@ -116,6 +117,7 @@ def main() -> int:
     parser.add_argument("--min-queries", type=int, default=600, help="LoadGen's minimum query count per test")
     parser.add_argument("--precision", type=float, default=0.1, help="server.search_precision")
     parser.add_argument("--max-steps", type=int, default=8, help="server.max_steps")
+    parser.add_argument("--max-search-s", type=float, help="server.max_search_s: bound each server's QPS search (s)")
     parser.add_argument("--model-field", default="all-MiniLM-L6-v2", help="the `model` OpenAI requests carry")
     parser.add_argument("--st", action="store_true", help="start and measure the sentence-transformers FastAPI peer")
     parser.add_argument("--infinity", help="start and measure this infinity_emb executable (its own virtualenv)")

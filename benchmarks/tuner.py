@@ -30,7 +30,8 @@ tune's winner ÷ the long tune's (goal >= 0.95), and each tune's coverage and es
 
 P5' (the served speed-up of `make run`'s bundle, issue 32):
 
-    python benchmarks/tuner.py --p5 [--bundle DIR | --demo-budget 5m] [--rounds 2] [--slo 100] [--output DIR]
+    python benchmarks/tuner.py --p5 [--bundle DIR | --demo-budget 5m] [--rounds 2] [--slo 100] [--max-search-s S]
+                               [--output DIR]
 
 The bundle `make run` (`corescale demo`) writes (--bundle; without it the demo's tune runs first, --demo-budget)
 served by `corescale serve DIR` as a user starts it, against out-of-box sentence-transformers behind FastAPI
@@ -234,7 +235,8 @@ def p5(args) -> int:
     manifest = json.loads((bundle / "manifest.json").read_text())
     model_dir = served_model_dir(bundle)
     client = argparse.Namespace(slo_p99_ms=args.slo, duration=args.p5_duration, min_queries=459, precision=0.1,
-                                max_steps=8, model_field="all-MiniLM-L6-v2", output=str(root / "loadgen"))
+                                max_steps=8, max_search_s=args.max_search_s, model_field="all-MiniLM-L6-v2",
+                                output=str(root / "loadgen"))
     servers = {"corescale serve (make run's bundle)": [sys.executable, "-m", "corescale", "serve", str(bundle)],
                "sentence-transformers + FastAPI": [sys.executable, str(here / "peer_servers" / "st_fastapi.py"),
                                                    "--model", str(model_dir)]}
@@ -315,6 +317,8 @@ def main() -> int:
     parser.add_argument("--bundle", type=Path, help="--p5: the bundle to serve (default: run the demo first)")
     parser.add_argument("--demo-budget", default="5m", help="--p5 without --bundle: the demo's budget")
     parser.add_argument("--rounds", type=int, default=2, help="--p5: A B rounds")
+    parser.add_argument("--max-search-s", type=float,
+                        help="--p5: bound each server's QPS search to this many seconds (server.max_search_s)")
     parser.add_argument("--p5-duration", type=float, default=3.0, help="--p5: LoadGen's minimum duration per test")
     parser.add_argument("--short", default="5m", help="--p6: the short tune's budget")
     parser.add_argument("--long", default="40m", help="--p6: the long tune's budget")

@@ -147,3 +147,32 @@ def test_compare_marks_a_ratio_whose_sentinel_moved_and_sides_measured_apart():
     assert "marked *" in moved and "not interleaved" in apart
     steady = compare.compare_frames(side("a", 4, False), side("b", 4, False))
     assert steady.rows["interleaved"].tolist() == [True] and compare.shared_host_note(steady.rows) == []
+
+
+def test_a_rerun_that_moved_too_ends_the_reruns_of_the_loop(tmp_path, monkeypatch):
+    trial = prepare_trial(compose([*FAST, "repeats=4", f"output_dir={tmp_path}"]))
+    calls = []
+
+    def fake_run_trial(trial, host, on_event, keep_going, on_lock_wait, repeat, done_meanwhile, forkservers,
+                       rerun_of_moved=False):
+        calls.append((repeat, rerun_of_moved))
+        record = new_record(trial, host, 0.0)
+        record.repeat = repeat
+        # a host slow from repeat 1 on: every reading moved, re-runs included
+        ratio = 1.0 if repeat == 0 else 1.5
+        record.contamination = contamination(ratio, before=ratio, rerun_of_moved=rerun_of_moved)
+        return TrialOutcome(tmp_path / f"r{len(calls)}", record)
+
+    class Heard(local.Listener):
+        said: list[int] = []
+
+        def slow_host(self, item, state):
+            self.said.append(state.repeat)
+
+    monkeypatch.setattr(local, "run_trial", fake_run_trial)
+    heard = Heard()
+    state = run_trials([Planned(1, [], trial, "x")], resume=False, listener=heard)
+    # repeat 1 re-run once; its re-run moved too: repeats 2 and 3 are flagged, not re-run (not 8 trials but 5)
+    assert calls == [(0, False), (1, False), (1, True), (2, False), (3, False)]
+    assert state.slow_host and heard.said == [1]
+    assert [row.record.contamination.sentinel_moved_throughout for row in state.rows] == [False, True, True, True]

@@ -98,6 +98,9 @@ class LoopState:
     stopped: bool = False  # --fail-fast ended the loop early
     position: int = 0  # the number (1-based) of the trial run or skipped last
     repeat: int = 0  # and which repeat of its trial that is
+    # a re-run whose sentinel moved throughout as well: the slowdown outlasts a trial, and re-running measures the
+    # same weather again (doubling every later trial on a busy host); later moved trials are flagged, not re-run
+    slow_host: bool = False
 
     def eta_seconds(self, remaining: int) -> float | None:
         if not self.measured_seconds:
@@ -142,6 +145,9 @@ class Listener:
 
     def rerunning(self, item: Planned, outcome: TrialOutcome, state: LoopState) -> None:
         """The trial just measured is measured once more: its speed sentinel moved."""
+
+    def slow_host(self, item: Planned, state: LoopState) -> None:
+        """A re-run's sentinel moved throughout too: from now on moved trials are flagged, not re-run."""
 
 
 class Resume:
@@ -274,12 +280,16 @@ def run_trials(planned: list[Planned], listener: Listener | None = None, resume:
             if isinstance(outcome, Path):  # a concurrent sweep measured it while this one waited for the lock
                 state.skip(item, outcome, repeat, listener)
                 continue
-            if sentinel_moved(item, outcome):  # repeats and a tune's final: measured once more, the new one counts
+            if sentinel_moved(item, outcome) and not state.slow_host:  # repeats, a tune's final: once more
                 listener.rerunning(item, outcome, state)
                 again = run_trial(item.trial, host, lambda i, e, item=item: listener.worker_event(item, i, e),
                                   keep_going, on_lock_wait, repeat, None, servers and servers.for_repeat(repeat),
                                   rerun_of_moved=True)
-                outcome = again if isinstance(again, TrialOutcome) else outcome
+                if isinstance(again, TrialOutcome):  # the new one counts
+                    outcome = again
+                    state.slow_host = moved_throughout(again)
+                    if state.slow_host:
+                        listener.slow_host(item, state)
             state.measured_seconds.append(time.monotonic() - started)
             if state.finish(item, outcome, repeat, listener, fail_fast):
                 break
@@ -292,8 +302,13 @@ def sentinel_moved(item: Planned, outcome: TrialOutcome) -> bool:
     on the Zen 5 guest a vCPU's GEMM flipped between 2.0 and 3.9 ms within seconds (no steal counted), so a
     one-sided reading re-ran most trials and measured the same weather again."""
     found = outcome.record.contamination
-    return (item.trial.cfg.repeats > 1 and outcome.record.valid_ok and found is not None
-            and found.sentinel_moved_throughout and not found.rerun_of_moved)
+    return item.trial.cfg.repeats > 1 and moved_throughout(outcome) and found is not None and not found.rerun_of_moved
+
+
+def moved_throughout(outcome: TrialOutcome) -> bool:
+    """A valid trial whose speed sentinel moved both before and after it."""
+    found = outcome.record.contamination
+    return outcome.record.valid_ok and found is not None and found.sentinel_moved_throughout
 
 
 def fork_workers() -> bool:
