@@ -431,6 +431,7 @@ def _finalist(label, throughputs, cores=2, complexity=1, baseline=False):
 
 
 def test_a_tie_is_reported_with_the_simpler_first_and_a_clear_winner_is_not():
+    from corescale.tune.outputs import tie_words
     from corescale.tune.verdict import decide
 
     settings = tune_settings.parse(["objective=throughput", "slo_p99_ms=100"])
@@ -439,7 +440,7 @@ def test_a_tie_is_reported_with_the_simpler_first_and_a_clear_winner_is_not():
              _finalist("ort fp32 2x1", [49.5, 51.0, 50.5], complexity=2)]
     verdict = decide(close, baseline, settings.objective, settings)
     assert verdict.tie == ["ort fp32 2x1", "ort int8 2x1"] and verdict.winner.label == "ort fp32 2x1"
-    assert verdict.tie_simpler_first
+    assert verdict.tie_simpler_first and tie_words(verdict, "throughput").startswith("statistical tie (p = ")
     ratio, low, high = verdict.speedup
     assert low < ratio < high and 5.5 < ratio < 7
     clear = [_finalist("fast", [50.0, 50.5, 49.8]), _finalist("slow", [30.0, 30.2, 29.9], complexity=0)]
@@ -448,6 +449,8 @@ def test_a_tie_is_reported_with_the_simpler_first_and_a_clear_winner_is_not():
     noisy = [_finalist("1 core", [44, 36, 51], complexity=1), _finalist("2x1", [50, 43, 57], complexity=3)]
     verdict = decide(noisy, baseline, settings.objective, settings)  # a tie, but 13 % apart: the faster first
     assert verdict.tie == ["2x1", "1 core"] and verdict.winner.label == "2x1" and not verdict.tie_simpler_first
+    words = tie_words(verdict, "throughput")  # not called a tie: the repeats cannot separate a 14.5 % gap
+    assert words.startswith("not separated by 3 repeat(s) each (p = ") and "means 1.15x apart" in words
     over = decide([_finalist("over the SLO", [5.0, 5.1, 5.2])], baseline, settings.objective, settings)
     assert over.winner is None and over.infeasible[0].label == "over the SLO"  # p99 240 ms > 100 ms
 

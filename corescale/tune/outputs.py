@@ -96,6 +96,22 @@ def importances(study) -> dict[str, float]:
         return {}
 
 
+def tie_words(verdict: Verdict, metric: str) -> str:
+    """A tie in a sentence. Means within PRACTICAL are a statistical tie (the cheaper/simpler first); means further
+    apart that the repeats cannot separate are said to be that, with how far apart and over how few repeats (two
+    repeats of 480 and 616 QPS against 31 and 62 is p = 0.06: "tie" would misread an 11x gap)."""
+    test = f"p = {verdict.tie_p:.2f}, Welch's t on the logarithms of the repeats"
+    if verdict.tie_simpler_first:
+        return f"statistical tie ({test}) between {' and '.join(verdict.tie)}: the cheaper/simpler first"
+    group = [f for f in verdict.ranked if f.label in verdict.tie]
+    means = [f.interval(metric).mean for f in group]
+    spread = max(means) / min(means) if min(means) > 0 else math.inf
+    repeats = min(f.values(metric).size for f in group)
+    return (f"not separated by {repeats} repeat(s) each ({test}): {' and '.join(verdict.tie)}, means {spread:.2f}x "
+            f"apart: the faster first (more than {PRACTICAL:.0%} apart is not the same in practice; more repeats "
+            "may separate them)")
+
+
 def headline(tune: Tune, verdict: Verdict) -> list[str]:
     """The recommendation in sentences (or why there is none, and the closest)."""
     objective = tune.settings.objective
@@ -112,10 +128,7 @@ def headline(tune: Tune, verdict: Verdict) -> list[str]:
              f"{winner.interval(objective.metric).text(objective.unit, 4 if objective.name == 'cost' else 2)}"
              + quality_words(winner)]
     if verdict.tie:
-        lines.append(f"statistical tie (p = {verdict.tie_p:.2f}, Welch's t over repeats) between "
-                     f"{' and '.join(verdict.tie)}: " + (
-                         "the cheaper/simpler first" if verdict.tie_simpler_first else
-                         f"the faster first (means more than {PRACTICAL:.0%} apart are not the same in practice)"))
+        lines.append(tie_words(verdict, objective.metric))
     if verdict.speedup is not None and verdict.baseline is not None:
         ratio, low, high = verdict.speedup
         lines.append(f"{ratio:.2f}× the out-of-box throughput (95 % CI {low:.2f} – {high:.2f}×; out-of-box "
