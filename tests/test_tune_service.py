@@ -220,6 +220,13 @@ def test_a_service_tune_measures_qps_under_the_slo_and_its_bundle_serves_the_cho
     assert baseline["config"]["server"]["max_search_s"] == 12 and "bounds: each QPS search at most 12 s" in \
         served["proc"].stdout
     assert doc["elapsed_s"] < 2 * 120  # the budget and its slack, loosely (a busy machine's loads are not bounded)
+    # where the time went: every stage's measurements, the searches' share of them, on the console too
+    stages = {s["stage"]: s for s in doc["spent"]["stages"]}
+    assert stages["baseline"]["measurements"] >= 1 and stages["screens"]["measurements"] == 1
+    assert 0 < stages["baseline"]["search_s"] < stages["baseline"]["seconds"] <= doc["elapsed_s"] + 2
+    assert sum(s["seconds"] for s in stages.values()) <= doc["elapsed_s"] + sum(s["measurements"] for s in
+                                                                         stages.values())  # started_at: to 1 s
+    assert "spent: " in served["proc"].stdout
     # how good the answer is: on the console and in tune.json; the store's key for a later tune's priors
     out = served["proc"].stdout
     assert "coverage: 1 of " in out and "best seen: onnxruntime fp32 " in out and "a longer budget: no estimate" in out

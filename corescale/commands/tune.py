@@ -93,6 +93,8 @@ def conclude(tune, outcome: dict, args) -> TuneDocument:
         console.print(f"search: {doc.search_end}", markup=False, soft_wrap=True)
     if doc.search_bounds is not None:
         console.print(doc.search_bounds.line(), markup=False, soft_wrap=True)
+    if doc.spent is not None:
+        console.print(doc.spent.line(), markup=False, soft_wrap=True)
     for line in doc.coverage.lines(doc.objective.unit) if doc.coverage is not None else []:
         console.print(line, markup=False, soft_wrap=True)
     if doc.recipe:

@@ -321,6 +321,8 @@ def sections(doc: TuneDocument, root, frame, cpu: str, missing: list[tuple[str, 
     searched = [summary] + ([f"<p>Search: {e(doc.search_end)}.</p>"] if doc.search_end else [])
     if doc.search_bounds is not None:
         searched.append(f"<p>{e(doc.search_bounds.line().capitalize())}.</p>")
+    if doc.spent is not None:
+        searched.append(f"<p>{e(doc.spent.line().capitalize())}.</p>")
     if doc.coverage is not None:
         searched.append(coverage_html(doc))
     trials, importance = trials_figure(doc), importance_figure(doc)

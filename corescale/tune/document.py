@@ -145,6 +145,42 @@ class SearchBounds(Section):
 
 
 @dataclass(frozen=True)
+class StageTime(Section):
+    """One stage's measurements in a tune: how many, their wall time, and the QPS searches' share of it."""
+
+    stage: str  # baseline | peer | screens | full windows | final repeats
+    measurements: int
+    seconds: float  # start to commit of each measurement (its result's started_at to finished_at)
+    search_s: float  # of which its QPS search's LoadGen tests (0 offline)
+
+
+@dataclass(frozen=True)
+class Spent(Section):
+    """Where a tune's wall time went (tune/spent.py)."""
+
+    elapsed_s: float
+    stages: list[StageTime] = field(default_factory=list)
+    reused: int = 0  # results measured before this tune began (resumed by key), not counted above
+
+    @property
+    def measured_s(self) -> float:
+        return sum(s.seconds for s in self.stages)
+
+    def line(self) -> str:
+        """One console line: 'spent: ...'."""
+        searches = sum(s.search_s for s in self.stages)
+        parts = [f"{s.stage} {s.measurements} × {s.seconds:.0f} s" + (f" ({s.search_s:.0f} s searching)"
+                                                                       if s.search_s else "")
+                 for s in self.stages if s.measurements]
+        outside = self.measured_s - searches
+        return (f"spent: {self.elapsed_s:.0f} s — " + ", ".join(parts)
+                + (f"; in the measurements but outside the QPS searches (start, load, warm-up, quality check, speed "
+                   f"sentinel: not bounded by the budget) {outside:.0f} s" if searches else "")
+                + f"; between measurements {max(self.elapsed_s - self.measured_s, 0):.0f} s"
+                + (f"; {self.reused} result(s) of earlier runs reused" if self.reused else ""))
+
+
+@dataclass(frozen=True)
 class Coverage(Section):
     measured: int  # distinct configurations screened (withheld ones and repeats not counted)
     space_size: int
@@ -210,6 +246,7 @@ class TuneDocument(Section):
     machine_kind: dict[str, Any] | None = None  # priors.MachineKind: what a later tune's priors match it by
     starts: list[str] = field(default_factory=list)  # the first trials and why (tune/priors.py)
     search_bounds: SearchBounds | None = None  # the QPS searches' wall-time bounds and the budget's slack
+    spent: Spent | None = None  # where the tune's wall time went (tune/spent.py)
 
     @property
     def winning(self) -> TunedFinalist | None:

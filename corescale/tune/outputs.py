@@ -21,6 +21,7 @@ from corescale.tune.document import (
     TuneTrial,
 )
 from corescale.tune.plan import Tune
+from corescale.tune.spent import spent
 from corescale.tune.verdict import PRACTICAL, Finalist, Verdict, closest, decide
 
 BUNDLE = "bundle"
@@ -161,17 +162,20 @@ def document(tune: Tune, study, verdict: Verdict, finalists: list[Finalist], rec
              search_end: str | None = None) -> TuneDocument:
     objective = tune.settings.objective
     trials = trials_json(study)
+    elapsed = study.user_attrs.get("elapsed_s")
+    finalist_rows = [finalist_json(f, verdict, tune.settings) for f in verdict.ranked + verdict.infeasible
+                     if f is not verdict.baseline]  # out-of-box has its own entry, winner or not
+    baseline = None if verdict.baseline is None else finalist_json(verdict.baseline, verdict, tune.settings)
+    peer = None if verdict.peer is None else finalist_json(verdict.peer, verdict, tune.settings)
+    rows = [*finalist_rows, *(r for r in (baseline, peer) if r is not None)]
     return TuneDocument(
         created_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), tune_dir=str(tune.tune_dir),
         settings=tune.settings.to_json(), space=tune.space.to_json(), space_size=tune.space.size(),
         screen_s=tune.screen_s, duration_s=tune.cfg.duration, physical_cores=tune.physical_cores,
         node_type=tune.node_type, nodes=tune.nodes, machine=None if tune.machine is None else tune.machine.name,
         objective=TuneObjective(objective.name, objective.metric, objective.direction, objective.unit),
-        elapsed_s=study.user_attrs.get("elapsed_s"), trials=trials, importances=importances(study),
-        finalists=[finalist_json(f, verdict, tune.settings) for f in verdict.ranked + verdict.infeasible
-                   if f is not verdict.baseline],  # out-of-box has its own entry, winner or not
-        baseline=None if verdict.baseline is None else finalist_json(verdict.baseline, verdict, tune.settings),
-        peer=None if verdict.peer is None else finalist_json(verdict.peer, verdict, tune.settings),
+        elapsed_s=elapsed, trials=trials, importances=importances(study), finalists=finalist_rows,
+        baseline=baseline, peer=peer,
         peer_speedup=None if verdict.peer_speedup is None else Speedup(*verdict.peer_speedup),
         peer_note=tune.peer_note or None,
         winner=None if verdict.winner is None else verdict.winner.label,
@@ -180,7 +184,9 @@ def document(tune: Tune, study, verdict: Verdict, finalists: list[Finalist], rec
         headline=headline(tune, verdict), recipe=recipe, cost_source=cost_source(tune, verdict),
         search_end=search_end, coverage=coverage(trials, tune.space, objective.metric, objective.direction),
         machine_kind=tune.machine_kind.to_json(), starts=list(study.user_attrs.get("starts", [])),
-        search_bounds=tune.bounds)
+        search_bounds=tune.bounds,
+        spent=None if elapsed is None else spent(trials, rows, elapsed,
+                                                  float(study.user_attrs.get("began_at", time.time() - elapsed))))
 
 
 def cost_source(tune: Tune, verdict: Verdict) -> str:
