@@ -224,8 +224,7 @@ def test_a_service_tune_measures_qps_under_the_slo_and_its_bundle_serves_the_cho
     stages = {s["stage"]: s for s in doc["spent"]["stages"]}
     assert stages["baseline"]["measurements"] >= 1 and stages["screens"]["measurements"] == 1
     assert 0 < stages["baseline"]["search_s"] < stages["baseline"]["seconds"] <= doc["elapsed_s"] + 2
-    assert sum(s["seconds"] for s in stages.values()) <= doc["elapsed_s"] + sum(s["measurements"] for s in
-                                                                         stages.values())  # started_at: to 1 s
+    assert sum(s["seconds"] for s in stages.values()) <= doc["elapsed_s"]
     assert "spent: " in served["proc"].stdout
     # how good the answer is: on the console and in tune.json; the store's key for a later tune's priors
     out = served["proc"].stdout

@@ -150,7 +150,7 @@ class StageTime(Section):
 
     stage: str  # baseline | peer | screens | full windows | final repeats
     measurements: int
-    seconds: float  # start to commit of each measurement (its result's started_at to finished_at)
+    seconds: float  # its measurements' own wall time (each result's elapsed_s: its processes' start to their end)
     search_s: float  # of which its QPS search's LoadGen tests (0 offline)
 
 
@@ -176,7 +176,7 @@ class Spent(Section):
         return (f"spent: {self.elapsed_s:.0f} s — " + ", ".join(parts)
                 + (f"; in the measurements but outside the QPS searches (start, load, warm-up, quality check, speed "
                    f"sentinel: not bounded by the budget) {outside:.0f} s" if searches else "")
-                + f"; between measurements {max(self.elapsed_s - self.measured_s, 0):.0f} s"
+                + f"; the rest (the sampler, verdicts, commits) {max(self.elapsed_s - self.measured_s, 0):.0f} s"
                 + (f"; {self.reused} result(s) of earlier runs reused" if self.reused else ""))
 
 

@@ -44,7 +44,7 @@ def spent(trials: list[TuneTrial], rows: list[TunedFinalist], elapsed_s: float, 
                 reused += 1
                 continue
             count += 1
-            seconds += max((record.finished_at or start) - start, record.elapsed_s or 0.0)
+            seconds += record.elapsed_s if record.elapsed_s is not None else (record.finished_at or start) - start
             search += sum(step.duration_s or 0.0 for step in record.server.steps) if record.server else 0.0
         out.append(StageTime(stage, count, seconds, search))
     return Spent(elapsed_s, out, reused)
