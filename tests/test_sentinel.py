@@ -103,8 +103,9 @@ def test_console_warns_of_steal_and_a_moved_sentinel_only_above_their_thresholds
     assert "sentinel moved" in moved and "after 1.60x" in moved
 
 
-def test_a_repeat_whose_sentinel_moved_before_and_after_is_measured_once_more(tmp_path, monkeypatch):
-    trial = prepare_trial(compose([*FAST, "repeats=3", f"output_dir={tmp_path}"]))
+def fake_trials(tmp_path, monkeypatch, readings) -> list[tuple[int, bool]]:
+    """run_trial replaced: each call's record carries the sentinel's readings(repeat, rerun_of_moved) -> (before,
+    after); returns the calls made, (repeat, rerun_of_moved) each."""
     calls = []
 
     def fake_run_trial(trial, host, on_event, keep_going, on_lock_wait, repeat, done_meanwhile, forkservers,
@@ -112,13 +113,22 @@ def test_a_repeat_whose_sentinel_moved_before_and_after_is_measured_once_more(tm
         calls.append((repeat, rerun_of_moved))
         record = new_record(trial, host, 0.0)
         record.repeat = repeat
-        # repeat 0 unmoved, repeat 1 slowed before and after (then fine again), repeat 2 slowed after only
-        ratio = 1.0 if rerun_of_moved or repeat == 0 else 1.5
-        record.contamination = contamination(ratio, before=ratio if repeat == 1 else 1.0,
-                                             rerun_of_moved=rerun_of_moved)
+        before, after = readings(repeat, rerun_of_moved)
+        record.contamination = contamination(after, before=before, rerun_of_moved=rerun_of_moved)
         return TrialOutcome(tmp_path / f"r{len(calls)}", record)
 
     monkeypatch.setattr(local, "run_trial", fake_run_trial)
+    return calls
+
+
+def test_a_repeat_whose_sentinel_moved_before_and_after_is_measured_once_more(tmp_path, monkeypatch):
+    trial = prepare_trial(compose([*FAST, "repeats=3", f"output_dir={tmp_path}"]))
+
+    def readings(repeat, rerun):  # 0 unmoved, 1 slowed before and after (then fine again), 2 slowed after only
+        ratio = 1.0 if rerun or repeat == 0 else 1.5
+        return (ratio if repeat == 1 else 1.0), ratio
+
+    calls = fake_trials(tmp_path, monkeypatch, readings)
     item = Planned(1, [], trial, "x")
     state = run_trials([item], resume=False)
     assert calls == [(0, False), (1, False), (1, True), (2, False)]  # repeat 1 once more, only once; 2 flagged only
@@ -151,17 +161,8 @@ def test_compare_marks_a_ratio_whose_sentinel_moved_and_sides_measured_apart():
 
 def test_a_rerun_that_moved_too_ends_the_reruns_of_the_loop(tmp_path, monkeypatch):
     trial = prepare_trial(compose([*FAST, "repeats=4", f"output_dir={tmp_path}"]))
-    calls = []
-
-    def fake_run_trial(trial, host, on_event, keep_going, on_lock_wait, repeat, done_meanwhile, forkservers,
-                       rerun_of_moved=False):
-        calls.append((repeat, rerun_of_moved))
-        record = new_record(trial, host, 0.0)
-        record.repeat = repeat
-        # a host slow from repeat 1 on: every reading moved, re-runs included
-        ratio = 1.0 if repeat == 0 else 1.5
-        record.contamination = contamination(ratio, before=ratio, rerun_of_moved=rerun_of_moved)
-        return TrialOutcome(tmp_path / f"r{len(calls)}", record)
+    # a host slow from repeat 1 on: every reading moved, re-runs included
+    calls = fake_trials(tmp_path, monkeypatch, lambda repeat, rerun: (1.0, 1.0) if repeat == 0 else (1.5, 1.5))
 
     class Heard(local.Listener):
         said: list[int] = []
@@ -169,7 +170,6 @@ def test_a_rerun_that_moved_too_ends_the_reruns_of_the_loop(tmp_path, monkeypatc
         def slow_host(self, item, state):
             self.said.append(state.repeat)
 
-    monkeypatch.setattr(local, "run_trial", fake_run_trial)
     heard = Heard()
     state = run_trials([Planned(1, [], trial, "x")], resume=False, listener=heard)
     # repeat 1 re-run once; its re-run moved too: repeats 2 and 3 are flagged, not re-run (not 8 trials but 5)
