@@ -93,8 +93,6 @@ class Tuner:
         self.progress = Progress(time.monotonic(), float(study.user_attrs.get("elapsed_s", 0.0)),
                                  tune.settings.budget_s, tune.settings.trials)
         self._save_elapsed()
-        if "began_at" not in study.user_attrs:  # a resumed tune keeps its first start (tune/spent.py)
-            study.set_user_attr("began_at", time.time())
         full = tune.cfg.duration
         self.run_trials([merge(tune.baseline, [f"duration={full:g}"])], ["baseline: out-of-box pytorch"])
         if tune.peer:

@@ -5,7 +5,6 @@ processes' start, loading, warm-up, the quality check, the speed sentinel) is wh
 
 from __future__ import annotations
 
-from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,9 +17,12 @@ if TYPE_CHECKING:
     from corescale.tune.document import TunedFinalist, TuneTrial
 
 
-def spent(trials: list[TuneTrial], rows: list[TunedFinalist], elapsed_s: float, began: float) -> Spent:
-    """`rows`: the finalists, the baseline and the peer; `began`: the tune's start (epoch seconds). Each result
-    counts once, in the first stage that used it (a final's first repeat is its full window)."""
+def spent(trials: list[TuneTrial], rows: list[TunedFinalist], elapsed_s: float, tune_dir: Path) -> Spent:
+    """`rows`: the finalists, the baseline and the peer. Each result counts once, in the first stage that used it
+    (a final's first repeat is its full window); one outside `tune_dir` was measured by an earlier run under the
+    same output_dir and found by key: reused, not spent (a resumed tune's own earlier sessions are in its folder,
+    and in its elapsed_s)."""
+    own = Path(tune_dir).resolve()
     stages = {"baseline": [p for f in rows if f.role == "baseline" for p in f.paths],
               "peer": [p for f in rows if f.role == "peer" for p in f.paths],
               "screens": [str(t.screen["path"]) for t in trials if t.screen and t.screen.get("path")],
@@ -32,33 +34,25 @@ def spent(trials: list[TuneTrial], rows: list[TunedFinalist], elapsed_s: float, 
         seconds = search = 0.0
         count = 0
         for path in paths:
-            key = str(Path(path).resolve())
-            if key in seen:
+            where = Path(path).resolve()
+            if str(where) in seen:
                 continue
-            seen.add(key)
-            record = _record(path)
+            seen.add(str(where))
+            record = _record(where)
             if record is None:
                 continue
-            start = _started(record)
-            if start is None or start < began - 1:  # started_at is to the second
+            if own not in where.parents:
                 reused += 1
                 continue
             count += 1
-            seconds += record.elapsed_s if record.elapsed_s is not None else (record.finished_at or start) - start
+            seconds += record.elapsed_s or 0.0
             search += sum(step.duration_s or 0.0 for step in record.server.steps) if record.server else 0.0
         out.append(StageTime(stage, count, seconds, search))
     return Spent(elapsed_s, out, reused)
 
 
-def _record(path: str) -> TrialRecord | None:
+def _record(path: Path) -> TrialRecord | None:
     try:
-        return read_result(Path(path))
+        return read_result(path)
     except (UserError, OSError):  # moved or removed since: not counted
-        return None
-
-
-def _started(record: TrialRecord) -> float | None:
-    try:
-        return datetime.strptime(record.started_at, "%Y-%m-%dT%H:%M:%S%z").timestamp()
-    except (TypeError, ValueError):
         return None
