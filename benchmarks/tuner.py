@@ -26,7 +26,9 @@ the built-in text), per seed a --short and a --long tune, alternated (S0 L0 L1 S
 first), each in its own output folder (no shared measurements or tune store). Then the judge, in one run: every
 tune's winner measured --judge-repeats more times in fresh processes, interleaved (A B A B ...), so the two
 winners are compared side by side, not from two separate runs. Printed per seed: the judged QPS of the short
-tune's winner ÷ the long tune's (goal >= 0.95), and each tune's coverage and estimate of a longer budget.
+tune's winner ÷ the long tune's (goal >= 0.95), and each tune's coverage and estimate of a longer budget. Where
+both tunes chose the same configuration the goal is met, and the judged ratio is printed as what it is: the
+judge's spread between two runs of one configuration (0.90 on the quiet Zen 5 with 3 repeats each).
 
 P5' (the served speed-up of `make run`'s bundle, issue 32):
 
@@ -210,9 +212,14 @@ def p6(args) -> int:
         missing = (float("nan"), 0)
         short, long = judged.get((seed, "short"), missing)[0], judged.get((seed, "long"), missing)[0]
         ratio = short / long if long else float("nan")
-        print(f"seed {seed}: the {args.short} winner ÷ the {args.long} winner = {ratio:.3f} (judged side by side; "
-              f"goal >= {GOAL})")
-        ok &= ratio >= GOAL
+        same = (seed, "short") in winners and winners.get((seed, "short")) == winners.get((seed, "long"))
+        if same:  # one configuration measured twice: its ratio is the judge's own noise, the tunes agree
+            print(f"seed {seed}: the {args.short} and the {args.long} tune chose the same configuration (goal met); "
+                  f"judged twice side by side it measured {ratio:.3f}: the judge's spread between identical runs")
+        else:
+            print(f"seed {seed}: the {args.short} winner ÷ the {args.long} winner = {ratio:.3f} (judged side by "
+                  f"side; goal >= {GOAL})")
+        ok &= same or ratio >= GOAL
     print(f"goal short ÷ long >= {GOAL} on every seed: {'met' if ok else 'NOT met'}")
     print(f"results: {root}")
     return 0 if ok else 1

@@ -329,8 +329,11 @@ def test_the_search_starts_from_earlier_winners_then_the_priors_of_this_isa_then
     points = [p for p, _ in starts]
     assert points[0] == earlier[0] and "earlier tune" in starts[0][1]
     assert points[1] == {"backend": "openvino", "precision[openvino]": "int8", "layout": "2x1",
-                         "openvino.quantization": "static", "batch_size": "32", "server.queue_delay": "adaptive",
-                         "pad": "bucket"} and "results-2026-12-zen5.md" in starts[1][1]
+                         "openvino.quantization": "static", "openvino.performance_hint": "LATENCY",
+                         "batch_size": "2", "server.queue_delay": "fixed", "server.max_queue_ms": "5", "pad": "max",
+                         "allocator": "tcmalloc"} and "results-2026-12-zen5.md" in starts[1][1]
+    named = priors.resolve({"backend": "openvino", "precision": "bf16", "layout": "most"}, space)
+    assert named["precision[openvino]"] == "bf16" and named["layout"] == "2x1"  # a named precision is kept
     assert {"backend": "pytorch", "precision[pytorch]": "int8", "layout": "2x1"} in points  # each backend's corner
     amx = priors.starting(space, {**zen5, "amx_int8": True}, 10.6, "server", 1, False, [])
     assert not any("zen5" in why for _, why in amx)  # the Xeon's prior holds there instead
