@@ -410,3 +410,15 @@ def test_the_final_stage_starts_a_measurement_only_while_its_own_estimate_fits_t
     assert tuner._fitting([[]]) == []
     tuner.progress.budget_s = None
     assert tuner._fitting([rows(1e6), []]) == [0, 1]
+
+
+def test_a_backend_that_cannot_compute_the_task_is_not_in_the_space():
+    from corescale.backends import BACKENDS
+
+    isa = {"avx2": True, "fma": True}
+    plain = spaces.derive(compose([]), [], {}, 2, isa, False)
+    embed = spaces.derive(compose(["task=embed"]), ["task=embed"], {}, 2, isa, False)
+    assert embed.backends and all(BACKENDS[b].computes("embed") for b in embed.backends)
+    headless = [b for b in plain.backends if not BACKENDS[b].computes("embed")]
+    assert set(embed.backends) == set(plain.backends) - set(headless)
+    assert all(f"backend {b}: does not compute task=embed" in embed.notes for b in headless)

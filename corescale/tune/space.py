@@ -113,6 +113,11 @@ def derive(cfg: BenchmarkConfig, overrides: list[str], narrow: dict[str, list[st
         unfit = [b for b in backends if kind is not None and kind not in BACKENDS[b].model_files]
         backends = [b for b in backends if b not in unfit]
         notes += [f"backend {b}: does not load {kind} model files" for b in unfit]
+    task = model.task if model is not None else cfg.task  # a backend without a place for the head: not searched
+    if task is not None:
+        headless = [b for b in backends if not BACKENDS[b].computes(task)]
+        backends = [b for b in backends if b not in headless]
+        notes += [f"backend {b}: does not compute task={task}" for b in headless]
     # the precisions each backend computes in (its registry entry) that the tuner may offer on this CPU (the
     # precision's entry: bf16 only where the CPU has its instructions)
     unoffered = [p for p in PRECISIONS if not PRECISIONS[p].offered(isa)]
