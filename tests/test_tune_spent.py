@@ -31,4 +31,4 @@ def test_each_result_counts_once_in_its_first_stage_and_an_earlier_runs_are_reus
     line = found.line()
     assert line.startswith(f"spent: 100 s — baseline 1 × {wall:.0f} s ({searching:.0f} s searching), screens 1 × ")
     assert "peer" not in line and "outside the QPS searches" in line and "1 result(s) of earlier runs reused" in line
-    assert f"the rest (the sampler, verdicts, commits) {100 - 4 * wall:.0f} s" in line
+    assert f"between measurements (the sampler, verdicts, commits) {100 - 4 * wall:.0f} s" in line

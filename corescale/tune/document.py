@@ -160,7 +160,7 @@ class Spent(Section):
 
     elapsed_s: float
     stages: list[StageTime] = field(default_factory=list)
-    reused: int = 0  # results measured before this tune began (resumed by key), not counted above
+    reused: int = 0  # results found by key outside the tune's folder (an earlier run's), not counted above
 
     @property
     def measured_s(self) -> float:
@@ -172,11 +172,11 @@ class Spent(Section):
         parts = [f"{s.stage} {s.measurements} × {s.seconds:.0f} s" + (f" ({s.search_s:.0f} s searching)"
                                                                        if s.search_s else "")
                  for s in self.stages if s.measurements]
-        outside = self.measured_s - searches
+        outside, between = self.measured_s - searches, max(self.elapsed_s - self.measured_s, 0)
         return (f"spent: {self.elapsed_s:.0f} s — " + ", ".join(parts)
-                + (f"; in the measurements but outside the QPS searches (start, load, warm-up, quality check, speed "
+                + (f"; in the measurements but outside the QPS searches (start, load or build, warm-up, quality, speed "
                    f"sentinel: not bounded by the budget) {outside:.0f} s" if searches else "")
-                + f"; the rest (the sampler, verdicts, commits) {max(self.elapsed_s - self.measured_s, 0):.0f} s"
+                + f"; between measurements (the sampler, verdicts, commits) {between:.0f} s"
                 + (f"; {self.reused} result(s) of earlier runs reused" if self.reused else ""))
 
 
