@@ -403,9 +403,8 @@ class ConsoleListener:
                             "measuring it once more (the new result counts)"))
 
     def slow_host(self, item, state) -> None:
-        number, label = self._where(item, state)
-        errors.print(escape(f"{self.what} {number}/{state.total} ({label}): its re-run's sentinel moved too; the "
-                            "host stays slow, so later trials whose sentinel moves are flagged, not re-run"))
+        errors.print(escape(f"{self.what} ({self._where(item, state)[1]}): its re-run's sentinel moved too; the host "
+                            "stays slow, so later trials whose sentinel moves are flagged, not re-run"))
 
     def finished(self, item, outcome, state) -> None:
         self._close()
