@@ -28,21 +28,21 @@ def spent(trials: list[TuneTrial], rows: list[TunedFinalist], elapsed_s: float, 
               "screens": [str(t.screen["path"]) for t in trials if t.screen and t.screen.get("path")],
               "full windows": [str(t.full["path"]) for t in trials if t.full and t.full.get("path")],
               "final repeats": [p for f in rows if f.role not in ("baseline", "peer") for p in f.paths]}
-    seen: set[str] = set()
+    seen: set[Path] = set()
     out, reused = [], 0
     for stage, paths in stages.items():
         seconds = search = 0.0
         count = 0
         for path in paths:
             where = Path(path).resolve()
-            if str(where) in seen:
+            if where in seen:
                 continue
-            seen.add(str(where))
+            seen.add(where)
+            if own not in where.parents:  # not read: only counted
+                reused += 1
+                continue
             record = _record(where)
             if record is None:
-                continue
-            if own not in where.parents:
-                reused += 1
                 continue
             count += 1
             seconds += record.elapsed_s or 0.0
