@@ -470,7 +470,7 @@ def test_when_the_budget_ends_the_search_the_tune_says_so_and_what_searches_more
     tuner.progress = Progress(started=time.monotonic() - 280, elapsed_before=0.0, budget_s=300.0, trials=None,
                               screen_s=[4.0], full_s=[6.0])
     assert tuner._done({"one": {}}) is True
-    assert tuner.search_end == ("the budget (5m) ended it, keeping 36s for the final repeats "
+    assert tuner.search_end == ("the budget (5m) ended it, keeping 45s for the final repeats "
                                 "(budget=15m searches more)")
     for text in ("36s", "5m", "15m", "1h30m", "2h"):  # what it says, budget= takes back
         assert tune_settings.budget_text(tune_settings.parse_budget(text)) == text

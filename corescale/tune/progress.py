@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass, field
 
 from corescale.tune.plan import Tune
-from corescale.tune.settings import LOAD_MARGIN_S
+from corescale.tune.settings import FINAL_SHARE, LOAD_MARGIN_S
 
 
 @dataclass
@@ -21,7 +21,8 @@ class Progress:
     done: int = 0
     best: str = "best: none yet"
     screen_s: list[float] = field(default_factory=list)
-    full_s: list[float] = field(default_factory=list)
+    full_s: list[float] = field(default_factory=list)  # the searched configurations' full windows
+    fixed_s: list[float] = field(default_factory=list)  # the out-of-box baseline's and the peer's measurements
     stage: str = "baseline"
 
     def elapsed(self) -> float:
@@ -51,5 +52,11 @@ class Progress:
         return tune.cfg.duration + LOAD_MARGIN_S
 
     def reserve(self, tune: Tune) -> float:
-        """Seconds the final stage will take: (top k + baseline + peer) × the repeats still to measure."""
-        return (tune.settings.top_k + 1 + bool(tune.peer)) * (tune.settings.repeats - 1) * self.full_estimate(tune)
+        """Seconds kept for the final stage: the repeats still to measure of the top k (a full window each) and of
+        the baseline and the peer (what theirs took: out-of-box PyTorch's can be minutes), and at least
+        FINAL_SHARE of the budget, which the final stage spends on more repeats of the searched finalists."""
+        full = self.full_estimate(tune)
+        fixed = 1 + bool(tune.peer)
+        measured = sum(self.fixed_s) / len(self.fixed_s) if self.fixed_s else full
+        needed = (tune.settings.repeats - 1) * (tune.settings.top_k * full + fixed * measured)
+        return max(needed, FINAL_SHARE * self.budget_s) if self.budget_s is not None else needed

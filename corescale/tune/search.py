@@ -32,7 +32,7 @@ from corescale.tune import study as studies
 from corescale.tune import verdict as verdicts
 from corescale.tune.plan import Tune, artifact_key, complexity, config_label, merge
 from corescale.tune.progress import Progress
-from corescale.tune.settings import LOAD_MARGIN_S, budget_text
+from corescale.tune.settings import LOAD_MARGIN_S, MAX_FINAL_REPEATS, budget_text
 
 if TYPE_CHECKING:
     import optuna
@@ -53,8 +53,8 @@ class Tuner:
     # one measurement (or a batch of them) through the one trial loop
     def run_trials(self, configs: list[list[str]], labels: list[str], repeats: int = 1,
                 kind: str = "full") -> list[list[tuple]]:
-        """Each config through the one trial loop ((record, path) per repeat); kind: screen | full, for the
-        ETA's seconds per measurement."""
+        """Each config through the one trial loop ((record, path) per repeat); kind: screen | full | fixed (the
+        baseline and the peer), for the ETA's and the final stage's seconds per measurement."""
         if repeats > 1:
             configs = [merge(c, [f"repeats={repeats}"]) for c in configs]
         planned = plan_sweep(configs, self.tune.topology)
@@ -65,8 +65,8 @@ class Tuner:
         state = run_sweep(planned, self.listener_factory(self.progress, self.reserve()), forkservers=self.forkservers)
         measured = [row for row in state.rows if row.status != "skipped"]
         if measured and self.progress is not None:
-            (self.progress.screen_s if kind == "screen" else self.progress.full_s).append(
-                (time.monotonic() - started) / len(measured))
+            seconds = {"screen": self.progress.screen_s, "full": self.progress.full_s, "fixed": self.progress.fixed_s}
+            seconds[kind].append((time.monotonic() - started) / len(measured))
         return [[(r.record if r.record is not None else _read(r.path), r.path)
                  for r in sorted((r for r in state.rows if r.item is item), key=lambda r: r.repeat)]
                 for item in planned]
@@ -94,9 +94,9 @@ class Tuner:
                                  tune.settings.budget_s, tune.settings.trials)
         self._save_elapsed()
         full = tune.cfg.duration
-        self.run_trials([merge(tune.baseline, [f"duration={full:g}"])], ["baseline: out-of-box pytorch"])
+        self.run_trials([merge(tune.baseline, [f"duration={full:g}"])], ["baseline: out-of-box pytorch"], kind="fixed")
         if tune.peer:
-            self.run_trials([merge(tune.peer, [f"duration={full:g}"])], [tune.peer_label])
+            self.run_trials([merge(tune.peer, [f"duration={full:g}"])], [tune.peer_label], kind="fixed")
         self.progress.stage = "search"
         seen = studies.tried(study)
         again = 0  # suggestions in a row that were measured already
@@ -231,15 +231,22 @@ class Tuner:
             configs.append(merge(tune.peer, [f"duration={tune.cfg.duration:g}"]))
             labels.append(tune.peer_label)
         repeats = tune.settings.repeats
+        budgeted = self._running()[1].budget_s is not None
+        most = max(repeats, MAX_FINAL_REPEATS) if budgeted and len(top) >= 2 else repeats
         suggested = [t.user_attrs["overrides"] for t in top] + [None, None]
         finalists: list[verdicts.Finalist] = []
         rows: list[list[tuple]] = [[] for _ in configs]  # each configuration's (record, path) so far
-        for done in range(min(2, repeats), repeats + 1):  # one more fresh repeat of each a round (A B C A B C)
-            fitting = self._fitting(rows)
-            short = len(fitting) < len(configs)
+        for done in range(min(2, repeats), most + 1):  # one more fresh repeat of each a round (A B C A B C)
+            extra = done > repeats  # past tune.repeats: the searched finalists only, a whole round or none
+            fitting = self._fitting(rows, among=range(len(top)) if extra else None)
+            if extra and len(fitting) < len(top):
+                self.final_end = (f"; the final stage gave the searched finalists {done - 1} repeats (tune.repeats="
+                                  f"{repeats}, more from the budget's reserve) and the leader was not separated")
+                break
+            short = not extra and len(fitting) < len(configs)
             # those that fit: one more repeat; those past the budget with nothing yet: what was measured (their full
             # window, found by key). One call each, so an executor with several nodes measures them side by side.
-            unmeasured = [i for i, found in enumerate(rows) if i not in fitting and not found]
+            unmeasured = [] if extra else [i for i, found in enumerate(rows) if i not in fitting and not found]
             for chosen, times in ((fitting, done), (unmeasured, 1)):
                 if chosen:
                     measured = self.run_trials([configs[i] for i in chosen], [f"final {labels[i]}" for i in chosen],
@@ -257,22 +264,31 @@ class Tuner:
                 self.final_end = (f"; the budget ended the final stage in its repeat {done} of {repeats} (no "
                                   "measurement starts that its estimate says would end past the budget)")
                 break
-            if done < repeats and verdicts.separated(finalists, tune.settings):
-                self.final_end = (f"; the final stage stopped after {done} of {repeats} repeats: the leader's 95 % "
-                                  "interval was clear of every other finalist's")
+            if done < most and verdicts.separated(finalists, tune.settings):
+                if done != repeats:
+                    self.final_end = (f"; the final stage stopped after {done} of {repeats} repeats: the leader's "
+                                      "95 % interval was clear of every other finalist's" if done < repeats else
+                                      f"; the final stage gave the searched finalists {done} repeats (tune.repeats="
+                                      f"{repeats}, more from the budget's reserve) until the leader's 95 % interval "
+                                      "was clear of every other finalist's")
                 break
+            if extra and done == most:
+                self.final_end = (f"; the final stage gave the searched finalists {most} repeats, the most it gives, "
+                                  "and the leader was not separated")
         return finalists + self._withheld(study)
 
-    def _fitting(self, rows: list[list[tuple]]) -> list[int]:
-        """The configurations (indices into rows, in order) whose next final measurement ends within the budget
-        (all without one), each started after those before it: a configuration's estimate is the mean time its
-        earlier measurements took (records' elapsed_s; out-of-box PyTorch's can be minutes where a searched one's
-        are seconds), else the mean full measurement's (Progress.full_estimate)."""
+    def _fitting(self, rows: list[list[tuple]], among=None) -> list[int]:
+        """The configurations (indices into rows, in order; of `among` when given) whose next final measurement
+        ends within the budget (all without one), each started after those before it: a configuration's estimate
+        is the mean time its earlier measurements took (records' elapsed_s; out-of-box PyTorch's can be minutes
+        where a searched one's are seconds), else the mean full measurement's (Progress.full_estimate)."""
         progress = self._running()[1]
+        indices = list(range(len(rows)) if among is None else among)
         if progress.budget_s is None:
-            return list(range(len(rows)))
+            return indices
         chosen, end = [], progress.elapsed()
-        for i, found in enumerate(rows):
+        for i in indices:
+            found = rows[i]
             took = [record.elapsed_s for record, _ in found if record.elapsed_s]
             need = sum(took) / len(took) if took else progress.full_estimate(self.tune)
             if end + need <= progress.budget_s:

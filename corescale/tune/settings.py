@@ -44,6 +44,10 @@ KNOBS = {  # tune.NAME: (default, check, what is allowed)
 }
 OWNED = ("layout", "repeats", "repeat_order", "reference", "drift_tolerance", "total_batch_size")
 LOAD_MARGIN_S = 5.0  # the least a trial spends outside its window (processes, imports, load, warm-up)
+# A budgeted tune keeps at least this share of its budget for the final stage: a longer budget buys more final
+# repeats of the searched finalists (until the leader is separated), not only more screens.
+FINAL_SHARE = 0.15
+MAX_FINAL_REPEATS = 10  # the most repeats the final stage gives a searched finalist when its reserve allows
 
 
 @dataclass

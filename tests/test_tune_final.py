@@ -1,0 +1,87 @@
+"""The final stage's reserve and rounds (tune/progress.py, tune/search.py): the reserve covers what the baseline's
+measurements took and at least FINAL_SHARE of the budget; a budget's reserve buys the searched finalists more
+repeats than tune.repeats, one whole round at a time, until the leader is separated."""
+
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from corescale.tune import search, verdict
+from corescale.tune.progress import Progress
+from corescale.tune.search import Tuner
+from corescale.tune.settings import FINAL_SHARE, MAX_FINAL_REPEATS
+
+SETTINGS = SimpleNamespace(top_k=2, repeats=3, eta=3)
+
+
+def _tune(peer=None):
+    return SimpleNamespace(settings=SETTINGS, peer=peer, peer_label="peer" if peer else None, screen_s=1.0,
+                           cfg=SimpleNamespace(duration=3.0), baseline=["backend=pytorch"], cost_of=None,
+                           trial_overrides=lambda suggested, duration: [*suggested, f"duration={duration:g}"])
+
+
+def test_the_reserve_counts_the_baselines_own_time_and_grows_with_the_budget():
+    tune = _tune()
+    progress = Progress(started=time.monotonic(), elapsed_before=0.0, budget_s=300.0, trials=None,
+                        full_s=[20.0], fixed_s=[60.0])
+    assert progress.reserve(tune) == pytest.approx((3 - 1) * (2 * 20.0 + 60.0))  # 200 s > 15 % of 5 minutes
+    progress.budget_s = 2400.0
+    assert progress.reserve(tune) == pytest.approx(FINAL_SHARE * 2400.0)  # 360 s: a 40-minute tune keeps more
+    progress.fixed_s = []  # the baseline not measured yet: a full window's estimate stands in
+    progress.budget_s = None
+    assert progress.reserve(tune) == pytest.approx(2 * 3 * 20.0)
+    assert progress.reserve(_tune(peer=["peer"])) == pytest.approx(2 * 4 * 20.0)
+
+
+def _final(monkeypatch, budget_s, separated_at):
+    """Tuner._final over two searched finalists and the baseline; each new measurement takes 10 s of the budget.
+    Returns {label: repeats measured}, the calls' sizes and the final stage's words."""
+    tuner = Tuner.__new__(Tuner)
+    tuner.tune, tuner.study, tuner.final_end = _tune(), object(), ""
+    tuner.progress = Progress(started=time.monotonic(), elapsed_before=0.0, budget_s=budget_s, trials=None,
+                              full_s=[10.0])
+    top = [SimpleNamespace(user_attrs={"overrides": [f"backend={name}"], "label": name}) for name in ("A", "B")]
+    monkeypatch.setattr(search.studies, "ranked_complete", lambda study, settings: top)
+    monkeypatch.setattr(verdict, "figures", lambda record, cost_of: {})
+    monkeypatch.setattr(verdict, "separated", lambda finalists, settings: len(finalists[0].records) >= separated_at)
+    monkeypatch.setattr(tuner, "_withheld", lambda study: [])
+    measured: dict[str, int] = {}
+    calls = []
+
+    def run_trials(configs, labels, repeats=1, kind="full"):
+        calls.append(len(configs))
+        got = []
+        for label in labels:
+            fresh = repeats - measured.get(label, 1)  # the search's full window and earlier repeats: by key
+            measured[label] = repeats
+            tuner.progress.elapsed_before += 10.0 * fresh
+            got.append([(SimpleNamespace(elapsed_s=10.0, placed=[]), f"{label}/{i}") for i in range(repeats)])
+        return got
+
+    tuner.run_trials = run_trials
+    finalists = tuner._final()
+    return {f.label: len(f.records) for f in finalists}, calls, tuner.final_end
+
+
+def test_a_budgets_reserve_repeats_the_searched_finalists_until_the_leader_is_separated(monkeypatch):
+    repeats, calls, words = _final(monkeypatch, budget_s=1000.0, separated_at=6)
+    assert repeats == {"A": 6, "B": 6, "baseline: out-of-box pytorch": 3}
+    assert calls == [3, 3, 2, 2, 2]  # tune.repeats rounds with the baseline, then the searched finalists alone
+    assert "gave the searched finalists 6 repeats (tune.repeats=3, more from the budget's reserve) until" in words
+
+
+def test_a_round_past_tune_repeats_is_measured_whole_or_not_at_all(monkeypatch):
+    repeats, calls, words = _final(monkeypatch, budget_s=75.0, separated_at=99)  # 60 s spent after 3 rounds
+    assert repeats == {"A": 3, "B": 3, "baseline: out-of-box pytorch": 3} and calls == [3, 3]
+    assert words == ("; the final stage gave the searched finalists 3 repeats (tune.repeats=3, more from the "
+                     "budget's reserve) and the leader was not separated")
+    repeats, _, words = _final(monkeypatch, budget_s=1e6, separated_at=99)
+    assert repeats["A"] == MAX_FINAL_REPEATS and "the most it gives" in words
+
+
+def test_without_a_budget_the_final_stage_gives_tune_repeats(monkeypatch):
+    repeats, calls, words = _final(monkeypatch, budget_s=None, separated_at=99)
+    assert repeats == {"A": 3, "B": 3, "baseline: out-of-box pytorch": 3} and calls == [3, 3] and words == ""
+    repeats, _, words = _final(monkeypatch, budget_s=None, separated_at=2)
+    assert repeats["A"] == 2 and "stopped after 2 of 3 repeats" in words
