@@ -143,10 +143,13 @@ def project(measured: LayoutRate, kind: Machine) -> Projection:
 
 def core_factors(measured: LayoutRate, kind: Machine, flags: list[str]) -> tuple[float, float]:
     """(slowest, fastest) per-core rate on the kind relative to the measured one from what the ISA tiers do not
-    say: the same vendor and microarchitecture (1, 1), else UNKNOWN_CORE with the reason in the flags."""
+    say: the same CPU model, or the same vendor and microarchitecture (1, 1), else UNKNOWN_CORE with the reason in
+    the flags."""
     from corescale.analysis.catalog import family_of, vendor_of
 
     low, high = UNKNOWN_CORE
+    if measured.cpu_model and measured.cpu_model == kind.cpu_model and kind.arch == measured.arch:
+        return 1.0, 1.0  # the measured CPU itself (the catalog need not know it)
     there = f"{kind.cpu_text} ({vendor_of(kind.cpu_model) or 'vendor unknown'})"
     if kind.arch != measured.arch:
         flags.append(f"another architecture ({measured.arch} → {kind.arch}, {kind.cpu_text}): other kernels "
