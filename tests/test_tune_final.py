@@ -74,7 +74,10 @@ def test_a_budgets_reserve_repeats_the_searched_finalists_until_the_leader_is_se
 def test_a_round_past_tune_repeats_is_measured_whole_or_not_at_all(monkeypatch):
     repeats, calls, words = _final(monkeypatch, budget_s=75.0, separated_at=99)  # 60 s spent after 3 rounds
     assert repeats == {"A": 3, "B": 3, "baseline: out-of-box pytorch": 3} and calls == [3, 3]
-    assert words == ("; the final stage gave the searched finalists 3 repeats (tune.repeats=3, more from the "
+    assert words == "; the leader was not separated after tune.repeats=3 and the budget left no whole round more"
+    repeats, calls, words = _final(monkeypatch, budget_s=85.0, separated_at=99)  # one whole round more fits
+    assert repeats["A"] == 4 and calls == [3, 3, 2]
+    assert words == ("; the final stage gave the searched finalists 4 repeats (tune.repeats=3, more from the "
                      "budget's reserve) and the leader was not separated")
     repeats, _, words = _final(monkeypatch, budget_s=1e6, separated_at=99)
     assert repeats["A"] == MAX_FINAL_REPEATS and "the most it gives" in words

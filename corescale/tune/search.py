@@ -240,7 +240,9 @@ class Tuner:
             extra = done > repeats  # past tune.repeats: the searched finalists only, a whole round or none
             fitting = self._fitting(rows, among=range(len(top)) if extra else None)
             if extra and len(fitting) < len(top):
-                self.final_end = (f"; the final stage gave the searched finalists {done - 1} repeats (tune.repeats="
+                self.final_end = (f"; the leader was not separated after tune.repeats={repeats} and the budget left "
+                                  "no whole round more" if done - 1 == repeats else
+                                  f"; the final stage gave the searched finalists {done - 1} repeats (tune.repeats="
                                   f"{repeats}, more from the budget's reserve) and the leader was not separated")
                 break
             short = not extra and len(fitting) < len(configs)
