@@ -134,7 +134,7 @@ def derive(cfg: BenchmarkConfig, overrides: list[str], narrow: dict[str, list[st
     serving: dict[str, list[str]] = {}
     if batch_key != "batch_size":  # the server scenario batches dynamically, up to the searched bound
         batch_sizes = [str(cfg.server.max_batch)] if batch_key in given else list(SERVER_BATCHES)
-        serving = {key: [_config_text(cfg, key)] if key in given else list(values) for key, values in SERVING.items()}
+        serving = {key: [config_text(cfg, key)] if key in given else list(values) for key, values in SERVING.items()}
         tokens = cfg.sequence_length  # a token budget must hold one query of the measured length
         serving["server.max_batch_tokens"] = [v for v in serving["server.max_batch_tokens"]
                                               if v == "null" or int(v) >= tokens] or ["null"]
@@ -184,7 +184,7 @@ def text(value) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
-def _config_text(cfg: BenchmarkConfig, key: str) -> str:
+def config_text(cfg: BenchmarkConfig, key: str) -> str:
     """A serving knob's value in the config, as an override writes it (None: null, 2.0: 2)."""
     value = cfg
     for part in key.split("."):
@@ -314,8 +314,8 @@ def starting_points(space: Space, latency: bool) -> list[dict]:
     artifact: ONNX Runtime, OpenVINO) come first: they led on each CPU in docs/results-*.md, and a short budget
     may end the search after a few screens (the PyTorch family's int8 is one dynamic quantization, judged alike
     three times). Its fastest precision is its lowest rank (machine/precisions.py: reduced first, a drift
-    failure is itself a finding). The sampler draws the other dimensions and takes over from there; a corner that
-    loses (or fails its drift check) is just an early measurement."""
+    failure is itself a finding). The other dimensions are the configuration's defaults (priors.fit); the sampler
+    takes over from there; a corner that loses (or fails its drift check) is just an early measurement."""
     def cores(layout: str) -> int:
         n, c = (int(x) for x in layout.split("x"))
         return n * c
