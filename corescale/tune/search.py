@@ -279,7 +279,7 @@ class Tuner:
                                   "and the leader was not separated")
         return finalists + self._withheld(study)
 
-    def _fitting(self, rows: list[list[tuple]], among=None) -> list[int]:
+    def _fitting(self, rows: list[list[tuple]], among: range | None = None) -> list[int]:
         """The configurations (indices into rows, in order; of `among` when given) whose next final measurement
         ends within the budget (all without one), each started after those before it: a configuration's estimate
         is the mean time its earlier measurements took (records' elapsed_s; out-of-box PyTorch's can be minutes
