@@ -236,9 +236,10 @@ class Tuner:
         suggested = [t.user_attrs["overrides"] for t in top] + [None, None]
         finalists: list[verdicts.Finalist] = []
         rows: list[list[tuple]] = [[] for _ in configs]  # each configuration's (record, path) so far
+        stored = self._stored(configs, most)  # a resumed tune's final repeats, committed already: they cost nothing
         for done in range(min(2, repeats), most + 1):  # one more fresh repeat of each a round (A B C A B C)
             extra = done > repeats  # past tune.repeats: the searched finalists only, a whole round or none
-            fitting = self._fitting(rows, among=range(len(top)) if extra else None)
+            fitting = self._fitting(rows, [n >= done for n in stored], among=range(len(top)) if extra else None)
             if extra and len(fitting) < len(top):
                 self.final_end = (f"; the leader was not separated after tune.repeats={repeats} and the budget left "
                                   "no whole round more" if done - 1 == repeats else
@@ -279,24 +280,38 @@ class Tuner:
                                   "and the leader was not separated")
         return finalists + self._withheld(study)
 
-    def _fitting(self, rows: list[list[tuple]], among: range | None = None) -> list[int]:
+    def _fitting(self, rows: list[list[tuple]], stored: list[bool], among: range | None = None) -> list[int]:
         """The configurations (indices into rows, in order; of `among` when given) whose next final measurement
         ends within the budget (all without one), each started after those before it: a configuration's estimate
-        is the mean time its earlier measurements took (records' elapsed_s; out-of-box PyTorch's can be minutes
-        where a searched one's are seconds), else the mean full measurement's (Progress.full_estimate)."""
+        is nothing where that measurement is stored already (stored[i]: a resumed tune), else the mean time its
+        earlier measurements took (records' elapsed_s; out-of-box PyTorch's can be minutes where a searched one's
+        are seconds), else the mean full measurement's (Progress.full_estimate)."""
         progress = self._running()[1]
         indices = list(range(len(rows)) if among is None else among)
         if progress.budget_s is None:
             return indices
         chosen, end = [], progress.elapsed()
         for i in indices:
-            found = rows[i]
-            took = [record.elapsed_s for record, _ in found if record.elapsed_s]
-            need = sum(took) / len(took) if took else progress.full_estimate(self.tune)
-            if end + need <= progress.budget_s:
+            took = [record.elapsed_s for record, _ in rows[i] if record.elapsed_s]
+            need = 0.0 if stored[i] else sum(took) / len(took) if took else progress.full_estimate(self.tune)
+            if stored[i] or end + need <= progress.budget_s:
                 chosen.append(i)
                 end += need
         return chosen
+
+    def _stored(self, configs: list[list[str]], most: int) -> list[int]:
+        """How many of its first `most` repeats each configuration has committed under the results root, on this
+        machine and software (what the trial loop would skip by key): a tune resumed after its budget concludes
+        from the repeats it measured, not from one each."""
+        from corescale.machine import environment
+        from corescale.trials.local import Resume
+
+        found = Resume.here(True, False, environment.capture())
+        counts = []
+        for item in plan_sweep([merge(c, [f"repeats={most}"]) for c in configs], self.tune.topology):
+            item.resume_root = self.tune.cfg.results_root
+            counts.append(next((r for r in range(most) if found.find(item, r) is None), most))
+        return counts
 
     def _withheld(self, study) -> list[verdicts.Finalist]:
         """The fastest configurations whose outputs missed the quality (or drift) gate, as measured once: the
