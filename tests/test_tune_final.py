@@ -34,7 +34,7 @@ def test_the_reserve_counts_the_baselines_own_time_and_grows_with_the_budget():
     assert progress.reserve(_tune(peer=["peer"])) == pytest.approx(2 * 4 * 20.0)
 
 
-def _final(monkeypatch, budget_s, separated_at, stored=(1, 1, 1), elapsed_s=0.0):
+def _final(monkeypatch, budget_s, separated_at, stored=(1, 1, 1), elapsed_s=0.0, baseline_apart=True):
     """Tuner._final over two searched finalists and the baseline; each new measurement takes 10 s of the budget
     (stored: the repeats of each committed before, found by key). Returns {label: repeats}, the calls' sizes, the
     final stage's words and how many measurements it made."""
@@ -46,7 +46,8 @@ def _final(monkeypatch, budget_s, separated_at, stored=(1, 1, 1), elapsed_s=0.0)
     top = [SimpleNamespace(user_attrs={"overrides": [f"backend={name}"], "label": name}) for name in ("A", "B")]
     monkeypatch.setattr(search.studies, "ranked_complete", lambda study, settings: top)
     monkeypatch.setattr(verdict, "figures", lambda record, cost_of: {})
-    monkeypatch.setattr(verdict, "separated", lambda finalists, settings: len(finalists[0].records) >= separated_at)
+    monkeypatch.setattr(verdict, "separated", lambda finalists, settings: len(finalists[0].records) >= separated_at
+                        and (baseline_apart or not any(f.baseline for f in finalists)))
     monkeypatch.setattr(tuner, "_withheld", lambda study: [])
     measured = dict(zip(["A", "B", "baseline: out-of-box pytorch"], stored))
     calls, new = [], []
@@ -102,3 +103,14 @@ def test_a_tune_resumed_past_its_budget_concludes_from_the_repeats_it_stored(mon
     assert "gave the searched finalists 6 repeats" in words and "not separated" in words
     repeats, _, words, new = _final(monkeypatch, budget_s=100.0, separated_at=99, stored=(4, 2, 3), elapsed_s=150.0)
     assert (repeats["A"], repeats["B"], new) == (3, 2, 0) and "repeat 3 of 3" in words  # B has no third stored
+
+
+def test_past_tune_repeats_the_leader_is_judged_among_the_searched_finalists(monkeypatch):
+    """The extra rounds measure only the searched finalists: a baseline whose 2 noisy repeats give it an interval of
+    1-1000 QPS (out-of-box PyTorch on the Zen 4) must not keep the rounds going to the most (P6' seed 4 spent its
+    reserve so); before tune.repeats the baseline still counts (an early stop needs every finalist apart)."""
+    repeats, calls, words, _ = _final(monkeypatch, budget_s=1e6, separated_at=2, baseline_apart=False)
+    assert repeats == {"A": 3, "B": 3, "baseline: out-of-box pytorch": 3} and calls == [3, 3]
+    assert "clear of every other searched finalist's" not in words and words == ""
+    repeats, _, words, _ = _final(monkeypatch, budget_s=1e6, separated_at=5, baseline_apart=False)
+    assert repeats["A"] == 5 and "clear of every other searched finalist's" in words

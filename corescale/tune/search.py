@@ -267,13 +267,16 @@ class Tuner:
                 self.final_end = (f"; the budget ended the final stage in its repeat {done} of {repeats} (no "
                                   "measurement starts that its estimate says would end past the budget)")
                 break
-            if done < most and verdicts.separated(finalists, tune.settings):
+            # from tune.repeats on, the searched finalists among themselves: the extra rounds measure only them, so a
+            # baseline that 2 noisy repeats leave with an interval of 1-1000 QPS cannot hold the leader unseparated
+            judged = finalists if done < repeats else [f for f in finalists if not f.baseline]
+            if done < most and verdicts.separated(judged, tune.settings):
                 if done != repeats:
                     self.final_end = (f"; the final stage stopped after {done} of {repeats} repeats: the leader's "
                                       "95 % interval was clear of every other finalist's" if done < repeats else
                                       f"; the final stage gave the searched finalists {done} repeats (tune.repeats="
                                       f"{repeats}, more from the budget's reserve) until the leader's 95 % interval "
-                                      "was clear of every other finalist's")
+                                      "was clear of every other searched finalist's")
                 break
             if extra and done == most:
                 self.final_end = (f"; the final stage gave the searched finalists {most} repeats, the most it gives, "
