@@ -263,6 +263,12 @@ def test_coverage_says_what_was_measured_the_best_per_branch_and_what_a_longer_b
     assert lines[0].startswith("coverage: 3 of ") and "not reached: pytorch fp32, onnxruntime int8" in lines[0]
     assert "onnxruntime fp32 100 samples/s (2 of " in lines[1] and "pytorch int8 withheld (quality)" in lines[1]
     assert lines[2].startswith("a longer budget: no estimate: 2 feasible screen(s)")
+    # the search's own record: the best (100, trial 0) came first; the 2 screened after it found nothing better
+    assert found.best_at == 1 and lines[2].endswith("the best was found by screen 1 of 3: the 2 screened after it "
+                                                    "found nothing better")
+    later = coverage([*trials, _doc_trial(5, ort[:2], {"valid": True, "throughput": 130.0})], space, "throughput",
+                     "maximize")
+    assert later.best_at == 4 and "the best came with the last of 4 screens" in later.gain_words
     # the screens' spread: none, none to gain; wide, more; a latency (minimised) gains the other way
     assert estimate([50.0] * 6, "maximize")[0] == 0.0
     narrow, wide = estimate([95.0, 100.0, 105.0, 98.0], "maximize")[0], estimate([40.0, 100.0, 70.0, 20.0],

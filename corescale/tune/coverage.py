@@ -1,6 +1,7 @@
 """How good a tune's answer is: how much of the space it measured, the best it saw per backend and precision,
-and what a longer budget could gain, estimated from the spread of its screens (docs/tune.md, "How good is the
-answer"). Drawn from the tune document's trials, so `tune.json`, the console and the report say the same."""
+and what a longer budget could gain, estimated from the spread of its screens and read from the search's own
+record (when the best was found; docs/tune.md, "How good is the answer"). Drawn from the tune document's trials,
+so `tune.json`, the console and the report say the same."""
 
 from __future__ import annotations
 
@@ -34,7 +35,30 @@ def coverage(trials: list[TuneTrial], space: Space, metric: str, direction: str)
                                      sum(1 for t in mine if _withheld(t)), best[0], best[1]))
     screens = [v for t in screened if _feasible(t) for v in (t.figure("screen", metric),) if v is not None and v > 0]
     gain, words = estimate(screens, direction)
-    return Coverage(len(screened), space.size(), branches, gain, words)
+    best_at = found_at(screened, metric, sign)
+    if best_at is not None:
+        words += "; " + found_words(best_at, len(screened))
+    return Coverage(len(screened), space.size(), branches, gain, words, best_at)
+
+
+def found_at(screened: list[TuneTrial], metric: str, sign: int) -> int | None:
+    """Where the best feasible configuration was first screened: its position (1-based) among the screened, in the
+    order they were asked; None when none was feasible."""
+    ordered = sorted(screened, key=lambda t: t.number)
+    values = [(i, v) for i, t in enumerate(ordered, 1) if _feasible(t)
+              for v in (_best_of(t, metric, sign),) if v is not None]
+    if not values:
+        return None
+    best = max(sign * v for _, v in values)
+    return next(i for i, v in values if sign * v == best)
+
+
+def found_words(best_at: int, screened: int) -> str:
+    """What the search's own record says about a longer budget, beside the spread's estimate."""
+    if best_at == screened:
+        return f"the best came with the last of {screened} screens: the search was still finding better ones"
+    return (f"the best was found by screen {best_at} of {screened}: the {screened - best_at} screened after it found "
+            "nothing better")
 
 
 def estimate(values: list[float], direction: str) -> tuple[float | None, str]:

@@ -186,7 +186,8 @@ class Coverage(Section):
     space_size: int
     branches: list[BestSeen] = field(default_factory=list)  # every backend × precision of the space
     gain: float | None = None  # the relative gain of a LONGER-times budget, estimated (None: too few screens)
-    gain_words: str = ""  # how it was estimated, or why there is none
+    gain_words: str = ""  # how it was estimated, or why there is none; and when the best was found
+    best_at: int | None = None  # the best configuration's position among the screened (1-based, in search order)
 
     @property
     def fraction(self) -> float:
