@@ -413,14 +413,17 @@ def test_the_final_stage_starts_a_measurement_only_while_its_own_estimate_fits_t
     def rows(*seconds):
         return [(SimpleNamespace(elapsed_s=s), "path") for s in seconds]
 
-    assert tuner._fitting([rows(130.0, 126.0), rows(20.0)]) == [1]  # 50 s left
-    assert tuner._fitting([rows(20.0), rows(20.0), rows(15.0), rows(5.0)]) == [0, 1, 3]  # 15 more would not fit
-    assert tuner._fitting([[]]) == [0]  # the mean full measurement: 30 s
-    assert tuner._fitting([rows(25.0), []]) == [0]  # 25 + 30
+    assert tuner._fitting([rows(130.0, 126.0), rows(20.0)], [False] * 2) == [1]  # 50 s left
+    four = [rows(20.0), rows(20.0), rows(15.0), rows(5.0)]
+    assert tuner._fitting(four, [False] * 4) == [0, 1, 3]  # 15 more would not fit
+    assert tuner._fitting([[]], [False]) == [0]  # the mean full measurement: 30 s
+    assert tuner._fitting([rows(25.0), []], [False] * 2) == [0]  # 25 + 30
     tuner.progress.full_s = [80.0]
-    assert tuner._fitting([[]]) == []
+    assert tuner._fitting([[]], [False]) == []
     tuner.progress.budget_s = None
-    assert tuner._fitting([rows(1e6), []]) == [0, 1]
+    assert tuner._fitting([rows(1e6), []], [False] * 2) == [0, 1]
+    tuner.progress.budget_s = 300.0  # a repeat stored already (a resumed tune) costs nothing: it always fits
+    assert tuner._fitting([rows(1e6), rows(1e6)], [True, False]) == [0]
 
 
 def test_a_backend_that_cannot_compute_the_task_is_not_in_the_space():
