@@ -42,14 +42,14 @@ def _final(monkeypatch, budget_s, separated_at, stored=(1, 1, 1), elapsed_s=0.0,
     tuner.tune, tuner.study, tuner.final_end = _tune(), object(), ""
     tuner.progress = Progress(started=time.monotonic(), elapsed_before=elapsed_s, budget_s=budget_s, trials=None,
                               full_s=[10.0])
-    tuner._stored = lambda configs, most: list(stored)
+    tuner._stored = lambda configs, most: list(stored)  # stored=None: a call fails the test
     top = [SimpleNamespace(user_attrs={"overrides": [f"backend={name}"], "label": name}) for name in ("A", "B")]
     monkeypatch.setattr(search.studies, "ranked_complete", lambda study, settings: top)
     monkeypatch.setattr(verdict, "figures", lambda record, cost_of: {})
     monkeypatch.setattr(verdict, "separated", lambda finalists, settings: len(finalists[0].records) >= separated_at
                         and (baseline_apart or not any(f.baseline for f in finalists)))
     monkeypatch.setattr(tuner, "_withheld", lambda study: [])
-    measured = dict(zip(["A", "B", "baseline: out-of-box pytorch"], stored))
+    measured = dict(zip(["A", "B", "baseline: out-of-box pytorch"], stored or (1, 1, 1)))
     calls, new = [], []
 
     def run_trials(configs, labels, repeats=1, kind="full"):
@@ -88,7 +88,8 @@ def test_a_round_past_tune_repeats_is_measured_whole_or_not_at_all(monkeypatch):
 
 
 def test_without_a_budget_the_final_stage_gives_tune_repeats(monkeypatch):
-    repeats, calls, words, _ = _final(monkeypatch, budget_s=None, separated_at=99)
+    # _stored is not consulted: without a budget nothing is fitted, so its lookup would only cost time
+    repeats, calls, words, _ = _final(monkeypatch, budget_s=None, separated_at=99, stored=None)
     assert repeats == {"A": 3, "B": 3, "baseline: out-of-box pytorch": 3} and calls == [3, 3] and words == ""
     repeats, _, words, _ = _final(monkeypatch, budget_s=None, separated_at=2)
     assert repeats["A"] == 2 and "stopped after 2 of 3 repeats" in words

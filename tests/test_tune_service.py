@@ -279,6 +279,27 @@ def test_coverage_says_what_was_measured_the_best_per_branch_and_what_a_longer_b
     assert type(found).from_dict(found.to_dict(), "coverage") == found  # tune.json keeps it typed
 
 
+def test_a_longer_budgets_estimate_is_fitted_to_the_best_branchs_screens():
+    """Screens of a backend 25x behind make σ the families' spread: with 4 screens of its own, the best's branch
+    alone gives the estimate (and says so); with fewer, all the feasible screens do."""
+    from corescale.tune.coverage import coverage, estimate
+
+    space = spaces.derive(compose([]), [], {"backend": ["pytorch", "onnxruntime"], "precision": ["fp32"]}, 2, ISA,
+                          False)
+    ort, torch = ["backend=onnxruntime", "precision=fp32"], ["backend=pytorch", "precision=fp32"]
+    fast = [_doc_trial(i, [*ort, f"instances={1 + i % 2}"], {"valid": True, "throughput": v})
+            for i, v in enumerate([380.0, 400.0, 360.0])]
+    slow = [_doc_trial(10 + i, [*torch, f"instances={1 + i % 2}"], {"valid": True, "throughput": v})
+            for i, v in enumerate([15.0, 16.0, 14.0])]
+    few = coverage([*fast, *slow], space, "throughput", "maximize")
+    assert "the spread of 6 screens across branches" in few.gain_words
+    four = [*fast, _doc_trial(3, [*ort, "batch_size=2"], {"valid": True, "throughput": 390.0}), *slow]
+    found = coverage(four, space, "throughput", "maximize")
+    assert "the spread of 4 screens of onnxruntime fp32, the best's branch" in found.gain_words
+    mixed = estimate([380.0, 400.0, 360.0, 390.0, 15.0, 16.0, 14.0], "maximize")[0]
+    assert found.gain is not None and mixed is not None and found.gain < 0.1 < mixed
+
+
 def test_the_final_stage_stops_once_the_leader_is_separated_by_the_repeats_intervals():
     from corescale.tune.verdict import Finalist, separated
 

@@ -33,12 +33,25 @@ def coverage(trials: list[TuneTrial], space: Space, metric: str, direction: str)
             branches.append(BestSeen(backend, precision, space.size_of(backend, precision),
                                      sum(1 for t in mine if t.screen),
                                      sum(1 for t in mine if _withheld(t)), best[0], best[1]))
-    screens = [v for t in screened if _feasible(t) for v in (t.figure("screen", metric),) if v is not None and v > 0]
-    gain, words = estimate(screens, direction)
+    gain, words = _longer(screened, metric, sign, direction)
     best_at = found_at(screened, metric, sign)
     if best_at is not None:
         words += "; " + found_words(best_at, len(screened))
     return Coverage(len(screened), space.size(), branches, gain, words, best_at)
+
+
+def _longer(screened: list[TuneTrial], metric: str, sign: int, direction: str) -> tuple[float | None, str]:
+    """The estimate from the best's own backend × precision branch when it has LEAST_SCREENS feasible screens (a
+    longer budget gains there; screens across backends 25× apart would make σ a spread of families), else from
+    all feasible screens."""
+    feasible = [(t, v) for t in screened if _feasible(t)
+                for v in (t.figure("screen", metric),) if v is not None and v > 0]
+    if feasible:
+        leader = _branch(max(feasible, key=lambda p: sign * (_best_of(p[0], metric, sign) or p[1]))[0])
+        mine = [v for t, v in feasible if _branch(t) == leader]
+        if len(mine) >= LEAST_SCREENS:
+            return estimate(mine, direction, f"of {' '.join(leader)}, the best's branch")
+    return estimate([v for _, v in feasible], direction, "across branches" if feasible else "")
 
 
 def found_at(screened: list[TuneTrial], metric: str, sign: int) -> int | None:
@@ -61,7 +74,7 @@ def found_words(best_at: int, screened: int) -> str:
             "nothing better")
 
 
-def estimate(values: list[float], direction: str) -> tuple[float | None, str]:
+def estimate(values: list[float], direction: str, of: str = "") -> tuple[float | None, str]:
     """What LONGER times the screens could gain over the best of these: the expected best of LONGER·n draws
     over that of n from a log-normal fitted to the screens (Blom's approximation of a normal maximum). The
     sampler's draws are not random, so this is a guide to whether a longer run could matter, not a promise."""
@@ -74,9 +87,9 @@ def estimate(values: list[float], direction: str) -> tuple[float | None, str]:
     sigma = math.sqrt(sum((x - mean) ** 2 for x in logs) / (n - 1))
     step = _blom(LONGER * n) - _blom(n)
     gain = math.exp(sigma * step) - 1 if direction == "maximize" else 1 - math.exp(-sigma * step)
-    return gain, (f"≈ {gain:+.1%} on the best with {LONGER}× the configurations measured (the spread of "
-                  f"{n} screens, log-normal: σ = {sigma:.2f}; a guide, not a promise: the sampler's draws are not "
-                  "random)")
+    source = f"{n} screens{' ' + of if of else ''}"
+    return gain, (f"≈ {gain:+.1%} on the best with {LONGER}× the configurations measured (the spread of {source}, "
+                  f"log-normal: σ = {sigma:.2f}; a guide, not a promise: the sampler's draws are not random)")
 
 
 def _blom(n: int) -> float:

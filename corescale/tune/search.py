@@ -236,7 +236,8 @@ class Tuner:
         suggested = [t.user_attrs["overrides"] for t in top] + [None, None]
         finalists: list[verdicts.Finalist] = []
         rows: list[list[tuple]] = [[] for _ in configs]  # each configuration's (record, path) so far
-        stored = self._stored(configs, most)  # a resumed tune's final repeats, committed already: they cost nothing
+        # a resumed tune's final repeats, committed already, cost nothing; without a budget nothing is counted
+        stored = self._stored(configs, most) if budgeted else [0] * len(configs)
         for done in range(min(2, repeats), most + 1):  # one more fresh repeat of each a round (A B C A B C)
             extra = done > repeats  # past tune.repeats: the searched finalists only, a whole round or none
             fitting = self._fitting(rows, [n >= done for n in stored], among=range(len(top)) if extra else None)
