@@ -71,7 +71,9 @@ def test_barrier_every_instance_starts_at_the_common_instant(two_instances):
     samples = read_samples(path)
     timed = samples[samples["phase"] == "timed"]
     start, end = metrics["window_start_ns"], metrics["window_end_ns"]
-    late_ms = 50  # one scheduler delay of a busy 2-CPU machine, not a barrier missed (instances load seconds apart)
+    # a few scheduler delays of a busy 2-CPU machine (CI's other test worker on the instance's core: 98 ms seen),
+    # not a barrier missed: instances load seconds apart (one warmed up 125 iterations while the other loaded)
+    late_ms = 250
     for instance, rows in timed.groupby("instance"):
         first = rows["start_ns"].min()
         assert start <= first <= start + late_ms * 1e6, f"instance {instance} started {(first - start) / 1e6} ms late"
