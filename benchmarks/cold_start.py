@@ -8,9 +8,11 @@ Each round starts this checkout's service, then (--baseline) the other checkout'
 the other (A B A B ...: the machine's load drifts, so before/after are compared within a round). The clock is
 benchmarks/serve.py's (`serving`: from just before the process is started to its ready line, then to the 200 of
 one POST /embed). `cold`: the bundle's files are dropped from the page cache first (posix_fadvise DONTNEED on each
-file: only the bundle's pages, nothing else on a shared machine), so the verified copy reads them from disk; a
-bundle never builds anything, so its artifact cache is only that. The CPU seconds are the service's own (its
-process and its instances, from /proc) at the first answer: less sensitive to other processes than the wall time.
+file: only the bundle's pages, nothing else on a shared machine), so the verified copy reads them from disk, and
+the compiled-model cache is a new empty folder, so the instances compile what a restart imports (OpenVINO's
+compiled model); `warm` is a restart's: one unrecorded start per checkout fills both first. The CPU seconds are
+the service's own (its process and its instances, from /proc) at the first answer: less sensitive to other
+processes than the wall time.
 """
 
 from __future__ import annotations
@@ -34,11 +36,14 @@ def process_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def one_start(checkout: Path, bundle: Path, log: Path, cache: str) -> dict:
+def one_start(checkout: Path, bundle: Path, log: Path, cache: str, compiled: Path) -> dict:
+    """`cold`: the bundle out of the page cache and an empty compiled-model cache (a first start on this machine);
+    `warm`: the bundle in the page cache and `compiled` holding what an earlier start compiled (a restart)."""
     if cache == "cold":
         evict(bundle)
+        compiled = Path(tempfile.mkdtemp(prefix="cold-", dir=compiled.parent))
     load = os.getloadavg()[0]
-    with serving(checkout, bundle, log) as (url, process, ready, first, front):
+    with serving(checkout, bundle, log, compiled=compiled) as (url, process, ready, first, front):
         cpu = process_cpu(process.pid) + descendants_cpu(process.pid)
     return {"ready_s": ready, "first_200_s": first, "cpu_s": cpu, "load_1min": load, "front": front}
 
@@ -55,12 +60,17 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     checkouts = [("this", ROOT)] + ([("baseline", args.baseline.resolve())] if args.baseline else [])
     runs = []
+    if "warm" in args.cache.split(","):
+        for name, checkout in checkouts:  # a restart's caches: the bundle read, the models compiled
+            one_start(checkout, args.bundle.resolve(), out / f"serve-{name}-first.log", "warm",
+                      out / f"compiled-{name}")
     for round_ in range(args.rounds):
         for cache in args.cache.split(","):
             for name, checkout in checkouts:
                 log = out / f"serve-{name}-{cache}-{round_}.log"
+                compiled = out / f"compiled-{name}"
                 run = {"checkout": name, "cache": cache, "round": round_, **one_start(checkout, args.bundle.resolve(),
-                                                                                      log, cache)}
+                                                                                      log, cache, compiled)}
                 runs.append(run)
                 print(f"{name:8s} {cache} round {round_}: ready {run['ready_s']:.2f} s, first 200 "
                       f"{run['first_200_s']:.2f} s, {run['cpu_s']:.2f} CPU-s (load {run['load_1min']:.1f})",

@@ -140,15 +140,16 @@ def descendants_cpu(pid: int) -> float:
 
 
 @contextmanager
-def serving(checkout: Path, bundle: Path, log: Path, *options: str):
-    """`corescale serve BUNDLE` of that checkout's code (its own folder first on the path); yields (url, process,
+def serving(checkout: Path, bundle: Path, log: Path, *options: str, compiled: Path | None = None):
+    """`corescale serve BUNDLE` of that checkout's code (its own folder first on the path), its compiled models
+    kept in `compiled` (systemd's $CACHE_DIRECTORY, which serve prefers to the user's cache); yields (url, process,
     seconds to its ready line, seconds to its first answered request (both from the process's start), where its
     front runs)."""
     from corescale.machine import instance_env
     from corescale.measure.http.contract import front_in, url_in
     from corescale.measure.http.managed import stop, wait_ready
 
-    env = dict(os.environ, PYTHONPATH=str(checkout))
+    env = dict(os.environ, PYTHONPATH=str(checkout), **({"CACHE_DIRECTORY": str(compiled)} if compiled else {}))
     launch = instance_env.Launch([], env, tuple(sorted(os.sched_getaffinity(0))))
     began = time.monotonic()
     with open(log, "wb") as stderr:
@@ -267,11 +268,14 @@ def search(step, start: float) -> tuple[float | None, list[dict]]:
 def measure_served(name: str, checkout: Path, bundle: Path, out: Path, start_qps: float, texts: list[str],
                    tokens: list[int], args) -> Served:
     print(f"{name}: corescale serve from {checkout} ...", file=sys.stderr, flush=True)
-    evict(bundle)  # a first start on a cold cache (it reads the bundle back: the measured start's is warm)
-    with serving(checkout, bundle, out / f"serve-{name}-cold-cache.log") as (_, _, _, cold_first, _):
+    # a first start on a cold cache: the bundle out of the page cache, no compiled model kept; the measured start
+    # is a restart's (the bundle read back, the models the first start compiled)
+    compiled = out / f"compiled-{name}"
+    evict(bundle)
+    with serving(checkout, bundle, out / f"serve-{name}-cold-cache.log", compiled=compiled) as (_, _, _, cold_first, _):
         print(f"  cold cache: first answer {cold_first:.2f} s after the process started", file=sys.stderr)
-    with serving(checkout, bundle, out / f"serve-{name}.log", "--max-queue", "100000", "--max-inputs", "1") as (
-            url, process, ready, first, front):
+    with serving(checkout, bundle, out / f"serve-{name}.log", "--max-queue", "100000", "--max-inputs", "1",
+                 compiled=compiled) as (url, process, ready, first, front):
         print(f"  ready {ready:.2f} s, first answer {first:.2f} s after the process started", file=sys.stderr)
 
         def step(qps: float) -> dict:

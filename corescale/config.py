@@ -128,6 +128,9 @@ class BenchmarkConfig:
     # output checks and caches
     reference: Optional[str] = None  # a backend (drift vs its outputs), or the fp32 model DIR a model file came from
     cache_dir: str = field(default_factory=default_cache_dir)  # $CORESCALE_CACHE_DIR or ~/.cache/corescale
+    # a folder for compiled models (OpenVINO's), reused by later loads with the same settings on the same CPU kind;
+    # None = compile at every load (`corescale serve` keeps them in the user's cache: serve/opened.py)
+    compiled_cache: Optional[str] = None
     drift_tolerance: Optional[float] = None  # max_rel_error allowed vs the reference; None = the precision's
     executor: ExecutorConfig = field(default_factory=ExecutorConfig)
     # scenario and workload (docs/scenarios.md)
@@ -342,7 +345,8 @@ def validate(cfg: BenchmarkConfig) -> BenchmarkConfig:
     return cfg
 
 
-PATH_KEYS = ("model", "output_dir", "cache_dir", "workload.source", "workload.tokenizer", "workload.lengths")
+PATH_KEYS = ("model", "output_dir", "cache_dir", "compiled_cache", "workload.source", "workload.tokenizer",
+             "workload.lengths")
 
 
 def _get(cfg: Any, dotted: str) -> Any:

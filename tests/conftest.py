@@ -252,7 +252,8 @@ def openvino_runs(tmp_path_factory):
         return run_record(tmp_path_factory.mktemp(name), "backend=openvino", f"cache_dir={cache}", "batch_size=4",
                           *overrides)
     return {
-        "two_instances": run("two", "instances=2", "reference=pytorch"),  # 1 thread each
+        "two_instances": run("two", "instances=2", "reference=pytorch",  # 1 thread each
+                             f"compiled_cache={tmp_path_factory.mktemp('openvino-compiled')}"),
         "2t": run("two_threads", "threads=2", "backend.performance_hint=THROUGHPUT",
                   *(["allocator=jemalloc"] if jemalloc else [])),
     }

@@ -44,6 +44,17 @@ def test_a_preloaded_allocator_comes_with_openvinos_own_hwloc(openvino_runs):
 
 
 @pytest.mark.slow
+def test_compiled_models_are_kept_where_compiled_cache_says(openvino_runs):
+    """Two instances starting together: each compiled (or imported the other's whole blob), and said which."""
+    record = openvino_runs["two_instances"]
+    hits = [inst["framework"]["cache_hits"]["compiled"] for inst in record["instance_reports"]]
+    assert hits in ([False, False], [False, True], [True, False]), hits
+    folder = Path(record["config"]["compiled_cache"])
+    assert [p.suffix for p in folder.iterdir()] == [".blob"]
+    assert openvino_runs["2t"]["instance_reports"][0]["framework"]["cache_hits"]["compiled"] is None
+
+
+@pytest.mark.slow
 def test_threads_of_each_instance_stay_on_its_cpus(openvino_runs):
     record = openvino_runs["two_instances"]
     for placed, inst in zip(record["plan"]["instances"], record["instance_reports"]):

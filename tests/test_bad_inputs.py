@@ -124,6 +124,9 @@ CASES = [
     ("output-is-file", [*RUN, "output_dir={base}/a-file"], "is a file, not a directory"),
     ("output-under-file", [*RUN, "output_dir={base}/a-file/sub"], "is a file, not a directory"),
     ("cache-proc", [*RUN, "calibrate=true", "cache_dir=/proc/corescale-c"], "cannot write cache_dir"),
+    ("compiled-cache-proc", [*RUN, "compiled_cache=/proc/corescale-b"], "cannot write compiled_cache"),
+    ("compiled-cache-file", [*RUN, "compiled_cache={base}/a-file"], "is a file, not a directory"),
+    ("compiled-cache-empty", [*RUN, "compiled_cache="], "compiled_cache is empty"),
     # bad model files
     ("config-wrong-type", [*RUN, "model={base}/big_hidden"], "hidden_size must be a whole number >= 1 (got 'big')"),
     ("config-negative", [*RUN, "model={base}/negative_layers"], "num_hidden_layers must be a whole number >= 1"),

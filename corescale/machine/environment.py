@@ -3,6 +3,7 @@ HostEnvironment, the record's `environment`)."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import os
 import platform
@@ -86,13 +87,27 @@ class HostEnvironment(Section):
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def cpuinfo() -> CpuInfo:
-    text = read_text("/proc/cpuinfo") or ""
+def _cpuinfo_fields() -> dict[str, str]:
+    """/proc/cpuinfo's fields, the first CPU's."""
     fields: dict[str, str] = {}
-    for line in text.splitlines():
+    for line in (read_text("/proc/cpuinfo") or "").splitlines():
         if ":" in line:
             key, _, value = line.partition(":")
             fields.setdefault(key.strip(), value.strip())
+    return fields
+
+
+def cpu_kind() -> str:
+    """What code compiled for this CPU depends on: its architecture, vendor, family, model, stepping and every
+    flag (a model name such as "AMD EPYC" spans several generations), hashed."""
+    fields = _cpuinfo_fields()
+    named = ("vendor_id", "cpu family", "model", "stepping", "flags", "CPU implementer", "CPU part", "Features")
+    identity = [platform.machine(), *(fields.get(name, "") for name in named)]
+    return hashlib.sha256("\n".join(identity).encode()).hexdigest()[:16]
+
+
+def cpuinfo() -> CpuInfo:
+    fields = _cpuinfo_fields()
     flags = set((fields.get("flags") or fields.get("Features", "")).split())
     return CpuInfo(model=fields.get("model name", platform.processor()), vendor=fields.get("vendor_id", ""),
                    mhz=float(fields["cpu MHz"]) if "cpu MHz" in fields else None, max_mhz=_max_mhz(),

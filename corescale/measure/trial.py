@@ -65,6 +65,8 @@ def check_places(cfg: BenchmarkConfig, results: bool = True) -> None:
     artifacts = [a for name in (cfg.backend.name, cfg.reference_backend) if name for a in entry(name).artifacts]
     if artifacts or cfg.calibrate:
         check_writable(cfg.cache_dir, "cache_dir", directory=True)
+    if cfg.compiled_cache:
+        check_writable(cfg.compiled_cache, "compiled_cache", directory=True)
 
 
 @contextmanager

@@ -25,7 +25,7 @@ from corescale.record.sections import ServerSummary
 matplotlib.rcParams["text.parse_math"] = False
 
 # How a trial was measured, not what: never splits a series.
-PROCEDURE = {"output_dir", "cache_dir", "duration", "min_iterations", "timeout", "calibrate", "seed",
+PROCEDURE = {"output_dir", "cache_dir", "compiled_cache", "duration", "min_iterations", "timeout", "calibrate", "seed",
              "warmup.min_iterations", "warmup.max_iterations", "warmup.window", "warmup.tolerance",
              "warmup.max_seconds", "executor.name", "executor.address", "executor.max_retries"}
 PLACEMENT = ["instances", "cores_per_instance", "threads", "layout", "cpus_total", "cpus_per_instance",

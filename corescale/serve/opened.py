@@ -54,6 +54,7 @@ from corescale.workload.heads import HeadSpec
 
 COPY_DIR = "bundle"  # the verified copy, in the service's work folder
 CACHE_DIR = "cache"  # the runtime cache (the artifact filed as built), in the work folder
+COMPILED_DIR = "compiled"  # in the user's cache: the compiled models a restart imports (openvino/compiled.py)
 
 
 @dataclass(frozen=True)
@@ -107,7 +108,8 @@ def open_bundle(path: str | Path, work: Path, trust: Trust = Trust(), key: bytes
     specs = list(record.specs)
     check_layout(root, manifest, specs)
     placed, moved = placed_here(root, specs, manifest.serving_config.use_logical_cores)
-    cfg = runtime_config(root, copy, manifest, Path(work) / CACHE_DIR, trust)
+    compiled, unwritable = served_compiled_cache()
+    cfg = runtime_config(root, copy, manifest, Path(work) / CACHE_DIR, trust, compiled)
     launches = [instance_env.Launch.from_recorded(cfg, spec, entry.to_dict(), here)
                 for spec, here, entry in zip(specs, placed, manifest.layout.instances)]
     specs = placed
@@ -116,7 +118,7 @@ def open_bundle(path: str | Path, work: Path, trust: Trust = Trust(), key: bytes
         attribute(str(hooks.install))(copy / ARTIFACT_DIR, manifest.artifact.steps, cfg)
     layout = bundle.layout_of(cfg, [(spec, launch.recorded()) for spec, launch in zip(specs, launches)])
     return Bundle(root, manifest, manifest.model, manifest.head_spec, layout, cfg, specs, launches,
-                  moved + differences(record.environment, specs, cfg))
+                  moved + differences(record.environment, specs, cfg) + unwritable)
 
 
 def sign_bundle(path: str | Path, key: bytes, trust: Trust = Trust()) -> Path:
@@ -293,10 +295,25 @@ def placed_here(root: Path, specs: list[InstanceSpec], logical: bool) -> tuple[l
                    "as many cores each", *placed.warnings]
 
 
-def runtime_config(root: Path, copy: Path, manifest: BundleManifest, runtime: Path,
-                   trust: Trust) -> BenchmarkConfig:
-    """The manifest's config with its paths in the verified copy, cache_dir the runtime cache, and the tokenizer
-    checked here (bounded, readable), not in the front."""
+def served_compiled_cache() -> tuple[Path | None, list[str]]:
+    """Where the instances keep what they compile (OpenVINO's blobs), across restarts: systemd's CacheDirectory=
+    ($CACHE_DIRECTORY), else the user's cache ($CORESCALE_CACHE_DIR or ~/.cache/corescale), never a place the
+    bundle names. None, with a warning, where it cannot be written (every start then compiles)."""
+    from corescale.userfiles import check_writable, default_cache_dir
+
+    root = os.environ.get("CACHE_DIRECTORY", "").split(":")[0] or default_cache_dir()
+    place = Path(os.path.expanduser(root)) / COMPILED_DIR
+    try:
+        return check_writable(place, "the compiled-model cache", directory=True), []
+    except UserError as refused:
+        return None, [f"{refused}: every start compiles the model again"]
+
+
+def runtime_config(root: Path, copy: Path, manifest: BundleManifest, runtime: Path, trust: Trust,
+                   compiled: Path | None = None) -> BenchmarkConfig:
+    """The manifest's config with its paths in the verified copy, cache_dir the runtime cache, compiled_cache this
+    machine's (`compiled`, whatever the manifest says), and the tokenizer checked here (bounded, readable), not in
+    the front."""
     from corescale.workload.tokens import fast_tokenizer
 
     cfg = manifest.serving_config
@@ -306,6 +323,7 @@ def runtime_config(root: Path, copy: Path, manifest: BundleManifest, runtime: Pa
         raise UserError(f"bundle '{root}' has no tokenizer.json in '{cfg.workload.tokenizer}'")
     fast_tokenizer(tokenizer, cfg.sequence_length)
     return dataclasses.replace(cfg, model=model, cache_dir=str(runtime.resolve()),
+                               compiled_cache=str(compiled) if compiled else None,
                                trust_remote_code=cfg.trust_remote_code and trust.remote_code,
                                allow_pickle=cfg.allow_pickle and trust.pickle,
                                workload=dataclasses.replace(cfg.workload, tokenizer=str(tokenizer.resolve())))

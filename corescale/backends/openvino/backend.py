@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -9,6 +11,7 @@ import openvino as ov
 
 from corescale.backends.base import TimedStages, require_precision, unbind_calling_thread
 from corescale.backends.onnx_export import IR_FILE, drop_if_hit, onnx_model
+from corescale.backends.openvino.compiled import compile_cached
 from corescale.backends.openvino.options import OpenVinoOptions
 from corescale.backends.openvino.quantize import int8_step
 from corescale.backends.options import options_as
@@ -46,7 +49,7 @@ class OpenVinoBackend(TimedStages):
             raise UserError("precision=bf16 on openvino needs a CPU with bf16 instructions (AVX512_BF16 or AMX); "
                             f"this CPU offers {', '.join(self.capabilities)}")
         model = onnx_model(spec, cfg, inputs, self)
-        self.cache_hits = {"export": model.cache_hit}
+        self.cache_hits: dict[str, bool | None] = {"export": model.cache_hit}
         self.quantization: dict = {}
         if cfg.precision == "int8" and not model.final and spec.quantization is None:  # a bundle's artifact is the
             # int8 IR already, a model file quantized already runs as it is
@@ -66,8 +69,9 @@ class OpenVinoBackend(TimedStages):
             "INFERENCE_PRECISION_HINT": INFERENCE_PRECISIONS[cfg.precision],
         }
         self.network, self.compile_config = network, config  # what `corescale explain` profiles again
+        cache = Path(os.path.expanduser(cfg.compiled_cache)) if cfg.compiled_cache else None
         with self.stage("compile"):
-            self.compiled = core.compile_model(network, "CPU", config)
+            self.compiled, self.cache_hits["compiled"] = compile_cached(core, network, model.path, config, cache)
         self.request = self.compiled.create_infer_request()
         # the output measured: the export's one, or the model file's chosen one (it may hold several)
         self.output = self.compiled.output(spec.model_file["output"]) if spec.model_file else 0

@@ -1,0 +1,113 @@
+"""OpenVINO's compiled models kept across loads (backends/openvino/compiled.py) and where `corescale serve` keeps
+them (serve/opened.py): a second load imports the blob and computes the same numbers; a blob is keyed by the
+model's files, the settings and the CPU kind; a damaged one is compiled again; nothing half-written is left."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import openvino as ov
+import pytest
+
+from corescale.backends.openvino.compiled import SUFFIX, compile_cached
+from corescale.serve.opened import COMPILED_DIR, served_compiled_cache
+
+CONFIG = {"INFERENCE_NUM_THREADS": 1, "NUM_STREAMS": 1, "PERFORMANCE_HINT": "LATENCY"}
+
+
+def small_model(folder: Path, seed: int = 0) -> Path:
+    """An IR (model.xml + model.bin) of one matmul with seeded weights."""
+    from openvino import opset13 as ops
+
+    x = ops.parameter([2, 16], np.float32, name="x")
+    weights = np.random.default_rng(seed).standard_normal((16, 8)).astype(np.float32)
+    model = ov.Model([ops.matmul(x, ops.constant(weights), False, False)], [x], "matmul")
+    folder.mkdir(parents=True, exist_ok=True)
+    ov.save_model(model, folder / "model.xml", compress_to_fp16=False)
+    return folder / "model.xml"
+
+
+def load(path: Path, cache: Path | None, config: dict = CONFIG):
+    core = ov.Core()
+    compiled, hit = compile_cached(core, core.read_model(path), path, config, cache)
+    x = np.arange(32, dtype=np.float32).reshape(2, 16) / 10
+    return compiled.create_infer_request().infer({0: x})[0].copy(), hit
+
+
+def blobs(cache: Path) -> list[Path]:
+    return sorted(cache.iterdir())
+
+
+def test_a_second_load_imports_the_blob_and_computes_the_same(tmp_path):
+    path, cache = small_model(tmp_path / "m"), tmp_path / "compiled"
+    plain, none = load(path, None)
+    first, missed = load(path, cache)
+    again, hit = load(path, cache)
+    assert (none, missed, hit) == (None, False, True)
+    np.testing.assert_array_equal(first, plain)
+    np.testing.assert_array_equal(again, plain)
+    assert [p.suffix for p in blobs(cache)] == [SUFFIX]  # one whole blob, no temporary file left
+
+
+def test_other_settings_or_other_weights_are_other_blobs(tmp_path):
+    path, cache = small_model(tmp_path / "m"), tmp_path / "compiled"
+    load(path, cache)
+    _, hit = load(path, cache, {**CONFIG, "PERFORMANCE_HINT": "THROUGHPUT"})
+    assert hit is False and len(blobs(cache)) == 2
+    other = small_model(tmp_path / "other", seed=1)  # the same graph, other weights (in model.bin)
+    expected, _ = load(other, None)
+    found, hit = load(other, cache)
+    assert hit is False and len(blobs(cache)) == 3
+    np.testing.assert_array_equal(found, expected)
+
+
+def test_a_damaged_blob_is_compiled_again(tmp_path):
+    path, cache = small_model(tmp_path / "m"), tmp_path / "compiled"
+    expected, _ = load(path, cache)
+    (blob,) = blobs(cache)
+    blob.write_bytes(blob.read_bytes()[:100])  # truncated, as a disk full or a kill mid-copy would leave it
+    found, hit = load(path, cache)
+    assert hit is False
+    np.testing.assert_array_equal(found, expected)
+    _, hit = load(path, cache)
+    assert hit is True  # written whole again
+
+
+def test_a_cache_that_cannot_be_written_compiles_every_time(tmp_path):
+    path = small_model(tmp_path / "m")
+    (tmp_path / "a-file").write_text("not a folder\n")
+    found, hit = load(path, tmp_path / "a-file" / "compiled")
+    expected, _ = load(path, None)
+    assert hit is None
+    np.testing.assert_array_equal(found, expected)
+
+
+def test_serve_keeps_them_in_systemds_cache_directory_or_the_users_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("CACHE_DIRECTORY", str(tmp_path / "systemd"))
+    assert served_compiled_cache() == (tmp_path / "systemd" / COMPILED_DIR, [])
+    monkeypatch.delenv("CACHE_DIRECTORY")
+    monkeypatch.setenv("CORESCALE_CACHE_DIR", str(tmp_path / "user"))
+    assert served_compiled_cache() == (tmp_path / "user" / COMPILED_DIR, [])
+    (tmp_path / "a-file").write_text("not a folder\n")
+    monkeypatch.setenv("CORESCALE_CACHE_DIR", str(tmp_path / "a-file"))
+    place, warnings = served_compiled_cache()
+    assert place is None and len(warnings) == 1 and "every start compiles the model again" in warnings[0]
+
+
+@pytest.mark.parametrize("named", [None, "/etc/corescale-named-by-the-bundle"])
+def test_a_bundle_cannot_name_where_serve_keeps_compiled_models(named, tmp_path, monkeypatch):
+    import dataclasses
+
+    from corescale.config import BenchmarkConfig
+    from corescale.serve.opened import Trust, runtime_config
+
+    monkeypatch.setattr("corescale.workload.tokens.fast_tokenizer", lambda *args: None)
+    (tmp_path / "copy" / "tok").mkdir(parents=True)
+    (tmp_path / "copy" / "tok" / "tokenizer.json").write_text("{}")
+    served = BenchmarkConfig(model="bert-tiny", compiled_cache=named,
+                             workload=dataclasses.replace(BenchmarkConfig().workload, tokenizer="tok"))
+    manifest = type("Manifest", (), {"serving_config": served})()
+    for ours in (tmp_path / "ours", None):
+        cfg = runtime_config(tmp_path, tmp_path / "copy", manifest, tmp_path / "runtime", Trust(), ours)
+        assert cfg.compiled_cache == (str(ours) if ours else None)
