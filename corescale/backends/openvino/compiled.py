@@ -1,20 +1,20 @@
 """OpenVINO's compiled models kept for later loads (`compiled_cache=DIR`; `corescale serve` keeps them in the
-user's cache): the graph as the CPU plugin compiled it, exported once and imported by every later load of the same
-model files with the same settings, library version and CPU kind (import: ~0.1 s against ~0.4 s of compiling an
-int8 MiniLM on one core).
+user's cache): OpenVINO's own model cache (CACHE_DIR: the graph as the CPU plugin compiled it, named by a hash of
+the model, its settings and the library's version, imported by mapping the file: ~0.1 s against ~0.4 s of
+compiling an int8 MiniLM on one core), one folder per CPU kind.
 
-Not OpenVINO's own CACHE_DIR: it writes each blob in place, with no temporary file and no rename, and maps blobs
-when it reads them, so two services starting together on one cache could read a half-written blob. Here a blob
-is written to a private temporary file, fsynced and renamed into place: a load sees a whole blob or none, and
-instances that start together each compile and the last rename wins. A blob that does not import (damaged) is
-removed and the model compiled again."""
+OpenVINO writes a blob in place (no temporary file, no rename) and maps blobs when it reads them, so two loads
+sharing its folder could read half a blob. Each load here gets a private folder holding hard links to the blobs
+kept; a blob OpenVINO writes there is fsynced and renamed into the shared folder once whole. A load sees a whole
+blob or none; loads that start together each compile, and the last rename wins (the same bytes). A blob that does
+not import OpenVINO removes (the private link) and compiles again; the new one replaces it."""
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
+import shutil
 import tempfile
+import time
 from pathlib import Path
 
 import openvino as ov
@@ -22,57 +22,56 @@ import openvino as ov
 from corescale.machine.environment import cpu_kind
 from corescale.userfiles import fsync_path
 
-SUFFIX = ".blob"
+SUFFIX = ".blob"  # OpenVINO's name for a cached compiled model: <hash>.blob
+PRIVATE = ".load-"  # each load's private folder
+STALE_S = 3600.0  # a private folder this old was left by a load that was killed
 
 
-def model_files(path: Path) -> list[Path]:
-    """The files a model is read from: the named one and its same-stem siblings (an IR's .bin, an ONNX file's
-    external data)."""
-    return [path, *sorted(p for p in path.parent.glob(f"{path.stem}.*") if p != path and p.is_file())]
-
-
-def blob_path(root: Path, model: Path, config: dict) -> Path:
-    digest = hashlib.sha256()
-    for name in model_files(model):
-        with open(name, "rb") as handle:
-            digest.update(name.name.encode() + b"\0" + hashlib.file_digest(handle, "sha256").digest())
-    identity = {"config": config, "openvino": ov.get_version(), "cpu": cpu_kind()}
-    digest.update(json.dumps(identity, sort_keys=True, default=str).encode())
-    return root / f"{digest.hexdigest()[:32]}{SUFFIX}"
-
-
-def compile_cached(core: ov.Core, network: ov.Model, model: Path, config: dict,
+def compile_cached(core: ov.Core, network: ov.Model, config: dict,
                    root: Path | None) -> tuple[ov.CompiledModel, bool | None]:
-    """The compiled model and whether it came from `root` (None: no cache, or one that cannot be written)."""
-    if root is None:
+    """The compiled model and whether it was imported from `root` (None: no cache, or one that cannot be written)."""
+    try:
+        private = private_folder(root / cpu_kind()) if root is not None else None
+    except OSError:
+        private = None
+    if private is None:
         return core.compile_model(network, "CPU", config), None
     try:
-        root.mkdir(parents=True, exist_ok=True)
-        blob = blob_path(root, model, config)
-    except OSError:
-        return core.compile_model(network, "CPU", config), None
-    if blob.is_file():
+        compiled = core.compile_model(network, "CPU", {**config, "CACHE_DIR": str(private)})
+        hit = bool(compiled.get_property("LOADED_FROM_CACHE"))
+        if not hit:
+            publish(private)
+        return compiled, hit
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
+
+
+def private_folder(shared: Path) -> Path:
+    """A new folder in `shared` with a hard link to each blob kept there (and the stale private folders gone)."""
+    shared.mkdir(parents=True, exist_ok=True)
+    for stale in shared.glob(f"{PRIVATE}*"):
         try:
-            return core.import_model(blob.read_bytes(), "CPU", config), True
-        except (OSError, RuntimeError):
-            blob.unlink(missing_ok=True)
-    compiled = core.compile_model(network, "CPU", config)
+            if time.time() - stale.stat().st_mtime > STALE_S:
+                shutil.rmtree(stale, ignore_errors=True)
+        except OSError:
+            pass  # removed by another load meanwhile
+    private = Path(tempfile.mkdtemp(prefix=PRIVATE, dir=shared))
     try:
-        store(blob, compiled.export_model().getbuffer())
+        for blob in shared.glob(f"*{SUFFIX}"):
+            os.link(blob, private / blob.name)
     except OSError:
-        pass  # a full or read-only cache: this load compiled, the next will too
-    return compiled, False
-
-
-def store(blob: Path, data: memoryview) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{blob.stem}.", dir=blob.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, blob)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        shutil.rmtree(private, ignore_errors=True)
         raise
-    fsync_path(blob.parent)
+    return private
+
+
+def publish(private: Path) -> None:
+    """The blobs OpenVINO wrote in `private`, on disk and renamed into the shared folder."""
+    try:
+        for blob in private.glob(f"*{SUFFIX}"):
+            if blob.stat().st_nlink == 1:  # written by this load, not one of the links
+                fsync_path(blob)
+                os.replace(blob, private.parent / blob.name)
+        fsync_path(private.parent)
+    except OSError:
+        pass  # a full or read-only disk: this load compiled, the next will too
