@@ -11,7 +11,8 @@ front's and the model's CPU per request, the tail at 70 % load, cold start; DIR/
 2. Offline, the same layout on the same texts with length-sorted batches (`pad=sorted`, as sentence-transformers'
    encode() batches): the best throughput over --offline-batches is P7's denominator (P7').
 3. Over HTTP: `corescale serve BUNDLE` on loopback (its cold start timed: process start -> ready line, and ->
-   the first answered request; once before on a cold cache, the bundle's files dropped from the page cache), an
+   the first answered request; once before on a cold cache: the bundle's files dropped from the page cache and an
+   empty compiled-model cache, which that start fills as a restart finds it), an
    open-loop Poisson load from this process (aiohttp, POST /embed with `truncate`, one built-in text per request,
    seeded), each request's latency from its *scheduled* send time (no coordinated omission). A rate passes when
    every request got 200, p99 <= SLO, at least --min-queries were sent and the answered rate is within 5 % of the
