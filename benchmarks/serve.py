@@ -35,6 +35,7 @@ import dataclasses
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -272,6 +273,7 @@ def measure_served(name: str, checkout: Path, bundle: Path, out: Path, start_qps
     # a first start on a cold cache: the bundle out of the page cache, no compiled model kept; the measured start
     # is a restart's (the bundle read back, the models the first start compiled)
     compiled = out / f"compiled-{name}"
+    shutil.rmtree(compiled, ignore_errors=True)  # a --reuse run's
     evict(bundle)
     with serving(checkout, bundle, out / f"serve-{name}-cold-cache.log", compiled=compiled) as (_, _, _, cold_first, _):
         print(f"  cold cache: first answer {cold_first:.2f} s after the process started", file=sys.stderr)
