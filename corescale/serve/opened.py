@@ -222,12 +222,17 @@ def from_config_file(path: Path) -> Bundle:
 
 def from_config(cfg: BenchmarkConfig) -> Bundle:
     """The layout a config asks for, checked and placed as a run's trial is (`prepare_trial`), started as a run
-    starts it; the artifact is built or found in cache_dir as a run's is. Nothing here was measured: a bundle is."""
+    starts it; the artifact is built or found in cache_dir as a run's is, the compiled model in compiled_cache
+    (when the config names none, where a bundle's service keeps it). Nothing here was measured: a bundle is."""
     import dataclasses
 
     from corescale.measure.runner import prepare_trial
     from corescale.workload.tokens import served_tokenizer
 
+    unwritable: list[str] = []
+    if cfg.compiled_cache is None:
+        compiled, unwritable = served_compiled_cache()
+        cfg = dataclasses.replace(cfg, compiled_cache=str(compiled) if compiled else None)
     trial = prepare_trial(cfg)
     cfg = bundle.serving(trial.cfg)
     folder = served_tokenizer(cfg, trial.model)
@@ -236,7 +241,8 @@ def from_config(cfg: BenchmarkConfig) -> Bundle:
     preload = instance_env.preload_paths(cfg)
     launches = [instance_env.Launch.of(cfg, spec, preload) for spec in specs]
     launched = [(spec, launch.recorded()) for spec, launch in zip(specs, launches)]  # GET /info shows them
-    return Bundle(None, None, cfg.model, trial.model.head, bundle.layout_of(cfg, launched), cfg, specs, launches)
+    return Bundle(None, None, cfg.model, trial.model.head, bundle.layout_of(cfg, launched), cfg, specs, launches,
+                  unwritable)
 
 
 def check_cpu(manifest: BundleManifest) -> None:

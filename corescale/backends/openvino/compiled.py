@@ -6,8 +6,8 @@ compiling an int8 MiniLM on one core), one folder per CPU kind.
 OpenVINO writes a blob in place (no temporary file, no rename) and maps blobs when it reads them, so two loads
 sharing its folder could read half a blob. Each load here gets a private folder holding hard links to the blobs
 kept; a blob OpenVINO writes there is fsynced and renamed into the shared folder once whole. A load sees a whole
-blob or none; loads that start together each compile, and the last rename wins (the same bytes). A blob that does
-not import OpenVINO removes (the private link) and compiles again; the new one replaces it."""
+blob or none; loads that start together each compile, and the last rename wins (the same bytes). OpenVINO
+removes a blob that does not import (the private link) and compiles again; the new blob replaces the damaged one."""
 
 from __future__ import annotations
 
