@@ -4,13 +4,15 @@ model's files, the settings and the CPU kind; a damaged one is compiled again; n
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 import numpy as np
 import openvino as ov
 import pytest
 
-from corescale.backends.openvino.compiled import SUFFIX, compile_cached
+from corescale.backends.openvino.compiled import SUFFIX, compile_cached, prune
 from corescale.machine.environment import cpu_kind
 from corescale.serve.opened import COMPILED_DIR, served_compiled_cache
 
@@ -82,6 +84,24 @@ def test_a_damaged_blob_is_compiled_again(tmp_path):
     np.testing.assert_array_equal(found, expected)
     _, hit = load(path, cache)
     assert hit is True  # written whole again
+
+
+def test_an_import_marks_its_blob_used_and_old_or_surplus_blobs_go(tmp_path):
+    path, cache = small_model(tmp_path / "m"), tmp_path / "compiled"
+    load(path, cache)
+    (blob,) = blobs(cache)
+    os.utime(blob, (1e9, 1e9))  # last used in 2001
+    load(path, cache)
+    assert time.time() - blob.stat().st_mtime < 600  # the import touched the blob it mapped
+    folder = tmp_path / "prune"
+    folder.mkdir()
+    now = time.time()
+    for name, age_days, size in (("new", 0, 10), ("week", 7, 10), ("month", 40, 10), ("older", 400, 10)):
+        (folder / f"{name}{SUFFIX}").write_bytes(b"x" * size)
+        os.utime(folder / f"{name}{SUFFIX}", (now - age_days * 86400, now - age_days * 86400))
+    assert sorted(p.stem for p in prune(folder)) == ["month", "older"]  # unused for 30 days
+    assert [p.stem for p in prune(folder, kept_bytes=15)] == ["week"]  # the least recently used past the size
+    assert prune(folder, unused_s=0, kept_bytes=0) == [] and [p.stem for p in folder.iterdir()] == ["new"]
 
 
 def test_a_cache_that_cannot_be_written_compiles_every_time(tmp_path):

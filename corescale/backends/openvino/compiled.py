@@ -7,7 +7,8 @@ OpenVINO writes a blob in place (no temporary file, no rename) and maps blobs wh
 sharing its folder could read half a blob. Each load here gets a private folder holding hard links to the blobs
 kept; a blob OpenVINO writes there is fsynced and renamed into the shared folder once whole. A load sees a whole
 blob or none; loads that start together each compile, and the last rename wins (the same bytes). OpenVINO
-removes a blob that does not import (the private link) and compiles again; the new blob replaces the damaged one."""
+removes a blob that does not import (the private link) and compiles again; the new blob replaces the damaged one.
+A folder is bounded: blobs no load imported for 30 days go, then the least recently imported past 2 GiB."""
 
 from __future__ import annotations
 
@@ -25,6 +26,10 @@ from corescale.userfiles import fsync_path
 SUFFIX = ".blob"  # OpenVINO's name for a cached compiled model: <hash>.blob
 PRIVATE = ".load-"  # each load's private folder
 STALE_S = 3600.0  # a private folder this old was left by a load that was killed
+# what a CPU kind's folder may hold: blobs unused this long are removed, then the least recently used past the
+# size (an int8 MiniLM's blob is 59 MB; each OpenVINO version or model variant adds its own)
+UNUSED_S = 30 * 86400.0
+KEPT_BYTES = 2 << 30
 
 
 def compile_cached(core: ov.Core, network: ov.Model, config: dict,
@@ -39,7 +44,9 @@ def compile_cached(core: ov.Core, network: ov.Model, config: dict,
     try:
         compiled = core.compile_model(network, "CPU", {**config, "CACHE_DIR": str(private)})
         hit = bool(compiled.get_property("LOADED_FROM_CACHE"))
-        if not hit:
+        if hit:
+            used(private)
+        else:
             publish(private)
         return compiled, hit
     finally:
@@ -66,12 +73,50 @@ def private_folder(shared: Path) -> Path:
 
 
 def publish(private: Path) -> None:
-    """The blobs OpenVINO wrote in `private`, on disk and renamed into the shared folder."""
+    """The blobs OpenVINO wrote in `private`, on disk and renamed into the shared folder; then the folder pruned."""
     try:
         for blob in private.glob(f"*{SUFFIX}"):
             if blob.stat().st_nlink == 1:  # written by this load, not one of the links
                 fsync_path(blob)
                 os.replace(blob, private.parent / blob.name)
         fsync_path(private.parent)
+        prune(private.parent)
     except OSError:
         pass  # a full or read-only disk: this load compiled, the next will too
+
+
+def used(private: Path) -> None:
+    """The imported blob's modification time is when a load last used it (what `prune` reads). Which blob OpenVINO
+    imported it does not say: the one it mapped (/proc/self/maps names the private link; it shares the inode)."""
+    prefix = f"{private}/"
+    try:
+        with open("/proc/self/maps") as maps:
+            mapped = {line.split(maxsplit=5)[-1].strip() for line in maps if prefix in line}
+    except OSError:
+        return
+    for name in mapped:
+        try:
+            os.utime(name)
+        except OSError:
+            pass  # another user's blob: it ages as its owner's loads use it
+
+
+def prune(shared: Path, unused_s: float = UNUSED_S, kept_bytes: int = KEPT_BYTES) -> list[Path]:
+    """Removes the blobs no load used for `unused_s`, then the least recently used until the rest fit in
+    `kept_bytes` (the newest always stays); returns what was removed."""
+    found = []
+    for blob in shared.glob(f"*{SUFFIX}"):
+        try:
+            info = blob.stat()
+        except OSError:
+            continue  # removed meanwhile
+        found.append((info.st_mtime, info.st_size, blob))
+    found.sort(reverse=True)  # most recently used first
+    now, total, removed = time.time(), 0, []
+    for rank, (mtime, size, blob) in enumerate(found):
+        total += size
+        if rank > 0 and (now - mtime > unused_s or total > kept_bytes):
+            blob.unlink(missing_ok=True)
+            removed.append(blob)
+            total -= size
+    return removed
