@@ -115,14 +115,15 @@ def test_a_cache_that_cannot_be_written_compiles_every_time(tmp_path):
 
 def test_serve_keeps_them_in_systemds_cache_directory_or_the_users_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("CACHE_DIRECTORY", str(tmp_path / "systemd"))
-    assert served_compiled_cache() == (tmp_path / "systemd" / COMPILED_DIR, [])
+    assert served_compiled_cache("openvino") == (tmp_path / "systemd" / COMPILED_DIR, [])
     monkeypatch.delenv("CACHE_DIRECTORY")
     monkeypatch.setenv("CORESCALE_CACHE_DIR", str(tmp_path / "user"))
-    assert served_compiled_cache() == (tmp_path / "user" / COMPILED_DIR, [])
+    assert served_compiled_cache("openvino") == (tmp_path / "user" / COMPILED_DIR, [])
     (tmp_path / "a-file").write_text("not a folder\n")
     monkeypatch.setenv("CORESCALE_CACHE_DIR", str(tmp_path / "a-file"))
-    place, warnings = served_compiled_cache()
+    place, warnings = served_compiled_cache("openvino")
     assert place is None and len(warnings) == 1 and "every start compiles the model again" in warnings[0]
+    assert served_compiled_cache("onnxruntime") == (None, [])  # it keeps nothing compiled: no warning either
 
 
 @pytest.mark.parametrize("named", [None, "/etc/corescale-named-by-the-bundle"])

@@ -247,6 +247,8 @@ class BackendEntry:
     # measured beside a tune's out-of-box baseline (tune/peer.py), never searched or recommended
     shape_warm_calls: int = 2  # calls at a new input shape until the next one is warm: `corescale serve`'s instance
     # makes that many at every shape it will answer before it is ready (a JIT backend optimises on its second)
+    keeps_compiled: bool = False  # its load keeps what it compiles in `compiled_cache` and imports it next time
+    # (`corescale serve` gives it the machine's cache: serve/opened.py)
 
     def computes(self, task: str) -> bool:
         return TASKS[task].head in self.heads

@@ -108,7 +108,7 @@ def open_bundle(path: str | Path, work: Path, trust: Trust = Trust(), key: bytes
     specs = list(record.specs)
     check_layout(root, manifest, specs)
     placed, moved = placed_here(root, specs, manifest.serving_config.use_logical_cores)
-    compiled, unwritable = served_compiled_cache()
+    compiled, unwritable = served_compiled_cache(manifest.serving_config.backend.name)
     cfg = runtime_config(root, copy, manifest, Path(work) / CACHE_DIR, trust, compiled)
     launches = [instance_env.Launch.from_recorded(cfg, spec, entry.to_dict(), here)
                 for spec, here, entry in zip(specs, placed, manifest.layout.instances)]
@@ -231,7 +231,7 @@ def from_config(cfg: BenchmarkConfig) -> Bundle:
 
     unwritable: list[str] = []
     if cfg.compiled_cache is None:
-        compiled, unwritable = served_compiled_cache()
+        compiled, unwritable = served_compiled_cache(cfg.backend.name)
         cfg = dataclasses.replace(cfg, compiled_cache=str(compiled) if compiled else None)
     trial = prepare_trial(cfg)
     cfg = bundle.serving(trial.cfg)
@@ -301,12 +301,16 @@ def placed_here(root: Path, specs: list[InstanceSpec], logical: bool) -> tuple[l
                    "as many cores each", *placed.warnings]
 
 
-def served_compiled_cache() -> tuple[Path | None, list[str]]:
+def served_compiled_cache(backend: str) -> tuple[Path | None, list[str]]:
     """Where the instances keep what they compile (OpenVINO's blobs), across restarts: systemd's CacheDirectory=
     ($CACHE_DIRECTORY), else the user's cache ($CORESCALE_CACHE_DIR or ~/.cache/corescale), never a place the
-    bundle names. None, with a warning, where it cannot be written (every start then compiles)."""
+    bundle names. None, with a warning, where it cannot be written (every start then compiles); None, silently,
+    for a backend that keeps nothing compiled (its registry entry's `keeps_compiled`)."""
+    from corescale.backends import entry
     from corescale.userfiles import check_writable, default_cache_dir
 
+    if not entry(backend).keeps_compiled:
+        return None, []
     root = os.environ.get("CACHE_DIRECTORY", "").split(":")[0] or default_cache_dir()
     place = Path(os.path.expanduser(root)) / COMPILED_DIR
     try:
