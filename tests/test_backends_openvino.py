@@ -50,7 +50,8 @@ def test_compiled_models_are_kept_where_compiled_cache_says(openvino_runs):
     hits = [inst["framework"]["cache_hits"]["compiled"] for inst in record["instance_reports"]]
     assert hits in ([False, False], [False, True], [True, False]), hits
     (kind,) = Path(record["config"]["compiled_cache"]).iterdir()  # this CPU kind's folder
-    assert [p.suffix for p in kind.iterdir()] == [".blob"]  # one whole blob, no private folder left
+    (model,) = kind.iterdir()  # the model's (the sha256 of its files)
+    assert [p.suffix for p in model.iterdir()] == [".blob"]  # one whole blob, no private folder left
     assert openvino_runs["2t"]["instance_reports"][0]["framework"]["cache_hits"]["compiled"] is None
 
 

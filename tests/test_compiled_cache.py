@@ -12,7 +12,7 @@ import numpy as np
 import openvino as ov
 import pytest
 
-from corescale.backends.openvino.compiled import SUFFIX, compile_cached, prune
+from corescale.backends.openvino.compiled import SUFFIX, compile_cached, model_digest, prune
 from corescale.machine.environment import cpu_kind
 from corescale.serve.opened import COMPILED_DIR, served_compiled_cache
 
@@ -33,16 +33,17 @@ def small_model(folder: Path, seed: int = 0) -> Path:
 
 def load(path: Path, cache: Path | None, config: dict = CONFIG):
     core = ov.Core()
-    compiled, hit = compile_cached(core, core.read_model(path), config, cache)
+    compiled, hit = compile_cached(core, core.read_model(path), path, config, cache)
     x = np.arange(32, dtype=np.float32).reshape(2, 16) / 10
     return compiled.create_infer_request().infer({0: x})[0].copy(), hit
 
 
 def blobs(cache: Path) -> list[Path]:
-    """What the cache holds: one folder, this CPU kind's, of whole blobs (no private folder left)."""
+    """What the cache holds: one folder, this CPU kind's, of one folder per model of whole blobs (no private folder
+    left)."""
     (kind,) = cache.iterdir()
     assert kind.name == cpu_kind()
-    return sorted(kind.iterdir())
+    return sorted(path for model in kind.iterdir() for path in model.iterdir())
 
 
 def test_a_second_load_imports_the_blob_and_computes_the_same(tmp_path):
@@ -66,7 +67,7 @@ def test_other_weights_are_another_blob_and_an_import_runs_with_the_settings_ask
     np.testing.assert_array_equal(found, expected)
     core = ov.Core()  # settings OpenVINO applies at import (not in its hash) are the ones this load asked for
     asked = {**CONFIG, "INFERENCE_NUM_THREADS": 2, "PERFORMANCE_HINT": "THROUGHPUT"}
-    compiled, hit = compile_cached(core, core.read_model(path), asked, cache)
+    compiled, hit = compile_cached(core, core.read_model(path), path, asked, cache)
     assert hit is True and len(blobs(cache)) == 2
     assert compiled.get_property("INFERENCE_NUM_THREADS") == 2
     assert str(compiled.get_property("PERFORMANCE_HINT")) == "THROUGHPUT"
@@ -93,15 +94,33 @@ def test_an_import_marks_its_blob_used_and_old_or_surplus_blobs_go(tmp_path):
     os.utime(blob, (1e9, 1e9))  # last used in 2001
     load(path, cache)
     assert time.time() - blob.stat().st_mtime < 600  # the import touched the blob it mapped
-    folder = tmp_path / "prune"
-    folder.mkdir()
+    kind = tmp_path / "prune"
     now = time.time()
     for name, age_days, size in (("new", 0, 10), ("week", 7, 10), ("month", 40, 10), ("older", 400, 10)):
-        (folder / f"{name}{SUFFIX}").write_bytes(b"x" * size)
-        os.utime(folder / f"{name}{SUFFIX}", (now - age_days * 86400, now - age_days * 86400))
-    assert sorted(p.stem for p in prune(folder)) == ["month", "older"]  # unused for 30 days
-    assert [p.stem for p in prune(folder, kept_bytes=15)] == ["week"]  # the least recently used past the size
-    assert prune(folder, unused_s=0, kept_bytes=0) == [] and [p.stem for p in folder.iterdir()] == ["new"]
+        blob = kind / f"model-{name}" / f"{name}{SUFFIX}"  # each of another model
+        blob.parent.mkdir(parents=True)
+        blob.write_bytes(b"x" * size)
+        os.utime(blob, (now - age_days * 86400, now - age_days * 86400))
+    assert sorted(p.stem for p in prune(kind)) == ["month", "older"]  # unused for 30 days
+    assert [p.stem for p in prune(kind, kept_bytes=15)] == ["week"]  # the least recently used past the size
+    assert prune(kind, unused_s=0, kept_bytes=0) == [] and [p.stem for p in kind.glob(f"*/*{SUFFIX}")] == ["new"]
+
+
+def test_a_blob_is_imported_only_for_the_same_model_bytes(tmp_path):
+    """A bundle could craft a model whose OpenVINO hash (64 bits) is another's, so that a later load of the other
+    imports its blob. Simulated: the attacker's blob kept under the name the victim's load looks for. Each model's
+    blobs are in a folder named by the sha256 of its files: the victim never looks in the attacker's."""
+    attacker, victim = small_model(tmp_path / "attacker"), small_model(tmp_path / "victim", seed=1)
+    cache = tmp_path / "compiled"
+    load(attacker, cache)
+    (planted,) = blobs(cache)
+    load(victim, tmp_path / "scratch")
+    (wanted,) = blobs(tmp_path / "scratch")  # the name OpenVINO gives the victim's blob
+    os.replace(planted, planted.with_name(wanted.name))  # the collision
+    expected, _ = load(victim, None)
+    found, hit = load(victim, cache)
+    assert hit is False  # compiled: nothing kept from its own bytes
+    np.testing.assert_array_equal(found, expected)
 
 
 def test_a_cache_that_cannot_be_written_compiles_every_time(tmp_path):
@@ -142,3 +161,13 @@ def test_a_bundle_cannot_name_where_serve_keeps_compiled_models(named, tmp_path,
     for ours in (tmp_path / "ours", None):
         cfg = runtime_config(tmp_path, tmp_path / "copy", manifest, tmp_path / "runtime", Trust(), ours)
         assert cfg.compiled_cache == (str(ours) if ours else None)
+
+
+def test_a_models_digest_covers_its_weights_not_its_neighbours(tmp_path):
+    path = small_model(tmp_path / "m")
+    before = model_digest(path)
+    (tmp_path / "m" / "tokenizer.json").write_text("{}")  # another file beside it
+    assert model_digest(path) == before
+    weights = path.with_suffix(".bin")
+    weights.write_bytes(weights.read_bytes()[:-4] + b"\0\0\0\0")  # one weight changed
+    assert model_digest(path) != before

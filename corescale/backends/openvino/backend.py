@@ -71,7 +71,7 @@ class OpenVinoBackend(TimedStages):
         self.network, self.compile_config = network, config  # what `corescale explain` profiles again
         cache = Path(os.path.expanduser(cfg.compiled_cache)) if cfg.compiled_cache else None
         with self.stage("compile"):
-            self.compiled, self.cache_hits["compiled"] = compile_cached(core, network, config, cache)
+            self.compiled, self.cache_hits["compiled"] = compile_cached(core, network, model.path, config, cache)
         self.request = self.compiled.create_infer_request()
         # the output measured: the export's one, or the model file's chosen one (it may hold several)
         self.output = self.compiled.output(spec.model_file["output"]) if spec.model_file else 0

@@ -8,10 +8,14 @@ sharing its folder could read half a blob. Each load here gets a private folder 
 kept; a blob OpenVINO writes there is fsynced and renamed into the shared folder once whole. A load sees a whole
 blob or none; loads that start together each compile, and the last rename wins (the same bytes). OpenVINO
 removes a blob that does not import (the private link) and compiles again; the new blob replaces the damaged one.
-A folder is bounded: blobs no load imported for 30 days go, then the least recently imported past 2 GiB."""
+OpenVINO's name for a blob is a 64-bit hash, not one a bundle cannot collide with on purpose: each model's blobs
+live in a folder named by the sha256 of its files, so a load imports only what was compiled from the same bytes.
+A CPU kind's folder is bounded: blobs no load imported for 30 days go, then the least recently imported past
+2 GiB."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import tempfile
@@ -32,11 +36,22 @@ UNUSED_S = 30 * 86400.0
 KEPT_BYTES = 2 << 30
 
 
-def compile_cached(core: ov.Core, network: ov.Model, config: dict,
+def model_digest(model: Path) -> str:
+    """sha256 over the files a model is read from: the named one and its same-stem siblings (an IR's .bin, an
+    ONNX file's external data as corescale and optimum name it)."""
+    digest = hashlib.sha256()
+    for path in [model, *sorted(p for p in model.parent.glob(f"{model.stem}.*") if p != model and p.is_file())]:
+        with open(path, "rb") as handle:
+            digest.update(path.name.encode() + b"\0" + hashlib.file_digest(handle, "sha256").digest())
+    return digest.hexdigest()[:32]
+
+
+def compile_cached(core: ov.Core, network: ov.Model, model: Path, config: dict,
                    root: Path | None) -> tuple[ov.CompiledModel, bool | None]:
-    """The compiled model and whether it was imported from `root` (None: no cache, or one that cannot be written)."""
+    """The compiled model and whether it was imported from `root` (None: no cache, or one that cannot be written);
+    `model`: the file `network` was read from."""
     try:
-        private = private_folder(root / cpu_kind()) if root is not None else None
+        private = private_folder(root / cpu_kind() / model_digest(model)) if root is not None else None
     except OSError:
         private = None
     if private is None:
@@ -80,7 +95,7 @@ def publish(private: Path) -> None:
                 fsync_path(blob)
                 os.replace(blob, private.parent / blob.name)
         fsync_path(private.parent)
-        prune(private.parent)
+        prune(private.parent.parent)
     except OSError:
         pass  # a full or read-only disk: this load compiled, the next will too
 
@@ -101,11 +116,11 @@ def used(private: Path) -> None:
             pass  # another user's blob: it ages as its owner's loads use it
 
 
-def prune(shared: Path, unused_s: float = UNUSED_S, kept_bytes: int = KEPT_BYTES) -> list[Path]:
-    """Removes the blobs no load used for `unused_s`, then the least recently used until the rest fit in
-    `kept_bytes` (the newest always stays); returns what was removed."""
+def prune(kind: Path, unused_s: float = UNUSED_S, kept_bytes: int = KEPT_BYTES) -> list[Path]:
+    """Removes the blobs (of every model, in a CPU kind's folder) no load used for `unused_s`, then the least
+    recently used until the rest fit in `kept_bytes` (the newest always stays); returns what was removed."""
     found = []
-    for blob in shared.glob(f"*{SUFFIX}"):
+    for blob in kind.glob(f"*/*{SUFFIX}"):
         try:
             info = blob.stat()
         except OSError:
