@@ -81,6 +81,14 @@ def parse_json(text: str, path: Path, what: str) -> Any:
         raise UserError(f"corrupted {what} '{path}': nested too deeply to be a corescale document") from None
 
 
+def file_sha256(path: Path) -> str:
+    """The sha256 of a file's bytes, hex."""
+    import hashlib
+
+    with open(path, "rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
 def fsync_path(path: Path) -> None:
     """A file's data, or a folder's entries (a rename in it), on disk."""
     fd = os.open(path, os.O_RDONLY)

@@ -12,7 +12,6 @@ one line naming it when it cannot be removed. None ever sees a half-written file
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import json
 import os
 import shutil
@@ -22,7 +21,7 @@ from pathlib import Path
 from typing import Callable
 
 from corescale.errors import UserError
-from corescale.userfiles import fsync_path
+from corescale.userfiles import file_sha256, fsync_path
 
 LOCK_DIR = ".locks"  # beside the artifacts: one lock file per artifact
 MANIFEST = "manifest.json"  # in each artifact: its files' sizes, modification times and hashes
@@ -68,11 +67,6 @@ def cached(target: Path, build: Callable[[Path], None]) -> bool:
     return False
 
 
-def _sha256(path: Path) -> str:
-    with open(path, "rb") as handle:
-        return hashlib.file_digest(handle, "sha256").hexdigest()
-
-
 def write_manifest(directory: Path) -> None:
     """Fsyncs every file of a built artifact and records its size, modification time and hash (read back from
     the disk, as a later reader will see it) in MANIFEST."""
@@ -83,7 +77,7 @@ def write_manifest(directory: Path) -> None:
         with open(item, "rb") as handle:
             os.fsync(handle.fileno())
         info = item.stat()
-        files[item.name] = {"size": info.st_size, "mtime_ns": info.st_mtime_ns, "sha256": _sha256(item)}
+        files[item.name] = {"size": info.st_size, "mtime_ns": info.st_mtime_ns, "sha256": file_sha256(item)}
     with open(directory / MANIFEST, "w") as handle:
         json.dump({"files": files}, handle, indent=1)
         handle.flush()
@@ -105,7 +99,7 @@ def damage(artifact: Path) -> str | None:
             info = path.stat()
             if info.st_size != entry["size"]:
                 return f"{path.name} holds {info.st_size} bytes, its manifest says {entry['size']}"
-            if info.st_mtime_ns != entry["mtime_ns"] and _sha256(path) != entry["sha256"]:
+            if info.st_mtime_ns != entry["mtime_ns"] and file_sha256(path) != entry["sha256"]:
                 return f"{path.name} does not match the sha256 in its manifest"
     except FileNotFoundError as exc:
         return f"{Path(exc.filename or MANIFEST).name} is missing"

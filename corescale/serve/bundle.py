@@ -13,7 +13,6 @@ steps). Written whole into a temporary folder, then renamed: nothing half-writte
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import shutil
@@ -42,6 +41,7 @@ from corescale.serve.manifest import (
     Requires,
     write_signature,
 )
+from corescale.userfiles import file_sha256 as sha256  # a bundle's file hashes (bundle.sha256)
 
 RECORD = "record.json"  # the measured result; not result.json, which a results root would count as a run
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".h5", ".msgpack", ".onnx", ".pt", ".ckpt", ".xml")
@@ -94,14 +94,6 @@ def tokenizer_source(cfg: BenchmarkConfig) -> Path:
     if not (folder / "tokenizer.json").is_file():
         raise UserError(f"'{folder}' has no tokenizer.json (the fast tokenizer a bundle serves text with)")
     return folder
-
-
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def copy_folder(source: Path, target: Path, encoder: Path | None) -> None:

@@ -25,7 +25,7 @@ from pathlib import Path
 import openvino as ov
 
 from corescale.machine.environment import cpu_kind
-from corescale.userfiles import fsync_path
+from corescale.userfiles import file_sha256, fsync_path
 
 SUFFIX = ".blob"  # OpenVINO's name for a cached compiled model: <hash>.blob
 PRIVATE = ".load-"  # each load's private folder
@@ -41,8 +41,7 @@ def model_digest(model: Path) -> str:
     ONNX file's external data as corescale and optimum name it)."""
     digest = hashlib.sha256()
     for path in [model, *sorted(p for p in model.parent.glob(f"{model.stem}.*") if p != model and p.is_file())]:
-        with open(path, "rb") as handle:
-            digest.update(path.name.encode() + b"\0" + hashlib.file_digest(handle, "sha256").digest())
+        digest.update(f"{path.name}\0{file_sha256(path)}\n".encode())
     return digest.hexdigest()[:32]
 
 
