@@ -312,6 +312,11 @@ CASES += [
     ("lengths-histogram-nan", [*RUN, "workload.lengths={base}/nan-histogram.csv"], "count a finite number"),
     ("workload-samples-zero", [*RUN, "workload.samples=0"], "workload.samples must be from 1 to 1000000"),
     ("pad-unknown", [*RUN, "pad=left"], "unknown pad 'left'; allowed: max, bucket, sorted"),
+    # corescale serve --fronts: a whole number that divides the instances, checked before any worker or port
+    ("serve-fronts-uneven", ["serve", "model=bert-tiny", "task=embed", "backend=onnxruntime", "instances=2",
+                             "cores_per_instance=1", "--fronts", "3"],
+     "--fronts 3 does not divide the layout's 2 instance(s) evenly among the fronts: give one of 1, 2"),
+    ("serve-fronts-zero", ["serve", "model=bert-tiny", "--fronts", "0"], "expected a whole number >= 1, got '0'"),
 ]
 
 

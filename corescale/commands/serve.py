@@ -27,6 +27,9 @@ def register(sub) -> None:
                         help="inputs accepted and not yet answered before requests get 429 (default 256)")
     parser.add_argument("--max-inputs", type=whole_number, default=32,
                         help="inputs one request may hold before it gets 413 (default 32)")
+    parser.add_argument("--fronts", type=whole_number, default=1,
+                        help="front processes sharing the port, each before its share of the instances (it must "
+                        "divide them; default 1): one front's event loop caps the requests/s (docs/deploy.md)")
     parser.add_argument("--access-log", action="store_true", help="log every request (uvicorn's access log)")
     defaults = Limits()
     limits = parser.add_argument_group("limits (each checked before any work: docs/deploy.md)")
@@ -127,5 +130,5 @@ def handle(args) -> int:
                     args.max_request_tokens, args.max_answer_floats, args.auto_truncate)
     return run(args.source, Options(args.host, args.port, args.api_key, args.max_queue, args.max_inputs,
                                     args.access_log, limits, args.max_connections, args.receive_timeout, trust,
-                                    read_key(args.verify) if args.verify else None,
+                                    read_key(args.verify) if args.verify else None, fronts=args.fronts,
                                     **({"batch_timeout": args.batch_timeout} if args.batch_timeout else {})))

@@ -43,7 +43,7 @@ from corescale.machine.cpulist import format_cpulist
 from corescale.machine.scratch import scratch
 from corescale.measure.http.contract import authority, ready_line
 from corescale.serve.app import Front
-from corescale.serve.opened import Bundle, open_bundle
+from corescale.serve.opened import Bundle, open_bundle, part
 from corescale.serve.service import Options, Stopped, bind, front_app, front_parts, stop_signal
 from corescale.serve.supervisor import say as said
 
@@ -60,23 +60,12 @@ def say(text: str, stream=None) -> None:
 
 # --- on the node: one replica ------------------------------------------------------------------------------------
 
-def one_instance(opened: Bundle, block: int) -> Bundle:
-    """The bundle's instance `block` alone (what one replica runs)."""
-    return dataclasses.replace(opened, specs=[opened.specs[block]], launches=[opened.launches[block]],
-                               layout=dataclasses.replace(opened.layout,
-                                                          instances=[opened.layout.instances[block]]))
-
-
 class EngineFront(Front):
-    """serve's front, whose GET /info also says which engine serves and which replica answered."""
-
-    replica: dict[str, Any] = {}  # set by the replica once its instance runs
+    """serve's front, whose GET /info also says which engine serves (and, in its extra, which replica answered)."""
 
     def info(self):
         described = super().info()
-        runs = dataclasses.replace(described.corescale, engine=ENGINE, extra={**described.corescale.extra,
-                                                                              "replica": self.replica})
-        return dataclasses.replace(described, corescale=runs)
+        return dataclasses.replace(described, corescale=dataclasses.replace(described.corescale, engine=ENGINE))
 
 
 class Replica:
@@ -109,7 +98,7 @@ class Replica:
         for line in opened.warnings:
             say(f"warning: {line}", sys.stderr)
         block = rank.local_rank % len(opened.specs)
-        mine = one_instance(opened, block)
+        mine = part(opened, [block])
         metrics = Metrics()
         self.pool = Pool(mine, work, metrics, options.max_queue, options.batch_timeout)
         self.stack.callback(self.pool.stop)
@@ -118,9 +107,9 @@ class Replica:
         self.stack.enter_context(housekeeping_cpus(opened.specs))  # the front off every block of this node
         tokens, width = front_parts(mine, options)
         self.front = EngineFront(self.pool, tokens, mine.head, mine.model, metrics, width)
-        self.front.replica = {"replica": context.replica_tag, "rank": rank.rank, "node_rank": rank.node_rank,
-                             "local_rank": rank.local_rank, "cpus": list(mine.specs[0].cpus),
-                             "pid": os.getpid(), "instance_pid": self.instance_pid()}
+        self.front.extra["replica"] = {"replica": context.replica_tag, "rank": rank.rank, "node_rank": rank.node_rank,
+                                       "local_rank": rank.local_rank, "cpus": list(mine.specs[0].cpus),
+                                       "pid": os.getpid(), "instance_pid": self.instance_pid()}
         say(f"replica {context.replica_tag} (rank {rank.rank}, node {rank.node_rank}, local {rank.local_rank}): "
             f"instance {mine.specs[0].id} on CPUs {format_cpulist(mine.specs[0].cpus)}")
 

@@ -64,6 +64,7 @@ class Front:
                  width: int | None = None):
         self.pool, self.tokens, self.head, self.model_name, self.metrics = pool, tokens, head, model_name, metrics
         self.width = width
+        self.extra: dict[str, Any] = {}  # GET /info's corescale.extra: which front (or Ray replica) answered
         self.limiter: Any = None  # the threads tokenizing and encoding (made on the loop, on first use)
 
     def needs(self, task: str, route: str) -> None:
@@ -159,7 +160,7 @@ class Front:
             dataclasses.replace(entry, artifact=instance.artifact)
             for entry, instance in zip(opened.layout.instances, self.pool.instances)])
         runs = WhatRuns(str(opened.root) if opened.root else "overrides", opened.cfg.backend.name, opened.cfg.precision,
-                      opened.cfg.to_dict(), layout)
+                      opened.cfg.to_dict(), layout, extra=dict(self.extra))
         return ServiceInfo(self.model_name, opened.cfg.precision,
                            {TASKS[task].tei_type if task in TASKS else task: self.head.to_json()},
                            self.tokens.max_length, self.tokens.max_inputs, opened.cfg.server.max_batch,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import resource
+import threading
 import time
 from pathlib import Path
 
@@ -18,14 +19,17 @@ WASTE = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)  # a call's share of 
 OTHER = "other"  # the route label of every path the app does not serve
 
 
+OTHERS_EVERY_S = 1.0  # with several fronts, each writes its metrics for the others this often (serve/fronts.py)
+
 LOADED = time.monotonic()
+SERVICE = os.getpid()  # imported before the fronts fork (serve/fronts.py): their ages count from the service's start
 
 
 def process_age_s() -> float:
-    """Seconds since this process started (Linux: its start time in /proc/self/stat; elsewhere since this module
-    was imported): cold start counts from the process, not from the service's first line of code."""
+    """Seconds since the service's process started (Linux: its start time in /proc/PID/stat; elsewhere since this
+    module was imported): cold start counts from the process, not from the service's first line of code."""
     try:
-        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        ticks = int(Path(f"/proc/{SERVICE}/stat").read_text().rsplit(")", 1)[1].split()[19])
         return time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError, AttributeError):
         return time.monotonic() - LOADED
@@ -75,6 +79,7 @@ class Metrics:
         cores = Gauge("corescale_front_cores_used", "the front's CPU time ÷ wall time since the service started",
                       registry=registry)
         cores.set_function(self.front_cores)
+        self.shared: tuple[Path, int] | None = None  # (the folder, this front's index) with several fronts
         self.ready_s: float | None = None
         self.first_answer_s: float | None = None
         self.cold = Gauge("corescale_cold_start_seconds", "from the process's start to every instance ready (warm), "
@@ -126,5 +131,66 @@ class Metrics:
             self.tokenization.observe(timings["tokenization"])
             self.total.observe(timings["total"])
 
+    def share(self, folder: Path, index: int) -> None:
+        """One of several fronts (serve/fronts.py): its metrics written to `folder` every OTHERS_EVERY_S for the
+        others, and text() answers every front's."""
+        self.shared = (folder, index)
+        threading.Thread(target=self.publish, daemon=True, name="corescale-serve-metrics").start()
+
+    def publish(self) -> None:
+        assert self.shared is not None
+        folder, index = self.shared
+        while True:
+            written = folder / f".front-{index}.prom"
+            try:
+                written.write_bytes(generate_latest(self.registry))
+                os.replace(written, folder / f"front-{index}.prom")  # whole or not at all for a reader
+            except FileNotFoundError:  # the service's work folder is gone: it has stopped
+                return
+            except OSError:  # a full disk: the others show this front's last metrics
+                pass
+            time.sleep(OTHERS_EVERY_S)
+
     def text(self) -> bytes:
-        return generate_latest(self.registry)
+        """The exposition: this front's, or with several fronts every front's, each sample labelled with its front
+        (this one's as of now, the others' as of their last write)."""
+        own = generate_latest(self.registry)
+        if self.shared is None:
+            return own
+        folder, index = self.shared
+        texts = {index: own}
+        for path in folder.glob("front-*.prom"):
+            other = int(path.stem.split("-")[1])
+            if other != index:
+                try:
+                    texts[other] = path.read_bytes()
+                except OSError:  # replaced as it was opened: the next scrape reads it
+                    pass
+        return labelled_by_front(texts)
+
+
+def labelled_by_front(texts: dict[int, bytes]) -> bytes:
+    """Several fronts' expositions as one: each family once, with every front's samples labelled `front`."""
+    from prometheus_client.metrics_core import Metric
+    from prometheus_client.parser import text_string_to_metric_families
+
+    families: dict[str, Metric] = {}
+    for index, text in sorted(texts.items()):
+        for family in text_string_to_metric_families(text.decode()):
+            merged = families.setdefault(family.name, Metric(family.name, family.documentation, family.type,
+                                                             family.unit))
+            merged.samples.extend(sample._replace(labels={**sample.labels, "front": str(index)})
+                                  for sample in family.samples)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(Families(list(families.values())))
+    return generate_latest(registry)
+
+
+class Families:
+    """A collector of ready-made metric families (labelled_by_front's)."""
+
+    def __init__(self, families: list) -> None:
+        self.families = families
+
+    def collect(self) -> list:
+        return self.families

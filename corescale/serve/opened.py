@@ -83,6 +83,14 @@ class Bundle:
         return Path(self.cfg.workload.tokenizer or "") / "tokenizer.json"
 
 
+def part(opened: Bundle, indexes: list[int]) -> Bundle:
+    """The bundle's instances at `indexes` alone (what one front of several, or one Ray replica, runs)."""
+    return dataclasses.replace(opened, specs=[opened.specs[i] for i in indexes],
+                               launches=[opened.launches[i] for i in indexes],
+                               layout=dataclasses.replace(opened.layout,
+                                                          instances=[opened.layout.instances[i] for i in indexes]))
+
+
 def open_bundle(path: str | Path, work: Path, trust: Trust = Trust(), key: bytes | None = None,
                 meanwhile: Callable[[], object] | None = None) -> Bundle:
     """Checks the bundle at `path` and copies it, verified, into `work` (the service's private folder, which

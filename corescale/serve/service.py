@@ -22,11 +22,14 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from corescale.errors import UserError
 from corescale.machine.cpulist import format_cpulist
+from corescale.machine.placement import InstanceSpec
 from corescale.machine.scratch import scratch
 from corescale.measure.http.contract import GRACEFUL_S, ready_line
 from corescale.measure.trial import housekeeping_cpus
@@ -37,6 +40,7 @@ from corescale.serve.supervisor import BATCH_DEADLINE_S, say
 
 KEEP_ALIVE_S = 5  # an idle kept-alive connection is closed after this (uvicorn's default, set here on purpose)
 HEADER_BYTES = 16_384  # the request line and headers, at most (past it: 400)
+FRONTS_DIR = "fronts"  # in the work folder, with several fronts: each one's metrics for the others
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,7 @@ class Options:
     trust: Trust = Trust()  # what a bundle may ask for: --trust-remote-code, --allow-pickle (serve/opened.py)
     key: bytes | None = None  # --verify KEYFILE: the bundle's signature must verify with it
     batch_timeout: float = BATCH_DEADLINE_S  # the floor of a batch's deadline, seconds
+    fronts: int = 1  # front processes sharing the port, each before its share of the instances (serve/fronts.py)
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -89,7 +94,8 @@ def stop_signal(number: int, frame) -> None:
 
 def run(source: list[str], options: Options) -> int:
     """`source`: a bundle's path, overrides or a config file (a layout that was not measured)."""
-    from corescale.serve.metrics import Metrics, front_cpu_seconds
+    import corescale.serve.metrics  # noqa: F401 - before any fork: every front's clock starts with this process
+    from corescale.serve.fronts import check_fronts, serve_fronts
 
     more_files()
     runtime = os.environ.get("RUNTIME_DIRECTORY", "").split(":")[0] or None  # systemd's RuntimeDirectory=
@@ -97,58 +103,100 @@ def run(source: list[str], options: Options) -> int:
         opened = opened_source(source, work, options)
         for line in opened.warnings:
             print(f"corescale serve: warning: {line}", file=sys.stderr, flush=True)
-        cfg = opened.cfg
+        check_fronts(options.fronts, len(opened.specs))
         tokens, width = front_parts(opened, options)
         sock = bind(options.host, options.port)
-        metrics = Metrics()
-        pool = Pool(opened, Path(work), metrics, options.max_queue, options.batch_timeout)
-        caught: list[int] = []
-        began = time.monotonic()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, stop_signal)
+        serving = Serving(options, Path(work), sock, tokens, width, opened.specs)
+        host, port = sock.getsockname()[:2]
+
+        def announce(ready_s: float, where: str) -> None:
+            cfg, behind = opened.cfg, f" behind {options.fronts} fronts" if options.fronts > 1 else ""
+            say(ready_line(f"{len(opened.specs)} instance(s) of {opened.model} on {cfg.backend.name} "
+                           f"({cfg.precision}){behind}", where, host, port))
+            # after the ready line, never before: a reader that waits for it (measure/http/managed.py) reads line by
+            # line under select(), and a line buffered behind another would not wake it
+            say(f"ready {ready_s:.2f} s after the process started (instances loaded and warm)")
+
+        if options.fronts == 1:
+            return serve_front(serving, opened, announce)
+        (work / FRONTS_DIR).mkdir()
+        return serve_fronts(opened, options.fronts,
+                            lambda mine, index, ready: serve_front(serving, mine, ready, index), announce, sock)
+
+
+@dataclass(frozen=True)
+class Serving:
+    """What every front of the service shares (one, or each of --fronts)."""
+
+    options: Options
+    work: Path
+    sock: socket.socket
+    tokens: Any  # serve/tokens.py's Tokens
+    width: int | None
+    specs: list[InstanceSpec]  # every instance of the service: its fronts run on the CPUs none of them uses
+
+
+def serve_front(serving: Serving, mine: Bundle, announce: Callable[[float, str], None], index: int | None = None
+                ) -> int:
+    """One front before the instances of `mine`, until a stop signal; `index`: its place among several fronts.
+    Its exit code: 0, 130 after SIGINT, 1 when an instance could not start."""
+    from corescale.serve.metrics import Metrics, front_cpu_seconds
+
+    options, cfg = serving.options, mine.cfg
+    fronts = options.fronts
+    if index is not None:  # the service's limits, divided among its fronts
+        options = dataclasses.replace(options, max_queue=-(-options.max_queue // fronts),
+                                      max_connections=-(-options.max_connections // fronts))
+    metrics = Metrics()
+    if index is not None:
+        metrics.share(serving.work / FRONTS_DIR, index)
+    pool = Pool(mine, serving.work, metrics, options.max_queue, options.batch_timeout)
+    caught: list[int] = []
+    began = time.monotonic()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, stop_signal)
+    try:
         try:
-            try:
-                pool.launch()
-                Server = http_server()  # FastAPI's and uvicorn's imports (if not done) while the instances load
-                pool.wait_ready(cfg.timeout)
-            except RuntimeError as failed:  # an instance that could not load: its reason, exit 1
-                print(f"corescale: error: {failed}", file=sys.stderr)
-                return 1
-            metrics.watch(pool)
-            ready_s = metrics.ready_now()
-            with housekeeping_cpus(opened.specs) as front_cpus:
-                where = f"CPUs {format_cpulist(sorted(front_cpus))}" if front_cpus else "shared with the instances"
-                host, port = sock.getsockname()[:2]
-                say(ready_line(f"{len(opened.specs)} instance(s) of {opened.model} on "
-                               f"{cfg.backend.name} ({cfg.precision})", where, host, port))
-                # after the ready line, never before: a reader that waits for it (measure/http/managed.py) reads line by
-                # line under select(), and a line buffered behind another would not wake it
-                say(f"ready {ready_s:.2f} s after the process started (instances loaded and warm)")
-                import uvicorn
+            pool.launch()
+            Server = http_server()  # FastAPI's and uvicorn's imports (if not done) while the instances load
+            pool.wait_ready(cfg.timeout)
+        except RuntimeError as failed:  # an instance that could not load: its reason, exit 1
+            print(f"corescale: error: {failed}", file=sys.stderr)
+            return 1
+        metrics.watch(pool)
+        ready_s = metrics.ready_now()
+        with housekeeping_cpus(serving.specs) as front_cpus:
+            announce(ready_s, f"CPUs {format_cpulist(sorted(front_cpus))}" if front_cpus
+                     else "shared with the instances")
+            import uvicorn
 
-                from corescale.serve.app import Front
-                from corescale.serve.guard import deadline_protocol
+            from corescale.serve.app import Front
+            from corescale.serve.guard import deadline_protocol
 
-                app = front_app(Front(pool, tokens, opened.head, opened.model, metrics, width), options)
-                server = Server(pool, caught, uvicorn.Config(
-                    app, log_level="warning", access_log=options.access_log, lifespan="off",
-                    ws="none",  # no WebSocket route: the websockets library is not imported (cold start)
-                    timeout_graceful_shutdown=GRACEFUL_S,
-                    http=deadline_protocol(options.receive_timeout_s, HEADER_BYTES),
-                    limit_concurrency=options.max_connections, timeout_keep_alive=KEEP_ALIVE_S,
-                    h11_max_incomplete_event_size=HEADER_BYTES))
-                for sig in (signal.SIGTERM, signal.SIGINT):  # uvicorn drains on them, then raises them again
-                    signal.signal(sig, lambda number, frame: None)  # (Server.handle_exit recorded them)
-                server.run(sockets=[sock])
-        except Stopped as stopped:
-            say(f"{stopped} before the service was ready; stopping")
-            return 0
-        finally:
-            for sig in (signal.SIGTERM, signal.SIGINT):  # a second signal ends the process at once
-                signal.signal(sig, signal.SIG_DFL)
-            pool.stop()
-            sock.close()
-        summary(pool, front_cpu_seconds() - metrics.cpu_at_start, time.monotonic() - began)
+            front = Front(pool, serving.tokens, mine.head, mine.model, metrics, serving.width)
+            if index is not None:
+                front.extra["front"] = {"index": index, "fronts": fronts, "pid": os.getpid(),
+                                        "instances": [spec.id for spec in mine.specs]}
+            server = Server(pool, caught, uvicorn.Config(
+                front_app(front, options), log_level="warning", access_log=options.access_log, lifespan="off",
+                ws="none",  # no WebSocket route: the websockets library is not imported (cold start)
+                timeout_graceful_shutdown=GRACEFUL_S,
+                http=deadline_protocol(options.receive_timeout_s, HEADER_BYTES),
+                limit_concurrency=options.max_connections, timeout_keep_alive=KEEP_ALIVE_S,
+                h11_max_incomplete_event_size=HEADER_BYTES))
+            for sig in (signal.SIGTERM, signal.SIGINT):  # uvicorn drains on them, then raises them again
+                signal.signal(sig, lambda number, frame: None)  # (Server.handle_exit recorded them)
+            server.run(sockets=[serving.sock])
+    except Stopped as stopped:
+        say(f"{stopped} before the service was ready; stopping")
+        return 0
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):  # a second signal ends the process at once
+            signal.signal(sig, signal.SIG_DFL)
+        pool.stop()
+        serving.sock.close()
+    summary(pool, front_cpu_seconds() - metrics.cpu_at_start, time.monotonic() - began,
+            "" if index is None else f"front {index}: ")
     return 130 if signal.SIGINT in caught else 0
 
 
@@ -217,15 +265,15 @@ def more_files() -> None:
             pass
 
 
-def summary(pool, cpu: float, wall: float) -> None:
-    say(f"stopped after {wall:.1f} s; the front used {cpu:.2f} CPU-s ({cpu / max(wall, 1e-9):.3f} cores)")
+def summary(pool, cpu: float, wall: float, who: str = "") -> None:
+    say(f"{who}stopped after {wall:.1f} s; the front used {cpu:.2f} CPU-s ({cpu / max(wall, 1e-9):.3f} cores)")
     first = pool.metrics.first_answer_s
     if first is not None:
-        say(f"the first request was answered {first:.2f} s after the process started")
+        say(f"{who}the first request was answered {first:.2f} s after the process started")
     for instance in pool.instances:
         report = instance.result or {}
         served = report.get("queries_served")
-        say(f"instance {instance.id}: {'?' if served is None else served} inputs served, busy "
+        say(f"{who}instance {instance.id}: {'?' if served is None else served} inputs served, busy "
             f"{instance.busy_fraction():.1%} of its time, restarted {instance.restarts} time(s)")
     try:
         sys.stdout.flush()

@@ -125,7 +125,11 @@ def scraped_front_cpu(url: str) -> float | None:
             text = answer.read(METRICS_LIMIT).decode()
     except OSError:
         return None
-    for line in text.splitlines():
-        if line.startswith(f"{FRONT_CPU_METRIC} "):
-            return float(line.split()[-1])
-    return None
+    return front_cpu_in(text)
+
+
+def front_cpu_in(exposition: str) -> float | None:
+    """FRONT_CPU_METRIC in a /metrics text: the sum over its samples (one per front with `serve --fronts`)."""
+    found = [float(line.rsplit(None, 1)[-1]) for line in exposition.splitlines()
+             if line.startswith((f"{FRONT_CPU_METRIC} ", f"{FRONT_CPU_METRIC}{{"))]
+    return sum(found) if found else None

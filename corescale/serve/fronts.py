@@ -1,0 +1,177 @@
+"""`corescale serve --fronts N`: N front processes accept on the one listening socket, each before its own share of
+the instances (N divides them: front k feeds instances k·m … k·m+m−1 of the m = instances ÷ N, contiguous as
+placed), as uvicorn's and gunicorn's workers share a port.
+
+Why: one front is one Python event loop; at ~0.3–1 ms of its CPU per request (docs/serve-profile.md) it caps a
+machine at a thousand or a few thousand requests per second, while 32 pinned instances of a small model could
+answer several times that. N fronts raise that cap N-fold where the machine has the cores for them.
+
+How: the service's process checks everything and binds the socket (bad input: one line, exit 2, no worker), then
+forks the fronts while no thread runs (each gets the checked bundle, the tokenizer, the imports and the socket);
+each front starts its instances and serves as a lone front does. The kernel hands each new connection to one of
+the fronts waiting in accept (a busy front's loop comes back to accept later, so it takes fewer); a connection
+stays with the front that accepted it, so a client's requests on one kept-alive connection all go to one front.
+`--max-queue` and `--max-connections` are the service's, divided among the fronts.
+
+The service's process prints the ready line once every front is ready, turns SIGTERM and SIGINT into SIGTERM to
+each front (each drains as a lone front does; it exits 130 after SIGINT), and stops the service with exit 1 when
+a front ends on its own. GET /metrics answers for every front, each sample labelled `front` (serve/metrics.py);
+GET /health and GET /info answer for the front that accepted the connection, and /info names it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import socket
+import sys
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from corescale.errors import UserError
+from corescale.serve.opened import Bundle, part
+from corescale.serve.supervisor import say
+
+STOPS = (signal.SIGTERM, signal.SIGINT)
+Announce = Callable[[float, str], None]  # (seconds from the service's start to ready, where the front runs)
+ServeOne = Callable[[Bundle, int, Announce], int]  # a front's share, its index, how it says it is ready -> exit code
+
+
+def check_fronts(fronts: int, instances: int) -> None:
+    """Before any worker: `fronts` must divide the layout's instances."""
+    if fronts > instances or instances % fronts:
+        allowed = ", ".join(str(n) for n in range(1, instances + 1) if instances % n == 0)
+        raise UserError(f"--fronts {fronts} does not divide the layout's {instances} instance(s) evenly among the "
+                        f"fronts: give one of {allowed}")
+
+
+def shares(instances: int, fronts: int) -> list[list[int]]:
+    """Each front's instances (indexes into the layout), contiguous."""
+    each = instances // fronts
+    return [list(range(k * each, (k + 1) * each)) for k in range(fronts)]
+
+
+@dataclass
+class Forked:
+    index: int
+    pid: int
+    said: int  # the pipe it writes its ready message on
+    ready: bool = False
+    code: int | None = None  # its exit code once it ended (a signal: minus its number)
+
+
+def serve_fronts(opened: Bundle, fronts: int, serve_one: ServeOne, announce: Announce, listening: socket.socket
+                 ) -> int:
+    """Forks `fronts` fronts, each `serve_one` of its share; says ready (`announce`) once all are; the exit code.
+    `listening` is closed here once every front holds it (a draining front's closed socket then refuses)."""
+    caught: list[int] = []
+    forked: dict[int, Forked] = {}
+
+    def stop_all() -> None:
+        for front in forked.values():
+            if front.code is None:
+                try:
+                    os.kill(front.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+
+    def forward(number: int, frame) -> None:
+        caught.append(number)
+        stop_all()
+
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOPS)  # a signal now waits until the forwarding is in place
+    try:
+        for index, indexes in enumerate(shares(len(opened.specs), fronts)):
+            read, write = os.pipe()
+            pid = os.fork()
+            if pid == 0:
+                code = 1
+                try:
+                    os.close(read)
+                    for other in forked.values():
+                        os.close(other.said)
+                    code = front_process(serve_one, part(opened, indexes), index, write)
+                finally:
+                    os._exit(code)
+            os.close(write)
+            forked[pid] = Forked(index, pid, read)
+        for number in STOPS:
+            signal.signal(number, forward)
+    finally:
+        listening.close()
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)
+    failed = wait_ready(forked, caught, announce)
+    if failed is not None:
+        stop_all()
+    while any(front.code is None for front in forked.values()):
+        pid, status = os.wait()
+        front = forked[pid]
+        ended(front, status)
+        if failed is None and not caught:  # one ended on its own while serving: stop the others
+            failed = front
+            say(f"front {front.index} ended with code {front.code} while serving; stopping the service")
+            stop_all()
+    for number in STOPS:
+        signal.signal(number, signal.SIG_DFL)
+    if failed is not None:
+        return failed.code if failed.code in (1, 2) else 1
+    return 130 if signal.SIGINT in caught else max(front.code or 0 for front in forked.values())
+
+
+def wait_ready(forked: dict[int, Forked], caught: list[int], announce: Announce) -> Forked | None:
+    """Every front's ready message, then `announce` (the latest ready, where they run); the front that ended
+    first, when one ends before it is ready and no stop signal asked for it; None otherwise."""
+    waiting = {front.said: front for front in forked.values()}
+    latest, where = 0.0, ""
+    while waiting:
+        for said in select.select(list(waiting), [], [])[0]:
+            front = waiting.pop(said)
+            message = os.read(said, 4096)
+            os.close(said)
+            if message:
+                front.ready = True
+                ready = json.loads(message)
+                latest, where = max(latest, ready["ready_s"]), ready["where"]
+                continue
+            ended(front, os.waitpid(front.pid, 0)[1])  # it closed the pipe unready: it ended
+            if not caught:
+                for rest in waiting.values():
+                    os.close(rest.said)
+                return front
+    if not caught:
+        announce(latest, where)
+    return None
+
+
+def ended(front: Forked, status: int) -> None:
+    front.code = os.waitstatus_to_exitcode(status)
+
+
+def front_process(serve_one: ServeOne, mine: Bundle, index: int, said: int) -> int:
+    """In the forked front: serve `mine`; its exit code (a UserError: its line and 2, as the command line does)."""
+    for number in STOPS:
+        signal.signal(number, signal.SIG_DFL)  # until serve_one sets its own (nothing runs yet to drain)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)
+
+    def ready(ready_s: float, where: str) -> None:
+        os.write(said, json.dumps({"ready_s": ready_s, "where": where}).encode())
+        os.close(said)
+
+    code = 1
+    try:
+        code = serve_one(mine, index, ready)
+    except UserError as exc:
+        print(f"corescale: error: {exc}", file=sys.stderr)
+        code = 2
+    except BaseException:  # noqa: BLE001 - the process ends here either way: say why
+        traceback.print_exc()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except OSError:
+                pass
+    return code
