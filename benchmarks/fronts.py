@@ -2,10 +2,11 @@
 latency, and the CPU each request costs the fronts; DIR/fronts.json.
 
     python benchmarks/fronts.py BUNDLE [--fronts 1,2] [--rounds 3] [--connections 32] [--seconds 10]
-                                       [--wrk PATH] [--output DIR]
+                                       [--texts N] [--max-words W] [--wrk PATH] [--output DIR]
 
 The load is wrk's (a C load generator: `apt-get install wrk`), not ours: C connections, each sending one POST /embed
-of one built-in text as soon as its last answer came (a closed loop: what the service can answer, not an SLO's
+(the next of the built-in texts, at their real lengths, `truncate` as benchmarks/serve.py sends them) as soon as
+its last answer came (a closed loop: what the service can answer, not an SLO's
 rate). Each round starts the service with each N in turn (1 2 1 2 ...: the machine's load drifts, so the layouts
 are compared within a round), loads it 2 s unrecorded, then for --seconds; the fronts' CPU is their /metrics
 `corescale_front_cpu_seconds` (every front's, summed) before and after, wrk's own CPU is read too: on a small
@@ -36,9 +37,12 @@ from serve import ROOT, front_cpu, serving  # noqa: E402
 from corescale.serve.metrics import OTHERS_EVERY_S  # noqa: E402
 from corescale.workload.corpus import texts  # noqa: E402
 
-SCRIPT = """wrk.method = "POST"
-wrk.body = {body}
-wrk.headers["Content-Type"] = "application/json"
+SCRIPT = """bodies = {{{bodies}}}
+next_body = 0
+request = function()
+  next_body = next_body % #bodies + 1
+  return wrk.format("POST", nil, {{["Content-Type"] = "application/json"}}, bodies[next_body])
+end
 """
 UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3}
 
@@ -80,6 +84,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--connections", type=int, default=32)
     parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--texts", type=int, default=256, help="built-in texts, one per request in turn (256)")
+    parser.add_argument("--max-words", type=int, default=10**6,
+                        help="only the texts of at most this many words (short queries: where a front limits)")
     parser.add_argument("--wrk", default=shutil.which("wrk"), help="wrk's path (default: wrk on PATH)")
     parser.add_argument("--output", type=Path)
     args = parser.parse_args()
@@ -88,7 +95,9 @@ def main() -> int:
     out = args.output or Path(tempfile.mkdtemp(prefix="corescale-fronts-"))
     out.mkdir(parents=True, exist_ok=True)
     script = out / "post.lua"
-    script.write_text(SCRIPT.format(body=json.dumps(json.dumps({"inputs": texts(1)[0]}))))
+    chosen = [text for text in texts(args.texts) if len(text.split()) <= args.max_words]
+    bodies = [json.dumps(json.dumps({"inputs": text, "truncate": True})) for text in chosen]
+    script.write_text(SCRIPT.format(bodies=", ".join(bodies)))
     counts = [int(n) for n in args.fronts.split(",")]
     runs = []
     for round_ in range(args.rounds):
@@ -103,7 +112,8 @@ def main() -> int:
             time.sleep(1.0)
     median = {str(n): {key: statistics.median(r[key] for r in runs if r["fronts"] == n)
                        for key in ("requests_per_s", "p50_ms", "p99_ms", "front_cpu_ms_per_request")} for n in counts}
-    result = {"bundle": str(args.bundle), "cpu": cpu_model(), "logical_cpus": os.cpu_count(),
+    result = {"bundle": str(args.bundle), "cpu": cpu_model(), "logical_cpus": os.cpu_count(), "texts": len(chosen),
+              "mean_words": statistics.mean(len(text.split()) for text in chosen),
               "connections": args.connections, "seconds": args.seconds, "runs": runs, "median": median}
     (out / "fronts.json").write_text(json.dumps(result, indent=1))
     for n, values in median.items():
