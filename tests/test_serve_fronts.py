@@ -51,11 +51,11 @@ def descendants(pid: int) -> set[int]:
 
 
 def alive(pid: int) -> bool:
+    """Running (a zombie that its new parent has not reaped yet has ended)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
         return False
-    return True
 
 
 def embed(service, text: str) -> httpx.Response:
@@ -153,3 +153,19 @@ def test_a_front_that_dies_stops_the_service_with_exit_1(tmp_path):
     assert service.process.returncode == 1, out
     assert f"front {front['index']} ended with code -9 while serving; stopping the service" in out
     assert f"front {1 - front['index']}: stopped after" in out  # the other one drained
+
+
+@pytest.mark.slow
+def test_the_fronts_end_when_the_services_process_is_killed(tmp_path):
+    service = Service(f"{LAYOUT} cache_dir={tmp_path}", tmp_path / "serve.log", "--fronts", "2")
+    try:
+        left = descendants(service.process.pid)
+        assert len(left) >= 4  # two fronts, two instances
+        service.process.kill()
+        service.process.communicate(timeout=30)
+        deadline = time.monotonic() + 60
+        while any(alive(pid) for pid in left) and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        service.stop()
+    assert not any(alive(pid) for pid in left)  # each front drained on the kernel's SIGTERM and took its instance

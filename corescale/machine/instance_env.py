@@ -261,14 +261,14 @@ def pin_before_exec(cpus):
     return pin
 
 
-def die_with_parent() -> None:
-    """Linux: the kernel sends SIGKILL to this process when its parent dies (however it dies), so no instance
+def die_with_parent(sig: int = signal.SIGKILL) -> None:
+    """Linux: the kernel sends `sig` to this process when its parent dies (however it dies), so no instance
     outlives the corescale process that started it. Kept across exec (numactl, then python)."""
     import ctypes
 
     pr_set_pdeathsig = 1
     try:
-        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, sig)
     except (OSError, AttributeError):
         pass
 

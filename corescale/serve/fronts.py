@@ -14,9 +14,10 @@ stays with the front that accepted it, so a client's requests on one kept-alive 
 `--max-queue` and `--max-connections` are the service's, divided among the fronts.
 
 The service's process prints the ready line once every front is ready, turns SIGTERM and SIGINT into SIGTERM to
-each front (each drains as a lone front does; it exits 130 after SIGINT), and stops the service with exit 1 when
-a front ends on its own. GET /metrics answers for every front, each sample labelled `front` (serve/metrics.py);
-GET /health and GET /info answer for the front that accepted the connection, and /info names it.
+each front (each drains as a lone front does; it exits 130 after SIGINT), and stops the service with exit 1 when a
+front ends on its own; a front whose service's process is killed gets SIGTERM from the kernel and drains. GET
+/metrics answers for every front, each sample labelled `front` (serve/metrics.py); GET /health and GET /info
+answer for the front that accepted the connection, and /info names it.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from corescale.errors import UserError
+from corescale.machine.instance_env import die_with_parent
 from corescale.serve.opened import Bundle, part
 from corescale.serve.supervisor import say
 
@@ -82,6 +84,7 @@ def serve_fronts(opened: Bundle, fronts: int, serve_one: ServeOne, announce: Ann
         caught.append(number)
         stop_all()
 
+    service = os.getpid()
     signal.pthread_sigmask(signal.SIG_BLOCK, STOPS)  # a signal now waits until the forwarding is in place
     try:
         for index, indexes in enumerate(shares(len(opened.specs), fronts)):
@@ -90,6 +93,9 @@ def serve_fronts(opened: Bundle, fronts: int, serve_one: ServeOne, announce: Ann
             if pid == 0:
                 code = 1
                 try:
+                    die_with_parent(signal.SIGTERM)  # the service's process killed: the front drains and ends
+                    if os.getppid() != service:  # (it died before that)
+                        os._exit(1)
                     os.close(read)
                     for other in forked.values():
                         os.close(other.said)
