@@ -9,7 +9,7 @@ import pytest
 
 from corescale.config import validate
 from corescale.errors import UserError
-from corescale.measure.qps_search import Bound, behind, search
+from corescale.measure.qps_search import Bound, behind, fitting, search
 from corescale.overrides import compose
 
 SERVED = ["model=bert-tiny", "scenario=server", "target_qps=auto", "slo_p99_ms=100"]
@@ -42,6 +42,26 @@ def test_a_bounded_search_keeps_the_best_rate_met_so_far_and_says_it_was_bounded
     assert found.bounded.startswith("server.max_search_s=50 ended it after 2 LoadGen tests: the next, at 120 QPS")
     unbounded = search(slow_steps(Clock(), 100.0, 20.0), 80.0, 0.01, 12, [])
     assert unbounded.bounded is None and 99.0 <= unbounded.best <= 100.0
+
+
+def test_a_doubled_rate_whose_test_just_does_not_fit_is_raised_until_it_fits():
+    """make run's out-of-box PyTorch: 459 queries at 23.7 QPS met the SLO in 19.4 s; the test at twice that needed
+    9.68 s where 9.4 s were left, and its max (~50 QPS) was reported as 23.7 (half of it). A test at a slightly
+    higher rate issues its queries sooner: it runs, and brackets or raises the best."""
+    clock = Clock()
+    least = lambda qps: max(2.0, 459 / qps)  # noqa: E731 - LoadGen's least test time at qps
+    steps = []
+
+    def step(qps):
+        clock.now += least(qps) + 1.0  # the test, and its start and summary
+        return types.SimpleNamespace(target_qps=qps, meets_slo=qps <= 55.0, latency_ms={}, completed_qps=None)
+    found = search(step, 23.7, 0.1, 6, steps, bound=Bound(30.0, clock), least_s=least)
+    rates = [s.target_qps for s in steps]
+    assert rates[0] == 23.7 and 47.4 < rates[1] <= 50.0 and found.best == rates[1]
+    assert found.bounded is not None and "after 2 LoadGen tests" in found.bounded
+    # no faster rate fits when the test's minimum duration is what does not fit; none past twice the doubled rate
+    assert fitting(100.0, 1.5, least) is None and fitting(47.4, 3.0, least) is None
+    assert fitting(47.4, 9.43, least) == pytest.approx(49.6, abs=0.1)
 
 
 def test_a_slow_invalid_configuration_ends_at_its_bound_with_no_rate():

@@ -75,8 +75,11 @@ def search(step, first: float, precision: float, max_steps: int, steps: list, fl
     while len(steps) < max_steps and qps >= floor:
         need = least_s(qps) if least_s is not None else 0.0
         if need > (bound.left() if steps else bound.total()):  # the first test runs when it fits at all
-            return Searched(low, f"{bound.words()} ended it after {tests(len(steps))}: the next, at {qps:g} QPS, "
-                                 f"takes at least {need:.3g} s and {max(bound.left(), 0.0):.3g} s were left")
+            raised = fitting(qps, bound.left(), least_s) if low is not None and high is None else None
+            if raised is None:
+                return Searched(low, f"{bound.words()} ended it after {tests(len(steps))}: the next, at {qps:g} "
+                                     f"QPS, takes at least {need:.3g} s and {max(bound.left(), 0.0):.3g} s were left")
+            qps = raised  # still bracketing upwards: a little faster, so that it fits, rather than no upper end
         result = step(qps)
         steps.append(result)
         if getattr(result, "cut", False):
@@ -105,6 +108,15 @@ def search(step, first: float, precision: float, max_steps: int, steps: list, fl
             qps = (low + high) / 2
         qps = float(f"{qps:.4g}")
     return Searched(low)
+
+
+def fitting(qps: float, left: float, least_s: Callable[[float], float] | None) -> float | None:
+    """A rate a little above `qps` whose LoadGen test fits the `left` seconds (a test of the minimum query count
+    ends sooner at a higher rate), at most twice `qps`; None when none does (its minimum duration does not fit)."""
+    if least_s is None or left <= 0:
+        return None
+    raised = float(f"{qps * least_s(qps) / left * 1.02:.4g}")
+    return raised if raised <= 2 * qps and least_s(raised) <= left else None
 
 
 def tests(count: int) -> str:
