@@ -115,3 +115,27 @@ def test_the_bound_changes_no_config_key():
     fixed = ["model=bert-tiny", "scenario=server", "target_qps=50", "slo_p99_ms=100", "server.max_batch=4"]
     assert compose(fixed).key() == compose([*fixed, "server.max_search_s=45"]).key() == "127307529544b0cb"
     assert "server.max_search_s" not in compose([*SERVED, "server.max_search_s=30"]).key_fields()
+
+
+def test_a_ratio_over_a_bounded_search_that_never_missed_is_an_upper_bound():
+    """A baseline whose search the bound ended before any rate missed the SLO met at least its best: the ratio of a
+    winner over it is at most what it says, and the line and tune.json say so."""
+    from corescale.tune.outputs import bound_words, peer_words
+    from corescale.tune.verdict import Finalist, open_ended
+
+    def served(bounded, *steps):
+        return types.SimpleNamespace(max_valid_qps=23.1, bounded=bounded, steps=[
+            types.SimpleNamespace(target_qps=q, meets_slo=met, cut=cut) for q, met, cut in steps])
+    ended = "server.max_search_s=30 ended it after 1 LoadGen test"
+    assert open_ended(served(ended, (23.1, True, False)))
+    assert open_ended(served(ended, (23.1, True, False), (49.6, False, True)))  # a cut test decides nothing
+    assert not open_ended(served(ended, (23.1, True, False), (46.2, False, False)))  # bracketed: 23.1 .. 46.2
+    assert not open_ended(served(None, (23.1, True, False)))  # ran to its precision
+    figs = [{"valid": True, "throughput": 23.1, "open_ended": True}, {"valid": True, "throughput": 51.0}]
+    peer = Finalist("peer: sentence-transformers encode()", [], [], [], figs, peer=True)
+    assert peer.open_ended and bound_words(peer)[:2] == ("≤ ", "≥ ")
+    line = peer_words(peer, (9.2, 8.3, 10.1))
+    assert line.startswith("≤ 9.20× sentence-transformers") and "the peer ≥ 37.05 samples/s" in line
+    assert "its QPS search was bounded before a rate missed the SLO" in line
+    figs[0]["open_ended"] = False
+    assert not peer.open_ended and peer_words(peer, (9.2, 8.3, 10.1)).startswith("9.20× sentence")

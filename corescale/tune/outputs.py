@@ -132,8 +132,9 @@ def headline(tune: Tune, verdict: Verdict) -> list[str]:
         lines.append(tie_words(verdict, objective.metric))
     if verdict.speedup is not None and verdict.baseline is not None:
         ratio, low, high = verdict.speedup
-        lines.append(f"{ratio:.2f}× the out-of-box throughput (95 % CI {low:.2f} – {high:.2f}×; out-of-box "
-                     f"PyTorch {verdict.baseline.interval('throughput').mean:.2f} samples/s)")
+        at_most, at_least, why = bound_words(verdict.baseline)
+        lines.append(f"{at_most}{ratio:.2f}× the out-of-box throughput (95 % CI {low:.2f} – {high:.2f}×; out-of-box "
+                     f"PyTorch {at_least}{verdict.baseline.interval('throughput').mean:.2f} samples/s{why})")
     if verdict.peer_speedup is not None and verdict.peer is not None:
         lines.append(peer_words(verdict.peer, verdict.peer_speedup))
     withheld = [f for f in verdict.infeasible if f.quality_withheld]
@@ -144,12 +145,21 @@ def headline(tune: Tune, verdict: Verdict) -> list[str]:
     return lines
 
 
+def bound_words(denominator: Finalist) -> tuple[str, str, str]:
+    """('≤ ', '≥ ', why) before a ratio over `denominator`, before its figure and after it, when its QPS is only
+    a lower bound; empty words otherwise."""
+    if not denominator.open_ended:
+        return "", "", ""
+    return "≤ ", "≥ ", ": its QPS search was bounded before a rate missed the SLO"
+
+
 def peer_words(peer: Finalist, speedup: tuple[float, float, float]) -> str:
     """'4.10× sentence-transformers encode() (95 % CI 3.60 – 4.70×; 41.2 samples/s, cosine_p1 1.0000 ...)'."""
     ratio, low, high = speedup
-    return (f"{ratio:.2f}× {peer.label.removeprefix('peer: ')} (95 % CI {low:.2f} – {high:.2f}×; the peer "
-            f"{peer.interval('throughput').mean:.2f} samples/s, out of the box on the same cores, texts and batch"
-            + quality_words(peer) + ")")
+    at_most, at_least, why = bound_words(peer)
+    return (f"{at_most}{ratio:.2f}× {peer.label.removeprefix('peer: ')} (95 % CI {low:.2f} – {high:.2f}×; the peer "
+            f"{at_least}{peer.interval('throughput').mean:.2f} samples/s, out of the box on the same cores, texts and "
+            f"batch{why}" + quality_words(peer) + ")")
 
 
 def quality_words(f: Finalist) -> str:
@@ -176,11 +186,13 @@ def document(tune: Tune, study, verdict: Verdict, finalists: list[Finalist], rec
         objective=TuneObjective(objective.name, objective.metric, objective.direction, objective.unit),
         elapsed_s=elapsed, trials=trials, importances=importances(study), finalists=finalist_rows,
         baseline=baseline, peer=peer,
-        peer_speedup=None if verdict.peer_speedup is None else Speedup(*verdict.peer_speedup),
+        peer_speedup=None if verdict.peer_speedup is None or verdict.peer is None
+        else Speedup(*verdict.peer_speedup, upper_bound=verdict.peer.open_ended),
         peer_note=tune.peer_note or None,
         winner=None if verdict.winner is None else verdict.winner.label,
         tie=list(verdict.tie), tie_p=verdict.tie_p,
-        speedup=None if verdict.speedup is None else Speedup(*verdict.speedup),
+        speedup=None if verdict.speedup is None or verdict.baseline is None
+        else Speedup(*verdict.speedup, upper_bound=verdict.baseline.open_ended),
         headline=headline(tune, verdict), recipe=recipe, cost_source=cost_source(tune, verdict),
         search_end=search_end, coverage=coverage(trials, tune.space, objective.metric, objective.direction),
         machine_kind=tune.machine_kind.to_json(), starts=list(study.user_attrs.get("starts", [])),

@@ -40,7 +40,8 @@ def figures(record: TrialRecord, cost_of=None) -> dict:
         rss = sum(inst.resident_bytes for inst in record.instance_reports)
         return {**figs, "server_qps": served.max_valid_qps, "throughput": served.max_valid_qps,
                 "p50_ms": served.latency_ms.get("p50") if met else None,
-                "p99_ms": served.latency_ms.get("p99") if met else None, "memory_gb": rss / 1e9}
+                "p99_ms": served.latency_ms.get("p99") if met else None, "memory_gb": rss / 1e9,
+                "open_ended": open_ended(served)}
     assert m is not None, "neither served nor measured returned above"
     rss = sum((inst.rss_bytes or inst.peak_rss_bytes) for inst in m.per_instance)
     tokens = m.throughput_tokens_per_s / m.throughput_samples_per_s if m.throughput_samples_per_s else None
@@ -48,6 +49,14 @@ def figures(record: TrialRecord, cost_of=None) -> dict:
         figs["cost_per_1m_tokens"] = figs["cost_per_1m"] / tokens
     return {**figs, "throughput": m.throughput_samples_per_s, "p50_ms": m.latency_s.p50 * 1e3,
             "p99_ms": m.latency_s.p99 * 1e3, "memory_gb": rss / 1e9}
+
+
+def open_ended(served) -> bool:
+    """Whether a bounded QPS search's best rate is only a lower bound: its wall-time bound ended it before any
+    rate above its best missed the SLO (a test the bound cut decides nothing)."""
+    best = served.max_valid_qps
+    return bool(served.bounded) and best is not None and not any(
+        step.meets_slo is False and not step.cut and (step.target_qps or 0) > best for step in served.steps)
 
 
 def quality_figure(record: TrialRecord) -> float | None:
@@ -110,6 +119,11 @@ class Finalist:
         mean["valid"], mean["drift_ok"] = True, all(f.get("drift_ok", True) for f in self.figures)
         mean["quality_ok"] = all(f.get("quality_ok", True) for f in self.figures)
         return feasible(mean, settings)
+
+    @property
+    def open_ended(self) -> bool:
+        """Some repeat's QPS is only a lower bound (open_ended): a ratio over this one is then an upper bound."""
+        return any(f.get("valid") and f.get("open_ended") for f in self.figures)
 
     @property
     def quality_withheld(self) -> bool:
