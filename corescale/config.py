@@ -12,7 +12,7 @@ from typing import Any, List, Optional
 
 from corescale.backends import BACKENDS, DEFAULT_BACKEND, OPTIONS, BackendOptions, named
 from corescale.bounds import LOAD_MARGIN_S, check_bounded
-from corescale.config_server import UNMEASURED_SERVER_FIELDS, ServerConfig, validate_server
+from corescale.config_server import LATER_SERVER_FIELDS, UNMEASURED_SERVER_FIELDS, ServerConfig, validate_server
 from corescale.errors import UserError
 from corescale.http_keys import default_api, validate_endpoint
 from corescale.machine.placement import LAYOUTS as NAMED_LAYOUTS
@@ -215,13 +215,17 @@ class BenchmarkConfig:
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+KEYED = object()  # equal to no value: a field that is not a later one is always in the key
+
+
 def scenario_key_fields(cfg: BenchmarkConfig) -> dict[str, Any]:
     """The scenario's and workload's fields, only where they differ from the closed loop on random ids (so the
     keys of every earlier result stay what they were)."""
     flat: dict[str, Any] = {}
     if cfg.scenario != "offline":
         flat.update(scenario=cfg.scenario, target_qps=cfg.target_qps, slo_p99_ms=cfg.slo_p99_ms)
-        server = {k: v for k, v in dataclasses.asdict(cfg.server).items() if k not in UNMEASURED_SERVER_FIELDS}
+        server = {k: v for k, v in dataclasses.asdict(cfg.server).items() if k not in UNMEASURED_SERVER_FIELDS
+                  and LATER_SERVER_FIELDS.get(k, KEYED) != v}  # a later field only off its default
         flat.update(flatten({"server": server}))
     if cfg.endpoint:
         flat.update(endpoint=cfg.endpoint, api=cfg.http_api)

@@ -15,6 +15,8 @@ QUEUE_DELAYS = ("fixed", "adaptive")  # server.queue_delay (measure/batching.py)
 EARLY_STOPPING_QUERIES = {"server": 459, "single_stream": 64}
 # fields that bound how long a measurement may take, not what it measures: outside the config key (config.py)
 UNMEASURED_SERVER_FIELDS = ("max_search_s",)
+# fields added later: in the config key only where they differ from these defaults (earlier keys hold)
+LATER_SERVER_FIELDS = {"fronts": 1}
 
 
 @dataclass
@@ -33,6 +35,9 @@ class ServerConfig:
     # seconds a target_qps=auto search may run in all: it stops with the best valid rate found so far, the record
     # saying why (server.bounded); None = no bound but max_steps (a tune sets one from its budget: docs/tune.md)
     max_search_s: Optional[float] = None
+    # front processes when the layout is served (endpoint=managed's `corescale serve`, and a bundle's), each before
+    # its share of the instances: it must divide them (serve/fronts.py); an in-process run has no front
+    fronts: int = 1
 
 
 def validate_server(cfg: Any) -> None:
@@ -59,6 +64,12 @@ def validate_server(cfg: Any) -> None:
         raise UserError("server.search_precision must be in (0, 1) and server.max_steps >= 2 "
                         f"(got {server.search_precision}, {server.max_steps})")
     _check_search_bound(server.max_search_s, cfg.duration)
+    if isinstance(server.fronts, bool) or not isinstance(server.fronts, int) or server.fronts < 1:
+        raise UserError(f"server.fronts must be a whole number >= 1 (got {server.fronts!r})")
+    if cfg.instances % server.fronts:
+        allowed = ", ".join(str(n) for n in range(1, cfg.instances + 1) if cfg.instances % n == 0)
+        raise UserError(f"server.fronts={server.fronts} does not divide instances={cfg.instances} evenly among the "
+                        f"fronts: give one of {allowed}")
 
 
 def _check_search_bound(seconds: Any, duration: float) -> None:

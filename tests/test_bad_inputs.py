@@ -317,6 +317,12 @@ CASES += [
                              "cores_per_instance=1", "--fronts", "3"],
      "--fronts 3 does not divide the layout's 2 instance(s) evenly among the fronts: give one of 1, 2"),
     ("serve-fronts-zero", ["serve", "model=bert-tiny", "--fronts", "0"], "expected a whole number >= 1, got '0'"),
+    ("server-fronts-uneven", [*SERVER, "target_qps=5", "server.fronts=2"],
+     "server.fronts=2 does not divide instances=1 evenly among the fronts: give one of 1"),
+    ("server-fronts-zero", [*SERVER, "target_qps=5", "server.fronts=0"], "server.fronts must be a whole number >= 1"),
+    ("serve-config-fronts-uneven", ["serve", "model=bert-tiny", "task=embed", "backend=onnxruntime", "instances=2",
+                                    "cores_per_instance=1", "server.fronts=2", "--fronts", "3"],
+     "--fronts 3 does not divide the layout's 2 instance(s)"),
 ]
 
 

@@ -23,13 +23,16 @@ SERVER = next((DATA / "schema2").glob("*pytorch*/result.json"))  # a server-scen
 VERSIONS = ("1.30.0", "1.37.0")  # the oldest Kubernetes these manifests claim, and the newest schemas installed
 
 
-def make_bundle(where: Path, record_file: Path, server: bool = False) -> Path:
-    """A folder shaped like a bundle of a stored record: its files with their sha256, the record's layout."""
+def make_bundle(where: Path, record_file: Path, server: bool = False, fronts: int = 1) -> Path:
+    """A folder shaped like a bundle of a stored record: its files with their sha256, the record's layout;
+    `fronts`: its config's server.fronts (as a managed trial of that many fronts records it)."""
     root = where / "bundle"
     root.mkdir(parents=True)
     record = json.loads(record_file.read_text())
     if server:
         record["server"] = json.loads(SERVER.read_text())["server"]
+    if fronts > 1:
+        record["config"].setdefault("server", {})["fronts"] = fronts
     (root / bundle.RECORD).write_text(json.dumps(record))
     (root / "tokenizer").mkdir()
     (root / "tokenizer" / "tokenizer.json").write_text("{}")
@@ -103,6 +106,19 @@ def test_pods_are_guaranteed_on_the_layouts_whole_cores(tmp_path, record_file, c
     terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
     keys = {term["key"] for term in terms[0]["matchExpressions"]}
     assert {kubernetes.NODE_LABEL, "kubernetes.io/arch", "feature.node.kubernetes.io/cpu-cpuid.AVX512F"} <= keys
+
+
+def test_a_bundle_measured_with_two_fronts_runs_them_and_has_the_memory_for_them(tmp_path):
+    out = tmp_path / "k8s"
+    assert deploy(make_bundle(tmp_path, TWO_BY_ONE, fronts=2), out) == 0
+    (container,) = written(out)["Deployment"]["spec"]["template"]["spec"]["containers"]
+    assert container["command"][:3] == ["corescale", "serve", "/bundle"]  # serve reads server.fronts from it
+    record = TrialRecord.from_json(json.loads(TWO_BY_ONE.read_text()))
+    rss = sum(i.peak_rss_bytes for i in record.metrics.per_instance)
+    mib = int(container["resources"]["limits"]["memory"].removesuffix("Mi"))
+    assert (rss + 2 * kubernetes.FRONT_BYTES) * kubernetes.MEMORY_MARGIN / 2**20 <= mib
+    readme = (out / kubernetes.README).read_text()
+    assert "2 fronts (each before its share of them)" in readme and "2 x 512 MiB for the fronts" in readme
 
 
 def test_the_autoscaler_scales_on_the_measured_capacity_not_cpu(tmp_path):

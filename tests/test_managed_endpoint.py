@@ -75,9 +75,10 @@ def test_rerank_over_http_against_corescale_serve(tmp_path, tiny_service):
 @pytest.mark.slow
 def test_classify_with_endpoint_managed_records_the_served_layout(tmp_path):
     """The layout served and recorded is the subject, not a rate: 459 queries arrive within 2.3 s (those the two
-    instances cannot keep up with wait, inside the default hour-long bound)."""
+    instances cannot keep up with wait, inside the default hour-long bound). Two fronts, each before one instance:
+    the service measured is the one its bundle would serve."""
     proc = corescale("run", *TINY, *QUICK, "task=classify", "endpoint=managed", "instances=2", "cores_per_instance=1",
-                     "server.max_batch=2", "target_qps=200",
+                     "server.max_batch=2", "target_qps=200", "server.fronts=2",
                      f"output_dir={tmp_path / 'out'}", "--no-progress")
     assert proc.returncode == 0, proc.stderr
     [record] = _records(tmp_path / "out")
@@ -86,11 +87,11 @@ def test_classify_with_endpoint_managed_records_the_served_layout(tmp_path):
     endpoint = record["server"]["endpoint"]
     assert endpoint["path"] == "/predict" and endpoint["api"] == "tei" and endpoint["url"].startswith("http://127.")
     served = endpoint["managed"]
-    assert served["layout"].startswith("2 instance(s) on CPUs") and "server.max_batch 2" in served["layout"]
+    assert served["layout"].startswith("2 instance(s) on CPUs") and "server.max_batch 2, 2 fronts" in served["layout"]
     assert served["exit_code"] == 0 and served["front_cpu_s"] > 0 and served["front"]
     assert record["server"]["steps"][0]["errors"] == 0
     log = next((tmp_path / "out").glob("*/serve.log")).read_text()
-    assert "inputs served" in log  # its closing lines, after SIGTERM's drain
+    assert log.count("inputs served") == 2 and "front 1: stopped after" in log  # each front drained on SIGTERM
 
 
 @pytest.mark.slow

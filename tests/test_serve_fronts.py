@@ -65,10 +65,10 @@ def embed(service, text: str) -> httpx.Response:
 
 def test_the_fronts_divide_the_instances_contiguously():
     assert shares(8, 4) == [[0, 1], [2, 3], [4, 5], [6, 7]] and shares(3, 1) == [[0, 1, 2]]
-    check_fronts(4, 8)
+    check_fronts(4, 8, "--fronts 4")
     for fronts, instances, allowed in ((3, 8, "1, 2, 4, 8"), (3, 2, "1, 2"), (2, 1, "1")):
-        with pytest.raises(UserError, match=f"give one of {allowed}$"):
-            check_fronts(fronts, instances)
+        with pytest.raises(UserError, match=f"^--fronts {fronts} does not divide .* give one of {allowed}$"):
+            check_fronts(fronts, instances, f"--fronts {fronts}")
 
 
 def test_every_fronts_metrics_in_one_exposition(tmp_path):

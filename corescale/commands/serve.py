@@ -27,9 +27,10 @@ def register(sub) -> None:
                         help="inputs accepted and not yet answered before requests get 429 (default 256)")
     parser.add_argument("--max-inputs", type=whole_number, default=32,
                         help="inputs one request may hold before it gets 413 (default 32)")
-    parser.add_argument("--fronts", type=whole_number, default=1,
+    parser.add_argument("--fronts", type=whole_number,
                         help="front processes sharing the port, each before its share of the instances (it must "
-                        "divide them; default 1): one front's event loop caps the requests/s (docs/deploy.md)")
+                        "divide them; default: the bundle's server.fronts, else 1): one front's event loop caps the "
+                        "requests/s (docs/deploy.md)")
     parser.add_argument("--access-log", action="store_true", help="log every request (uvicorn's access log)")
     defaults = Limits()
     limits = parser.add_argument_group("limits (each checked before any work: docs/deploy.md)")

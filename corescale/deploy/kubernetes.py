@@ -1,14 +1,14 @@
 """`corescale deploy BUNDLE --target kubernetes --out DIR`: the manifests a user applies (docs/deploy.md#kubernetes).
 
-One pod is the bundle's whole layout (every instance, one front), not one pod per instance: that is what was
-measured (one front and one queue before N pinned instances; the capacity in the record is that service's), the
-image's `corescale serve /bundle` runs it unchanged, and the kubelet's static CPU manager hands the one container
-exclusive whole cores (Guaranteed QoS: integer CPU requests equal to limits, memory too; `full-pcpus-only`: never
-half a core) inside which serve places the layout's blocks again (serve/opened.placed_here: a container's CPUs
-are the kubelet's choice, never the measured ids). A pod per instance would run a front per block on the block's
-own cores, a service nobody measured. The pod asks for the layout's cores times the measured machine's threads
-per core when the layout left the siblings idle (use_logical_cores=false): the siblings are part of the core a
-block held.
+One pod is the bundle's whole layout (every instance, its front or fronts), not one pod per instance: that is what
+was measured (one front and one queue before N pinned instances, or server.fronts of them each before its share;
+the capacity in the record is that service's), the image's `corescale serve /bundle` runs it unchanged, and the
+kubelet's static CPU manager hands the one container exclusive whole cores (Guaranteed QoS: integer CPU requests
+equal to limits, memory too; `full-pcpus-only`: never half a core) inside which serve places the layout's blocks
+again (serve/opened.placed_here: a container's CPUs are the kubelet's choice, never the measured ids). A pod per
+instance would run a front per block on the block's own cores, a service nobody measured. The pod asks for the
+layout's cores times the measured machine's threads per core when the layout left the siblings idle
+(use_logical_cores=false): the siblings are part of the core a block held.
 
 What is written: `corescale.yaml` (a Deployment, its Service, a HorizontalPodAutoscaler on the measured per-pod
 capacity through the Prometheus metric `corescale_inputs_per_second` — inputs computed per second, from
@@ -68,6 +68,11 @@ class PodPlan:
     arch: str  # the nodes' kubernetes.io/arch
     measured_on: str
     pins: str = ""  # the measured library versions serve requires, as pip pins ("onnxruntime==1.32.0 ...")
+    fronts: int = 1  # the bundle's server.fronts: front processes, each before its share of the instances
+
+    @property
+    def fronts_words(self) -> str:
+        return "one front" if self.fronts == 1 else f"{self.fronts} fronts (each before its share of them)"
 
     @property
     def target_qps(self) -> float:
@@ -136,7 +141,8 @@ def pod_plan(checked: CheckedBundle, name: str, image: str | None, namespace: st
                    tuple(manifest.requires.cpu_features), "arm64" if isa.get("asimd") else "amd64",
                    f"{record.environment.cpu.model or 'an unnamed CPU'} ({record.started_at or 'undated'})",
                    " ".join(f"{name}=={version}" for name, version in manifest.requires.libraries.items()
-                            if version and re.fullmatch(r"[A-Za-z0-9_.+-]+", f"{name}{version}")))
+                            if version and re.fullmatch(r"[A-Za-z0-9_.+-]+", f"{name}{version}")),
+                   cfg.server.fronts)
 
 
 def manifest_digest(checked: CheckedBundle) -> str:
@@ -150,6 +156,7 @@ def pod_memory(checked: CheckedBundle) -> tuple[int, str]:
     """Requests = limits: the instances' measured peak resident memory and the front, with a margin; without a
     measured figure, twice the bundle's size per instance (the model loaded and its working memory)."""
     metrics, count = checked.record.metrics, len(checked.manifest.layout.instances)
+    fronts = checked.manifest.serving_config.server.fronts  # each front a process of its own (serve --fronts)
     if metrics is not None and metrics.per_instance:
         measured = sum(i.peak_rss_bytes for i in metrics.per_instance)
         basis = f"the instances' measured peak resident memory ({measured / 2**20:.0f} MiB together)"
@@ -157,10 +164,11 @@ def pod_memory(checked: CheckedBundle) -> tuple[int, str]:
         measured = 2 * checked.size_bytes * count
         basis = (f"no resident memory in the record: twice the bundle's {checked.size_bytes / 2**20:.0f} MiB per "
                  f"instance ({count})")
-    total = (measured + FRONT_BYTES) * MEMORY_MARGIN
+    total = (measured + fronts * FRONT_BYTES) * MEMORY_MARGIN
     rounded = math.ceil(total / MEMORY_STEP) * MEMORY_STEP
-    return rounded, (f"{basis} + {FRONT_BYTES // 2**20} MiB for the front, x{MEMORY_MARGIN:g}, rounded up to "
-                     f"{MEMORY_STEP // 2**20} MiB")
+    each = f"{fronts} x {FRONT_BYTES // 2**20} MiB for the fronts" if fronts > 1 else \
+        f"{FRONT_BYTES // 2**20} MiB for the front"
+    return rounded, f"{basis} + {each}, x{MEMORY_MARGIN:g}, rounded up to {MEMORY_STEP // 2**20} MiB"
 
 
 def pod_capacity(checked: CheckedBundle) -> tuple[float, str]:
@@ -342,9 +350,9 @@ def readme(plan: PodPlan) -> str:
 
 What each figure is:
 
-- One pod = the bundle's layout: {plan.instances} pinned instance(s) and one front on {plan.cores} whole core(s)
-  ({plan.threads_per_core} thread(s) per core, the nodes' as given or the measured machine's: {plan.cpus} CPU(s);
-  on nodes with another count, deploy again with --threads-per-core N). Requests = limits
+- One pod = the bundle's layout: {plan.instances} pinned instance(s) and {plan.fronts_words} on {plan.cores} whole
+  core(s) ({plan.threads_per_core} thread(s) per core, the nodes' as given or the measured machine's: {plan.cpus}
+  CPU(s); on nodes with another count, deploy again with --threads-per-core N). Requests = limits
   (Guaranteed QoS), so the static CPU manager gives the container exclusive CPUs; `corescale serve` places the
   blocks on the CPUs it was given (never outside them).
 - Memory {plan.memory_bytes // 2**20} MiB: {plan.memory_basis}.

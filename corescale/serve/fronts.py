@@ -11,7 +11,8 @@ forks the fronts while no thread runs (each gets the checked bundle, the tokeniz
 each front starts its instances and serves as a lone front does. The kernel hands each new connection to one of
 the fronts waiting in accept (a busy front's loop comes back to accept later, so it takes fewer); a connection
 stays with the front that accepted it, so a client's requests on one kept-alive connection all go to one front.
-`--max-queue` and `--max-connections` are the service's, divided among the fronts.
+`--max-queue` and `--max-connections` are the service's, divided among the fronts. The count is --fronts, else the
+config's `server.fronts` (a bundle's: what its managed trial measured).
 
 The service's process prints the ready line once every front is ready, turns SIGTERM and SIGINT into SIGTERM to
 each front (each drains as a lone front does; it exits 130 after SIGINT), and stops the service with exit 1 when a
@@ -42,12 +43,12 @@ Announce = Callable[[float, str], None]  # (seconds from the service's start to 
 ServeOne = Callable[[Bundle, int, Announce], int]  # a front's share, its index, how it says it is ready -> exit code
 
 
-def check_fronts(fronts: int, instances: int) -> None:
-    """Before any worker: `fronts` must divide the layout's instances."""
+def check_fronts(fronts: int, instances: int, given: str) -> None:
+    """Before any worker: `fronts` must divide the layout's instances (`given`: where the count came from)."""
     if fronts > instances or instances % fronts:
         allowed = ", ".join(str(n) for n in range(1, instances + 1) if instances % n == 0)
-        raise UserError(f"--fronts {fronts} does not divide the layout's {instances} instance(s) evenly among the "
-                        f"fronts: give one of {allowed}")
+        raise UserError(f"{given} does not divide the layout's {instances} instance(s) evenly among the fronts: "
+                        f"give one of {allowed}")
 
 
 def shares(instances: int, fronts: int) -> list[list[int]]:

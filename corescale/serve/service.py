@@ -57,7 +57,9 @@ class Options:
     trust: Trust = Trust()  # what a bundle may ask for: --trust-remote-code, --allow-pickle (serve/opened.py)
     key: bytes | None = None  # --verify KEYFILE: the bundle's signature must verify with it
     batch_timeout: float = BATCH_DEADLINE_S  # the floor of a batch's deadline, seconds
-    fronts: int = 1  # front processes sharing the port, each before its share of the instances (serve/fronts.py)
+    # front processes sharing the port, each before its share of the instances (serve/fronts.py); None: the
+    # config's server.fronts (a bundle's: what was measured)
+    fronts: int | None = None
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -103,24 +105,26 @@ def run(source: list[str], options: Options) -> int:
         opened = opened_source(source, work, options)
         for line in opened.warnings:
             print(f"corescale serve: warning: {line}", file=sys.stderr, flush=True)
-        check_fronts(options.fronts, len(opened.specs))
+        fronts = options.fronts or opened.cfg.server.fronts
+        check_fronts(fronts, len(opened.specs), f"--fronts {fronts}" if options.fronts else f"server.fronts={fronts}")
+        options = dataclasses.replace(options, fronts=fronts)
         tokens, width = front_parts(opened, options)
         sock = bind(options.host, options.port)
         serving = Serving(options, Path(work), sock, tokens, width, opened.specs)
         host, port = sock.getsockname()[:2]
 
         def announce(ready_s: float, where: str) -> None:
-            cfg, behind = opened.cfg, f" behind {options.fronts} fronts" if options.fronts > 1 else ""
+            cfg, behind = opened.cfg, f" behind {fronts} fronts" if fronts > 1 else ""
             say(ready_line(f"{len(opened.specs)} instance(s) of {opened.model} on {cfg.backend.name} "
                            f"({cfg.precision}){behind}", where, host, port))
             # after the ready line, never before: a reader that waits for it (measure/http/managed.py) reads line by
             # line under select(), and a line buffered behind another would not wake it
             say(f"ready {ready_s:.2f} s after the process started (instances loaded and warm)")
 
-        if options.fronts == 1:
+        if fronts == 1:
             return serve_front(serving, opened, announce)
         (work / FRONTS_DIR).mkdir()
-        return serve_fronts(opened, options.fronts,
+        return serve_fronts(opened, fronts,
                             lambda mine, index, ready: serve_front(serving, mine, ready, index), announce, sock)
 
 
@@ -143,7 +147,7 @@ def serve_front(serving: Serving, mine: Bundle, announce: Callable[[float, str],
     from corescale.serve.metrics import Metrics, front_cpu_seconds
 
     options, cfg = serving.options, mine.cfg
-    fronts = options.fronts
+    fronts = options.fronts or 1
     if index is not None:  # the service's limits, divided among its fronts
         options = dataclasses.replace(options, max_queue=-(-options.max_queue // fronts),
                                       max_connections=-(-options.max_connections // fronts))

@@ -108,7 +108,8 @@ def layout_words(trial: Trial) -> str:
     assert cfg is not None, "a managed trial serves a config"
     cpus = " | ".join(",".join(map(str, spec.cpus)) for spec in trial.instance_specs())
     return (f"{len(trial.plan.instances)} instance(s) on CPUs {cpus}, {cfg.backend.name} {cfg.precision}, threads "
-            f"{cfg.threads or 'one per core'}, server.max_batch {cfg.server.max_batch}")
+            f"{cfg.threads or 'one per core'}, server.max_batch {cfg.server.max_batch}"
+            + (f", {cfg.server.fronts} fronts" if cfg.server.fronts > 1 else ""))
 
 
 def over_http(trial: Trial, cfg: BenchmarkConfig, record: TrialRecord, started: float) -> UncommittedResult:
