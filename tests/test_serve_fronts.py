@@ -1,6 +1,6 @@
 """`corescale serve --fronts 2`: two front processes on one port, each before one of the two instances; one
-ready line, /metrics over both fronts, a drain that answers everything accepted, and a front that dies stops the
-service."""
+ready line, /metrics over both fronts, a drain that answers everything accepted, a front that dies started again
+while the other serves, and fronts that end with the service's process."""
 
 import os
 import signal
@@ -142,17 +142,25 @@ def test_two_fronts_share_the_port_and_drain_on_sigterm(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_front_that_dies_stops_the_service_with_exit_1(tmp_path):
+def test_a_front_that_dies_is_started_again_while_the_other_serves(tmp_path):
     service = Service(f"{LAYOUT} cache_dir={tmp_path}", tmp_path / "serve.log", "--fronts", "2")
     try:
         front = httpx.get(f"{service.url}/info", timeout=30).json()["corescale"]["front"]
         os.kill(front["pid"], signal.SIGKILL)
-        out, _ = service.process.communicate(timeout=120)
+        meanwhile = [embed(service, "served by the front that lives").status_code for _ in range(10)]
+        deadline, again = time.monotonic() + 120, None
+        while again is None and time.monotonic() < deadline:  # the same share, a new process
+            found = httpx.get(f"{service.url}/info", timeout=30).json()["corescale"]["front"]
+            again = found if found["index"] == front["index"] and found["pid"] != front["pid"] else None
+        assert again is not None, "the front was not started again"
+        answer = embed(service, "served again")
+        code, out = service.terminate()
     finally:
         service.stop()
-    assert service.process.returncode == 1, out
-    assert f"front {front['index']} ended with code -9 while serving; stopping the service" in out
-    assert f"front {1 - front['index']}: stopped after" in out  # the other one drained
+    assert meanwhile == [200] * 10  # the kernel hands new connections to the front that accepts
+    assert again["instances"] == front["instances"] and answer.status_code == 200
+    assert f"front {front['index']} ended with code -9 while serving; starting it again" in out
+    assert code == 0 and out.count("front 0: stopped after") == 1 and out.count("front 1: stopped after") == 1
 
 
 @pytest.mark.slow

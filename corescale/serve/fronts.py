@@ -15,8 +15,10 @@ stays with the front that accepted it, so a client's requests on one kept-alive 
 config's `server.fronts` (a bundle's: what its managed trial measured).
 
 The service's process prints the ready line once every front is ready, turns SIGTERM and SIGINT into SIGTERM to
-each front (each drains as a lone front does; it exits 130 after SIGINT), and stops the service with exit 1 when a
-front ends on its own; a front whose service's process is killed gets SIGTERM from the kernel and drains. GET
+each front (each drains as a lone front does; it exits 130 after SIGINT), and starts again a front that ends on
+its own while the others serve on (at once, then waiting longer each time it ends again within STABLE_S of its
+start, as an instance's restarts); a front that cannot start at first stops the service (its exit code); a front
+whose service's process is killed gets SIGTERM from the kernel and drains. GET
 /metrics answers for every front, each sample labelled `front` (serve/metrics.py); GET /health and GET /info
 answer for the front that accepted the connection, and /info names it.
 """
@@ -29,16 +31,18 @@ import select
 import signal
 import socket
 import sys
+import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from corescale.errors import UserError
 from corescale.machine.instance_env import die_with_parent
 from corescale.serve.opened import Bundle, part
-from corescale.serve.supervisor import say
+from corescale.serve.supervisor import RESTART_BACKOFF_S, say
 
 STOPS = (signal.SIGTERM, signal.SIGINT)
+STABLE_S = 60.0  # a front that served this long before it ended is started again at once
 Announce = Callable[[float, str], None]  # (seconds from the service's start to ready, where the front runs)
 ServeOne = Callable[[Bundle, int, Announce], int]  # a front's share, its index, how it says it is ready -> exit code
 
@@ -64,16 +68,20 @@ class Forked:
     said: int  # the pipe it writes its ready message on
     ready: bool = False
     code: int | None = None  # its exit code once it ended (a signal: minus its number)
+    started: float = field(default_factory=time.monotonic)
 
 
 def serve_fronts(opened: Bundle, fronts: int, serve_one: ServeOne, announce: Announce, listening: socket.socket
                  ) -> int:
-    """Forks `fronts` fronts, each `serve_one` of its share; says ready (`announce`) once all are; the exit code.
-    `listening` is closed here once every front holds it (a draining front's closed socket then refuses)."""
+    """Forks `fronts` fronts, each `serve_one` of its share; says ready (`announce`) once all are; starts again a
+    front that ends while serving; the exit code. `listening` is closed here at a stop signal (a draining front's
+    closed socket then refuses) or when a front fails to start."""
     caught: list[int] = []
     forked: dict[int, Forked] = {}
+    service, parts = os.getpid(), shares(len(opened.specs), fronts)
 
     def stop_all() -> None:
+        listening.close()  # no front starts again
         for front in forked.values():
             if front.code is None:
                 try:
@@ -85,47 +93,79 @@ def serve_fronts(opened: Bundle, fronts: int, serve_one: ServeOne, announce: Ann
         caught.append(number)
         stop_all()
 
-    service = os.getpid()
-    signal.pthread_sigmask(signal.SIG_BLOCK, STOPS)  # a signal now waits until the forwarding is in place
-    try:
-        for index, indexes in enumerate(shares(len(opened.specs), fronts)):
-            read, write = os.pipe()
-            pid = os.fork()
-            if pid == 0:
-                code = 1
-                try:
-                    die_with_parent(signal.SIGTERM)  # the service's process killed: the front drains and ends
-                    if os.getppid() != service:  # (it died before that)
-                        os._exit(1)
-                    os.close(read)
-                    for other in forked.values():
-                        os.close(other.said)
-                    code = front_process(serve_one, part(opened, indexes), index, write)
-                finally:
-                    os._exit(code)
-            os.close(write)
-            forked[pid] = Forked(index, pid, read)
-        for number in STOPS:
-            signal.signal(number, forward)
-    finally:
-        listening.close()
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)
+    def start(index: int, awaited: bool = True) -> None:
+        signal.pthread_sigmask(signal.SIG_BLOCK, STOPS)  # a signal waits until the front has its own handlers
+        try:
+            front = fork_front(serve_one, part(opened, parts[index]), index, service, forked.values())
+            forked[front.pid] = front
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)
+        if not awaited:  # started again while the others serve: its ready message is not waited for
+            os.close(front.said)
+            front.said = -1
+
+    for number in STOPS:
+        signal.signal(number, forward)
+    for index in range(fronts):
+        start(index)
     failed = wait_ready(forked, caught, announce)
     if failed is not None:
         stop_all()
+    last: dict[int, int] = {}  # each front's latest exit code
+    failures = dict.fromkeys(range(fronts), 0)  # ends in a row, each soon after its start
     while any(front.code is None for front in forked.values()):
         pid, status = os.wait()
-        front = forked[pid]
+        if pid not in forked:
+            continue
+        front = forked.pop(pid)
         ended(front, status)
-        if failed is None and not caught:  # one ended on its own while serving: stop the others
-            failed = front
-            say(f"front {front.index} ended with code {front.code} while serving; stopping the service")
-            stop_all()
+        last[front.index] = front.code or 0
+        if failed is None and not caught:  # it ended on its own while serving: the others serve on
+            wait = restart_wait(front, failures)
+            say(f"front {front.index} ended with code {front.code} while serving; starting it again"
+                + (f" in {wait:g} s" if wait else ""))
+            deadline = time.monotonic() + wait
+            while not caught and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if not caught:
+                start(front.index, awaited=False)
     for number in STOPS:
         signal.signal(number, signal.SIG_DFL)
     if failed is not None:
         return failed.code if failed.code in (1, 2) else 1
-    return 130 if signal.SIGINT in caught else max(front.code or 0 for front in forked.values())
+    return 130 if signal.SIGINT in caught else max(last.values(), default=0)
+
+
+def restart_wait(front: Forked, failures: dict[int, int]) -> float:
+    """As an instance's restarts: at once after it had served a while (STABLE_S), then doubling waits while it
+    keeps ending soon after its start."""
+    if time.monotonic() - front.started >= STABLE_S:
+        failures[front.index] = 0
+    failures[front.index] += 1
+    if failures[front.index] == 1:
+        return 0.0
+    return min(RESTART_BACKOFF_S[0] * 2 ** min(failures[front.index] - 2, 10), RESTART_BACKOFF_S[1])
+
+
+def fork_front(serve_one: ServeOne, mine: Bundle, index: int, service: int, others) -> Forked:
+    """A front process serving `mine` (the caller blocks the stop signals around it)."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            die_with_parent(signal.SIGTERM)  # the service's process killed: the front drains and ends
+            if os.getppid() != service:  # (it died before that)
+                os._exit(1)
+            os.close(read)
+            for other in others:
+                if other.said >= 0:
+                    os.close(other.said)
+            code = front_process(serve_one, mine, index, write)
+        finally:
+            os._exit(code)
+    os.close(write)
+    return Forked(index, pid, read)
 
 
 def wait_ready(forked: dict[int, Forked], caught: list[int], announce: Announce) -> Forked | None:
@@ -138,6 +178,7 @@ def wait_ready(forked: dict[int, Forked], caught: list[int], announce: Announce)
             front = waiting.pop(said)
             message = os.read(said, 4096)
             os.close(said)
+            front.said = -1
             if message:
                 front.ready = True
                 ready = json.loads(message)
@@ -147,6 +188,7 @@ def wait_ready(forked: dict[int, Forked], caught: list[int], announce: Announce)
             if not caught:
                 for rest in waiting.values():
                     os.close(rest.said)
+                    rest.said = -1
                 return front
     if not caught:
         announce(latest, where)
@@ -164,7 +206,10 @@ def front_process(serve_one: ServeOne, mine: Bundle, index: int, said: int) -> i
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)
 
     def ready(ready_s: float, where: str) -> None:
-        os.write(said, json.dumps({"ready_s": ready_s, "where": where}).encode())
+        try:
+            os.write(said, json.dumps({"ready_s": ready_s, "where": where}).encode())
+        except BrokenPipeError:  # started again while serving: nobody waits for it
+            pass
         os.close(said)
 
     code = 1
