@@ -71,6 +71,17 @@ def test_the_fronts_divide_the_instances_contiguously():
             check_fronts(fronts, instances, f"--fronts {fronts}")
 
 
+def test_a_front_ending_again_soon_after_its_start_waits_longer_each_time():
+    from corescale.serve.fronts import STABLE_S, Forked, restart_wait
+
+    failures = {0: 0}
+    soon = Forked(0, 1, -1)  # started just now
+    assert [restart_wait(soon, failures) for _ in range(4)] == [0.0, 0.5, 1.0, 2.0]
+    assert max(restart_wait(soon, failures) for _ in range(20)) == 30.0  # at most
+    served = Forked(0, 1, -1, started=time.monotonic() - STABLE_S)
+    assert restart_wait(served, failures) == 0.0  # it had served a while: at once, the count starts over
+
+
 def test_every_fronts_metrics_in_one_exposition(tmp_path):
     """Each family once, every sample labelled with its front; this front's as of now, the others' as written."""
     from prometheus_client.parser import text_string_to_metric_families
