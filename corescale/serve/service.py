@@ -188,8 +188,8 @@ def serve_front(serving: Serving, mine: Bundle, announce: Callable[[float, str],
                 http=deadline_protocol(options.receive_timeout_s, HEADER_BYTES),
                 limit_concurrency=options.max_connections, timeout_keep_alive=KEEP_ALIVE_S,
                 h11_max_incomplete_event_size=HEADER_BYTES))
-            for sig in (signal.SIGTERM, signal.SIGINT):  # uvicorn drains on them, then raises them again
-                signal.signal(sig, lambda number, frame: None)  # (Server.handle_exit recorded them)
+            for sig in (signal.SIGTERM, signal.SIGINT):  # a signal before uvicorn takes them is a drain too (its
+                signal.signal(sig, server.handle_exit)  # serve then shuts down at once); after, it raises them again
             server.run(sockets=[serving.sock])
     except Stopped as stopped:
         say(f"{stopped} before the service was ready; stopping")
@@ -249,8 +249,9 @@ def http_server() -> type:
         def handle_exit(self, sig: int, frame) -> None:  # the drain begins: no restarts from now on
             pool = self.pool
             self.caught.append(sig)
-            pool.draining = True  # (the rest off the signal handler: it may have interrupted a holder of a lock)
-            threading.Thread(target=pool.drain_begins, daemon=True, name="corescale-serve-drain").start()
+            if not pool.draining:  # (the rest off the signal handler: it may have interrupted a holder of a lock)
+                pool.draining = True
+                threading.Thread(target=pool.drain_begins, daemon=True, name="corescale-serve-drain").start()
             super().handle_exit(sig, frame)
 
     return Server
