@@ -65,8 +65,7 @@ def shares(instances: int, fronts: int) -> list[list[int]]:
 class Forked:
     index: int
     pid: int
-    said: int  # the pipe it writes its ready message on
-    ready: bool = False
+    said: int  # the pipe it writes its ready message on (-1: closed here)
     code: int | None = None  # its exit code once it ended (a signal: minus its number)
     started: float = field(default_factory=time.monotonic)
 
@@ -180,7 +179,6 @@ def wait_ready(forked: dict[int, Forked], caught: list[int], announce: Announce)
             os.close(said)
             front.said = -1
             if message:
-                front.ready = True
                 ready = json.loads(message)
                 latest, where = max(latest, ready["ready_s"]), ready["where"]
                 continue

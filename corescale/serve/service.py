@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from corescale.errors import UserError
 from corescale.machine.cpulist import format_cpulist
@@ -37,6 +37,9 @@ from corescale.serve.limits import Limits
 from corescale.serve.opened import Bundle, Trust, from_config_file, from_overrides, open_bundle
 from corescale.serve.pool import Pool
 from corescale.serve.supervisor import BATCH_DEADLINE_S, say
+
+if TYPE_CHECKING:
+    from corescale.serve.tokens import Tokens
 
 KEEP_ALIVE_S = 5  # an idle kept-alive connection is closed after this (uvicorn's default, set here on purpose)
 HEADER_BYTES = 16_384  # the request line and headers, at most (past it: 400)
@@ -135,7 +138,7 @@ class Serving:
     options: Options
     work: Path
     sock: socket.socket
-    tokens: Any  # serve/tokens.py's Tokens
+    tokens: Tokens
     width: int | None
     specs: list[InstanceSpec]  # every instance of the service: its fronts run on the CPUs none of them uses
 
