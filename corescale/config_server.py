@@ -66,10 +66,7 @@ def validate_server(cfg: Any) -> None:
     _check_search_bound(server.max_search_s, cfg.duration)
     if isinstance(server.fronts, bool) or not isinstance(server.fronts, int) or server.fronts < 1:
         raise UserError(f"server.fronts must be a whole number >= 1 (got {server.fronts!r})")
-    if cfg.instances % server.fronts:
-        allowed = ", ".join(str(n) for n in range(1, cfg.instances + 1) if cfg.instances % n == 0)
-        raise UserError(f"server.fronts={server.fronts} does not divide instances={cfg.instances} evenly among the "
-                        f"fronts: give one of {allowed}")
+    check_fronts(server.fronts, cfg.instances, f"server.fronts={server.fronts}", f"instances={cfg.instances}")
 
 
 def _check_search_bound(seconds: Any, duration: float) -> None:
@@ -82,3 +79,12 @@ def _check_search_bound(seconds: Any, duration: float) -> None:
     if seconds < duration:
         raise UserError(f"server.max_search_s={seconds:g} s cannot hold one LoadGen test of duration={duration:g} s; "
                         f"allowed: >= {duration:g}, or null (no bound)")
+
+
+def check_fronts(fronts: int, instances: int, given: str, of: str | None = None) -> None:
+    """Before any worker: `fronts` front processes must share the `instances` evenly (serve/fronts.py); `given`:
+    where the count came from, `of`: the instances in words."""
+    if instances % fronts:
+        allowed = ", ".join(str(n) for n in range(1, instances + 1) if instances % n == 0)
+        of = of or f"the layout's {instances} instance(s)"
+        raise UserError(f"{given} does not divide {of} evenly among the fronts: give one of {allowed}")

@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 from serving import Service
 
+from corescale.config_server import check_fronts
 from corescale.errors import UserError
 from corescale.measure.http.managed import front_cpu_in
-from corescale.serve.fronts import check_fronts, shares
+from corescale.serve.fronts import shares
 from corescale.serve.metrics import OTHERS_EVERY_S, Metrics
 
 LAYOUT = ("model=bert-tiny task=embed backend=onnxruntime sequence_length=32 batch_size=2 instances=2 "

@@ -47,14 +47,6 @@ Announce = Callable[[float, str], None]  # (seconds from the service's start to 
 ServeOne = Callable[[Bundle, int, Announce], int]  # a front's share, its index, how it says it is ready -> exit code
 
 
-def check_fronts(fronts: int, instances: int, given: str) -> None:
-    """Before any worker: `fronts` must divide the layout's instances (`given`: where the count came from)."""
-    if fronts > instances or instances % fronts:
-        allowed = ", ".join(str(n) for n in range(1, instances + 1) if instances % n == 0)
-        raise UserError(f"{given} does not divide the layout's {instances} instance(s) evenly among the fronts: "
-                        f"give one of {allowed}")
-
-
 def shares(instances: int, fronts: int) -> list[list[int]]:
     """Each front's instances (indexes into the layout), contiguous."""
     each = instances // fronts

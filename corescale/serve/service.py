@@ -100,7 +100,8 @@ def stop_signal(number: int, frame) -> None:
 def run(source: list[str], options: Options) -> int:
     """`source`: a bundle's path, overrides or a config file (a layout that was not measured)."""
     import corescale.serve.metrics  # noqa: F401 - before any fork: every front's clock starts with this process
-    from corescale.serve.fronts import check_fronts, serve_fronts
+    from corescale.config_server import check_fronts
+    from corescale.serve.fronts import serve_fronts
 
     more_files()
     runtime = os.environ.get("RUNTIME_DIRECTORY", "").split(":")[0] or None  # systemd's RuntimeDirectory=
