@@ -100,7 +100,7 @@ def test_a_server_qps_tune_measures_each_layout_as_a_service(tmp_path):
     proc = corescale("tune", "objective=server_qps", "endpoint=managed", "slo_p99_ms=3000", "model=bert-tiny",
                      "sequence_length=32", "task=embed",
                      *QUICK, "trials=1", "tune.top_k=1", "tune.repeats=2", "space.backend=[onnxruntime]",
-                     "space.layout=[2x1]", "space.batch_size=[2]",
+                     "space.layout=[2x1]", "space.batch_size=[2]", "space.server.fronts=[2]",
                      f"output_dir={out}", "--no-progress", timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "not with endpoint=managed" in proc.stderr  # reduced precisions are left out: no drift check over HTTP
@@ -113,6 +113,10 @@ def test_a_server_qps_tune_measures_each_layout_as_a_service(tmp_path):
         assert record["status"] == "ok" and record["server"]["steps"], record.get("reason")  # QPS: the machine's
     tuned = [r for r in records if r["config"]["backend"]["name"] == "onnxruntime"]
     assert tuned and all(len(r["plan"]["instances"]) == 2 for r in tuned)  # the layout searched is the one served
+    for record in tuned:  # the front count searched is the service's: two fronts, one instance each
+        assert record["config"]["server"]["fronts"] == 2
+        front = record["server"]["endpoint"]["reports"]["/info"]["corescale"]["front"]
+        assert front["fronts"] == 2 and len(front["instances"]) == 1, front
     doc = json.loads(next(out.glob("tune-*/tune.json")).read_text())
     assert doc["winner"] and "endpoint=managed" in doc["recipe"]["run_line"]
     assert "endpoint=managed" not in doc["recipe"]["serve_words"]
@@ -127,6 +131,7 @@ def test_a_server_qps_tune_measures_each_layout_as_a_service(tmp_path):
                                                               for i in served["instances"]]
     assert [list(spec.cpus) for spec in bundle.specs] == [i["cpus"] for i in served["instances"]]
     assert bundle.manifest is not None and bundle.manifest.config["endpoint"] is None
+    assert bundle.cfg.server.fronts == raw_record(winner["paths"][0])["config"]["server"]["fronts"]  # as measured
     assert bundle.manifest.measured["max_valid_qps"]
     assert f"serve it: corescale serve {doc['recipe']['bundle']}" in proc.stdout
 

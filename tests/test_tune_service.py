@@ -457,3 +457,44 @@ def test_a_backend_that_cannot_compute_the_task_is_not_in_the_space():
     headless = [b for b in plain.backends if not BACKENDS[b].computes("embed")]
     assert set(embed.backends) == set(plain.backends) - set(headless)
     assert all(f"backend {b}: does not compute task=embed" in embed.notes for b in headless)
+
+
+def _managed_space(overrides=(), narrow=None, cores=4):
+    words = ["endpoint=managed", "scenario=server", "target_qps=auto", "slo_p99_ms=100", *overrides]
+    return spaces.derive(compose(words), words, narrow or {}, cores, ISA, False, batch_key="server.max_batch")
+
+
+def test_a_managed_tune_draws_the_front_count_where_the_instances_share_evenly():
+    space = _managed_space()
+    assert space.fronts == {1: ["1"], 2: ["1", "2"], 4: ["1", "2", "4"]}
+    assert _served_space().fronts == {}  # in process there is no front to count
+    assert space.size() > _managed_space(narrow={"server.fronts": ["1"]}).size()
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=5))
+    drawn = set()
+    for _ in range(60):
+        trial = study.ask()
+        words = spaces.suggest(trial, space)
+        values = dict(w.split("=", 1) for w in words)
+        compose(words)  # every suggestion is a config: its fronts divide its instances
+        instances = int(values["instances"])
+        fronts = int(values.get("server.fronts", "1"))
+        assert instances % fronts == 0 and ("server.fronts" in values) == (instances > 1)
+        assert (f"server.fronts[{instances}]" in trial.params) == (instances > 1)  # one parameter per count
+        drawn.add((instances, fronts))
+    assert {(2, 2), (4, 4), (4, 2), (4, 1)} <= drawn
+    assert "fronts=2" in plans.config_label([*words, "server.fronts=2"])
+    assert "fronts" not in plans.config_label([*words, "server.fronts=1"])
+
+
+def test_the_front_count_is_narrowed_or_fixed_and_a_count_no_layout_divides_is_refused():
+    narrowed = _managed_space(narrow={"server.fronts": ["2"]})
+    assert narrowed.layouts and all(int(lay.split("x")[0]) % 2 == 0 for lay in narrowed.layouts)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
+    assert all("server.fronts=2" in spaces.suggest(study.ask(), narrowed) for _ in range(10))
+    fixed = _managed_space(["server.fronts=2", "instances=2", "cores_per_instance=1"])
+    assert fixed.layouts == ["2x1"] and fixed.fronts_of("2x1") == ["2"]
+    with pytest.raises(UserError, match=r"space.server.fronts: 3 not possible here; possible: 1, 2, 4"):
+        _managed_space(narrow={"server.fronts": ["3"]})
+    with pytest.raises(UserError, match="unknown search dimension 'space.server.fronts'"):
+        _served_space(narrow={"server.fronts": ["2"]})  # only a managed service has fronts
+    assert "space.server.fronts" in str(pytest.raises(UserError, _managed_space, narrow={"nope": ["1"]}).value)

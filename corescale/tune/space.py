@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from corescale.backends import BACKENDS, DEFAULT_BACKEND, OPTIONS, check_available
 from corescale.config import BenchmarkConfig
 from corescale.errors import UserError
+from corescale.http_keys import MANAGED
 from corescale.machine.precisions import PRECISIONS
 from corescale.overrides import override_key
 
@@ -27,6 +28,9 @@ DIMENSIONS = ("backend", "precision", "layout", "threads", "batch_size", "alloca
 # (fewer shapes: a graph compiled per shape reuses them). server.max_batch_tokens: null = no token budget.
 SERVING = {"server.queue_delay": ("fixed", "adaptive"), "server.max_queue_ms": ("2", "5"),
            "server.max_batch_tokens": ("null", "2048"), "pad": ("max", "bucket")}
+# endpoint=managed: the service's front processes (serve --fronts), each feeding an equal share of the instances;
+# a parameter per instance count (`server.fronts[4]`: 1, 2, 4), so each has one fixed set of choices
+FRONTS = "server.fronts"
 
 
 @dataclass
@@ -42,13 +46,18 @@ class Space:
     notes: list[str] = field(default_factory=list)  # what was left out and why
     batch_key: str = "batch_size"  # server.max_batch for objective=server_qps: the dynamic batch's bound
     serving: dict[str, list[str]] = field(default_factory=dict)  # objective=server_qps: SERVING, narrowed
+    fronts: dict[int, list[str]] = field(default_factory=dict)  # endpoint=managed: per instance count; {}: one
+
+    def fronts_of(self, layout: str) -> list[str]:
+        """The front counts a layout's service may run (serve --fronts): one where the space has no fronts."""
+        return self.fronts.get(_instances(layout), ["1"]) if self.fronts else ["1"]
 
     def size(self) -> int:
         return sum(self.size_of(b, p) for b in self.backends for p in self.precisions[b])
 
     def size_of(self, backend: str, precision: str) -> int:
         """The configurations of one backend at one precision (its options, layouts, batching, libraries)."""
-        per_layout = sum(len(self.threads[_cores(layout)]) for layout in self.layouts)
+        per_layout = sum(len(self.threads[_cores(layout)]) * len(self.fronts_of(layout)) for layout in self.layouts)
         per_backend = (math.prod(len(option_values(backend, o, v, precision)) or 1
                                  for o, v in self.options[backend].items())
                        * (len(self.openmp) if BACKENDS[backend].openmp else 1))
@@ -62,6 +71,10 @@ class Space:
 
 def _cores(layout: str) -> int:
     return int(layout.split("x")[1])
+
+
+def _instances(layout: str) -> int:
+    return int(layout.split("x")[0])
 
 
 def layout_overrides(layout: str) -> list[str]:
@@ -140,14 +153,22 @@ def derive(cfg: BenchmarkConfig, overrides: list[str], narrow: dict[str, list[st
                                               if v == "null" or int(v) >= tokens] or ["null"]
     else:
         batch_sizes = [str(cfg.batch_size)] if latency or "batch_size" in given else list(THROUGHPUT_BATCHES)
+    fronts = front_counts(layouts, cfg.server.fronts if FRONTS in given else None) if cfg.endpoint == MANAGED else {}
     allocators = ["default"] + [a for a, lib in ALLOCATORS.items() if _library_found(lib)]
     openmp = ["default"] + (["intel"] if _library_found(INTEL_OPENMP) else [])
     space = Space(backends, precisions, options, layouts, threads, batch_sizes, allocators, openmp, notes, batch_key,
-                  serving)
+                  serving, fronts)
     _fix(space, cfg, given)
     _narrow(space, narrow)
     _check_not_empty(space)
     return space
+
+
+def front_counts(layouts: list[str], given: int | None) -> dict[int, list[str]]:
+    """Per instance count, the front counts that share its instances evenly (1, 2, 4, ... dividing it; the
+    count the user gave, where it divides them)."""
+    counts = {_instances(layout) for layout in layouts}
+    return {n: [str(f) for f in powers(n) if n % f == 0 and (given is None or f == given)] for n in sorted(counts)}
 
 
 def _fix(space: Space, cfg: BenchmarkConfig, given: set[str]) -> None:
@@ -164,7 +185,7 @@ def _fix(space: Space, cfg: BenchmarkConfig, given: set[str]) -> None:
         space.precisions = {b: [p for p in v if p == cfg.precision] for b, v in space.precisions.items()}
     if given & {"instances", "cores_per_instance"}:
         per = cfg.cores_per_instance
-        space.layouts = [lay for lay in space.layouts if int(lay.split("x")[0]) == cfg.instances or
+        space.layouts = [lay for lay in space.layouts if _instances(lay) == cfg.instances or
                          "instances" not in given]
         space.layouts = [lay for lay in space.layouts if per is None or _cores(lay) == per]
         if not space.layouts and per is not None:
@@ -221,11 +242,16 @@ def _narrow(space: Space, narrow: dict[str, list[str]]) -> None:
             _narrow_option(space, name.split(".", 1)[1], values)
         elif name in space.serving:
             space.serving[name] = _subset(name, values, space.serving[name])
+        elif name == FRONTS and space.fronts:
+            _whole_numbers(name, values)
+            keep = _subset(name, [str(int(v)) for v in values], sorted({f for v in space.fronts.values() for f in v},
+                                                                       key=int))
+            space.fronts = {n: [f for f in v if f in keep] for n, v in space.fronts.items()}
         else:
             raise UserError(f"unknown search dimension 'space.{name}'; dimensions: "
                             f"{', '.join(f'space.{d}' for d in (*DIMENSIONS, 'instances', 'cores_per_instance'))}"
-                            ", space.backend.OPTION" + (f", {', '.join(f'space.{k}' for k in space.serving)}"
-                                                       if space.serving else ""))
+                            ", space.backend.OPTION" + "".join(f", space.{k}" for k in space.serving)
+                            + (f", space.{FRONTS}" if space.fronts else ""))
 
 
 def _plural(name: str) -> str:
@@ -258,7 +284,7 @@ def _subset(name: str, values: list[str], allowed: list[str]) -> list[str]:
 
 def _check_not_empty(space: Space) -> None:
     space.backends = [b for b in space.backends if space.precisions.get(b)]
-    space.layouts = [lay for lay in space.layouts if space.threads.get(_cores(lay))]
+    space.layouts = [lay for lay in space.layouts if space.threads.get(_cores(lay)) and space.fronts_of(lay)]
     empty = [name for name, values in (("backend (with a precision it supports)", space.backends),
                                        ("layout", space.layouts), ("batch_size", space.batch_sizes),
                                        ("allocator", space.allocators)) if not values]
@@ -297,6 +323,8 @@ def suggest(trial, space: Space) -> list[str]:
     threads = pick(f"threads[{_cores(layout)}]", space.threads[_cores(layout)])
     if threads:
         overrides.append(f"threads={threads}")
+    if (fronts := space.fronts_of(layout)) != ["1"]:
+        overrides.append(f"{FRONTS}={pick(f'{FRONTS}[{_instances(layout)}]', fronts)}")
     batch = pick("batch_size", space.batch_sizes)
     overrides.append(f"{space.batch_key}={batch}")
     if int(batch) > 1:  # a queue delay, token budget or padding only matters where a call takes several queries
@@ -322,9 +350,9 @@ def starting_points(space: Space, latency: bool) -> list[dict]:
 
     layouts = space.layouts
     if latency:
-        layout = max(layouts, key=lambda lay: (_cores(lay), -int(lay.split("x")[0])))
+        layout = max(layouts, key=lambda lay: (_cores(lay), -_instances(lay)))
     else:
-        layout = max(layouts, key=lambda lay: (cores(lay), int(lay.split("x")[0])))
+        layout = max(layouts, key=lambda lay: (cores(lay), _instances(lay)))
     points = []
     for backend in sorted(space.backends, key=lambda name: not BACKENDS[name].artifacts):
         precisions = space.precisions[backend]
