@@ -40,7 +40,8 @@ def test_an_slo_alone_tunes_the_service_and_throughput_stays_a_word_away():
 def test_the_serving_knobs_are_searched_where_a_call_batches():
     space = _served_space(["sequence_length=128"])
     assert space.batch_sizes == list(spaces.SERVER_BATCHES) and set(space.serving) == set(spaces.SERVING)
-    assert space.serving["server.queue_delay"] == ["fixed", "adaptive"] and space.serving["pad"] == ["max", "bucket"]
+    assert space.serving["server.queue_delay"] == ["fixed", "adaptive"]
+    assert space.serving["pad"] == ["max", "sorted", "bucket"]
     offline = spaces.derive(compose([]), [], {}, 2, ISA, False)
     assert offline.serving == {} and offline.size() * len(space.batch_sizes) < space.size()
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=3))
@@ -498,3 +499,19 @@ def test_the_front_count_is_narrowed_or_fixed_and_a_count_no_layout_divides_is_r
     with pytest.raises(UserError, match="unknown search dimension 'space.server.fronts'"):
         _served_space(narrow={"server.fronts": ["2"]})  # only a managed service has fronts
     assert "space.server.fronts" in str(pytest.raises(UserError, _managed_space, narrow={"nope": ["1"]}).value)
+
+
+def test_a_tune_whose_space_changed_starts_another_study_where_optuna_would_refuse_it(tmp_path):
+    tune = plans.plan_tune(tune_settings.parse(["slo_p99_ms=100", "model=bert-tiny", f"output_dir={tmp_path}"]))
+    study = studies.open_study(tune)
+    trial = study.ask()
+    spaces.suggest(trial, tune.space)
+    study.tell(trial, 1.0)
+    def done(found):
+        return [t.number for t in found.trials if t.state == optuna.trial.TrialState.COMPLETE]
+
+    assert done(studies.open_study(tune)) == [trial.number]  # the same space: the same study, resumed
+    tune.space.serving["pad"] = ["max", "bucket"]  # an older corescale's choices for pad
+    changed = studies.open_study(tune)
+    assert studies.study_name(tune) != study.study_name and done(changed) == []
+    spaces.suggest(changed.ask(), tune.space)  # Optuna: "does not support dynamic value space" in the old study

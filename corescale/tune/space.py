@@ -24,10 +24,12 @@ SERVER_BATCHES = ("1", "2", "4", "8", "16", "32")  # server.max_batch: a bound t
 DIMENSIONS = ("backend", "precision", "layout", "threads", "batch_size", "allocator", "openmp")
 # objective=server_qps: the dynamic batcher's knobs (measure/batching.py), searched with the deployment; each
 # matters only when a call may take more than one query (server.max_batch > 1), so it is drawn only then.
-# pad: max and sorted pad a dynamic batch alike (to its longest query); bucket pads to a length bucket's edge
-# (fewer shapes: a graph compiled per shape reuses them). server.max_batch_tokens: null = no token budget.
+# pad: max takes the oldest queries, sorted the oldest one and the waiting ones nearest its length, both padded to
+# the batch's longest (sorted wasted 6-10 % of each call on padding against max's 28 %, and served 1.3x the QPS:
+# docs/results-2026-12-zen4.md); bucket pads to a length bucket's edge (fewer shapes: a graph compiled per shape
+# reuses them). server.max_batch_tokens: null = no token budget.
 SERVING = {"server.queue_delay": ("fixed", "adaptive"), "server.max_queue_ms": ("2", "5"),
-           "server.max_batch_tokens": ("null", "2048"), "pad": ("max", "bucket")}
+           "server.max_batch_tokens": ("null", "2048"), "pad": ("max", "sorted", "bucket")}
 # endpoint=managed: the service's front processes (serve --fronts), each feeding an equal share of the instances;
 # a parameter per instance count (`server.fronts[4]`: 1, 2, 4), so each has one fixed set of choices
 FRONTS = "server.fronts"

@@ -3,6 +3,7 @@ Optuna trial's outcome, figures and constraint values kept in its user attribute
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import warnings
@@ -52,10 +53,20 @@ def open_study(tune: Tune):
                                          constant_liar=tune.nodes > 1)  # trials in flight side by side
     pruner = optuna.pruners.SuccessiveHalvingPruner(min_resource=1, reduction_factor=tune.settings.eta)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(storage=storage, study_name=tune.tune_dir.name, sampler=sampler, pruner=pruner,
+    study = optuna.create_study(storage=storage, study_name=study_name(tune), sampler=sampler, pruner=pruner,
                                 direction=tune.settings.objective.direction, load_if_exists=True)
     _recover(study, tune)
     return study
+
+
+def study_name(tune: Tune) -> str:
+    """The tune's folder and its space's dimensions: a rerun on the same space resumes the study; one whose space
+    changed (a library installed, a corescale whose dimensions differ) starts another in the same database, as
+    Optuna refuses a parameter whose choices changed ("does not support dynamic value space"). Its measurements
+    are found by key all the same."""
+    dimensions = {k: v for k, v in tune.space.to_json().items() if k != "notes"}
+    digest = hashlib.sha256(json.dumps(dimensions, sort_keys=True).encode()).hexdigest()[:8]
+    return f"{tune.tune_dir.name}-{digest}"
 
 
 def _recover(study, tune: Tune) -> None:
