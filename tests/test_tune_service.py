@@ -358,7 +358,7 @@ def test_the_search_starts_from_earlier_winners_then_the_priors_of_this_isa_then
     assert points[0].items() >= earlier[0].items() and "earlier tune" in starts[0][1]
     assert points[1] == {"backend": "openvino", "precision[openvino]": "int8", "layout": "2x1",
                          "openvino.quantization": "static", "openvino.performance_hint": "LATENCY",
-                         "batch_size": "2", "server.queue_delay": "fixed", "server.max_queue_ms": "5", "pad": "max",
+                         "batch_size": "2", "server.queue_delay": "fixed", "server.max_queue_ms": "5", "pad": "sorted",
                          "allocator": "tcmalloc", "openvino.keep_fp32": "none",
                          "server.max_batch_tokens": "null"} and "results-2026-12-zen5.md" in starts[1][1]
     # what a start does not name is the configuration's default, never the sampler's draw (P6' seed 3)
