@@ -16,8 +16,8 @@ front's and the model's CPU per request, the tail at 70 % load, cold start; DIR/
    open-loop Poisson load from this process (aiohttp, POST /embed with `truncate`, one built-in text per request,
    seeded), each request's latency from its *scheduled* send time (no coordinated omission). A rate passes when
    every request got 200, p99 <= SLO, at least --min-queries were sent and the answered rate is within 5 % of the
-   rate the arrivals were drawn at. Search: start at the in-process max, step by 10 % until the verdict flips,
-   then bisect twice. Then one step at 70 % of the max: p99 ÷ p50.
+   rate the arrivals were drawn at. Search: start at the in-process max (or --start-qps), step by 10 % until the
+   verdict flips, then bisect twice. Then one step at 70 % of the max: p99 ÷ p50.
    At the max: the front's CPU per request (its /metrics), the instances' CPU per request (their processes'
    CPU time, /proc), real tokens/s (the texts sent, tokenized as the service does).
 4. --baseline CHECKOUT: the same HTTP measurement of another checkout's `corescale serve` (its own code, the same
@@ -82,7 +82,7 @@ class Figures:
     model_cpu_ms_per_request: float | None
     p99_over_p50_at_70pct: float | None
     cold_start_s: float
-    in_process_qps: float | None  # None with --bundle (no in-process search)
+    in_process_qps: float | None  # the bundle's own in-process figure (None: its record holds none)
     offline_samples_per_s: float | None
     offline_batch: int | None
     layout: dict
@@ -93,6 +93,7 @@ class Figures:
     baseline: Served | None = None
     machine_note: str = ""
     cold_start_cold_cache_s: float | None = None  # cold_start_s with the bundle's files out of the page cache
+    in_process_started_at: str | None = None  # when P9's denominator was measured (--reuse, --bundle: earlier)
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -335,8 +336,10 @@ def main() -> int:
                         "(only the HTTP search runs again)")
     parser.add_argument("--no-offline", action="store_true", help="skip P7's offline runs")
     parser.add_argument("--bundle", metavar="DIR", help="serve this bundle (e.g. corescale run --bundle DIR of the "
-                        "layout) and skip the in-process search: no P9; the HTTP search starts at --start-qps")
-    parser.add_argument("--start-qps", type=float, default=100.0, help="with --bundle: the HTTP search's first rate")
+                        "layout) and skip the in-process search: P9 against the bundle's own in-process figure, if "
+                        "its record has one (serve.json says when it was measured)")
+    parser.add_argument("--start-qps", type=float, default=None, help="the HTTP search's first rate (default: the "
+                        "in-process max QPS, else 100)")
     parser.add_argument("--baseline", metavar="CHECKOUT", help="another corescale checkout whose serve is measured "
                         "the same way in this run (before/after)")
     parser.add_argument("--note", default="", help="what else ran on the machine meanwhile (for serve.json)")
@@ -368,11 +371,15 @@ def main() -> int:
     local = record.server.max_valid_qps if record.server else None
     if local is None and not args.bundle:
         raise SystemExit(f"{bundle}'s record holds no in-process max QPS (measure one, or pass --bundle)")
+    served_cfg = record.config  # what the bundle serves (the overrides describe it only when they match)
+    if not args.no_offline and layout_of(served_cfg) != layout_of(cfg):
+        raise SystemExit(f"the offline runs would measure {layout_of(cfg)}, the bundle serves {layout_of(served_cfg)}:"
+                         " give the bundle's layout as overrides, or --no-offline")
     offline, offline_batch = (None, None) if args.no_offline else offline_best(
         [w for w in words if not w.startswith("server.")], [int(b) for b in args.offline_batches.split(",")])
     corpus = texts()
     tokens = token_counts(bundle, corpus, args.sequence_length)
-    start = local or args.start_qps
+    start = args.start_qps or local or 100.0
     out.mkdir(parents=True, exist_ok=True)
     served = measure_served("this", ROOT, bundle, out, start, corpus, tokens, args)
     baseline = None if not args.baseline else measure_served("baseline", Path(args.baseline).resolve(), bundle,
@@ -385,16 +392,23 @@ def main() -> int:
         model_cpu_ms_per_request=served.model_cpu_ms_per_request,
         p99_over_p50_at_70pct=served.p99_over_p50_at_70pct, cold_start_s=served.cold_start_s, in_process_qps=local,
         offline_samples_per_s=offline, offline_batch=offline_batch,
-        layout={"backend": cfg.backend.name, "precision": cfg.precision, "instances": cfg.instances,
-                "cores_per_instance": cfg.cores_per_instance, "max_batch": args.max_batch,
-                "sequence_length": args.sequence_length, "pad": cfg.pad, "queue_delay": cfg.server.queue_delay,
-                "max_queue_ms": cfg.server.max_queue_ms, "front": served.front},
+        layout={**layout_of(served_cfg), "max_batch": served_cfg.server.max_batch,
+                "sequence_length": served_cfg.sequence_length, "pad": served_cfg.pad,
+                "queue_delay": served_cfg.server.queue_delay, "max_queue_ms": served_cfg.server.max_queue_ms,
+                "front": served.front},
         cpu=f"{env.cpu.model} ({env.topology.physical_cores} cores)", slo_p99_ms=args.slo, model=args.model,
-        served=served, baseline=baseline, machine_note=args.note, cold_start_cold_cache_s=served.cold_cache_start_s)
+        served=served, baseline=baseline, machine_note=args.note, cold_start_cold_cache_s=served.cold_cache_start_s,
+        in_process_started_at=record.started_at if local is not None else None)
     (out / "serve.json").write_text(json.dumps(figures.to_json(), indent=2) + "\n")
     print(table(figures))
     print(f"\nresults, bundle and serve.json: {out}")
     return 0
+
+
+def layout_of(cfg) -> dict:
+    """What the offline runs and the service must share: the backend, its precision and the instances."""
+    return {"backend": cfg.backend.name, "precision": cfg.precision, "instances": cfg.instances,
+            "cores_per_instance": cfg.cores_per_instance}
 
 
 def table(f: Figures) -> str:
@@ -425,8 +439,9 @@ def table(f: Figures) -> str:
                 value = s.max_qps / f.offline_samples_per_s if s.max_qps and f.offline_samples_per_s else None
             cells.append(num(value, spec))
         lines.append(f"| {label} | " + " | ".join(cells) + f" | {goal} |")
-    lines.append(f"\nin process {num(f.in_process_qps, '.1f')} QPS; offline best {num(f.offline_samples_per_s, '.1f')} "
-                 f"samples/s at batch {f.offline_batch} (pad=sorted)")
+    when = f.in_process_started_at or "-"
+    lines.append(f"\nin process {num(f.in_process_qps, '.1f')} QPS (measured {when}); offline best "
+                 f"{num(f.offline_samples_per_s, '.1f')} samples/s at batch {f.offline_batch} (pad=sorted)")
     for name, s in zip(("this", "baseline"), services):
         for group, parts in (s.tail_at_70pct or {}).items():
             lines.append(f"{name} at 70 %, {group.replace('_', ' ')} (median ms): " + ", ".join(

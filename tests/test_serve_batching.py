@@ -139,3 +139,11 @@ def test_serve_json_holds_the_issue_figures():
     found = json.loads(json.dumps(figures.to_json()))
     assert set(bench.REQUIRED) <= set(found) and found["served"]["cold_start_s"] == 1.5
     assert found["baseline"] is None and "| P7'" in bench.table(figures)
+    # P9's denominator says when it was measured (a --reuse or --bundle run divides by an earlier figure)
+    dated = dataclasses.replace(figures, in_process_started_at="2026-12-05T03:21:47+0000")
+    assert "in process 1.0 QPS (measured 2026-12-05T03:21:47+0000)" in bench.table(dated)
+    from corescale.overrides import compose
+
+    served_cfg = compose(["backend=openvino", "precision=int8", "instances=2", "cores_per_instance=1"])
+    assert bench.layout_of(served_cfg) == {"backend": "openvino", "precision": "int8", "instances": 2,
+                                           "cores_per_instance": 1} != bench.layout_of(compose([]))

@@ -55,7 +55,7 @@ PRIORS = (
           "max batch 2, tcmalloc, 923 QPS judged over 3 repeats beside the earlier prior (static int8, max batch 32, "
           "THROUGHPUT hint, bucketed padding: 492 QPS) and OpenVINO bf16 at max batch 2 (545 QPS); its batches "
           "length-sorted (pad=sorted) since docs/results-2026-12-zen4.md (2026-12-05): 1.30x its QPS in process "
-          "(3 alternated rounds), 1.16x over HTTP"),
+          "(3 alternated rounds), 1.08-1.23x over HTTP (3 pairs)"),
     Prior(("amx_int8",), (), 30, "offline", (1, 4),
           {"backend": "openvino", "precision": FASTEST, "layout": MOST, "openvino.quantization": "weights_asym"},
           "docs/results-2026-12-xeon.md, make run: all-MiniLM-L6-v2 at batch 1 on the Xeon (AMX), OpenVINO int8 "

@@ -25,7 +25,7 @@ DIMENSIONS = ("backend", "precision", "layout", "threads", "batch_size", "alloca
 # objective=server_qps: the dynamic batcher's knobs (measure/batching.py), searched with the deployment; each
 # matters only when a call may take more than one query (server.max_batch > 1), so it is drawn only then.
 # pad: max takes the oldest queries, sorted the oldest one and the waiting ones nearest its length, both padded to
-# the batch's longest (sorted wasted 6-10 % of each call on padding against max's 28 %, and served 1.3x the QPS:
+# the batch's longest (sorted wasted 6-10 % of each call on padding against max's 28 %, served 1.3x the QPS in process:
 # docs/results-2026-12-zen4.md); bucket pads to a length bucket's edge (fewer shapes: a graph compiled per shape
 # reuses them). server.max_batch_tokens: null = no token budget.
 SERVING = {"server.queue_delay": ("fixed", "adaptive"), "server.max_queue_ms": ("2", "5"),
