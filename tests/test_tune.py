@@ -102,7 +102,9 @@ def test_study_is_a_sqlite_file_in_wal_mode(tuned):
     path = tuned["dir"] / "study.db"
     with sqlite3.connect(path) as db:
         assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    study = optuna.load_study(study_name=tuned["dir"].name, storage=f"sqlite:///{path}")
+    name = json.loads((tuned["dir"] / "tune.json").read_text())["study"]  # the folder's name and its space's digest
+    assert name.startswith(tuned["dir"].name + "-")
+    study = optuna.load_study(study_name=name, storage=f"sqlite:///{path}")
     assert study.direction == optuna.study.StudyDirection.MAXIMIZE
     done = [t for t in study.trials if t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)]
     assert len([t for t in done if "repeat_of" not in t.user_attrs]) == 3

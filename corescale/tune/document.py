@@ -249,6 +249,7 @@ class TuneDocument(Section):
     starts: list[str] = field(default_factory=list)  # the first trials and why (tune/priors.py)
     search_bounds: SearchBounds | None = None  # the QPS searches' wall-time bounds and the budget's slack
     spent: Spent | None = None  # where the tune's wall time went (tune/spent.py)
+    study: str | None = None  # the Optuna study's name in study.db (tune/study.py: study_name)
 
     @property
     def winning(self) -> TunedFinalist | None:

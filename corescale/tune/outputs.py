@@ -197,7 +197,7 @@ def document(tune: Tune, study, verdict: Verdict, finalists: list[Finalist], rec
         search_end=search_end, coverage=coverage(trials, tune.space, objective.metric, objective.direction),
         machine_kind=tune.machine_kind.to_json(), starts=list(study.user_attrs.get("starts", [])),
         search_bounds=tune.bounds,
-        spent=None if elapsed is None else spent(trials, rows, elapsed, tune.tune_dir))
+        spent=None if elapsed is None else spent(trials, rows, elapsed, tune.tune_dir), study=study.study_name)
 
 
 def cost_source(tune: Tune, verdict: Verdict) -> str:
