@@ -515,3 +515,15 @@ def test_a_tune_whose_space_changed_starts_another_study_where_optuna_would_refu
     changed = studies.open_study(tune)
     assert studies.study_name(tune) != study.study_name and done(changed) == []
     spaces.suggest(changed.ask(), tune.space)  # Optuna: "does not support dynamic value space" in the old study
+
+
+def test_an_earlier_tunes_front_count_is_a_start_only_where_this_space_holds_it():
+    from corescale.tune import priors
+
+    space = _managed_space(cores=2)
+    point = {"backend": "onnxruntime", "layout": "2x1"}
+    assert priors.fit({**point, "server.fronts[2]": "2"}, space)["server.fronts[2]"] == "2"
+    assert priors.fit(point, space)["server.fronts[2]"] == "1"  # unnamed: the configuration's default
+    for planted in ("3", "1000000000", "../../etc", "-1"):  # a tune.json under output_dir is anyone's file
+        assert priors.fit({**point, "server.fronts[2]": planted}, space) is None
+    assert priors.fit({"backend": "onnxruntime", "layout": "1x2", "server.fronts[1]": "2"}, space) is None
