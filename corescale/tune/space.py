@@ -52,7 +52,7 @@ class Space:
 
     def fronts_of(self, layout: str) -> list[str]:
         """The front counts a layout's service may run (serve --fronts): one where the space has no fronts."""
-        return self.fronts.get(_instances(layout), ["1"]) if self.fronts else ["1"]
+        return self.fronts.get(_instances(layout), ["1"])
 
     def size(self) -> int:
         return sum(self.size_of(b, p) for b in self.backends for p in self.precisions[b])
