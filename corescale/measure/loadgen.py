@@ -31,7 +31,7 @@ import numpy as np
 from corescale.measure.batching import Batcher, Waiting
 from corescale.measure.instance import dispatch
 from corescale.measure.protocol import Batch, Served, Stop
-from corescale.measure.qps_search import Bound, floor_qps, knee, load_curve, search
+from corescale.measure.qps_search import Bound, floor_qps, knee, load_curve, search, warm_capacity
 from corescale.record.trial import Failure
 
 if TYPE_CHECKING:
@@ -191,9 +191,11 @@ class LoadGenServer:
                 "can meet it; use more cores per instance or a smaller model")
 
     def _first_guess(self) -> float:
-        """Half the instances' warm capacity at a full batch: a guess the bracket corrects either way."""
-        capacity = sum(self.cfg.server.max_batch / max(inst.call_ns, 1) * 1e9
-                       for inst in self.launcher.instances.values())
+        """Half the instances' warm capacity (qps_search.warm_capacity): a guess the bracket corrects either way;
+        a low one costs the longest test (the minimum query count at a low rate)."""
+        mean = float(self.lengths.mean()) if len(self.lengths) else self.cfg.sequence_length
+        capacity = sum(warm_capacity(inst.call_ns, inst.single_ns, self.cfg.server.max_batch, mean,
+                                     self.cfg.sequence_length) for inst in self.launcher.instances.values())
         return float(f"{max(capacity / 2, 0.1):.3g}")
 
     def _least_s(self, qps: float, queries: int) -> float:

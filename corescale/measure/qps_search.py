@@ -14,6 +14,21 @@ if TYPE_CHECKING:
     from corescale.config import BenchmarkConfig
 
 
+def warm_capacity(call_ns: int, single_ns: int | None, max_batch: int, mean_length: float,
+                  sequence_length: int) -> float:
+    """Queries a second one instance's warm calls say it sustains: full batches at sequence_length (`call_ns`), or,
+    where more, one query at a time at the queries' mean real length: a row's cost (the full batch's call less one
+    row's, `single_ns`, per added row) scaled by its tokens, plus what a call costs at any size. Real text is
+    mostly shorter than sequence_length (the built-in texts: 28 tokens of 128), and a first guess from full-length
+    rows alone sent the search's first test to a quarter of what out-of-box PyTorch meets."""
+    full = max_batch / max(call_ns, 1) * 1e9
+    if not single_ns or max_batch < 2 or call_ns <= single_ns:
+        return full
+    row = (call_ns - single_ns) / (max_batch - 1)
+    one = max(single_ns - row, 0.0) + row * min(mean_length, sequence_length) / sequence_length
+    return max(full, 1e9 / one)
+
+
 def floor_qps(cfg: BenchmarkConfig) -> float:
     """Below this rate LoadGen's minimum query count would take more than half the timeout per test."""
     return cfg.server.min_query_count / (0.5 * cfg.timeout)
@@ -25,6 +40,9 @@ def floor_qps(cfg: BenchmarkConfig) -> float:
 # share of it (queues stay short below saturation); once one is met, the estimate is tried before bisecting above
 BEHIND = 0.9
 SUSTAINED_SHARE = 0.7
+# a missed rate that kept up: the next, with no rate met yet, is the SLO's share of the p99 it showed, between half
+# of it and NEAR (a miss by little puts the knee near; halving it cost out-of-box PyTorch's search its precision)
+NEAR = 0.8
 
 
 @dataclass
@@ -97,7 +115,8 @@ def search(step, first: float, precision: float, max_steps: int, steps: list, fl
                 break  # every query failed, none for lack of time: the server is broken, not overloaded
         if low is None:
             assert high is not None, "each step sets one end of the bracket"
-            qps = min(high / 2, SUSTAINED_SHARE * ceiling) if ceiling is not None else high / 2
+            qps = min(high / 2, SUSTAINED_SHARE * ceiling) if ceiling is not None else \
+                high * below_missed(result, slo_ms)
         elif high is None:
             qps = low * 2
         elif (high - low) / low <= precision:
@@ -108,6 +127,16 @@ def search(step, first: float, precision: float, max_steps: int, steps: list, fl
             qps = (low + high) / 2
         qps = float(f"{qps:.4g}")
     return Searched(low)
+
+
+def below_missed(result, slo_ms: float | None) -> float:
+    """The share of a missed rate (one that kept up) to try next while no rate met the SLO: SLO ÷ its p99, at
+    least a half (bracketing by halving), at most NEAR (a test LoadGen could not decide whose p99 met it: NEAR); a
+    half where the p99 or the SLO is not known."""
+    p99 = (getattr(result, "latency_ms", None) or {}).get("p99")
+    if slo_ms is None or not p99 or not math.isfinite(p99):
+        return 0.5
+    return min(max(slo_ms / p99, 0.5), NEAR)
 
 
 def fitting(qps: float, left: float, least_s: Callable[[float], float] | None) -> float | None:

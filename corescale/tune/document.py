@@ -112,7 +112,7 @@ class Speedup(Section):
     ratio: float
     low: float
     high: float
-    upper_bound: bool = False  # the denominator's QPS search was bounded before a rate missed the SLO: at most this
+    upper_bound: bool = False  # the denominator's QPS search was bounded before it narrowed: at most this
 
 
 @dataclass(frozen=True)

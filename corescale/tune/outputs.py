@@ -150,7 +150,7 @@ def bound_words(denominator: Finalist) -> tuple[str, str, str]:
     a lower bound; empty words otherwise."""
     if not denominator.open_ended:
         return "", "", ""
-    return "≤ ", "≥ ", ": its QPS search was bounded before a rate missed the SLO"
+    return "≤ ", "≥ ", ": its QPS search was bounded before it narrowed to its precision"
 
 
 def peer_words(peer: Finalist, speedup: tuple[float, float, float]) -> str:
