@@ -16,7 +16,7 @@ EARLY_STOPPING_QUERIES = {"server": 459, "single_stream": 64}
 # fields that bound how long a measurement may take, not what it measures: outside the config key (config.py)
 UNMEASURED_SERVER_FIELDS = ("max_search_s",)
 # fields added later: in the config key only where they differ from these defaults (earlier keys hold)
-LATER_SERVER_FIELDS = {"fronts": 1}
+LATER_SERVER_FIELDS = {"fronts": 1, "max_padding": None}
 
 
 @dataclass
@@ -29,6 +29,9 @@ class ServerConfig:
     # another query comes within what is left of max_queue_ms (a slow stream goes at once, a fast one fills)
     queue_delay: str = "fixed"
     max_batch_tokens: Optional[int] = None  # padded tokens per call (rows x padded length); None = no budget
+    # the share of a call's padded tokens that may be padding: a waiting query that would take the call past it
+    # waits for another (the oldest always goes); None = no cap
+    max_padding: Optional[float] = None
     min_query_count: int = 1024  # LoadGen's minimum per test (its minimum duration is `duration`)
     search_precision: float = 0.05  # target_qps=auto stops when (hi - lo) / lo is below this
     max_steps: int = 12  # LoadGen tests target_qps=auto may run
@@ -52,6 +55,11 @@ def validate_server(cfg: Any) -> None:
     if server.max_batch_tokens is not None and server.max_batch_tokens < cfg.sequence_length:
         raise UserError(f"server.max_batch_tokens={server.max_batch_tokens} cannot hold one query of up to "
                         f"sequence_length={cfg.sequence_length} tokens; allowed: >= {cfg.sequence_length}")
+    padding = server.max_padding
+    if padding is not None and (isinstance(padding, bool) or not isinstance(padding, (int, float))
+                                or not 0 <= padding < 1):
+        raise UserError(f"server.max_padding must be a share of a call's padded tokens from 0 to below 1, or "
+                        f"null (no cap) (got {padding!r})")
     if server.min_query_count is None or server.min_query_count <= 0:
         raise UserError(f"server.min_query_count must be > 0 (got {server.min_query_count})")
     least = EARLY_STOPPING_QUERIES.get(cfg.scenario)

@@ -65,7 +65,8 @@ def corpus(tmp_path_factory):
 
 def _cfg(**server):
     pad = server.pop("pad", "max")
-    settings = {"max_batch": 4, "max_queue_ms": 0.0, "max_batch_tokens": None, "queue_delay": "fixed", **server}
+    settings = {"max_batch": 4, "max_queue_ms": 0.0, "max_batch_tokens": None, "max_padding": None,
+                "queue_delay": "fixed", **server}
     return types.SimpleNamespace(scenario="server", pad=pad, sequence_length=128,
                                  server=types.SimpleNamespace(**settings))
 
@@ -86,6 +87,30 @@ def test_batcher_takes_up_to_max_batch_oldest_first_and_respects_the_token_budge
     sorted_ = Batcher(_cfg(pad="sorted"), lengths)  # the oldest, then the waiting ones nearest its length
     sorted_.put(_samples(8))
     assert [w.sample.index for w in sorted_.take()] == [0, 3, 5, 2]  # ties: the older first
+
+
+def test_the_padding_cap_leaves_a_far_length_for_another_call():
+    lengths = np.array([10, 100, 12, 11, 90, 9, 120, 8])
+    capped = Batcher(_cfg(pad="sorted", max_padding=0.1, max_batch=8), lengths)
+    capped.put(_samples(8))
+    # 10, 11, 9 pad to 11: 33 tokens, 3 of them padding (9 %); with 12, 6 of 48 (12.5 %)
+    calls = [[w.sample.index for w in capped.take()] for _ in range(5)]
+    assert calls == [[0, 3, 5], [1, 4], [2], [6], [7]]  # 100 and 90: 5 %, with 120: 13.9 %; 12 and 8: 16.7 %
+    arrival = Batcher(_cfg(max_padding=0.0, max_batch=8), lengths)  # pad=max: in arrival order, no padding at all
+    arrival.put(_samples(8))
+    assert [w.sample.index for w in arrival.take()] == [0]  # the oldest always goes
+    assert [w.sample.index for w in arrival.take()] == [1]
+
+
+def test_the_padding_cap_keeps_earlier_keys_and_is_recorded():
+    """A key computed before the field existed holds with no cap (the search's key in test_qps_search_bound.py);
+    a cap measures something else: another key."""
+    from corescale.overrides import compose
+
+    served = ["model=bert-tiny", "scenario=server", "target_qps=auto", "slo_p99_ms=100"]
+    assert compose([*served, "server.max_padding=null"]).key() == "ac4b991d1f5baa80"
+    capped = compose([*served, "server.max_padding=0.15"])
+    assert capped.key() != "ac4b991d1f5baa80" and "server.max_padding" in capped.key_fields()
 
 
 def test_batcher_waits_at_most_max_queue_ms_for_a_batch_to_fill():

@@ -360,7 +360,8 @@ def test_the_search_starts_from_earlier_winners_then_the_priors_of_this_isa_then
                          "openvino.quantization": "static", "openvino.performance_hint": "LATENCY",
                          "batch_size": "2", "server.queue_delay": "fixed", "server.max_queue_ms": "5", "pad": "sorted",
                          "allocator": "tcmalloc", "openvino.keep_fp32": "none",
-                         "server.max_batch_tokens": "null"} and "results-2026-12-zen5.md" in starts[1][1]
+                         "server.max_batch_tokens": "null", "server.max_padding": "null"} \
+        and "results-2026-12-zen5.md" in starts[1][1]
     # what a start does not name is the configuration's default, never the sampler's draw (P6' seed 3)
     assert points[0]["pytorch.linear"] == "default" and points[0]["server.max_batch_tokens"] == "null"
     assert points[0]["allocator"] == "default" and points[0]["openmp"] == "default"

@@ -40,6 +40,7 @@ class Batcher:
         self.max_batch = cfg.server.max_batch if cfg.scenario == "server" else 1
         self.max_queue_ns = int(cfg.server.max_queue_ms * 1e6)
         self.max_tokens = cfg.server.max_batch_tokens
+        self.max_padding = cfg.server.max_padding
         self.adaptive = cfg.server.queue_delay == "adaptive"
         self.gap_ns = float(self.max_queue_ns) or 1.0  # the mean time between arrivals (moving average)
         self.last_ns = 0
@@ -107,7 +108,8 @@ class Batcher:
 
     def _pop(self) -> list[Waiting]:
         """Oldest first; pad=sorted fills the batch with the waiting queries nearest the oldest one's length.
-        The token budget stops the batch at the first query that would overflow it (no starvation)."""
+        The token budget and the padding cap stop the batch at the first query that would overflow them (the
+        oldest always goes: no starvation)."""
         oldest = self.waiting[0]
         candidates = list(self.waiting)
         if self.pad == "sorted":
@@ -116,11 +118,19 @@ class Batcher:
         for item in candidates:
             if len(chosen) == self.max_batch:
                 break
-            if self.max_tokens and chosen:
-                length = padded_length([w.length for w in chosen] + [item.length], self.pad, self.limit)
-                if (len(chosen) + 1) * length > self.max_tokens:
-                    break
+            if chosen and not self.fits(chosen, item):
+                break
             chosen.append(item)
         ids = {id(w) for w in chosen}
         self.waiting = collections.deque(w for w in self.waiting if id(w) not in ids)
         return chosen
+
+    def fits(self, chosen: list[Waiting], item: Waiting) -> bool:
+        """Whether `item` joins the call of `chosen` within the token budget and the padding cap."""
+        if not self.max_tokens and self.max_padding is None:
+            return True
+        lengths = [w.length for w in chosen] + [item.length]
+        padded = len(lengths) * padded_length(lengths, self.pad, self.limit)
+        if self.max_tokens and padded > self.max_tokens:
+            return False
+        return self.max_padding is None or padded - sum(lengths) <= self.max_padding * padded

@@ -441,7 +441,8 @@ def summarise(cfg: BenchmarkConfig, outcome: ServeOutcome, queries: dict, endpoi
         "unreachable": outcome.unreachable, "bounded": outcome.bounded,
         "batching": None if cfg.endpoint else {  # over HTTP the server batches, out of sight
             "max_batch": cfg.server.max_batch, "max_queue_ms": cfg.server.max_queue_ms,
-            "max_batch_tokens": cfg.server.max_batch_tokens, "pad": cfg.pad, "batches": len(outcome.batch_rows),
+            "max_batch_tokens": cfg.server.max_batch_tokens, "max_padding": cfg.server.max_padding, "pad": cfg.pad,
+            "batches": len(outcome.batch_rows),
             "mean_rows": float(rows.mean()), "max_rows": int(rows.max()),
             "padding_waste": 1 - real / padded if padded else 0.0, "queue_delay": cfg.server.queue_delay,
             "real_tokens": int(real), "padded_tokens": int(padded), "rows_histogram": histogram(rows),

@@ -222,6 +222,7 @@ class Batching(Section):
     padded_tokens: int = 0  # rows x padded length, summed over the calls
     rows_histogram: dict[str, int] = field(default_factory=dict)  # rows per call -> calls
     padded_length_histogram: dict[str, int] = field(default_factory=dict)  # the length a call was padded to -> calls
+    max_padding: float | None = None  # the share of a call's padded tokens that may be padding (None: no cap)
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ STUDY_FILE = "study.db"
 SCREEN_QUERIES, SCREEN_STEPS, SCREEN_PRECISION = EARLY_STOPPING_QUERIES["server"], 5, 0.15
 # the serving knobs at the service's defaults (config.ServerConfig, pad): a label shows only what differs
 SERVING_DEFAULTS = {"server.queue_delay": "fixed", "server.max_queue_ms": "2", "server.max_batch_tokens": "null",
-                    "pad": "max", "server.fronts": "1"}
+                    "server.max_padding": "null", "pad": "max", "server.fronts": "1"}
 
 
 def merge(*groups: list[str]) -> list[str]:
