@@ -2,6 +2,8 @@
 summarised with an interval across repeats."""
 
 import json
+from dataclasses import replace
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -9,7 +11,7 @@ from helpers import LOOP, assert_one_line_error, corescale
 
 from corescale.overrides import compose
 from corescale.record.repeats import Interval, across_repeats
-from corescale.record.trial import TrialRecord
+from corescale.record.trial import Failure, TrialRecord
 from corescale.trials.local import schedule
 
 
@@ -82,3 +84,37 @@ def test_an_interval_of_a_positive_figure_never_reaches_zero():
     wide = Interval.of([3.44, 3.52, 14.54])
     assert 0 < wide.low < 3.44 and wide.high > wide.mean
     assert Interval.of([10.0, 11.0, 12.0]).low == pytest.approx(11 - 4.303 / 3 ** 0.5, rel=1e-3)  # as before
+
+
+SERVED = next((Path(__file__).parent / "data" / "schema2").glob("*pytorch*/result.json"))  # max valid QPS 416
+
+
+def served(max_qps, p50=9.0, p99=28.0):
+    record = TrialRecord.from_json(json.loads(SERVED.read_text()))
+    met = {"p50": p50, "p99": p99} if max_qps else {"p50": 80.0, "p99": 900.0}
+    record.server = replace(record.server, max_valid_qps=max_qps, latency_ms=met)
+    return record
+
+
+def test_server_repeats_are_summarised_by_their_max_qps():
+    """A server-scenario record has no closed-loop metrics: its repeats' figure is the max QPS that met the SLO
+    and the latencies at it (it read as 0 repeats, 2 failed, nan)."""
+    summary = across_repeats([served(400.0, 9.0, 30.0), served(440.0, 11.0, 34.0), served(None)])
+    assert summary.repeats == 2 and summary.failed == 0 and summary.unmet == 1
+    assert summary.unit == "QPS at the SLO"
+    assert summary.throughput.mean == pytest.approx(420.0) and summary.throughput.low < 400.0
+    assert summary.p50_ms.mean == pytest.approx(10.0) and summary.p99_ms.mean == pytest.approx(32.0)
+    failed = served(430.0).fail(Failure(kind="crash", message="instance 0 ended"))
+    assert across_repeats([failed, served(410.0)]).failed == 1
+
+
+def test_the_repeats_table_names_the_servers_rate(monkeypatch):
+    from corescale.report import console
+
+    shown = []
+    monkeypatch.setattr(console, "print_wide", lambda table: shown.append(table))
+    state = SimpleNamespace(records_of=lambda item: [served(400.0), served(440.0)])
+    console.print_repeats(state, [SimpleNamespace(number=1, label="server.max_batch=2")])
+    table = shown[0]
+    assert [c.header for c in table.columns][3] == "QPS at the SLO"
+    assert list(table.columns[2].cells) == ["2"] and list(table.columns[3].cells) == ["420.00"]

@@ -2,6 +2,7 @@
 
 import json
 import shutil
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -119,3 +120,28 @@ def test_csv_to_an_unwritable_place_is_one_line(root, tmp_path):
     assert proc.returncode == 2 and "cannot write --csv" in proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.startswith("corescale: error:")]
     assert len(errors) == 1 and "Traceback" not in proc.stderr and not (tmp_path / "no").exists()
+
+
+def test_the_summary_shows_the_settings_that_differ_and_a_servers_max_qps(tmp_path):
+    """Real results (tests/data/schema2): a LoadGen server search among two closed-loop runs, and the same search
+    again at another max batch. The summary shows the setting that tells the searches apart (not the server
+    settings that only the searches measure) and their max QPS with its latencies, which the closed-loop columns
+    leave blank."""
+    data = Path(__file__).parent / "data" / "schema2"
+    shutil.copytree(data, tmp_path / "outputs")
+    search = next((tmp_path / "outputs").glob("*pytorch*"))
+    record = json.loads((search / "result.json").read_text())
+    record["config"]["server"]["max_batch"], record["key"], record["trial_key"] = 2, "another", "another"
+    record["server"]["max_valid_qps"] = 380.0
+    shutil.copytree(search, tmp_path / "outputs" / "again")
+    (tmp_path / "outputs" / "again" / "result.json").write_text(json.dumps(record))
+    frame = store.load(tmp_path / "outputs").frame
+    columns = store.summary_columns(frame)
+    assert "server.max_batch" in columns and columns.index("server.max_batch") < columns.index("latency_p50_ms")
+    assert "server.min_query_count" not in columns and "output_dir" not in columns
+    assert {"server_max_valid_qps", "server_p50_ms", "server_p99_ms"} <= set(columns)
+    searches = frame[frame["scenario"] == "server"].sort_values("server.max_batch")
+    assert list(searches["server_max_valid_qps"]) == [380.0, 416.0]
+    assert searches["throughput_samples_per_s"].isna().all()
+    offline = store.summary_columns(frame[frame["scenario"] != "server"])
+    assert "server_max_valid_qps" not in offline and "server.max_batch" not in offline

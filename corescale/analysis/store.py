@@ -29,6 +29,8 @@ SUMMARY_COLUMNS = ["status", "model", "backend", "precision", "batch_size", "seq
                    "throughput_samples_per_s", "contaminated", "run"]
 # with them where some result judged its task's quality (`corescale results` shows them before "contaminated")
 QUALITY_SUMMARY = ["quality_task", "quality_metric", "quality_value", "quality_verdict"]
+SERVER_SUMMARY = ["server_max_valid_qps", "server_p50_ms", "server_p99_ms"]  # where some result is a QPS search
+MAX_VARYING = 6  # at most this many differing settings join the summary (--columns shows any)
 _FILTER = re.compile(r"^\s*([A-Za-z_][\w.]*)\s*(!=|>=|<=|=|>|<)\s*(.*?)\s*$")
 
 
@@ -222,11 +224,28 @@ def evaluation_columns(evaluation: dict | None) -> dict:
 
 
 def summary_columns(frame: pd.DataFrame) -> list[str]:
-    """SUMMARY_COLUMNS, with the quality columns where some result has a quality verdict."""
-    if "quality_task" not in frame.columns or frame["quality_task"].isna().all():
-        return list(SUMMARY_COLUMNS)
-    at = SUMMARY_COLUMNS.index("contaminated")
-    return [*SUMMARY_COLUMNS[:at], *QUALITY_SUMMARY, *SUMMARY_COLUMNS[at:]]
+    """SUMMARY_COLUMNS, with the measured settings whose values differ between the rows (a sweep's axes) before the
+    figures, the server scenario's max QPS and its latencies where some result searched it, and the quality
+    columns where some result has a quality verdict."""
+    columns = list(SUMMARY_COLUMNS)
+    if frame.empty:
+        return columns
+    measured = [set(json.loads(text)) for text in frame["measured"]]  # what each row's key holds
+
+    def differs(column: str) -> bool:  # among the rows whose measurement it is part of
+        rows = [column in names for names in measured]
+        return frame.loc[rows, column].map(normalise_value).nunique() > 1
+
+    varying = [c for c in config_columns(frame) if c not in columns and differs(c)]
+    at = columns.index("latency_p50_ms")
+    columns[at:at] = varying[:MAX_VARYING]
+    extra = []
+    if frame["server_max_valid_qps"].notna().any():
+        extra += SERVER_SUMMARY
+    if "quality_task" in frame.columns and frame["quality_task"].notna().any():
+        extra += QUALITY_SUMMARY
+    at = columns.index("contaminated")
+    return [*columns[:at], *extra, *columns[at:]]
 
 
 def _quality_names() -> list[str]:

@@ -46,6 +46,10 @@ class Interval:
             return None
         return (self.high - self.low) / 2 / self.mean
 
+    def bounds(self, digits: int = 2) -> str:
+        """'low – high', or '-' without an interval."""
+        return "-" if self.low is None else f"{self.low:.{digits}f} – {self.high:.{digits}f}"
+
     def text(self, unit: str, digits: int = 2) -> str:
         if self.low is None:
             return f"{self.mean:.{digits}f} {unit} (1 repeat: no interval)"
@@ -54,19 +58,49 @@ class Interval:
 
 
 @dataclass(frozen=True)
+class Headline:
+    """One measurement's rate and latencies as its scenario defines them."""
+
+    rate: float | None  # offline: samples/s; server: the max QPS whose p99 met the SLO; single stream: its QPS
+    p50_ms: float | None  # at that rate (server: None where no rate met the SLO)
+    p99_ms: float | None
+    unit: str  # what `rate` counts, for a column's header
+
+
+def headline(record: TrialRecord) -> Headline | None:
+    """The figures a table of repeats shows (None: nothing measured)."""
+    served = record.server
+    if served is not None:
+        met = served.max_valid_qps is not None or served.scenario != "server"
+        rate = served.max_valid_qps if served.scenario == "server" else (
+            served.steps[-1].completed_qps if served.steps else None)
+        lat = served.latency_ms if met else {}
+        unit = "QPS at the SLO" if served.scenario == "server" else "QPS"
+        return Headline(rate, lat.get("p50"), lat.get("p99"), unit)
+    m = record.metrics
+    if m is None:
+        return None
+    return Headline(m.throughput_samples_per_s, m.latency_s.p50 * 1e3, m.latency_s.p99 * 1e3, "samples/s")
+
+
+@dataclass(frozen=True)
 class AcrossRepeats:
-    repeats: int  # valid ones
-    failed: int
-    throughput: Interval  # samples/s
+    repeats: int  # valid ones with a figure
+    failed: int  # repeats that failed or were not valid
+    unmet: int  # valid server repeats where no rate met the SLO (no figure)
+    throughput: Interval  # samples/s, or QPS (unit)
     p50_ms: Interval
     p99_ms: Interval
+    unit: str | None  # None: nothing measured
 
 
 def across_repeats(records: list[TrialRecord]) -> AcrossRepeats:
-    ok = [r.metrics for r in records if r.valid_ok and r.metrics is not None]
+    valid = [headline(r) for r in records if r.valid_ok]
+    found = [h for h in valid if h is not None and h.rate is not None]
     return AcrossRepeats(
-        repeats=len(ok), failed=len(records) - len(ok),
-        throughput=Interval.of(m.throughput_samples_per_s for m in ok),
-        p50_ms=Interval.of(m.latency_s.p50 * 1e3 for m in ok),
-        p99_ms=Interval.of(m.latency_s.p99 * 1e3 for m in ok),
+        repeats=len(found), failed=len(records) - len(valid), unmet=len(valid) - len(found),
+        throughput=Interval.of(h.rate for h in found),
+        p50_ms=Interval.of(h.p50_ms for h in found),
+        p99_ms=Interval.of(h.p99_ms for h in found),
+        unit=found[0].unit if found else None,
     )

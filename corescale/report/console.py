@@ -481,20 +481,18 @@ def print_repeats(state, planned) -> None:
     """Per trial, the headline figures with their interval across repeats (the unit of uncertainty)."""
     from corescale.record.repeats import across_repeats
 
+    summaries = [across_repeats(state.records_of(item)) for item in planned]
+    units = sorted({s.unit for s in summaries if s.unit}) or ["samples/s"]
     table = Table(title="across repeats (fresh processes each; 95 % Student-t intervals)", header_style="bold")
-    for column in ("#", "trial", "repeats", "samples/s", "95 % CI", "p50 ms", "95 % CI", "p99 ms"):
-        table.add_column(column, justify="right" if column not in ("trial",) else "left")
-    for item in planned:
-        summary = across_repeats(state.records_of(item))
-        tput, p50 = summary.throughput, summary.p50_ms
-
-        def ci(interval, digits=2):
-            return "-" if interval.low is None else f"{interval.low:.{digits}f} – {interval.high:.{digits}f}"
-
-        failed = f" ({summary.failed} failed)" if summary.failed else ""
+    for column in ("#", "trial", "repeats", " · ".join(units), "95 % CI", "p50 ms", "95 % CI", "p99 ms"):
+        table.add_column(column, justify="left" if column == "trial" else "right")
+    for item, summary in zip(planned, summaries):
+        notes = "".join(f" ({n} {what})" for n, what in ((summary.failed, "failed"), (summary.unmet, "met no rate"))
+                        if n)
         label = item.label if len(planned) > 1 else "this configuration"
-        table.add_row(str(item.number), escape(label), f"{summary.repeats}{failed}", f"{tput.mean:.2f}",
-                      ci(tput), f"{p50.mean:.2f}", ci(p50), f"{summary.p99_ms.mean:.2f}")
+        tput, p50 = summary.throughput, summary.p50_ms
+        table.add_row(str(item.number), escape(label), f"{summary.repeats}{notes}", f"{tput.mean:.2f}",
+                      tput.bounds(), f"{p50.mean:.2f}", p50.bounds(), f"{summary.p99_ms.mean:.2f}")
     print_wide(table)
     console.print("the intervals in each run's own table are over that run's calls; these are over repeats",
                   soft_wrap=True)

@@ -12,7 +12,8 @@ RESULT_HEADERS = {"batch_size": "batch", "sequence_length": "seq", "instances": 
                   "cpus_per_instance": "cpus/inst", "threads_per_instance": "threads/inst", "latency_p50_ms": "p50 ms",
                   "latency_p99_ms": "p99 ms", "throughput_samples_per_s": "samples/s", "contaminated": "contam.",
                   "precision": "prec.", "quality_task": "task", "quality_metric": "quality",
-                  "quality_value": "value", "quality_verdict": "verdict"}
+                  "quality_value": "value", "quality_verdict": "verdict", "server_max_valid_qps": "max QPS",
+                  "server_p50_ms": "p50 ms at it", "server_p99_ms": "p99 ms at it"}
 VERDICT_COLOURS = {"slower": "red", "faster": "green"}
 
 

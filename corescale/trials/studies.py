@@ -23,6 +23,7 @@ import pandas as pd
 from corescale.config import STUDY_KINDS
 from corescale.errors import UserError
 from corescale.overrides import assignment, override_key
+from corescale.record.repeats import across_repeats, headline
 from corescale.record.stats import ms
 from corescale.record.trial import TrialRecord
 
@@ -128,6 +129,7 @@ def trial_row(kind: str, trial: StudyTrial, record: TrialRecord, path) -> dict:
     placed = record.placed
     m = record.metrics
     latency = m.latency_s if m else None
+    head = headline(record)  # the server scenario has no closed-loop metrics: its max QPS at the SLO
     return {
         "study": kind,
         "group": trial.group,
@@ -144,12 +146,12 @@ def trial_row(kind: str, trial: StudyTrial, record: TrialRecord, path) -> dict:
         "valid": record.valid,
         "contaminated": bool(m and m.contaminated),
         "foreign_load": m.foreign_load if m else np.nan,
-        "latency_p50_ms": ms(latency.p50 if latency else None, np.nan),
+        "latency_p50_ms": head.p50_ms if head and head.p50_ms is not None else np.nan,
         "latency_mean_ms": ms(latency.mean if latency else None, np.nan),
         "latency_p90_ms": ms(latency.p90 if latency else None, np.nan),
-        "latency_p99_ms": ms(latency.p99 if latency else None, np.nan),
+        "latency_p99_ms": head.p99_ms if head and head.p99_ms is not None else np.nan,
         "max_instance_p50_ms": ms(m.max_instance_p50_s, np.nan) if m else np.nan,
-        "throughput_samples_per_s": m.throughput_samples_per_s if m else np.nan,
+        "throughput_samples_per_s": head.rate if head and head.rate is not None else np.nan,
         "throughput_tokens_per_s": m.throughput_tokens_per_s if m else np.nan,
         "path": str(path) if path is not None else "",
     }
@@ -158,8 +160,6 @@ def trial_row(kind: str, trial: StudyTrial, record: TrialRecord, path) -> dict:
 def with_repeats(row: dict, records: list[TrialRecord]) -> dict:
     """A trial measured `repeats` times: its figures are the means over the repeats, with their 95 % interval
     (a failed repeat fails the row: a study compares like with like)."""
-    from corescale.record.repeats import across_repeats
-
     summary = across_repeats(records)
     row = {**row, "repeats": len(records), "repeats_ok": summary.repeats}
     if len(records) < 2 or summary.repeats == 0:
