@@ -173,3 +173,52 @@ def test_a_ratio_over_a_bounded_search_is_an_upper_bound():
     assert "its QPS search was bounded before it narrowed to its precision" in line
     figs[0]["open_ended"] = False
     assert not peer.open_ended and peer_words(peer, (9.2, 8.3, 10.1)).startswith("9.20× sentence")
+
+
+def latency_steps(p99_of):
+    """Steps whose p99 is p99_of(qps, n) (n: how many tests ran at that rate before); they keep up."""
+    seen: dict = {}
+
+    def step(qps):
+        n = seen[qps] = seen.get(qps, -1) + 1
+        p99 = p99_of(qps, n)
+        return types.SimpleNamespace(target_qps=qps, meets_slo=p99 <= 100.0, latency_ms={"p99": p99},
+                                     completed_qps=qps)
+    return step
+
+
+def test_a_doubtful_miss_above_a_calm_rate_is_tested_once_more():
+    """benchmarks/serve.py's in-process search on the Zen 4: 336 QPS missed with a p99 of 117 ms, then 269, 302,
+    319 and 328 met with p99s of 26-38 ms, and the search ended below 336. One pause of a shared vCPU explains
+    such a miss; the rate is tested again before it bounds the bracket, and the search goes on up when it meets."""
+    steps = []
+    found = search(latency_steps(lambda qps, n: 117.0 if (qps == 336.0 and n == 0) or qps > 500 else 30.0),
+                   336.0, 0.05, 12, steps, slo_ms=100.0)
+    rates = [s.target_qps for s in steps]
+    assert rates[:3] == [336.0, 268.8, 336.0] and getattr(steps[2], "retest", False)
+    assert rates[3] == 672.0 and 480.0 <= found.best <= 500.0  # on up, then bisected below 500 as before
+    assert sum(getattr(s, "retest", False) for s in steps) == 1
+
+
+@pytest.mark.parametrize("p99_of, why", [
+    (lambda qps, n: 117.0 if qps >= 336.0 else 30.0, "a miss that misses again bounds the bracket"),
+    (lambda qps, n: 250.0 if qps >= 336.0 else 30.0, "a miss by far is not doubtful"),
+    (lambda qps, n: 117.0 if qps >= 336.0 else 70.0, "below it the tail was not calm"),
+])
+def test_a_miss_is_tested_again_at_most_once_and_only_when_doubtful(p99_of, why):
+    steps = []
+    found = search(latency_steps(p99_of), 336.0, 0.05, 12, steps, slo_ms=100.0)
+    again = [s.target_qps for s in steps if getattr(s, "retest", False)]
+    assert again == ([336.0] if why.startswith("a miss that") else []), why
+    assert 320.0 <= found.best < 336.0 and all(s.target_qps <= 336.0 for s in steps), why
+
+
+def test_a_miss_that_fell_behind_is_never_doubtful():
+    steps = []
+
+    def step(qps):  # the doubled rate completed a fraction of its arrivals: saturation, not a pause
+        p99 = 30.0 if qps <= 100 else 120.0
+        return types.SimpleNamespace(target_qps=qps, meets_slo=p99 <= 100.0, latency_ms={"p99": p99},
+                                     completed_qps=qps if qps <= 100 else 0.6 * qps)
+    search(step, 100.0, 0.05, 12, steps, slo_ms=100.0)
+    assert not any(getattr(s, "retest", False) for s in steps)

@@ -81,6 +81,7 @@ class StepResult:
     http: dict | None = None  # over HTTP: the step's errors by kind and the server's timing breakdown
     broken: bool = False  # every query failed, none for lack of time (refused, 5xx): lower rates cannot help
     cut: bool = False  # the search's wall-time bound ended this test: its queued queries were answered at once
+    retest: bool = False  # the search ran this rate again: its first test's miss was doubtful (qps_search.DOUBTFUL)
 
     def to_json(self) -> dict:
         return dict(self.__dict__)

@@ -167,6 +167,7 @@ class ServerStep(Section):
     http: HttpStep | None = None  # endpoint=: the requests of this test
     broken: bool = False  # every query failed, none for lack of time: the search stops there
     cut: bool = False  # the search's wall-time bound ended this test (its queued queries answered at once)
+    retest: bool = False  # the search ran this rate again: its first test's miss was doubtful (a shared host's pause)
 
 
 @dataclass(frozen=True)

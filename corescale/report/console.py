@@ -117,7 +117,9 @@ def server_table(table: Table, record: TrialRecord) -> Table:
     lat = s.latency_ms
     if s.searched:
         found = f"{s.max_valid_qps:.4g}" if s.max_valid_qps else "none"
-        table.add_row("max valid QPS", found, f"p99 <= {s.slo_p99_ms:g} ms, {len(s.steps)} LoadGen tests")
+        again = [f"{st.target_qps:g}" for st in s.steps if st.retest]
+        retested = f"; {', '.join(again)} QPS tested again (a doubtful miss)" if again else ""
+        table.add_row("max valid QPS", found, f"p99 <= {s.slo_p99_ms:g} ms, {len(s.steps)} LoadGen tests{retested}")
         if s.unreachable:
             table.add_row("not searched", "", escape(s.unreachable))
         if s.bounded:
