@@ -16,8 +16,10 @@ front's and the model's CPU per request, the tail at 70 % load, cold start; DIR/
    open-loop Poisson load from this process (aiohttp, POST /embed with `truncate`, one built-in text per request,
    seeded), each request's latency from its *scheduled* send time (no coordinated omission). A rate passes when
    every request got 200, p99 <= SLO, at least --min-queries were sent and the answered rate is within 5 % of the
-   rate the arrivals were drawn at. Search: start at the in-process max (or --start-qps), step by 10 % until the
-   verdict flips, then bisect twice. Then one step at 70 % of the max: p99 ÷ p50.
+   rate the arrivals were drawn at. Search: the in-process search's rules (corescale's qps_search), from the
+   in-process max (or --start-qps): double or go down until the verdict flips (below a miss that fell behind, to
+   0.7 × what it answered), a doubtful miss tested once more, bisect to 5 %. Then one step at 70 % of the max:
+   p99 ÷ p50.
    At the max: the front's CPU per request (its /metrics), the instances' CPU per request (their processes'
    CPU time, /proc), real tokens/s (the texts sent, tokenized as the service does).
 4. --baseline CHECKOUT: the same HTTP measurement of another checkout's `corescale serve` (its own code, the same
@@ -43,6 +45,7 @@ import time
 import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import uvloop
@@ -250,22 +253,24 @@ def http_step(url: str, pid: int, texts: list[str], tokens: list[int], qps: floa
     return found
 
 
-def search(step, start: float) -> tuple[float | None, list[dict]]:
-    """Step by 10 % from `start` until the verdict flips, then bisect twice: the highest rate that passed."""
-    steps = [step(start)]
-    factor = 1.1 if steps[0]["passed"] else 0.9
-    while len(steps) < 8 and steps[-1]["passed"] == steps[0]["passed"]:
-        steps.append(step(steps[-1]["qps"] * factor))
-    passed = [s["qps"] for s in steps if s["passed"]]
-    missed = [s["qps"] for s in steps if not s["passed"]]
-    for _ in range(2):
-        if not passed or not missed:
-            break
-        middle = (max(passed) + min(m for m in missed if m > max(passed))) / 2
-        result = step(middle)
-        steps.append(result)
-        (passed if result["passed"] else missed).append(middle)
-    return (max(passed) if passed else None), steps
+def search(step, start: float, slo_ms: float) -> tuple[float | None, list[dict]]:
+    """The in-process search's rules over HTTP (corescale's qps_search: bracket from `start`, a doubtful miss
+    tested once more, bisect to 5 %), so that P9 divides two figures found the same way: the highest rate passed."""
+    from corescale.measure import qps_search
+
+    steps: list[dict] = []
+
+    def judged(qps: float) -> SimpleNamespace:
+        found = step(qps)
+        steps.append(found)
+        return SimpleNamespace(target_qps=qps, meets_slo=found["passed"], completed_qps=found["answered_qps"],
+                               latency_ms={"p50": found["p50_ms"], "p99": found["p99_ms"]})
+
+    judged_steps: list = []
+    best = qps_search.search(judged, start, 0.05, 10, judged_steps, slo_ms=slo_ms).best
+    for found, judgement in zip(steps, judged_steps):
+        found["retest"] = bool(getattr(judgement, "retest", False))
+    return best, steps
 
 
 def measure_served(name: str, checkout: Path, bundle: Path, out: Path, start_qps: float, texts: list[str],
@@ -285,7 +290,7 @@ def measure_served(name: str, checkout: Path, bundle: Path, out: Path, start_qps
         def step(qps: float) -> dict:
             return http_step(url, process.pid, texts, tokens, qps, args, seed=len(texts))
 
-        best_qps, steps = search(step, start_qps)
+        best_qps, steps = search(step, start_qps, args.slo)
         at70 = step(0.7 * best_qps) if best_qps else None
     best = max((s for s in steps if s["passed"]), key=lambda s: s["qps"], default=None)
 
