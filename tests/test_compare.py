@@ -86,3 +86,35 @@ def test_significance_across_repeats():
 def test_bad_ignore_key_is_one_line(roots):
     proc = corescale("compare", str(roots["before"]), str(roots["rerun"]), "--ignore", "colour")
     assert proc.returncode == 2 and "unknown config key(s) colour" in proc.stderr
+
+
+def _searches(tmp_path, name, rates):
+    """A root of real QPS-search results (tests/data/schema2's LoadGen server search), one repeat per rate; a rate
+    of None is a search where no rate met the SLO."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    source = next((Path(__file__).parent / "data" / "schema2").glob("*pytorch*"))
+    root = tmp_path / name
+    for repeat, rate in enumerate(rates):
+        shutil.copytree(source, root / f"run-{repeat}")
+        record = json.loads((root / f"run-{repeat}" / "result.json").read_text())
+        record["server"]["max_valid_qps"], record["repeat"], record["repeats"] = rate, repeat, len(rates)
+        (root / f"run-{repeat}" / "result.json").write_text(json.dumps(record))
+    return store.load(root).frame
+
+
+def test_qps_searches_are_compared_by_their_max_qps(tmp_path):
+    """A search has no closed-loop p50 (compare crashed on None); its figure is the max QPS at the SLO, compared
+    across repeats as the time per query at it: fewer QPS after reads slower."""
+    before = _searches(tmp_path, "before", [400.0, 410.0, 405.0])
+    fewer = compare.compare_frames(before, _searches(tmp_path, "after", [200.0, 210.0, 190.0, None]), 0.1)
+    [row] = fewer.rows.to_dict(orient="records")
+    assert row["figure"] == "max QPS" and row["before"] == pytest.approx(405.0) and row["after"] == 200.0
+    assert row["verdict"] == "slower" and row["ratio"] == pytest.approx(2.03, rel=0.01) and "x slower" in row["change"]
+    assert row["repeats_after"] == 3 and row["throughput_ratio"] == pytest.approx(200 / 405)  # the None left out
+    same = compare.compare_frames(before, _searches(tmp_path, "again", [402.0, 407.0, 404.0]), 0.1)
+    assert same.rows["verdict"].tolist() == ["no significant change"]
+    two = compare.compare_frames(before, _searches(tmp_path, "two", [300.0, 310.0]), 0.1)
+    assert two.rows["verdict"].iloc[0].startswith("not enough repeats to tell (3 vs 2")

@@ -110,20 +110,39 @@ def _labels(frame: pd.DataFrame, varying: list[str]) -> list[str]:
             for _, row in frame.iterrows()]
 
 
+SEARCHED = "server_max_valid_qps"  # a QPS search's figure (scenario=server, target_qps=auto)
+
+
+def _figures(rows: pd.DataFrame, searched: bool) -> list[float]:
+    """Each repeat's figure, as a time (lower is faster): its latency p50, or for a QPS search the time per query
+    at its max QPS (1000 ÷ QPS ms); a repeat without one (a search that met no rate) is left out."""
+    if searched:
+        return [1e3 / q for q in pd.to_numeric(rows[SEARCHED], errors="coerce").dropna() if q > 0]
+    return list(pd.to_numeric(rows["latency_p50_ms"], errors="coerce").dropna())
+
+
 def _compared(before: pd.DataFrame, after: pd.DataFrame, ignored: list[str], threshold: float) -> dict:
-    """One matched trial: its repeats on each side, compared across repeats."""
+    """One matched trial: its repeats on each side, compared across repeats (a QPS search by its max QPS)."""
     first = pd.concat([before.iloc[-1].add_suffix("_before"), after.iloc[-1].add_suffix("_after")])
-    p50_before, p50_after = list(before["latency_p50_ms"]), list(after["latency_p50_ms"])
-    test = repeat_test(p50_before, p50_after)
-    ratio = test.ratio if test else float(np.mean(p50_after) / np.mean(p50_before))
+    searched = SEARCHED in before and SEARCHED in after and \
+        bool(before[SEARCHED].notna().any() or after[SEARCHED].notna().any())
+    cost_before, cost_after = _figures(before, searched), _figures(after, searched)
+    test = repeat_test(cost_before, cost_after)
+    ratio = test.ratio if test else (float(np.mean(cost_after) / np.mean(cost_before))
+                                     if cost_before and cost_after else np.nan)
+    rates = SEARCHED if searched else "throughput_samples_per_s"
+    rate_before, rate_after = (float(pd.to_numeric(rows[rates], errors="coerce").mean()) for rows in (before, after))
+    p50_before, p50_after = (np.nan if searched or not costs else float(np.mean(costs))
+                             for costs in (cost_before, cost_after))
     return {
         "trial": " ".join([before["_label"].iloc[-1], *_changes(first, ignored)]).strip(),
-        "repeats_before": len(before), "repeats_after": len(after),
-        "p50_before_ms": float(np.mean(p50_before)), "p50_after_ms": float(np.mean(p50_after)),
+        "repeats_before": len(cost_before), "repeats_after": len(cost_after),
+        "figure": "max QPS" if searched else "p50 ms", "before": rate_before if searched else p50_before,
+        "after": rate_after if searched else p50_after, "p50_before_ms": p50_before, "p50_after_ms": p50_after,
         "ratio": ratio, "ci_low": test.ci_low if test else np.nan, "ci_high": test.ci_high if test else np.nan,
-        "p_value": test.p_value if test else np.nan, "change": describe_ratio(ratio),
-        "verdict": verdict(test, threshold, (len(before), len(after))),
-        "throughput_ratio": float(after["throughput_samples_per_s"].mean() / before["throughput_samples_per_s"].mean()),
+        "p_value": test.p_value if test else np.nan, "change": describe_ratio(ratio) if ratio == ratio else "-",
+        "verdict": verdict(test, threshold, (len(cost_before), len(cost_after))),
+        "throughput_ratio": rate_after / rate_before if rate_before else np.nan,
         "run_before": before["run"].iloc[-1], "run_after": after["run"].iloc[-1],
         **shared_host(before, after),
     }

@@ -38,8 +38,8 @@ def handle(args) -> int:
     if args.csv:
         write_csv(rows, args.csv)
     elif not rows.empty:
-        print_wide(comparison_table(rows, f"{args.before} → {args.after} (latency p50; threshold "
-                                          f"{args.threshold:.0%})"))
+        print_wide(comparison_table(rows, f"{args.before} → {args.after} (latency p50, a QPS search's max QPS; "
+                                          f"threshold {args.threshold:.0%})"))
     notes = errors if args.csv == "-" else console  # stdout holds exactly the CSV
     for side, names in (("before", result.only_before), ("after", result.only_after)):
         for name in names:

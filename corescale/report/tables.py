@@ -38,9 +38,10 @@ def _cell(column: str, value, describe) -> str:
 
 
 def comparison_table(rows, title: str) -> Table:
-    """`corescale compare`: matched trials' p50 before and after, the change, its interval and verdict."""
+    """`corescale compare`: matched trials' figure (p50, or a QPS search's max QPS) before and after, the change,
+    its interval and verdict."""
     table = Table(title=escape(title), header_style="bold")
-    for column in ("trial", "before ms", "after ms", "change", "95 % CI", "p", "verdict", "throughput", "sentinel",
+    for column in ("trial", "figure", "before", "after", "change", "95 % CI", "p", "verdict", "throughput", "sentinel",
                    "interleaved"):
         table.add_column(column, justify="left" if column in ("trial", "verdict") else "right")
     for _, row in rows.iterrows():
@@ -48,7 +49,8 @@ def comparison_table(rows, title: str) -> Table:
         mark = "*" if row.get("sentinel_moved") else ""
         low, high = row.get("sentinel_low"), row.get("sentinel_high")
         sentinel = "-" if low is None or low != low else f"{low:.2f}–{high:.2f}×{mark}"
-        table.add_row(escape(row["trial"]), f"{row['p50_before_ms']:.3f}", f"{row['p50_after_ms']:.3f}",
+        digits = 1 if row["figure"] == "max QPS" else 3
+        table.add_row(escape(row["trial"]), row["figure"], f"{row['before']:.{digits}f}", f"{row['after']:.{digits}f}",
                       row["change"] + mark, f"{row['ci_low']:.3f}–{row['ci_high']:.3f}", f"{row['p_value']:.2g}",
                       f"[{colour}]{row['verdict']}[/{colour}]", f"{row['throughput_ratio']:.2f}x", sentinel,
                       "yes" if row.get("interleaved") else "no")
