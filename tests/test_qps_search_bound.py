@@ -222,3 +222,26 @@ def test_a_miss_that_fell_behind_is_never_doubtful():
                                      completed_qps=qps if qps <= 100 else 0.6 * qps)
     search(step, 100.0, 0.05, 12, steps, slo_ms=100.0)
     assert not any(getattr(s, "retest", False) for s in steps)
+
+
+def test_going_down_from_a_first_miss_a_rate_is_raised_until_its_test_fits():
+    """make run at e911ce6: out-of-box PyTorch's first test at 62.9 QPS missed (p99 182 ms, kept up) 21 s into a
+    30 s bound; the next, 34.51 QPS, needed 13.3 s of the 8.9 left, and the baseline had no rate at all (its
+    ratio unprinted). A rate between them whose test fits is tried instead; never the missed rate or above."""
+    clock = Clock()
+    least = lambda qps: max(2.0, 459 / qps)  # noqa: E731 - LoadGen's least test time at qps
+    steps = []
+
+    def step(qps):
+        clock.now += 21.1 if not steps else least(qps)
+        p99 = 182.0 if qps > 60 else 70.0
+        return types.SimpleNamespace(target_qps=qps, meets_slo=p99 <= 100.0, latency_ms={"p99": p99},
+                                     completed_qps=qps)
+    found = search(step, 62.9, 0.1, 6, steps, slo_ms=100.0, bound=Bound(30.0, clock), least_s=least)
+    rates = [s.target_qps for s in steps]
+    assert rates[0] == 62.9 and 34.51 < rates[1] < 62.9 and least(rates[1]) <= 8.9
+    assert found.best == rates[1] and found.bounded
+    # where even a rate just below the miss does not fit, nothing above it is tried: no rate, bounded
+    clock, steps = Clock(), []
+    found = search(step, 62.9, 0.1, 6, steps, slo_ms=100.0, bound=Bound(23.0, clock), least_s=least)
+    assert [s.target_qps for s in steps] == [62.9] and found.best is None and found.bounded

@@ -88,7 +88,8 @@ def search(step, first: float, precision: float, max_steps: int, steps: list, fl
     behind, go below the rate it completed rather than to half a high guess, and try that rate before bisecting)
     then bisect until the bracket is within `precision` of its low end; every step is appended to `steps`.
     Halving stops below `floor` (a LoadGen test there would outlast the timeout). `bound`: no test starts that
-    cannot end within it (least_s(qps): the least a test at qps takes), and a step that the bound cut (result.cut)
+    cannot end within it (least_s(qps): the least a test at qps takes; while one end of the bracket is unknown, a
+    rate is raised to the least whose test fits, below a missed one), and a step that the bound cut (result.cut)
     ends the search; either way the best rate met so far is kept."""
     low: float | None = None
     high: float | None = None
@@ -101,11 +102,13 @@ def search(step, first: float, precision: float, max_steps: int, steps: list, fl
     while len(steps) < max_steps and qps >= floor:
         need = least_s(qps) if least_s is not None else 0.0
         if need > (bound.left() if steps else bound.total()):  # the first test runs when it fits at all
-            raised = fitting(qps, bound.left(), least_s) if low is not None and high is None else None
+            raised = fitting(qps, bound.left(), least_s) if steps and (low is None or high is None) else None
+            if raised is not None and high is not None and raised >= high:
+                raised = None  # going down from a miss: only a rate below it is worth the time left
             if raised is None:
                 return Searched(low, f"{bound.words()} ended it after {tests(len(steps))}: the next, at {qps:g} "
                                      f"QPS, takes at least {need:.3g} s and {max(bound.left(), 0.0):.3g} s were left")
-            qps = raised  # still bracketing upwards: a little faster, so that it fits, rather than no upper end
+            qps = raised  # still bracketing: a little faster, so that it fits, rather than no end found
         result = step(qps)
         if again is not None:
             result.retest, again = True, None
