@@ -245,3 +245,26 @@ def test_going_down_from_a_first_miss_a_rate_is_raised_until_its_test_fits():
     clock, steps = Clock(), []
     found = search(step, 62.9, 0.1, 6, steps, slo_ms=100.0, bound=Bound(23.0, clock), least_s=least)
     assert [s.target_qps for s in steps] == [62.9] and found.best is None and found.bounded
+
+
+def test_the_console_names_a_retested_rate():
+    """The record keeps which step was a second test (server.steps[].retest); the run's table names its rate."""
+    import dataclasses
+    import json
+    from pathlib import Path
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from corescale.record.trial import TrialRecord
+    from corescale.report.console import server_table
+
+    source = next((Path(__file__).parent / "data" / "schema2").glob("*pytorch*/result.json"))
+    record = TrialRecord.from_json(json.loads(source.read_text()))
+    steps = [*record.server.steps, dataclasses.replace(record.server.steps[-1], retest=True)]
+    record.server = dataclasses.replace(record.server, steps=steps)
+    again = TrialRecord.from_json(json.loads(json.dumps(record.to_json())))
+    assert [s.retest for s in again.server.steps][-2:] == [False, True]
+    console = Console(width=200, record=True)
+    console.print(server_table(Table(), again))
+    assert f"{steps[-1].target_qps:g} QPS tested again (a doubtful miss)" in console.export_text()
