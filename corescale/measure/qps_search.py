@@ -130,8 +130,8 @@ def search(step, first: float, precision: float, max_steps: int, steps: list, fl
                 break  # even the fastest query missed: lower rates cannot help
             if low is None and getattr(result, "broken", False):
                 break  # every query failed, none for lack of time: the server is broken, not overloaded
-        if not retested and high is not None and doubtful(missed, calm, slo_ms, high):
-            qps = again = high
+        if not retested and missed is not None and doubtful(missed, calm, slo_ms):
+            qps = again = missed.target_qps
             retested = True
             continue
         if low is None:
@@ -150,13 +150,14 @@ def search(step, first: float, precision: float, max_steps: int, steps: list, fl
     return Searched(low)
 
 
-def doubtful(missed, calm, slo_ms: float | None, high: float) -> bool:
-    """Whether the step that bounds the bracket from above missed the SLO by so little, having kept up, above a
-    rate met with a calm tail, that one pause of a shared host explains it (see DOUBTFUL)."""
-    if missed is None or calm is None or slo_ms is None or missed.target_qps != high:
+def doubtful(missed, calm, slo_ms: float | None) -> bool:
+    """Whether the step that bounds the bracket from above (`missed`) missed the SLO by so little, having kept up,
+    above the rate met with a calm tail (`calm`, the bracket's lower end), that one pause of a shared host explains
+    it (see DOUBTFUL)."""
+    if missed is None or calm is None or slo_ms is None:
         return False
     p99, calm_p99 = ((r.latency_ms or {}).get("p99") for r in (missed, calm))
-    if not p99 or not calm_p99 or behind(missed, high) is not None:
+    if not p99 or not calm_p99 or behind(missed, missed.target_qps) is not None:
         return False
     return slo_ms < p99 <= DOUBTFUL * slo_ms and calm_p99 <= CALM * slo_ms
 
