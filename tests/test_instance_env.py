@@ -21,7 +21,7 @@ def cfg(**kw) -> BenchmarkConfig:
 
 def fake_lib(directory, name):
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / name).write_bytes(b"not an ELF file")
+    (directory / name).write_bytes(b"\x7fELF and nothing a loader could use")  # passes the ELF check only
     return directory / name
 
 
@@ -83,8 +83,7 @@ def test_a_recorded_launch_is_derived_again_here(tmp_path, monkeypatch):
     monkeypatch.setenv("OMP_PLACES", "cores")  # the user's; dropped under Intel's runtime, here as when measured
     monkeypatch.delenv("LD_PRELOAD", raising=False)
     monkeypatch.setenv(instance_env.LIB_PATH_ENV, str(tmp_path))
-    lib = tmp_path / "libiomp5.so"
-    lib.touch()
+    lib = fake_lib(tmp_path, "libiomp5.so")
     config = cfg(openmp="intel")
     measured = instance_env.Launch.of(config, PLACEMENT)
     replayed = instance_env.Launch.from_recorded(config, PLACEMENT, measured.recorded())

@@ -139,8 +139,18 @@ def test_missing_allocator_is_one_line_exit_2(tmp_path):
     assert "libjemalloc2" in proc.stderr and not out.exists()
 
 
-def test_preload_that_does_not_load_is_an_error_not_a_warning(tmp_path):
+def test_a_preload_that_is_no_elf_library_is_one_line_before_any_worker(tmp_path):
     (tmp_path / "libjemalloc.so.2").write_bytes(b"junk, not a shared library")
+    out = tmp_path / "out"
+    proc = corescale("run", *FAST, "allocator=jemalloc", f"output_dir={out}", "--no-progress",
+                     env={instance_env.LIB_PATH_ENV: str(tmp_path)})
+    assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0, proc.stderr
+    assert "is not an ELF shared library" in proc.stderr and str(tmp_path) in proc.stderr
+    assert not out.exists() or not any(out.iterdir())
+
+
+def test_preload_that_does_not_load_is_an_error_not_a_warning(tmp_path):
+    (tmp_path / "libjemalloc.so.2").write_bytes(b"\x7fELF junk, not a shared library")
     out = tmp_path / "out"
     proc = corescale("run", *FAST, "allocator=jemalloc", f"output_dir={out}", "--no-progress",
                      env={instance_env.LIB_PATH_ENV: str(tmp_path)})

@@ -99,10 +99,11 @@ def conclude(tune, outcome: dict, args) -> TuneDocument:
         console.print(line, markup=False, soft_wrap=True)
     if doc.recipe:
         print_path("recipe", doc.recipe["recipe.sh"])
-        console.print(f"reproduce it: bash {doc.recipe['recipe.sh']}", markup=False, soft_wrap=True)
+        console.print(f"reproduce it: bash {shlex.quote(doc.recipe['recipe.sh'])}", markup=False, soft_wrap=True)
         if doc.recipe.get("bundle"):
             print_path("bundle", doc.recipe["bundle"])
-            console.print(f"serve it: corescale serve {doc.recipe['bundle']}", markup=False, soft_wrap=True)
+            console.print(f"serve it: corescale serve {shlex.quote(doc.recipe['bundle'])}", markup=False,
+                          soft_wrap=True)
         elif doc.recipe.get("serve_words"):  # a managed service whose record holds no layout: its overrides
             console.print(f"serve it: corescale serve {' '.join(map(shlex.quote, doc.recipe['serve_words']))}",
                           markup=False, soft_wrap=True)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import math
 import re
+import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -99,7 +100,7 @@ def deploy(path: Path, options: DeployOptions) -> int:
     print(f"corescale deploy: wrote {', '.join(files)} into {options.out}: pods of {plan.cpus} CPU(s) and "
           f"{plan.memory_bytes // 2**20} MiB (Guaranteed), scaled at {plan.target_qps:.4g} inputs/s per pod "
           f"({UTILISATION:.0%} of {plan.capacity_qps:.4g}); build the image first: docker build -f "
-          f"Dockerfile.example -t {plan.image} {path}")
+          f"Dockerfile.example -t {plan.image} {shlex.quote(str(path))}")
     if "offline" in plan.capacity_basis:
         print(f"corescale deploy: warning: {plan.capacity_basis}", file=sys.stderr)
     return 0

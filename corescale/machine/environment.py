@@ -187,11 +187,12 @@ def capture() -> HostEnvironment:
         captured_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
 
 
-def mapped_libraries() -> dict[str, str]:
-    """Allocator and OpenMP libraries really mapped into this process (from /proc/self/maps)."""
+def mapped_libraries(maps: str | None = None) -> dict[str, str]:
+    """Allocator and OpenMP libraries really mapped into this process (from /proc/self/maps, or `maps`: its text)."""
     found: dict[str, str] = {}
-    for line in (read_text("/proc/self/maps") or "").splitlines():
-        path = line.split()[-1] if line.count(" ") >= 5 else ""
+    for line in ((read_text("/proc/self/maps") if maps is None else maps) or "").splitlines():
+        fields = line.split(maxsplit=5)  # address perms offset dev inode path: a path may hold spaces
+        path = fields[5].strip() if len(fields) == 6 else ""
         name = os.path.basename(path)
         for label, stem in WATCHED_LIBS.items():
             if name.startswith(stem):

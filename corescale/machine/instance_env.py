@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from corescale.errors import UserError
 from corescale.machine.cpulist import format_cpulist
 from corescale.machine.placement import InstanceSpec
+from corescale.machine.preload_links import check_library, loader_path
 
 if TYPE_CHECKING:
     from corescale.backends.options import BackendOptions
@@ -65,7 +66,7 @@ def find_library(library: Library, dirs: list[Path] | None = None) -> Path:
     for name in library.files:
         for directory in dirs:
             if (directory / name).is_file():
-                return directory / name
+                return check_library(directory / name, f"{library.label}'s")
     where = ", ".join(map(str, dirs)) or "(no directories)"
     raise UserError(f"{library.label}: {library.files[0]} not found in {where}; install {library.install} "
                     f"or point {LIB_PATH_ENV} at its directory")
@@ -90,11 +91,24 @@ def requested_libraries(cfg: LaunchSettings) -> list[Library]:
 
 def preload_paths(cfg: LaunchSettings) -> list[Path]:
     """Resolves every requested library; raises UserError naming the package when one is missing. A preloaded
-    allocator comes with the libraries the backend needs bound to it."""
+    allocator comes with the libraries the backend needs bound to it. Each is checked to be an ELF library, and one
+    whose path LD_PRELOAD cannot name whole (a space or ':') gets its link (preload_links), before anything starts."""
     paths = [find_library(library) for library in requested_libraries(cfg)]
     if cfg.allocator in ALLOCATORS:
-        paths[1:1] = cfg.backend.allocator_companions()
+        paths[1:1] = [check_library(path, "the backend's allocator companion")
+                      for path in cfg.backend.allocator_companions()]
+    for path in paths:
+        loader_path(path)
     return paths
+
+
+def loader_preload(preload: list[Path]) -> dict[str, str]:
+    """LD_PRELOAD as the child's dynamic loader reads it: `preload` through links where their paths hold a space or
+    ':' (preload_links), then what this environment preloads already."""
+    if not preload:
+        return {}
+    inherited = os.environ.get("LD_PRELOAD", "")
+    return {"LD_PRELOAD": ":".join([*map(loader_path, preload), *([inherited] if inherited else [])])}
 
 
 def openmp_env(cfg: LaunchSettings, spec: InstanceSpec) -> dict[str, str]:
@@ -207,8 +221,10 @@ class Launch:
     @classmethod
     def of(cls, cfg: LaunchSettings, spec: InstanceSpec, preload: list[Path] | None = None) -> Launch:
         """The launch of one instance of `cfg` (preload: the resolved libraries, when the caller has them)."""
-        variables = instance_variables(cfg, spec, preload_paths(cfg) if preload is None else preload)
-        return cls(command_prefix(spec), inherited_with(cfg, variables), tuple(spec.cpus), variables)
+        preload = preload_paths(cfg) if preload is None else preload
+        variables = instance_variables(cfg, spec, preload)  # recorded: the libraries' real paths
+        return cls(command_prefix(spec), inherited_with(cfg, {**variables, **loader_preload(preload)}),
+                   tuple(spec.cpus), variables)
 
     @classmethod
     def from_recorded(cls, cfg: LaunchSettings, spec: InstanceSpec, recorded: dict[str, Any],

@@ -10,6 +10,7 @@ from __future__ import annotations
 import html
 import json
 import math
+import shlex
 from pathlib import Path
 
 from corescale.analysis import store
@@ -50,8 +51,6 @@ def _number(value) -> float | None:
 
 def model_word(frame) -> str:
     """The results' model as a command word takes it (the most frequent one)."""
-    import shlex
-
     models = frame["model"].dropna().astype(str)
     return shlex.quote(models.mode().iloc[0]) if not models.empty else "MODEL"
 
@@ -305,9 +304,10 @@ def sections(doc: TuneDocument, root, frame, cpu: str, missing: list[tuple[str, 
     answer = [f"<script>{plotly.offline.get_plotlyjs()}</script><script>{DECLUTTER_JS}</script>",
               recommendation_html(doc)]
     if doc.recipe:
-        serve = (f'Serve it: <code>corescale serve {e(str(doc.recipe["bundle"]))}</code> (the measured artifacts, '
+        bundle = shlex.quote(str(doc.recipe.get("bundle")))
+        serve = (f'Serve it: <code>corescale serve {e(bundle)}</code> (the measured artifacts, '
                  'layout and head as an HTTP service). ' if doc.recipe.get("bundle") else "")
-        answer.append(f'<p>{serve}Reproduce it: <code>bash {e(str(doc.recipe.get(RECIPE)))}</code> (the '
+        answer.append(f'<p>{serve}Reproduce it: <code>bash {e(shlex.quote(str(doc.recipe.get(RECIPE))))}</code> (the '
                       f'<a href="#recipe">recipe</a> below).</p>')
     if points:
         answer.append(_chart("tune-pareto", "Latency–throughput Pareto front", pareto_figure(points, highlights(

@@ -18,6 +18,7 @@ from corescale.backends import attribute, entry
 from corescale.errors import UserError
 from corescale.machine import instance_env
 from corescale.machine.cpulist import format_cpulist
+from corescale.machine.preload_links import loader_safe
 from corescale.overrides import override_key
 from corescale.record.files import write_atomic
 from corescale.record.trial import TrialRecord
@@ -26,6 +27,7 @@ RECIPE_DIR = "recipe"  # in the tune's directory
 RECIPE, SNIPPET, CONFIG = "recipe.sh", "snippet.py", "config.yaml"
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # what a shell takes as a variable name, and nothing else
 INDEX_ENV, COUNT_ENV = "CORESCALE_INSTANCE_INDEX", "CORESCALE_INSTANCES"
+LINKS = "preload_links"  # the script's variable: its private folder of links to libraries LD_PRELOAD cannot name
 
 
 def run_line(overrides: list[str]) -> list[str]:
@@ -39,17 +41,48 @@ def serve_words(overrides: list[str]) -> list[str]:
     return [o for o in overrides if override_key(o) not in ("output_dir", "repeats", "endpoint", "api")]
 
 
+def preloaded_links(record: TrialRecord) -> list[str]:
+    """The recorded libraries whose paths LD_PRELOAD cannot name whole (a space or ':': preload_links), in order."""
+    found: list[str] = []
+    for report in record.instance_reports:
+        value = (report.launch.get("env") or {}).get("LD_PRELOAD", "")
+        found += [p for p in str(value).split(":") if p and not loader_safe(p) and p not in found]
+    return found
+
+
+def link_lines(linked: list[str]) -> list[str]:
+    """Shell lines that link each of `linked` from a private space-free folder, removed when the script ends."""
+    if not linked:
+        return []
+    lines = ["# ld.so splits LD_PRELOAD on spaces and colons: these libraries are preloaded through links in a",
+             "# private folder, removed when this script ends",
+             f"{LINKS}=$(mktemp -d /tmp/corescale-preload.XXXXXX)", f"trap 'rm -rf \"${LINKS}\"' EXIT"]
+    for slot, library in enumerate(linked):
+        lines.append(f"mkdir \"${LINKS}/{slot}\" && ln -s {shlex.quote(library)} "
+                     f"\"${LINKS}/{slot}/\"{shlex.quote(Path(library).name)}")
+    return lines
+
+
+def preload_word(value: str, linked: list[str]) -> str:
+    """An LD_PRELOAD value as a shell word, each linked library named by its link."""
+    parts = [f"\"${LINKS}/{linked.index(p)}/\"{shlex.quote(Path(p).name)}" if p in linked else shlex.quote(p)
+             for p in value.split(":") if p]
+    return ":".join(parts)
+
+
 def instance_lines(record: TrialRecord) -> list[str]:
     """One backgrounded line per measured instance, replayed as `Launch.from_recorded` replays it: its recorded
     variables over the inherited environment (less what an instance never inherits), then its pinning (numactl
     where it may bind memory on the machine that runs the script, else taskset), then the command."""
-    lines = []
+    linked = preloaded_links(record)
+    lines = link_lines(linked)
     count = len(record.specs)
     unset = "".join(f" -u {name}" for name in instance_env.dropped_variables(record.config))
     for spec, report in zip(record.specs, record.instance_reports):
         env = checked_env(report.launch.get("env") or {}, record.trial_key)
         env.update({INDEX_ENV: str(spec.id), COUNT_ENV: str(count)})
-        assigned = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+        assigned = " ".join(f"{k}={preload_word(v, linked) if k == 'LD_PRELOAD' else shlex.quote(v)}"
+                            for k, v in env.items())
         cpus, nodes = format_cpulist(spec.cpus), format_cpulist(spec.numa_nodes)
         lines.append(f"# instance {spec.id}: CPUs {cpus}, memory on NUMA node(s) {nodes or '-'}, "
                      f"{spec.threads} thread(s), batch {spec.batch_size}")
