@@ -29,7 +29,7 @@ def clients(task="embed", key=KEY, room=8, rows=lambda ids: np.arange(1, 33, dty
     for fast in (True, False):
         head = HeadSpec(task=task, pooling="mean", normalize=False)
         metrics = Metrics()
-        app = create_app(Front(FakePool(room=room, rows=rows), tokens(), head, "m", metrics, width=32), key,
+        app = create_app(Front(FakePool(room=room, rows=rows), tokens(), head, ["m"], metrics, width=32), key,
                          payload_bytes=PAYLOAD, loopback_only=key is None)
         if not fast:
             app.fast.clear()

@@ -318,7 +318,7 @@ def front_client(task="embed", key=None, **pool):
     pool = FakePool(**pool)
     head = HeadSpec(task=task, pooling=None if task == "encode" else "mean", normalize=task == "embed")
     metrics = Metrics()
-    app = create_app(Front(pool, tokens, head, "m", metrics, width=32), key)
+    app = create_app(Front(pool, tokens, head, ["m"], metrics, width=32), key)
     return TestClient(app, raise_server_exceptions=False), pool, metrics
 
 

@@ -111,7 +111,7 @@ def client(task: str) -> TestClient:
     from corescale.serve.metrics import Metrics
 
     head = dataclasses.replace(HeadSpec(task=task), pooling="mean")
-    return TestClient(create_app(Front(Pool(), Tokens(), head, "m", Metrics()), None))
+    return TestClient(create_app(Front(Pool(), Tokens(), head, ["m"], Metrics()), None))
 
 
 def test_the_service_exposes_its_route(toy_task):

@@ -9,7 +9,7 @@ import os
 
 from corescale.commands import add_common
 from corescale.commands._common import path_arg
-from corescale.commands.serve import port_number, whole_number
+from corescale.commands.serve import add_names, port_number, whole_number
 from corescale.measure.http.contract import API_KEY_ENV
 
 ORDER = 76
@@ -46,6 +46,7 @@ def register(sub) -> None:
                        help="let a bundle whose config asks for allow_pickle load pickle weights")
     trust.add_argument("--verify", metavar="KEYFILE", type=path_arg,
                        help="deploy the bundle only if its manifest.sig verifies with the key in KEYFILE")
+    add_names(parser)
     parser.set_defaults(handler=handle)
 
 
@@ -56,6 +57,7 @@ def handle(args) -> int:
     from corescale.deploy.source import check_out
     from corescale.errors import UserError
     from corescale.serve.manifest import read_key
+    from corescale.serve.names import checked
     from corescale.serve.opened import Trust
 
     found = target(args.target)
@@ -68,5 +70,5 @@ def handle(args) -> int:
         raise UserError(f"the API key is empty (--api-key or ${API_KEY_ENV}): give a key, or unset {API_KEY_ENV}")
     options = DeployOptions(out, args.host, args.port, args.api_key, Trust(args.trust_remote_code, args.allow_pickle),
                             read_key(args.verify) if args.verify else None, args.name, args.image, args.namespace,
-                            args.threads_per_core, args.address)
+                            args.threads_per_core, args.address, tuple(checked(args.served_model_name)))
     return runner(found)(Path(args.bundle), options)

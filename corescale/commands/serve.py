@@ -32,6 +32,7 @@ def register(sub) -> None:
                         "divide them; default: the bundle's server.fronts, else 1): one front's event loop caps the "
                         "requests/s (docs/deploy.md)")
     parser.add_argument("--access-log", action="store_true", help="log every request (uvicorn's access log)")
+    add_names(parser)
     defaults = Limits()
     limits = parser.add_argument_group("limits (each checked before any work: docs/deploy.md)")
     limits.add_argument("--payload-limit", type=whole_number, default=defaults.payload_bytes, metavar="BYTES",
@@ -67,6 +68,13 @@ def register(sub) -> None:
                         help="a batch's deadline: S seconds plus 20 of the instance's warm calls; past it the "
                         "instance is killed and started again and the batch's requests get 503 (default 10)")
     parser.set_defaults(handler=handle)
+
+
+def add_names(parser) -> None:
+    """--served-model-name, as serve and deploy take it."""
+    parser.add_argument("--served-model-name", nargs="+", metavar="NAME", default=[],
+                        help="the model id(s) the service answers to (OpenAI's `model`, GET /v1/models); the first is "
+                             "the one answers carry (default: the bundle's model and the names its folder records)")
 
 
 def whole_number(text: str) -> int:
@@ -105,6 +113,7 @@ def handle(args) -> int:
     missing = [m for m in ("fastapi", "uvicorn", "prometheus_client") if importlib.util.find_spec(m) is None]
     if missing:
         raise UserError(f"corescale serve needs {', '.join(missing)}: pip install 'corescale[serve]'")
+    from corescale.serve.names import checked
     from corescale.serve.service import Options, run
 
     if len(args.source) > 1 and not all("=" in word for word in args.source):
@@ -132,4 +141,5 @@ def handle(args) -> int:
     return run(args.source, Options(args.host, args.port, args.api_key, args.max_queue, args.max_inputs,
                                     args.access_log, limits, args.max_connections, args.receive_timeout, trust,
                                     read_key(args.verify) if args.verify else None, fronts=args.fronts,
+                                    served_model_names=tuple(checked(args.served_model_name)),
                                     **({"batch_timeout": args.batch_timeout} if args.batch_timeout else {})))

@@ -38,6 +38,7 @@ class DeployOptions:
     namespace: str | None = None  # kubernetes: the objects' namespace (default: none written, kubectl's)
     threads_per_core: int | None = None  # kubernetes: the nodes' (default: the measuring machine's)
     address: str | None = None  # ray: the cluster (HOST:PORT or auto); None: a private local one on loopback
+    served_model_names: tuple[str, ...] = ()  # --served-model-name: what the service answers to (serve/names.py)
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ capacity through the Prometheus metric `corescale_inputs_per_second` — inputs 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 import re
@@ -70,6 +71,7 @@ class PodPlan:
     measured_on: str
     pins: str = ""  # the measured library versions serve requires, as pip pins ("onnxruntime==1.32.0 ...")
     fronts: int = 1  # the bundle's server.fronts: front processes, each before its share of the instances
+    served_model_names: tuple[str, ...] = ()  # --served-model-name, passed to the pod's corescale serve
 
     @property
     def fronts_words(self) -> str:
@@ -93,7 +95,8 @@ def deploy(path: Path, options: DeployOptions) -> int:
     if options.namespace is not None and not NAME.fullmatch(options.namespace):
         raise UserError(f"--namespace '{options.namespace[:80]}': expected a DNS label (a-z, 0-9, '-', at most 63)")
     checked = read_bundle(path, options.trust, options.key)
-    plan = pod_plan(checked, name or default_name(checked), image, options.namespace, options.threads_per_core)
+    plan = dataclasses.replace(pod_plan(checked, name or default_name(checked), image, options.namespace,
+                                        options.threads_per_core), served_model_names=options.served_model_names)
     files = manifests(plan)
     assert options.out is not None  # the command checked it (the target writes files)
     write_folder(options.out, files)
@@ -226,7 +229,8 @@ def deployment(plan: PodPlan) -> dict[str, Any]:
     container = {
         "name": "serve",
         "image": plan.image,
-        "command": ["corescale", "serve", "/bundle", "--host", "0.0.0.0", "--port", str(PORT)],
+        "command": ["corescale", "serve", "/bundle", "--host", "0.0.0.0", "--port", str(PORT),
+                    *(["--served-model-name", *plan.served_model_names] if plan.served_model_names else [])],
         "ports": [{"name": "http", "containerPort": PORT}],
         "env": [{"name": API_KEY_ENV, "valueFrom": {"secretKeyRef": {"name": f"{plan.name}-api-key", "key": "key",
                                                                      "optional": True}}},

@@ -44,7 +44,7 @@ from corescale.machine.scratch import scratch
 from corescale.measure.http.contract import authority, ready_line
 from corescale.serve.app import Front
 from corescale.serve.opened import Bundle, open_bundle, part
-from corescale.serve.service import Options, Stopped, bind, front_app, front_parts, stop_signal
+from corescale.serve.service import Options, Stopped, bind, front_app, front_parts, model_names, stop_signal
 from corescale.serve.supervisor import say as said
 
 APPLICATION = "corescale"  # the Ray Serve application's name (and its deployment's)
@@ -106,7 +106,7 @@ class Replica:
         metrics.watch(self.pool)
         self.stack.enter_context(housekeeping_cpus(opened.specs))  # the front off every block of this node
         tokens, width = front_parts(mine, options)
-        self.front = EngineFront(self.pool, tokens, mine.head, mine.model, metrics, width)
+        self.front = EngineFront(self.pool, tokens, mine.head, model_names(options, mine), metrics, width)
         self.front.extra["replica"] = {"replica": context.replica_tag, "rank": rank.rank, "node_rank": rank.node_rank,
                                        "local_rank": rank.local_rank, "cpus": list(mine.specs[0].cpus),
                                        "pid": os.getpid(), "instance_pid": self.instance_pid()}
@@ -136,7 +136,8 @@ def serve_on_ray(bundle: Path, options: DeployOptions) -> int:
     """The registry's entry (deploy/__init__.py): the command line's options as `corescale serve`'s."""
     from corescale.serve.opened import Trust
 
-    served = Options(options.host, options.port, options.api_key, trust=options.trust or Trust(), key=options.key)
+    served = Options(options.host, options.port, options.api_key, trust=options.trust or Trust(), key=options.key,
+                     served_model_names=options.served_model_names)
     return run(str(bundle), served, options.address, options.name or APPLICATION)
 
 

@@ -34,6 +34,7 @@ from starlette.requests import ClientDisconnect
 from corescale.measure.http.contract import ServiceInfo, WhatRuns
 from corescale.serve import pool as pools
 from corescale.serve.guard import DISCONNECTED, Guard, Refused, refusal
+from corescale.serve.names import serves
 from corescale.serve.tokens import Tokens, TooLarge, Unservable
 from corescale.workload.heads import HeadSpec
 from corescale.workload.tasks import TASKS, Route, Task, resolve
@@ -60,9 +61,12 @@ class Front:
     """What the routes share: the pool, the tokenizer, the head, the metrics; `width`: the length of one output
     row (an embedding's dimensions, a token's hidden size) where the model says it, else None."""
 
-    def __init__(self, pool: pools.Pool, tokens: Tokens, head: HeadSpec, model_name: str, metrics,
+    def __init__(self, pool: pools.Pool, tokens: Tokens, head: HeadSpec, names: list[str], metrics,
                  width: int | None = None):
-        self.pool, self.tokens, self.head, self.model_name, self.metrics = pool, tokens, head, model_name, metrics
+        self.pool, self.tokens, self.head, self.metrics = pool, tokens, head, metrics
+        self.names = names  # serve/names.py: the canonical one first (what answers carry)
+        self.model_name = names[0]
+        self.started = int(time.time())
         self.width = width
         self.extra: dict[str, Any] = {}  # GET /info's corescale.extra: which front (or Ray replica) answered
         self.limiter: Any = None  # the threads tokenizing and encoding (made on the loop, on first use)
@@ -148,6 +152,10 @@ class Front:
                    "inference": request.inference_ns / 1e9, "total": time.perf_counter() - began,
                    "tokens": encoded.tokens, "lengths": [len(row) for row in encoded.rows]}
         return outputs, timings
+
+    def model_card(self, name: str) -> dict[str, Any]:
+        """One entry of GET /v1/models, in OpenAI's shape (`created`: when this service started)."""
+        return {"id": name, "object": "model", "created": self.started, "owned_by": "corescale"}
 
     def info(self) -> ServiceInfo:
         """GET /info: Hugging Face TEI's fields, and under `corescale` what runs: the source, the serving config,
@@ -236,6 +244,18 @@ def create_app(front: Front, api_key: str | None, payload_bytes: int = 2_000_000
         ready = front.pool.ready_count()
         return Response(status_code=200 if ready else 503, content=f"{ready} of {len(front.pool.instances)} "
                         "instances ready\n", media_type="text/plain")
+
+    @app.get("/v1/models")
+    async def models():
+        return Response(encoded(lambda: {"object": "list", "data": [front.model_card(n) for n in front.names]}),
+                        media_type="application/json")
+
+    @app.get("/v1/models/{model:path}")
+    async def model(model: str):
+        if not serves(front.names, model):
+            raise Refused(404, f"The model '{model[:200]}' does not exist; this service serves "
+                          f"{', '.join(repr(n) for n in front.names)}", "model_not_found")
+        return Response(encoded(lambda: front.model_card(front.model_name)), media_type="application/json")
 
     @app.get("/info")
     async def info():

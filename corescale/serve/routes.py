@@ -13,6 +13,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel, Field
 
 from corescale.serve.app import TEXTS, Front, Refused, as_list
+from corescale.serve.names import serves
 from corescale.workload.tasks import Task
 
 
@@ -48,9 +49,9 @@ class Predict(BaseModel):
 async def embeddings(front: Front, task: Task, body: Embeddings) -> Response:
     """OpenAI's embeddings: unit-length vectors (as OpenAI's are: clients take the dot product as the cosine),
     `model` the served one (or 404 model_not_found), `dimensions` the model's (checked before computing)."""
-    if body.model is not None and not serves(front.model_name, body.model):
+    if body.model is not None and not serves(front.names, body.model):
         raise Refused(404, f"The model '{body.model[:200]}' does not exist; this service serves "
-                      f"'{front.model_name}'", "model_not_found")
+                      f"{', '.join(repr(n) for n in front.names)} (GET /v1/models)", "model_not_found")
     if any(not isinstance(item, str) for item in as_list(body.input)):  # type: ignore[arg-type]
         raise Refused(422, "input: token ids are not accepted: they would be another tokenizer's (tiktoken's) "
                       "ids, not this model's; send the text (LangChain: check_embedding_ctx_length=False)",
@@ -99,12 +100,6 @@ def unit(outputs: list[np.ndarray], normalised: bool) -> np.ndarray:
         return vectors
     norms = np.linalg.norm(vectors, axis=-1, keepdims=True)
     return vectors / np.maximum(norms, np.float32(1e-12))
-
-
-def serves(served: str, asked: str) -> bool:
-    """`asked` names the served model: its name, or a hub id or path ending in it (case aside)."""
-    name = served.rstrip("/").rsplit("/", 1)[-1].lower()
-    return asked.lower() in (served.lower(), name) or asked.rstrip("/").rsplit("/", 1)[-1].lower() == name
 
 
 async def rerank(front: Front, task: Task, body: Rerank) -> Response:

@@ -63,6 +63,15 @@ class Options:
     # front processes sharing the port, each before its share of the instances (serve/fronts.py); None: the
     # config's server.fronts (a bundle's: what was measured)
     fronts: int | None = None
+    served_model_names: tuple[str, ...] = ()  # --served-model-name: the first canonical (serve/names.py); () derived
+
+
+def model_names(options: Options, opened: Bundle) -> list[str]:
+    """What the service answers to (serve/names.py), from the options or the bundle's model and its folder."""
+    from corescale.serve.names import served_names
+
+    folder = Path(opened.cfg.model)
+    return served_names(list(options.served_model_names), opened.model, folder if folder.is_dir() else None)
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -181,7 +190,7 @@ def serve_front(serving: Serving, mine: Bundle, announce: Callable[[float, str],
             from corescale.serve.app import Front
             from corescale.serve.guard import deadline_protocol
 
-            front = Front(pool, serving.tokens, mine.head, mine.model, metrics, serving.width)
+            front = Front(pool, serving.tokens, mine.head, model_names(serving.options, mine), metrics, serving.width)
             if index is not None:
                 front.extra["front"] = {"index": index, "fronts": fronts, "pid": os.getpid(),
                                         "instances": [spec.id for spec in mine.specs]}
