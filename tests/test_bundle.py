@@ -150,3 +150,43 @@ def test_a_final_artifact_gets_no_build_step_again(tmp_path):
     file_export(cfg, "other", OnnxModel(artifact / "model.onnx", artifact.name, False, True))
     plain = known_export(cfg, "other")
     assert plain is not None and not plain.final
+
+
+# ---- review 0.4 F5: nothing leaves a model folder that was not in it ----------------------------------------------
+
+def test_a_link_out_of_the_model_folder_is_refused_and_a_hub_snapshots_blobs_are_not(tmp_path):
+    from corescale.serve.bundle import folder_files
+
+    model = tmp_path / "models--org--name"
+    snapshot = model / "snapshots" / "rev1"
+    (model / "blobs").mkdir(parents=True)
+    snapshot.mkdir(parents=True)
+    (model / "blobs" / "abc").write_text("{}")
+    (snapshot / "config.json").symlink_to("../../blobs/abc")  # how the hub cache lays out a snapshot
+    (snapshot / "inside.md").write_text("mine")
+    (snapshot / "also.md").symlink_to("inside.md")
+    assert [str(r) for r, _ in folder_files(snapshot)] == ["also.md", "config.json", "inside.md"]
+    secret = tmp_path / "credentials"
+    secret.write_text("aws_secret_access_key=...")
+    (snapshot / "notes.md").symlink_to(secret)
+    with pytest.raises(UserError) as err:
+        folder_files(snapshot)
+    assert "notes.md is a link to" in str(err.value) and "outside the folder" in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.slow  # the CLI: refused before anything is measured
+def test_run_bundle_refuses_a_model_folder_whose_link_leads_out_before_measuring(tmp_path):
+    from helpers import corescale
+    from serving import minilm_folder
+
+    model = tmp_path / "their model"
+    shutil.copytree(minilm_folder(), model)
+    secret = tmp_path / "id_ed25519"
+    secret.write_text("-----BEGIN OPENSSH PRIVATE KEY-----")
+    (model / "README").symlink_to(secret)
+    out = tmp_path / "out"
+    proc = corescale("run", f"model={model}", "backend=onnxruntime", f"output_dir={out}", "--no-progress",
+                     "--bundle", str(tmp_path / "b"))
+    assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0, proc.stderr
+    assert "README is a link to" in proc.stderr and not out.exists() and not (tmp_path / "b").exists()

@@ -61,7 +61,22 @@ def check_destination(directory: Path, cfg: BenchmarkConfig) -> None:
     parent = directory.resolve().parent
     if not parent.is_dir() or not os.access(parent, os.W_OK):
         raise UserError(f"bundle folder '{directory}': '{parent}' is not a writable folder")
-    tokenizer_source(cfg)
+    tokenizer = tokenizer_source(cfg)
+    folder = model_folder(cfg)
+    if folder is not None:
+        folder_files(folder)
+    for name in TOKENIZER_FILES if tokenizer != folder else ():
+        if (tokenizer / name).is_file():
+            tokenizer_file(tokenizer, name)
+
+
+def tokenizer_file(folder: Path, name: str) -> Path:
+    """A tokenizer file a bundle copies: the folder's own (a link out of it is refused, as in folder_files)."""
+    real = (folder / name).resolve()
+    if not any(real.is_relative_to(root) for root in allowed_roots(folder)):
+        raise UserError(f"tokenizer folder '{folder}': {name} is a link to {real}, outside the folder; a bundle "
+                        "carries only the folder's own files")
+    return real
 
 
 def model_spec(cfg: BenchmarkConfig):
@@ -96,17 +111,43 @@ def tokenizer_source(cfg: BenchmarkConfig) -> Path:
     return folder
 
 
+def allowed_roots(source: Path) -> list[Path]:
+    """Where a model folder's files may really lie: in the folder, and for a hub cache's snapshot
+    (`models--ORG--NAME/snapshots/REV`, whose files link into `../../blobs`) in that model's blobs."""
+    root = source.resolve()
+    roots = [root]
+    if root.parent.name == "snapshots":
+        roots.append(root.parent.parent / "blobs")
+    return roots
+
+
+def folder_files(source: Path) -> list[tuple[Path, Path]]:
+    """(path in the folder, the file it really is) for each file a bundle would copy; a symbolic link that leads
+    out of the folder (or out of a hub snapshot's blobs) is refused with one line naming it: a folder from someone
+    else must not carry another file of this machine into a bundle, and from it into an image."""
+    roots = allowed_roots(source)
+    found = []
+    for item in sorted(source.rglob("*")):
+        relative = item.relative_to(source)
+        if relative.parts[0] in SKIPPED_DIRS or not item.is_file():
+            continue
+        real = item.resolve()
+        if not any(real.is_relative_to(root) for root in roots):
+            raise UserError(f"model folder '{source}': {relative} is a link to {real}, outside the folder; a bundle "
+                            "carries only the folder's own files (copy that file in, or remove the link)")
+        found.append((relative, real))
+    return found
+
+
 def copy_folder(source: Path, target: Path, encoder: Path | None) -> None:
     """The model folder's files (sub-folders such as 1_Pooling too); the encoder's weights only when `encoder`
     is None (with an ONNX artifact they are in the graph; a Dense module's stay: its folder is checked)."""
-    for item in sorted(source.rglob("*")):
-        relative = item.relative_to(source)
-        if not item.is_file() or relative.parts[0] in SKIPPED_DIRS:
-            continue
+    for relative, real in folder_files(source):
+        item = source / relative
         if encoder is not None and item.suffix in WEIGHT_SUFFIXES and item.parent.resolve() == encoder.resolve():
             continue
         (target / relative).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(item.resolve(), target / relative)
+        shutil.copy2(real, target / relative)
 
 
 def figures(record: TrialRecord) -> dict[str, Any]:
@@ -253,7 +294,7 @@ def contents(tmp: Path, measured: WhatRan) -> None:
         (tmp / TOKENIZER_DIR).mkdir()
         for name in TOKENIZER_FILES:
             if (tokenizer / name).is_file():
-                shutil.copy2(tokenizer / name, tmp / TOKENIZER_DIR / name)
+                shutil.copy2(tokenizer_file(tokenizer, name), tmp / TOKENIZER_DIR / name)
     artifact = None
     if model_path is not None:
         kind = bundled_artifact(cfg.backend.name)
