@@ -200,6 +200,10 @@ def test_the_keeper_survives_a_start_that_fails(running):
         os.kill(running.worker(), signal.SIGKILL)
         wait_for(lambda: "could not start" in running.log.read_text(), 60, "the failed start was not reported")
         assert running.health() == 503
+        began = time.monotonic()  # nothing is running and the next start is a backoff away: refused at once
+        refused = httpx.post(f"{service.url}/embed", json={"inputs": TEXTS}, timeout=60)
+        assert refused.status_code == 503 and int(refused.headers["Retry-After"]) >= 1, refused.text
+        assert time.monotonic() - began < 5 and "last start failed" in refused.json()["error"]
     finally:
         work.unlink()
         aside.rename(work)
@@ -256,3 +260,130 @@ def test_sigterm_to_every_process_of_the_service_drains_every_accepted_request(r
     assert code == 0, running.log.read_text()[-2000:]
     assert sorted(answers) == [200] * 12, answers
     wait_for(lambda: not processes_with_env(running.marker), 10, "a process of the service outlived it")
+
+
+def batch_reducing_onnx(path: Path) -> Path:
+    """A text model file whose output has one row whatever the batch (its batch axis averaged away): the answer to
+    a batch of several inputs is not one row per input (review 0.4 F2)."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    vocab, hidden = 30522, 8
+    weights = numpy_helper.from_array(np.random.default_rng(0).standard_normal((vocab, hidden)).astype(np.float32),
+                                      "emb")
+    nodes = [helper.make_node("Gather", ["emb", "input_ids"], ["e"]),
+             helper.make_node("ReduceMean", ["e"], ["tokens"], axes=[1], keepdims=0),
+             helper.make_node("ReduceMean", ["tokens"], ["sentence_embedding"], axes=[0], keepdims=1)]
+    inputs = [helper.make_tensor_value_info(n, TensorProto.INT64, ["B", "S"]) for n in ("input_ids", "attention_mask")]
+    outputs = [helper.make_tensor_value_info("sentence_embedding", TensorProto.FLOAT, [1, hidden])]
+    graph = helper.make_graph(nodes, "reduces-the-batch", inputs, outputs, [weights])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), str(path))
+    return path
+
+
+@pytest.mark.slow
+def test_an_answer_that_is_not_one_row_per_input_fails_its_batch_and_strands_nothing(tmp_path):
+    import shutil
+
+    from serving import minilm_folder
+
+    model = batch_reducing_onnx(tmp_path / "reduces.onnx")
+    shutil.copy(minilm_folder() / "tokenizer.json", tmp_path / "tokenizer.json")  # beside the file: its tokenizer
+    layout = (f"model={model} backend=onnxruntime instances=1 cores_per_instance=1 batch_size=4 "
+              "sequence_length=32")
+    with Service(layout, tmp_path / "serve.log", "--max-queue", "4") as service:
+        one = httpx.post(f"{service.url}/embed", json={"inputs": ["a single text"]}, timeout=60)
+        assert one.status_code == 200, one.text  # one input: one row, answered
+        for _ in range(6):  # more inputs than the queue holds, over the runs: each slot must come back
+            answer = httpx.post(f"{service.url}/embed", json={"inputs": TEXTS}, timeout=60)
+            assert answer.status_code == 500 and "first axis must be the batch" in answer.json()["error"], answer.text
+        queued = float(re.search(r"^corescale_queue_inputs (\S+)", httpx.get(f"{service.url}/metrics", timeout=10)
+                                 .text, re.M).group(1))
+        assert queued == 0 and httpx.get(f"{service.url}/health", timeout=5).status_code == 200
+        assert httpx.post(f"{service.url}/embed", json={"inputs": ["again"]}, timeout=60).status_code == 200
+
+
+@pytest.mark.slow
+def test_queued_inputs_end_at_the_queue_deadline_whatever_the_instance_does(running):
+    """A stopped worker holds its batch (a long batch deadline); what waits behind it gets 503 at the queue
+    deadline, not when the worker comes back."""
+    service = running.get("--queue-timeout", "1", "--batch-timeout", "60", fresh=True)
+    worker = running.worker()
+    os.kill(worker, signal.SIGSTOP)
+    answers: list = []
+
+    def post() -> None:
+        began = time.monotonic()
+        answer = httpx.post(f"{service.url}/embed", json={"inputs": TEXTS}, timeout=120)
+        answers.append((answer.status_code, answer.text, time.monotonic() - began))
+    threads = [threading.Thread(target=post) for _ in range(4)]
+    try:
+        for thread in threads:
+            thread.start()
+            time.sleep(0.05)
+        wait_for(lambda: len(answers) >= 2, 30, "the queued requests did not end at their deadline")
+    finally:
+        os.kill(worker, signal.SIGCONT)
+    for thread in threads:
+        thread.join(timeout=60)
+    late = [a for a in answers if a[0] == 503]
+    assert late and all("queue deadline (1 s)" in text and took < 10 for _, text, took in late), answers
+    assert all(status in (200, 503) for status, _, _ in answers), answers
+    service.stop()
+
+
+def test_an_answer_is_one_row_per_input_or_refused():
+    import base64
+
+    import numpy as np
+
+    from corescale.measure import protocol
+    from corescale.serve.pool import answered_rows
+
+    def reply(array):
+        return protocol.Answered(1, 0, 1, 8, 8, shape=list(array.shape),
+                                 rows=base64.b64encode(array.astype("<f4").tobytes()).decode())
+    assert answered_rows(reply(np.ones((3, 4))), 3).shape == (3, 4)
+    for wrong in (np.ones((1, 4)), np.ones(3), np.float32(1.0)):
+        with pytest.raises(ValueError, match="first axis must be the batch"):
+            answered_rows(reply(np.asarray(wrong)), 2 if np.ndim(wrong) else 3)
+    broken = protocol.Answered(1, 0, 1, 8, 8, shape=[2, 4], rows=base64.b64encode(b"\0" * 12).decode())
+    with pytest.raises(ValueError):  # bytes that do not fill the stated shape
+        answered_rows(broken, 2)
+
+
+def test_the_queue_gives_up_what_waited_past_its_deadline():
+    import numpy as np
+
+    from corescale.config import BenchmarkConfig
+    from corescale.measure.batching import Batcher, Waiting
+
+    batcher = Batcher(BenchmarkConfig(), np.zeros(0, dtype=np.int64))
+    batcher.add([Waiting("old", 100, 4), Waiting("older", 50, 4), Waiting("new", 500, 4)])
+    assert [w.sample for w in batcher.expired(200)] == ["old", "older"]
+    assert [w.sample for w in batcher.waiting] == ["new"] and batcher.expired(200) == []
+
+
+def test_a_ray_replica_whose_instance_stays_down_reports_unhealthy(monkeypatch):
+    import time as clock
+    from types import SimpleNamespace
+
+    from corescale.deploy import ray_serve
+
+    ready = [1]
+    replica = ray_serve.Replica.__new__(ray_serve.Replica)  # no Ray: only its health check
+    replica.down_since = None
+    replica.pool = SimpleNamespace(ready_count=lambda: ready[0],
+                                   instances=[SimpleNamespace(id=0, failure="exited with status -9")])
+    now = [1000.0]
+    monkeypatch.setattr(clock, "monotonic", lambda: now[0])
+    replica.check_health()  # ready
+    ready[0] = 0
+    replica.check_health()  # down, within the grace: a restart takes seconds
+    now[0] += ray_serve.UNHEALTHY_S + 1
+    with pytest.raises(RuntimeError, match="has not been ready"):
+        replica.check_health()
+    ready[0] = 1
+    replica.check_health()
+    assert replica.down_since is None

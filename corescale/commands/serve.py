@@ -67,6 +67,9 @@ def register(sub) -> None:
     parser.add_argument("--batch-timeout", type=seconds, metavar="S",
                         help="a batch's deadline: S seconds plus 20 of the instance's warm calls; past it the "
                         "instance is killed and started again and the batch's requests get 503 (default 10)")
+    parser.add_argument("--queue-timeout", type=seconds, metavar="S",
+                        help="the longest an input waits in the queue for an instance; past it its request gets "
+                             "503, whatever the instances do (default 30)")
     parser.set_defaults(handler=handle)
 
 
@@ -142,4 +145,5 @@ def handle(args) -> int:
                                     args.access_log, limits, args.max_connections, args.receive_timeout, trust,
                                     read_key(args.verify) if args.verify else None, fronts=args.fronts,
                                     served_model_names=tuple(checked(args.served_model_name)),
-                                    **({"batch_timeout": args.batch_timeout} if args.batch_timeout else {})))
+                                    **({"batch_timeout": args.batch_timeout} if args.batch_timeout else {}),
+                                    **({"queue_timeout": args.queue_timeout} if args.queue_timeout else {})))

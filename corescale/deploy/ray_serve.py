@@ -51,6 +51,7 @@ APPLICATION = "corescale"  # the Ray Serve application's name (and its deploymen
 ENGINE = "ray serve"  # what GET /info's corescale.engine says
 READY_S = 60.0  # after the application runs, the longest its proxy may take to answer /health
 DRAIN_S = 60.0  # a replica's graceful shutdown: its accepted requests answered within this (serve's GRACEFUL_S)
+UNHEALTHY_S = 30.0  # a replica's instance down this long (its restarts failing): the replica reports unhealthy
 CONSTRUCTOR_RETRIES = 1  # a replica whose instance cannot start is not started again and again
 
 
@@ -78,6 +79,7 @@ class Replica:
         restore_thread_env()  # Ray's OMP_NUM_THREADS=1 reaches neither the front nor the child
         self.stack = ExitStack()
         self.options = options
+        self.down_since: float | None = None  # since when no instance of this replica has been ready
         try:
             self.start(options, bundle)
         except BaseException:
@@ -100,7 +102,7 @@ class Replica:
         block = rank.local_rank % len(opened.specs)
         mine = part(opened, [block])
         metrics = Metrics()
-        self.pool = Pool(mine, work, metrics, options.max_queue, options.batch_timeout)
+        self.pool = Pool(mine, work, metrics, options.max_queue, options.batch_timeout, options.queue_timeout)
         self.stack.callback(self.pool.stop)
         self.pool.start(opened.cfg.timeout)
         metrics.watch(self.pool)
@@ -112,6 +114,20 @@ class Replica:
                                        "pid": os.getpid(), "instance_pid": self.instance_pid()}
         say(f"replica {context.replica_tag} (rank {rank.rank}, node {rank.node_rank}, local {rank.local_rank}): "
             f"instance {mine.specs[0].id} on CPUs {format_cpulist(mine.specs[0].cpus)}")
+
+    def check_health(self) -> None:
+        """Ray Serve's health check (every health_check_period_s): a replica whose instance has been down longer
+        than UNHEALTHY_S (its restarts failing) says so, and Ray replaces it and stops routing to it meanwhile."""
+        import time
+
+        if self.pool.ready_count():
+            self.down_since = None
+            return
+        self.down_since = self.down_since or time.monotonic()
+        if time.monotonic() - self.down_since > UNHEALTHY_S:
+            instance = self.pool.instances[0]
+            raise RuntimeError(f"instance {instance.id} has not been ready for {UNHEALTHY_S:g} s "
+                               f"({instance.failure or 'restarting'})")
 
     def instance_pid(self) -> int | None:
         handle = self.pool.instances[0].handle

@@ -89,6 +89,15 @@ class Batcher:
             self.waiting.clear()
             return items
 
+    def expired(self, before_ns: int) -> list[Waiting]:
+        """The items that arrived before `before_ns`, taken out of the queue (a service's queue deadline)."""
+        with self.cond:
+            old = [w for w in self.waiting if w.arrived_ns < before_ns]
+            if old:
+                gone = {id(w) for w in old}
+                self.waiting = collections.deque(w for w in self.waiting if id(w) not in gone)
+            return old
+
     def take(self) -> list[Waiting] | None:
         """The next batch (blocks); None once closed and empty."""
         with self.cond:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Callable
 from typing import Annotated, Any
@@ -119,6 +120,8 @@ class Front:
             self.pool.admit(len(texts))
         except pools.Overloaded as exc:
             raise Refused(429, f"Model is overloaded: {exc}", "Overloaded", {"Retry-After": "1"}) from None
+        except pools.NotReady as exc:
+            raise Refused(503, str(exc), "Unhealthy", {"Retry-After": str(math.ceil(exc.retry_after_s))}) from None
         loop = asyncio.get_running_loop()
         submitted = False
         try:

@@ -36,6 +36,8 @@ from corescale.serve.opened import Bundle
 from corescale.serve.supervisor import BATCH_DEADLINE_S, LATE, ServedInstance, log_tail, say, survived
 
 STOP_GRACE_S = 5.0  # the longest stopped instances have to send their reports
+QUEUE_DEADLINE_S = 30.0  # the longest an input waits in the queue for an instance, then 503 (--queue-timeout)
+SWEEP_S = 0.25  # how often the queue is swept for inputs past their deadline
 DRAIN_S = 10.0  # after the front's drain, the longest the dispatchers may take before queued inputs get 503
 
 
@@ -45,6 +47,15 @@ class Overloaded(Exception):
 
 class InstanceDied(Exception):
     """The instance computing the request died, or was killed for missing its deadline (503)."""
+
+
+class NotReady(InstanceDied):
+    """Every instance is down and backing off after a failed start: refused at once (503, Retry-After: the seconds
+    until the first is due to start again)."""
+
+    def __init__(self, message: str, retry_after_s: float):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class BatchFailed(Exception):
@@ -89,6 +100,16 @@ def infer(number: int, rows: list[Row]) -> protocol.Infer:
     return protocol.Infer(number, [row.request.rows[row.index].tolist() for row in rows],
                           [None if row.request.types is None else row.request.types[row.index].tolist()
                            for row in rows])
+
+
+def answered_rows(reply: protocol.Answered, rows: int) -> np.ndarray:
+    """The answer's output rows, one per input of the batch; ValueError when the answer is not that (a model file
+    whose output fixes or reduces the batch axis, bytes that do not fill the shape it states)."""
+    outputs = np.frombuffer(base64.b64decode(reply.rows), dtype="<f4").reshape(reply.shape)
+    if outputs.ndim == 0 or outputs.shape[0] != rows:
+        raise ValueError(f"the model's output has shape {list(outputs.shape)} for a batch of {rows} input(s); its "
+                         f"first axis must be the batch ({rows})")
+    return outputs
 
 
 @dataclass
@@ -149,7 +170,11 @@ class RequestFeeder:
             self.fail(InstanceDied(f"instance {instance.id} {why}; it is being restarted"))
             return
         instance.busy_ns += reply.end_ns - reply.start_ns
-        outputs = np.frombuffer(base64.b64decode(reply.rows), dtype="<f4").reshape(reply.shape)
+        try:
+            outputs = answered_rows(reply, len(batch))
+        except ValueError as wrong:  # every row of the batch fails (500); none is left waiting
+            self.fail(BatchFailed(f"instance {instance.id} answered this request's batch wrongly: {wrong}"))
+            return
         pool.metrics.batch(len(batch), (reply.end_ns - reply.start_ns) / 1e9, reply.length, reply.real_tokens)
         self.batch = None  # from here each row is answered once
         for position, row in enumerate(batch):
@@ -177,9 +202,10 @@ class RequestFeeder:
 
 class Pool:
     def __init__(self, opened: Bundle, work: Path, metrics, max_queue: int,
-                 batch_deadline_s: float = BATCH_DEADLINE_S):
+                 batch_deadline_s: float = BATCH_DEADLINE_S, queue_deadline_s: float = QUEUE_DEADLINE_S):
         self.bundle, self.work, self.metrics, self.max_queue = opened, work, metrics, max_queue
-        self.batch_deadline_s = batch_deadline_s
+        self.batch_deadline_s, self.queue_deadline_s = batch_deadline_s, queue_deadline_s
+        self.sweeper = threading.Thread(target=self.sweep, daemon=True, name="corescale-serve-expiry")
         self.batcher = Batcher(opened.cfg, np.zeros(0, dtype=np.int64))
         self.lock = threading.Lock()
         self.pending = 0  # inputs accepted and not yet answered
@@ -221,6 +247,7 @@ class Pool:
                     raise RuntimeError(f"instance {instance.id} was not ready after {timeout_s:g} s"
                                        + log_tail(instance))
         self.keeper.start()
+        self.sweeper.start()
         for instance in self.instances:
             thread = threading.Thread(target=RequestFeeder(instance, self.batcher, self).run, daemon=True,
                                       name=f"corescale-serve-dispatch-{instance.id}")
@@ -243,7 +270,24 @@ class Pool:
                 raise Overloaded("the service is stopping")
             if self.pending + rows > self.max_queue:
                 raise Overloaded(f"the queue holds {self.pending} inputs (at most {self.max_queue})")
+            if self.dispatchers and all(instance.backing_off() for instance in self.instances):
+                due = max(min(i.due_at for i in self.instances) - time.monotonic(), 1.0)
+                raise NotReady(f"no instance is running: each one's last start failed and the next is due in "
+                               f"{due:.0f} s or more", due)
             self.pending += rows
+
+    def sweep(self) -> None:
+        """Every input that waited in the queue past the queue deadline answered 503: whatever the instances do
+        (all down, backing off, hung), an accepted request ends within the queue deadline plus its batch's."""
+        while not (self.stopping and self.batcher.closed):
+            time.sleep(SWEEP_S)
+            try:
+                limit_ns = time.perf_counter_ns() - int(self.queue_deadline_s * 1e9)
+                for item in self.batcher.expired(limit_ns):
+                    self.finish(item.sample, None, InstanceDied(
+                        f"no instance took this input within the queue deadline ({self.queue_deadline_s:g} s)"))
+            except Exception:
+                survived("the queue's sweeper")
 
     def release(self, rows: int) -> None:
         """Room admitted for a request refused before it was submitted."""
@@ -284,7 +328,8 @@ class Pool:
         wait = instance.restart_wait_s()
         say(f"{instance.how_it_ended(code)}; starting it again" + (f" in {wait:g} s" if wait else ""))
         instance.failure = None
-        self.due.put((time.monotonic() + wait, instance))
+        instance.due_at = time.monotonic() + wait
+        self.due.put((instance.due_at, instance))
 
     def keep(self) -> None:
         """Starts the instances that died again, from this one long-lived thread: a pinned child dies with the
@@ -304,7 +349,8 @@ class Pool:
                     wait = instance.restart_wait_s()
                     say(f"instance {instance.id} could not start ({type(exc).__name__}: {exc}); trying again in "
                         f"{wait:g} s", sys.stderr)
-                    self.due.put((time.monotonic() + wait, instance))
+                    instance.due_at = time.monotonic() + wait
+                    self.due.put((instance.due_at, instance))
             except Exception:
                 survived("the keeper")
 

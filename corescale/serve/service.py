@@ -35,7 +35,7 @@ from corescale.measure.http.contract import GRACEFUL_S, ready_line
 from corescale.measure.trial import housekeeping_cpus
 from corescale.serve.limits import Limits
 from corescale.serve.opened import Bundle, Trust, from_config_file, from_overrides, open_bundle
-from corescale.serve.pool import Pool
+from corescale.serve.pool import QUEUE_DEADLINE_S, Pool
 from corescale.serve.supervisor import BATCH_DEADLINE_S, say
 
 if TYPE_CHECKING:
@@ -60,6 +60,7 @@ class Options:
     trust: Trust = Trust()  # what a bundle may ask for: --trust-remote-code, --allow-pickle (serve/opened.py)
     key: bytes | None = None  # --verify KEYFILE: the bundle's signature must verify with it
     batch_timeout: float = BATCH_DEADLINE_S  # the floor of a batch's deadline, seconds
+    queue_timeout: float = QUEUE_DEADLINE_S  # the longest an input waits in the queue for an instance, then 503
     # front processes sharing the port, each before its share of the instances (serve/fronts.py); None: the
     # config's server.fronts (a bundle's: what was measured)
     fronts: int | None = None
@@ -167,7 +168,7 @@ def serve_front(serving: Serving, mine: Bundle, announce: Callable[[float, str],
     metrics = Metrics()
     if index is not None:
         metrics.share(serving.work / FRONTS_DIR, index)
-    pool = Pool(mine, serving.work, metrics, options.max_queue, options.batch_timeout)
+    pool = Pool(mine, serving.work, metrics, options.max_queue, options.batch_timeout, options.queue_timeout)
     caught: list[int] = []
     began = time.monotonic()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -77,6 +77,7 @@ class ServedInstance:
         self.reader: threading.Thread | None = None
         self.restarts = 0
         self.failed_starts = 0  # in a row, since it was last ready: the backoff's exponent
+        self.due_at = 0.0  # when its next start is due (time.monotonic), while it is down
         self.failure: str | None = None  # the last failure's message
         self.failure_kind = "error"  # user: bad input (UserError in the worker)
         self.sent_at: float | None = None  # monotonic instant the batch in flight was sent (None: idle)
@@ -174,6 +175,11 @@ class ServedInstance:
         self.killed = f"it did not answer a batch within {self.deadline_s():.1f} s and was killed"
         self.ready.clear()
         handle.signal_group(signal.SIGKILL)
+
+    def backing_off(self) -> bool:
+        """Down after a start that failed: it waits before its next start (restart_wait_s), so nothing queued
+        for it would be computed soon."""
+        return not self.ready.is_set() and self.failed_starts >= 2
 
     def restart_wait_s(self) -> float:
         """The restart policy: at once after it was serving, then doubling waits while its starts keep failing."""
