@@ -360,3 +360,27 @@ def test_only_loopback_host_names_pass_a_loopback_services_host_check():
     for host in (b"127.0.0.1.rebind.example", b"127.evil.example:8080", b"rebound.example.com", b"[::2]:80"):
         with pytest.raises(Refused):
             guard.check({"headers": [(b"host", host)], "path": "/info"})
+
+
+@pytest.mark.slow
+def test_health_survives_a_flood_of_idle_connections_and_they_are_cut_soon(tiny_bundle, tmp_path):
+    """Review 0.4 F7: connections that send nothing hold the connection limit (uvicorn counts open connections);
+    /health is answered past it, and an idle connection is closed after FIRST_BYTES_S, not the receive deadline."""
+    from corescale.serve.guard import FIRST_BYTES_S
+
+    with Service(tiny_bundle("embed"), tmp_path / "serve.log", "--max-connections", "6", "--receive-timeout",
+                 "60") as service:
+        host, port = service.url.removeprefix("http://").split(":")
+        idle = [socket.create_connection((host, int(port)), timeout=30) for _ in range(8)]
+        began = time.monotonic()
+        try:
+            assert httpx.get(f"{service.url}/health", timeout=10).status_code == 200
+            assert httpx.post(f"{service.url}/embed", json={"inputs": "x"}, timeout=10).status_code == 503
+            for sock in idle:  # each closed by the service after its first-bytes deadline
+                sock.settimeout(FIRST_BYTES_S + 10)
+                assert sock.recv(16) == b""
+            assert FIRST_BYTES_S * 0.9 <= time.monotonic() - began < 30
+            assert httpx.post(f"{service.url}/embed", json={"inputs": "x"}, timeout=10).status_code == 200
+        finally:
+            for sock in idle:
+                sock.close()

@@ -99,12 +99,19 @@ class Guard:
                                f"{self.payload_bytes} (--payload-limit)", "Validation")
 
 
+FIRST_BYTES_S = 5.0  # a connection's first bytes (of each request on a kept-alive one) must come within this
+HEALTH = b"/health"  # the probe: answered past the connection limit
+
+
 def deadline_protocol(receive_s: float, header_bytes: int) -> type:
     """uvicorn's HTTP protocol (httptools' C parser where installed, else h11's pure-Python one: a tenth of the
     front's CPU per request, profiled in docs/serve-profile.md) with a deadline: a request's headers and body must
     arrive within `receive_s` of the connection opening (or of the previous answer, on a kept-alive connection),
-    else the connection is closed. A request received in full is never cut, however long its answer takes. The
-    request line and headers are bounded by `header_bytes` (past it: 400 in the documented body, and closed)."""
+    and their first bytes within FIRST_BYTES_S, else the connection is closed (idle connections cannot hold the
+    connection limit for long); `GET /health` is answered past the connection limit (uvicorn's
+    `limit_concurrency`), so a probe survives a flood. A request received in full is never cut, however long its
+    answer takes. The request line and headers are bounded by `header_bytes` (past it: 400 in the documented body,
+    and closed)."""
     base: type
     try:
         from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -113,14 +120,20 @@ def deadline_protocol(receive_s: float, header_bytes: int) -> type:
         from uvicorn.protocols.http.h11_impl import H11Protocol
         base = H11Protocol
 
+    first_s = min(FIRST_BYTES_S, receive_s)
+
     class Deadlined(base):
         heading = 0  # bytes of the current request's line and headers so far; -1 once they are complete
 
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
-            self.receipt = self.loop.call_later(receive_s, self.too_slow)
+            self.opened = self.loop.time()
+            self.receipt = self.loop.call_later(first_s, self.too_slow)  # its first bytes, soon
 
         def data_received(self, data: bytes) -> None:  # httptools only (h11 bounds its own buffer)
+            if self.heading == 0 and data:  # a request's first bytes: the rest within receive_s of the start
+                self.receipt.cancel()
+                self.receipt = self.loop.call_at(self.opened + receive_s, self.too_slow)
             if self.heading >= 0:  # counted before parsing: headers complete in one read are bounded too
                 end = data.find(b"\r\n\r\n")
                 self.heading += len(data) if end < 0 else end + 4
@@ -131,14 +144,22 @@ def deadline_protocol(receive_s: float, header_bytes: int) -> type:
 
         def on_headers_complete(self) -> None:
             self.heading = -1  # the body follows: not counted
-            super().on_headers_complete()
+            probe = getattr(self, "url", b"").split(b"?", 1)[0] == HEALTH
+            limit = self.limit_concurrency  # type: ignore[has-type]
+            if probe:  # a probe is answered whatever the connections: a flood must not get the pod restarted
+                self.limit_concurrency = None
+            try:
+                super().on_headers_complete()
+            finally:
+                self.limit_concurrency = limit
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
             self.heading = 0  # what comes next on a kept-alive connection is a new request's line and headers
             self.receipt.cancel()
             if not self.transport.is_closing():
-                self.receipt = self.loop.call_later(receive_s, self.too_slow)
+                self.opened = self.loop.time()
+                self.receipt = self.loop.call_later(first_s, self.too_slow)
 
         def connection_lost(self, exc) -> None:
             self.receipt.cancel()
