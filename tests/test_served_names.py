@@ -99,9 +99,29 @@ def test_serve_and_deploy_take_the_names(tmp_path, tiny_bundle):
     assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0 and "not a model id" in proc.stderr
     out = tmp_path / "k8s"
     proc = corescale("deploy", str(tiny_bundle("embed")), "--target", "kubernetes", "--out", str(out),
-                     "--served-model-name", "all-MiniLM-L6-v2", "embedder")
+                     "--served-model-name", "all-MiniLM-L6-v2", "embedder", "--max-queue", "64",
+                     "--receive-timeout", "10")
     assert proc.returncode == 0, proc.stderr
     documents = [d for f in out.glob("*.yaml") for d in yaml.safe_load_all(f.read_text()) if d]
     (deployment,) = [d for d in documents if d.get("kind") == "Deployment"]
     command = deployment["spec"]["template"]["spec"]["containers"][0]["command"]
-    assert command[-3:] == ["--served-model-name", "all-MiniLM-L6-v2", "embedder"]
+    assert command[-7:] == ["--served-model-name", "all-MiniLM-L6-v2", "embedder", "--max-queue", "64",
+                            "--receive-timeout", "10"]
+    exposed = corescale("deploy", str(tiny_bundle("embed")), "--target", "ray", "--host", "0.0.0.0")
+    assert exposed.returncode == 2 and exposed.stderr.strip().count("\n") == 0, exposed.stderr
+    assert "--behind-proxy" in exposed.stderr and "connection protections" in exposed.stderr
+
+
+def test_the_protections_given_are_passed_on_as_serve_words():
+    import argparse
+
+    from corescale.commands.serve import add_protections, protection_words, protections
+
+    parser = argparse.ArgumentParser()
+    add_protections(parser)
+    assert protection_words(parser.parse_args([])) == []
+    given = parser.parse_args(["--max-queue", "64", "--auto-truncate", "--queue-timeout", "2.5",
+                               "--payload-limit", "1000"])
+    assert protection_words(given) == ["--max-queue", "64", "--payload-limit", "1000", "--auto-truncate",
+                                       "--queue-timeout", "2.5"]
+    assert protections(given)["max_queue"] == 64 and protections(given)["limits"].payload_bytes == 1000

@@ -9,7 +9,14 @@ import os
 
 from corescale.commands import add_common
 from corescale.commands._common import path_arg
-from corescale.commands.serve import add_names, port_number, whole_number
+from corescale.commands.serve import (
+    add_names,
+    add_protections,
+    port_number,
+    protection_words,
+    protections,
+    whole_number,
+)
 from corescale.measure.http.contract import API_KEY_ENV
 
 ORDER = 76
@@ -46,7 +53,11 @@ def register(sub) -> None:
                        help="let a bundle whose config asks for allow_pickle load pickle weights")
     trust.add_argument("--verify", metavar="KEYFILE", type=path_arg,
                        help="deploy the bundle only if its manifest.sig verifies with the key in KEYFILE")
+    parser.add_argument("--behind-proxy", action="store_true",
+                        help="ray: serve on a non-loopback --host although Ray Serve's proxy lacks serve's connection "
+                             "protections, because a reverse proxy in front bounds them (docs/deploy.md)")
     add_names(parser)
+    add_protections(parser)
     parser.set_defaults(handler=handle)
 
 
@@ -70,5 +81,6 @@ def handle(args) -> int:
         raise UserError(f"the API key is empty (--api-key or ${API_KEY_ENV}): give a key, or unset {API_KEY_ENV}")
     options = DeployOptions(out, args.host, args.port, args.api_key, Trust(args.trust_remote_code, args.allow_pickle),
                             read_key(args.verify) if args.verify else None, args.name, args.image, args.namespace,
-                            args.threads_per_core, args.address, tuple(checked(args.served_model_name)))
+                            args.threads_per_core, args.address, tuple(checked(args.served_model_name)),
+                            protections(args), tuple(protection_words(args)), args.behind_proxy)
     return runner(found)(Path(args.bundle), options)

@@ -23,16 +23,34 @@ def register(sub) -> None:
     parser.add_argument("--api-key", default=os.environ.get(API_KEY_ENV),
                         help=f"require 'Authorization: Bearer KEY' on every route but /health (default: "
                         f"${API_KEY_ENV})")
-    parser.add_argument("--max-queue", type=whole_number, default=256,
-                        help="inputs accepted and not yet answered before requests get 429 (default 256)")
-    parser.add_argument("--max-inputs", type=whole_number, default=32,
-                        help="inputs one request may hold before it gets 413 (default 32)")
     parser.add_argument("--fronts", type=whole_number,
                         help="front processes sharing the port, each before its share of the instances (it must "
                         "divide them; default: the bundle's server.fronts, else 1): one front's event loop caps the "
                         "requests/s (docs/deploy.md)")
     parser.add_argument("--access-log", action="store_true", help="log every request (uvicorn's access log)")
     add_names(parser)
+    add_protections(parser)
+    trust = parser.add_argument_group("bundles are code (docs/deploy.md#a-bundle-is-code-serve-only-bundles-you-trust)")
+    trust.add_argument("--trust-remote-code", action="store_true",
+                       help="let a bundle whose config asks for trust_remote_code run its model folder's Python "
+                            "(only for bundles you trust)")
+    trust.add_argument("--allow-pickle", action="store_true",
+                       help="let a bundle whose config asks for allow_pickle load pickle weights, which can run "
+                            "code (only for bundles you trust)")
+    trust.add_argument("--verify", metavar="KEYFILE",
+                       help="serve the bundle only if its manifest.sig verifies with the key in KEYFILE")
+    trust.add_argument("--sign", metavar="KEYFILE",
+                       help="check the bundle as serving does, sign it with the key in KEYFILE (manifest.sig, "
+                            "HMAC-SHA256 of its manifest) and exit without serving")
+    parser.set_defaults(handler=handle)
+
+
+def add_protections(parser) -> None:
+    """What bounds the service's cost, as `serve` and `deploy` take them (every target applies them)."""
+    parser.add_argument("--max-queue", type=whole_number, default=256,
+                        help="inputs accepted and not yet answered before requests get 429 (default 256)")
+    parser.add_argument("--max-inputs", type=whole_number, default=32,
+                        help="inputs one request may hold before it gets 413 (default 32)")
     defaults = Limits()
     limits = parser.add_argument_group("limits (each checked before any work: docs/deploy.md)")
     limits.add_argument("--payload-limit", type=whole_number, default=defaults.payload_bytes, metavar="BYTES",
@@ -52,25 +70,40 @@ def register(sub) -> None:
     limits.add_argument("--receive-timeout", type=seconds, default=30.0, metavar="SECONDS",
                         help="a request's headers and body must arrive within this, else the connection is closed "
                         "(slow clients; default 30)")
-    trust = parser.add_argument_group("bundles are code (docs/deploy.md#a-bundle-is-code-serve-only-bundles-you-trust)")
-    trust.add_argument("--trust-remote-code", action="store_true",
-                       help="let a bundle whose config asks for trust_remote_code run its model folder's Python "
-                            "(only for bundles you trust)")
-    trust.add_argument("--allow-pickle", action="store_true",
-                       help="let a bundle whose config asks for allow_pickle load pickle weights, which can run "
-                            "code (only for bundles you trust)")
-    trust.add_argument("--verify", metavar="KEYFILE",
-                       help="serve the bundle only if its manifest.sig verifies with the key in KEYFILE")
-    trust.add_argument("--sign", metavar="KEYFILE",
-                       help="check the bundle as serving does, sign it with the key in KEYFILE (manifest.sig, "
-                            "HMAC-SHA256 of its manifest) and exit without serving")
     parser.add_argument("--batch-timeout", type=seconds, metavar="S",
                         help="a batch's deadline: S seconds plus 20 of the instance's warm calls; past it the "
                         "instance is killed and started again and the batch's requests get 503 (default 10)")
     parser.add_argument("--queue-timeout", type=seconds, metavar="S",
                         help="the longest an input waits in the queue for an instance; past it its request gets "
                              "503, whatever the instances do (default 30)")
-    parser.set_defaults(handler=handle)
+
+
+def protections(args) -> dict:
+    """The service's bounds from add_protections' options, as serve.service.Options' fields."""
+    limits = Limits(args.payload_limit, args.max_inputs, args.max_input_chars, args.max_request_chars,
+                    args.max_request_tokens, args.max_answer_floats, args.auto_truncate)
+    return {"max_queue": args.max_queue, "max_inputs": args.max_inputs, "limits": limits,
+            "max_connections": args.max_connections, "receive_timeout_s": args.receive_timeout,
+            **({"batch_timeout": args.batch_timeout} if args.batch_timeout else {}),
+            **({"queue_timeout": args.queue_timeout} if args.queue_timeout else {})}
+
+
+def protection_words(args) -> list[str]:
+    """The protections given on this command line that differ from their defaults, as `corescale serve` words (a
+    target that runs serve elsewhere, Kubernetes' pods, passes them on)."""
+    import argparse
+
+    blank = argparse.ArgumentParser(add_help=False)
+    add_protections(blank)
+    words: list[str] = []
+    for action in blank._actions:
+        value = getattr(args, action.dest, action.default)
+        if value == action.default:
+            continue
+        flag = action.option_strings[0]
+        words += [flag] if isinstance(action, argparse._StoreTrueAction) else [flag, f"{value:g}" if
+                                                                              isinstance(value, float) else str(value)]
+    return words
 
 
 def add_names(parser) -> None:
@@ -139,11 +172,6 @@ def handle(args) -> int:
     if args.api_key is None and not is_loopback_host(args.host):
         print(f"corescale serve: warning: listening on {args.host} with no API key: whoever reaches this port "
               f"can use the service and read /info (set ${API_KEY_ENV})", file=sys.stderr, flush=True)
-    limits = Limits(args.payload_limit, args.max_inputs, args.max_input_chars, args.max_request_chars,
-                    args.max_request_tokens, args.max_answer_floats, args.auto_truncate)
-    return run(args.source, Options(args.host, args.port, args.api_key, args.max_queue, args.max_inputs,
-                                    args.access_log, limits, args.max_connections, args.receive_timeout, trust,
-                                    read_key(args.verify) if args.verify else None, fronts=args.fronts,
-                                    served_model_names=tuple(checked(args.served_model_name)),
-                                    **({"batch_timeout": args.batch_timeout} if args.batch_timeout else {}),
-                                    **({"queue_timeout": args.queue_timeout} if args.queue_timeout else {})))
+    return run(args.source, Options(args.host, args.port, args.api_key, access_log=args.access_log, trust=trust,
+                                    key=read_key(args.verify) if args.verify else None, fronts=args.fronts,
+                                    served_model_names=tuple(checked(args.served_model_name)), **protections(args)))

@@ -13,9 +13,9 @@ from __future__ import annotations
 import importlib
 import importlib.util
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from corescale.errors import RegistrationError, UserError
 
@@ -39,6 +39,9 @@ class DeployOptions:
     threads_per_core: int | None = None  # kubernetes: the nodes' (default: the measuring machine's)
     address: str | None = None  # ray: the cluster (HOST:PORT or auto); None: a private local one on loopback
     served_model_names: tuple[str, ...] = ()  # --served-model-name: what the service answers to (serve/names.py)
+    protections: dict[str, Any] = field(default_factory=dict)  # serve's bounds given here (serve.service.Options')
+    protection_words: tuple[str, ...] = ()  # the same as `corescale serve` words (the given ones, for a pod's line)
+    behind_proxy: bool = False  # ray: exposed behind a reverse proxy that bounds connections (docs/deploy.md)
 
 
 @dataclass(frozen=True)

@@ -72,6 +72,7 @@ class PodPlan:
     pins: str = ""  # the measured library versions serve requires, as pip pins ("onnxruntime==1.32.0 ...")
     fronts: int = 1  # the bundle's server.fronts: front processes, each before its share of the instances
     served_model_names: tuple[str, ...] = ()  # --served-model-name, passed to the pod's corescale serve
+    protection_words: tuple[str, ...] = ()  # serve's bounds given to deploy (--max-queue 64 ...), passed on likewise
 
     @property
     def fronts_words(self) -> str:
@@ -96,7 +97,8 @@ def deploy(path: Path, options: DeployOptions) -> int:
         raise UserError(f"--namespace '{options.namespace[:80]}': expected a DNS label (a-z, 0-9, '-', at most 63)")
     checked = read_bundle(path, options.trust, options.key)
     plan = dataclasses.replace(pod_plan(checked, name or default_name(checked), image, options.namespace,
-                                        options.threads_per_core), served_model_names=options.served_model_names)
+                                        options.threads_per_core), served_model_names=options.served_model_names,
+                               protection_words=options.protection_words)
     files = manifests(plan)
     assert options.out is not None  # the command checked it (the target writes files)
     write_folder(options.out, files)
@@ -230,7 +232,8 @@ def deployment(plan: PodPlan) -> dict[str, Any]:
         "name": "serve",
         "image": plan.image,
         "command": ["corescale", "serve", "/bundle", "--host", "0.0.0.0", "--port", str(PORT),
-                    *(["--served-model-name", *plan.served_model_names] if plan.served_model_names else [])],
+                    *(["--served-model-name", *plan.served_model_names] if plan.served_model_names else []),
+                    *plan.protection_words],
         "ports": [{"name": "http", "containerPort": PORT}],
         "env": [{"name": API_KEY_ENV, "valueFrom": {"secretKeyRef": {"name": f"{plan.name}-api-key", "key": "key",
                                                                      "optional": True}}},

@@ -41,10 +41,19 @@ from corescale.deploy import DeployOptions
 from corescale.errors import UserError
 from corescale.machine.cpulist import format_cpulist
 from corescale.machine.scratch import scratch
-from corescale.measure.http.contract import authority, ready_line
+from corescale.measure.http.contract import authority, is_loopback_host, ready_line
 from corescale.serve.app import Front
 from corescale.serve.opened import Bundle, open_bundle, part
-from corescale.serve.service import Options, Stopped, bind, front_app, front_parts, model_names, stop_signal
+from corescale.serve.service import (
+    KEEP_ALIVE_S,
+    Options,
+    Stopped,
+    bind,
+    front_app,
+    front_parts,
+    model_names,
+    stop_signal,
+)
 from corescale.serve.supervisor import say as said
 
 APPLICATION = "corescale"  # the Ray Serve application's name (and its deployment's)
@@ -152,8 +161,13 @@ def serve_on_ray(bundle: Path, options: DeployOptions) -> int:
     """The registry's entry (deploy/__init__.py): the command line's options as `corescale serve`'s."""
     from corescale.serve.opened import Trust
 
+    if not is_loopback_host(options.host) and not options.behind_proxy:
+        raise UserError(f"deploy --target ray --host {options.host[:60]}: Ray Serve's own proxy would face the network "
+                        "without corescale serve's connection protections (a receive deadline, a header bound, a "
+                        "connection limit); listen on loopback behind a reverse proxy that bounds them "
+                        "(docs/deploy.md), and say so with --behind-proxy")
     served = Options(options.host, options.port, options.api_key, trust=options.trust or Trust(), key=options.key,
-                     served_model_names=options.served_model_names)
+                     served_model_names=options.served_model_names, **options.protections)
     return run(str(bundle), served, options.address, options.name or APPLICATION)
 
 
@@ -207,7 +221,9 @@ def serve_until_signal(ray, root: str, opened: Bundle, options: Options, caught:
     shared_address = len({n.get("NodeManagerAddress") for n in nodes}) == 1
     began = time.monotonic()
     serve.start(proxy_location="HeadOnly" if shared_address else "EveryNode",
-                http_options={"host": options.host, "port": options.port},
+                http_options={"host": options.host, "port": options.port, "keep_alive_timeout_s": KEEP_ALIVE_S,
+                              # a request ends within the queue's and a batch's deadlines: the proxy's bound above
+                              "request_timeout_s": options.receive_timeout_s + options.queue_timeout + DRAIN_S},
                 logging_config={"log_level": logging.WARNING}, controller_options={"runtime_env": {"env_vars": {
                     # every replica set takes requests from any proxy: Ray's default sends a proxy's requests to
                     # its own node's replicas until they hold max_ongoing_requests (the proxies inherit this)
@@ -215,6 +231,7 @@ def serve_until_signal(ray, root: str, opened: Bundle, options: Options, caught:
     deployment: Any = serve.deployment(
         serve.ingress()(Replica), name=name, num_replicas=blocks * len(nodes), max_replicas_per_node=blocks,
         ray_actor_options={"num_cpus": cpus / blocks}, max_ongoing_requests=options.max_queue,
+        max_queued_requests=options.max_queue,  # past it the proxy answers 503 at once (Ray's default: no bound)
         graceful_shutdown_timeout_s=DRAIN_S, graceful_shutdown_wait_loop_s=0.5,
         max_constructor_retry_count=CONSTRUCTOR_RETRIES, health_check_period_s=5)
     try:
