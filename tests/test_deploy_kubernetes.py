@@ -224,3 +224,37 @@ def test_names_and_image_follow_the_options(tmp_path):
     assert deploy(tmp_path / "bundle", out) == 0
     image = written(out)["Deployment"]["spec"]["template"]["spec"]["containers"][0]["image"]
     assert image.startswith("corescale-bert-tiny:") and len(image.split(":")[1]) == 12
+
+
+def test_the_pod_meets_pod_security_restricted_and_needs_its_key(tmp_path):
+    """Review 0.4 L3: seccomp RuntimeDefault, no service-account token, /tmp bounded (serve copies the bundle
+    there), the key Secret required (a missing one served the cluster unkeyed); --no-api-key serves without."""
+    root = make_bundle(tmp_path, TWO_BY_ONE, server=True)
+    assert deploy(root, tmp_path / "k8s") == 0
+    pod = written(tmp_path / "k8s")["Deployment"]["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert pod["automountServiceAccountToken"] is False
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert container["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    scratch = pod["volumes"][0]["emptyDir"]["sizeLimit"]
+    assert scratch == container["resources"]["limits"]["ephemeral-storage"] == \
+        container["resources"]["requests"]["ephemeral-storage"]
+    assert int(scratch.removesuffix("Mi")) * 2**20 >= kubernetes.SCRATCH_MARGIN
+    (key,) = [e for e in container["env"] if e["name"] == "CORESCALE_API_KEY"]
+    assert "optional" not in key["valueFrom"]["secretKeyRef"]
+    assert "kubectl create secret" in (tmp_path / "k8s" / kubernetes.README).read_text()
+    assert deploy(root, tmp_path / "open", "--no-api-key") == 0
+    (open_container,) = written(tmp_path / "open")["Deployment"]["spec"]["template"]["spec"]["containers"]
+    assert all(e["name"] != "CORESCALE_API_KEY" for e in open_container["env"])
+
+
+def test_the_example_image_pins_the_measured_libraries_runs_unprivileged_and_drains():
+    """Review 0.4 L5: root, unpinned libraries that serve then refuses, a 10 s stop, no init as PID 1."""
+    from corescale.measure.http.contract import STOP_S
+    from corescale.serve.examples import dockerfile, pip_pins
+
+    pins = pip_pins({"onnxruntime": "1.32.0", "bad lib": "1 && x", "numpy": None})
+    assert pins == "onnxruntime==1.32.0"
+    text = dockerfile([0, 1], pins)
+    assert "'corescale[all]' onnxruntime==1.32.0" in text and "USER 65532" in text
+    assert f"--stop-timeout {STOP_S}" in text and 'ENTRYPOINT ["tini", "--"]' in text

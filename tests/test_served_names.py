@@ -125,3 +125,11 @@ def test_the_protections_given_are_passed_on_as_serve_words():
     assert protection_words(given) == ["--max-queue", "64", "--payload-limit", "1000", "--auto-truncate",
                                        "--queue-timeout", "2.5"]
     assert protections(given)["max_queue"] == 64 and protections(given)["limits"].payload_bytes == 1000
+
+
+@pytest.mark.parametrize("header, status", [("Bearer k3y", 200), ("bearer k3y", 200), ("BEARER  k3y ", 200),
+                                            ("Basic k3y", 401), ("Bearer k3yX", 401), ("k3y", 401), ("", 401)])
+def test_the_bearer_scheme_is_case_insensitive_as_rfc_7235_says(header, status):
+    """Review 0.4 L1: `bearer KEY` got 401."""
+    answer = front(["minilm"]).get("/v1/models", headers={"Authorization": header} if header else {})
+    assert answer.status_code == status, answer.text

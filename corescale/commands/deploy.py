@@ -53,6 +53,9 @@ def register(sub) -> None:
                        help="let a bundle whose config asks for allow_pickle load pickle weights")
     trust.add_argument("--verify", metavar="KEYFILE", type=path_arg,
                        help="deploy the bundle only if its manifest.sig verifies with the key in KEYFILE")
+    parser.add_argument("--no-api-key", action="store_true",
+                        help="kubernetes: the pods serve without an API key (by default they need the Secret "
+                             "NAME-api-key and do not start without it)")
     parser.add_argument("--behind-proxy", action="store_true",
                         help="ray: serve on a non-loopback --host although Ray Serve's proxy lacks serve's connection "
                              "protections, because a reverse proxy in front bounds them (docs/deploy.md)")
@@ -82,5 +85,6 @@ def handle(args) -> int:
     options = DeployOptions(out, args.host, args.port, args.api_key, Trust(args.trust_remote_code, args.allow_pickle),
                             read_key(args.verify) if args.verify else None, args.name, args.image, args.namespace,
                             args.threads_per_core, args.address, tuple(checked(args.served_model_name)),
-                            protections(args), tuple(protection_words(args)), args.behind_proxy)
+                            protections(args), tuple(protection_words(args)), args.behind_proxy,
+                            args.no_api_key)
     return runner(found)(Path(args.bundle), options)

@@ -42,6 +42,7 @@ class DeployOptions:
     protections: dict[str, Any] = field(default_factory=dict)  # serve's bounds given here (serve.service.Options')
     protection_words: tuple[str, ...] = ()  # the same as `corescale serve` words (the given ones, for a pod's line)
     behind_proxy: bool = False  # ray: exposed behind a reverse proxy that bounds connections (docs/deploy.md)
+    no_api_key: bool = False  # kubernetes: the pods serve without the key Secret
 
 
 @dataclass(frozen=True)

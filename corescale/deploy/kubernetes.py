@@ -33,6 +33,7 @@ from corescale.deploy import DeployOptions
 from corescale.deploy.source import CheckedBundle, read_bundle, write_folder
 from corescale.errors import UserError
 from corescale.measure.http.contract import API_KEY_ENV, STOP_S
+from corescale.serve.examples import pip_pins
 
 MANIFESTS, KUBELET, ADAPTER, README = "corescale.yaml", "kubelet-config.yaml", "prometheus-adapter-rules.yaml", \
     "README.md"
@@ -43,6 +44,7 @@ SERIES = "corescale_inputs_total"
 FRONT_BYTES = 512 * 2**20  # the front (HTTP server, tokenizer, metrics) assumed on top of the instances
 MEMORY_MARGIN = 1.25  # over the measured peak resident memory
 MEMORY_STEP = 64 * 2**20
+SCRATCH_MARGIN = 512 * 2**20  # the pod's /tmp beyond the bundle's copy: the instances' logs, compiled models
 MAX_REPLICAS = 10
 NODE_LABEL = "corescale.io/cpu-manager"  # the label of nodes whose kubelet runs kubelet-config.yaml's policies
 NAME = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")  # a DNS-1035 label: a Service's name
@@ -73,6 +75,8 @@ class PodPlan:
     fronts: int = 1  # the bundle's server.fronts: front processes, each before its share of the instances
     served_model_names: tuple[str, ...] = ()  # --served-model-name, passed to the pod's corescale serve
     protection_words: tuple[str, ...] = ()  # serve's bounds given to deploy (--max-queue 64 ...), passed on likewise
+    scratch_bytes: int = 0  # the pod's /tmp: serve's verified copy of the bundle, its logs and compiled models
+    api_key: bool = True  # the pods need the key Secret (--no-api-key: they serve without one)
 
     @property
     def fronts_words(self) -> str:
@@ -98,7 +102,8 @@ def deploy(path: Path, options: DeployOptions) -> int:
     checked = read_bundle(path, options.trust, options.key)
     plan = dataclasses.replace(pod_plan(checked, name or default_name(checked), image, options.namespace,
                                         options.threads_per_core), served_model_names=options.served_model_names,
-                               protection_words=options.protection_words)
+                               protection_words=options.protection_words,
+                               scratch_bytes=scratch_bytes(checked.size_bytes), api_key=not options.no_api_key)
     files = manifests(plan)
     assert options.out is not None  # the command checked it (the target writes files)
     write_folder(options.out, files)
@@ -146,8 +151,7 @@ def pod_plan(checked: CheckedBundle, name: str, image: str | None, namespace: st
                    cores * per_core, memory, memory_basis, capacity, capacity_basis, len(nodes) <= 1,
                    tuple(manifest.requires.cpu_features), "arm64" if isa.get("asimd") else "amd64",
                    f"{record.environment.cpu.model or 'an unnamed CPU'} ({record.started_at or 'undated'})",
-                   " ".join(f"{name}=={version}" for name, version in manifest.requires.libraries.items()
-                            if version and re.fullmatch(r"[A-Za-z0-9_.+-]+", f"{name}{version}")),
+                   pip_pins(manifest.requires.libraries),
                    cfg.server.fronts)
 
 
@@ -226,8 +230,15 @@ def nfd_name(flag: str) -> str:
     return "FMA3" if flag == "fma" else flag.replace("_", "").upper()
 
 
+def scratch_bytes(bundle_bytes: int) -> int:
+    """The pod's /tmp: serve copies the bundle there (verified), plus its instances' logs and compiled models."""
+    return 2 * bundle_bytes + SCRATCH_MARGIN
+
+
 def deployment(plan: PodPlan) -> dict[str, Any]:
-    resources = {"cpu": str(plan.cpus), "memory": f"{plan.memory_bytes // 2**20}Mi"}
+    scratch = f"{-(-plan.scratch_bytes // 2**20)}Mi"
+    resources = {"cpu": str(plan.cpus), "memory": f"{plan.memory_bytes // 2**20}Mi", "ephemeral-storage": scratch}
+    key = [{"name": API_KEY_ENV, "valueFrom": {"secretKeyRef": {"name": f"{plan.name}-api-key", "key": "key"}}}]
     container = {
         "name": "serve",
         "image": plan.image,
@@ -235,8 +246,7 @@ def deployment(plan: PodPlan) -> dict[str, Any]:
                     *(["--served-model-name", *plan.served_model_names] if plan.served_model_names else []),
                     *plan.protection_words],
         "ports": [{"name": "http", "containerPort": PORT}],
-        "env": [{"name": API_KEY_ENV, "valueFrom": {"secretKeyRef": {"name": f"{plan.name}-api-key", "key": "key",
-                                                                     "optional": True}}},
+        "env": [*(key if plan.api_key else []),  # required: a missing Secret must not serve the cluster unkeyed
                 {"name": "HOME", "value": "/tmp"}, {"name": "TMPDIR", "value": "/tmp"}],
         "resources": {"requests": dict(resources), "limits": dict(resources)},
         "startupProbe": probe(5, 120),  # loading and warming every instance: up to 10 minutes
@@ -244,7 +254,8 @@ def deployment(plan: PodPlan) -> dict[str, Any]:
         "livenessProbe": probe(10, 6),  # the supervisor restarts a dead instance itself: a minute before this
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRESTOP_S)]}}},
         "securityContext": {"runAsNonRoot": True, "runAsUser": 65532, "allowPrivilegeEscalation": False,
-                            "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]}},
+                            "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]},
+                            "seccompProfile": {"type": "RuntimeDefault"}},
         "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
     }
     annotations = {"prometheus.io/scrape": "true", "prometheus.io/port": str(PORT), "prometheus.io/path": "/metrics"}
@@ -261,9 +272,11 @@ def deployment(plan: PodPlan) -> dict[str, Any]:
                 "metadata": {"labels": labels(plan), "annotations": annotations},
                 "spec": {
                     "terminationGracePeriodSeconds": plan.grace_s,
+                    "automountServiceAccountToken": False,  # it runs third-party graphs: no API token in reach
+                    "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},  # Pod Security "restricted"
                     "affinity": node_affinity(plan),
                     "containers": [container],
-                    "volumes": [{"name": "tmp", "emptyDir": {}}],
+                    "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": scratch}}],
                 },
             },
         },
@@ -340,6 +353,15 @@ def manifests(plan: PodPlan) -> dict[str, str]:
     }
 
 
+def api_key_line(plan: PodPlan) -> str:
+    if not plan.api_key:
+        return ("No API key (deploy --no-api-key): whoever reaches the Service uses it; keep it to a namespace no one "
+                "else reaches (a NetworkPolicy).")
+    return (f"The API key: create the Secret `{plan.name}-api-key` with the key under `key` (`kubectl create secret "
+            f"generic {plan.name}-api-key --from-literal=key=...`) before applying; a pod does not start without "
+            f"it (`{API_KEY_ENV}`). /metrics needs it too (Prometheus' bearer token).")
+
+
 def readme(plan: PodPlan) -> str:
     return f"""# corescale on Kubernetes
 
@@ -371,6 +393,5 @@ What each figure is:
 - Readiness and liveness on GET /health (200 once an instance is ready); SIGTERM drains every accepted request
   within {STOP_S} s; the pod first keeps serving {PRESTOP_S} s (preStop) while the Service stops routing to it:
   terminationGracePeriodSeconds {plan.grace_s}.
-- The API key, when the Service is reachable by others: a Secret `{plan.name}-api-key` with key `key`
-  (`{API_KEY_ENV}`); then /metrics needs it too (Prometheus' bearer token).
+- {api_key_line(plan)}
 """

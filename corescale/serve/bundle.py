@@ -301,13 +301,13 @@ def contents(tmp: Path, measured: WhatRan) -> None:
         artifact = BundledArtifact(kind.cache, attribute(str(kind.collect))(model_path, tmp / ARTIFACT_DIR))
     (tmp / RECORD).write_text(json.dumps(record.to_json(), indent=2, default=str))
     serving = manifest_config(cfg, folder, tokenizer != folder)
-    for name, text in examples.files(serving, measured.layout).items():
-        (tmp / name).write_text(text)
     backend = entry(cfg.backend.name)
     isa = record.environment.cpu.isa
     # the CPU features the precision's kernels use (its entry's `requires`) that the measuring CPU had
     requires = Requires(PRECISIONS[cfg.precision].required(isa),
                         {n: record.environment.libraries.get(n) for n in backend.libraries})
+    for name, text in examples.files(serving, measured.layout, examples.pip_pins(requires.libraries)).items():
+        (tmp / name).write_text(text)
     manifest = BundleManifest(
         format=FORMAT, created_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), corescale=dict(record.environment.corescale),
         model=cfg.model, backend=cfg.backend.name, precision=cfg.precision, head=spec.head.to_json(),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from corescale.measure.http.contract import API_KEY_ENV, STOP_S, Layout
@@ -9,10 +10,17 @@ from corescale.measure.http.contract import API_KEY_ENV, STOP_S, Layout
 SYSTEMD, DOCKERFILE, README = "corescale-serve.service", "Dockerfile.example", "README.md"
 
 
-def files(serving: dict[str, Any], layout: Layout) -> dict[str, str]:
+def files(serving: dict[str, Any], layout: Layout, pins: str = "") -> dict[str, str]:
     cpus = sorted({c for inst in layout.instances for c in inst.cpus})
     count = len(layout.instances)
-    return {SYSTEMD: systemd_unit(), DOCKERFILE: dockerfile(cpus), README: readme(serving, count, cpus)}
+    return {SYSTEMD: systemd_unit(), DOCKERFILE: dockerfile(cpus, pins), README: readme(serving, count, cpus)}
+
+
+def pip_pins(libraries: dict[str, str | None]) -> str:
+    """The measured library versions serve requires, as pip pins ("onnxruntime==1.32.0 ..."); a name or version
+    that is not plain letters, digits and ._+- (a manifest edited by hand) is left out."""
+    return " ".join(f"{name}=={version}" for name, version in libraries.items()
+                    if version and re.fullmatch(r"[A-Za-z0-9_.+-]+", f"{name}{version}"))
 
 
 def systemd_unit() -> str:
@@ -41,21 +49,27 @@ WantedBy=multi-user.target
 """
 
 
-def dockerfile(cpus: list[int]) -> str:
+def dockerfile(cpus: list[int], pins: str = "") -> str:
     listed = ",".join(map(str, cpus))
     return f"""# Example: the bundle and corescale in one image; run it with the measured CPUs, e.g.
 #   docker build -f Dockerfile.example -t corescale-serve . && \\
-#   docker run --cpuset-cpus={listed} -p 127.0.0.1:8080:8080 corescale-serve
-# (the instances are pinned to CPUs {listed}: the container must be given them). The port is published on the
-# host's loopback only: to open it to others, set a key (--env-file holding {API_KEY_ENV}=...) and publish it
-# on the address they reach. A bundle is code: build images only from bundles you trust (docs/deploy.md).
+#   docker run --cpuset-cpus={listed} --stop-timeout {STOP_S} -p 127.0.0.1:8080:8080 corescale-serve
+# (the instances are pinned to CPUs {listed}: the container must be given them; --stop-timeout: the drain takes
+# up to {STOP_S} s, docker's default 10 s would kill it midway). The port is published on the host's loopback
+# only: to open it to others, set a key (--env-file holding {API_KEY_ENV}=...) and publish it on the address
+# they reach. A bundle is code: build images only from bundles you trust (docs/deploy.md).
 FROM python:3.11-slim
-RUN apt-get update && apt-get install -y --no-install-recommends numactl libjemalloc2 libgoogle-perftools4 \\
+RUN apt-get update && apt-get install -y --no-install-recommends numactl libjemalloc2 libgoogle-perftools4 tini \\
     && rm -rf /var/lib/apt/lists/*
-RUN pip install --no-cache-dir 'corescale[all]'
+# the libraries at the versions the bundle was measured with (serve refuses others)
+RUN pip install --no-cache-dir 'corescale[all]' {pins}
 COPY . /bundle
+USER 65532:65532
+ENV HOME=/tmp
 EXPOSE 8080
 STOPSIGNAL SIGTERM
+# tini as PID 1: signals reach corescale at once and orphans are reaped
+ENTRYPOINT ["tini", "--"]
 CMD ["corescale", "serve", "/bundle", "--host", "0.0.0.0", "--port", "8080"]
 """
 

@@ -25,6 +25,13 @@ class Refused(Exception):
         self.status, self.kind, self.headers = status, kind, headers or {}
 
 
+def bearer(authorization: bytes) -> bytes:
+    """The credentials of `Authorization: Bearer TOKEN` (the scheme case-insensitive, RFC 7235; spaces around
+    tolerated), else nothing."""
+    scheme, _, token = authorization.strip().partition(b" ")
+    return token.strip() if scheme.lower() == b"bearer" else b""
+
+
 def refusal(exc: Refused) -> JSONResponse:
     return JSONResponse({"error": str(exc), "error_type": exc.kind}, status_code=exc.status, headers=exc.headers)
 
@@ -43,7 +50,7 @@ class Guard:
 
     def __init__(self, app, metrics, key: str | None, payload_bytes: int, loopback_only: bool) -> None:
         self.app, self.metrics, self.payload_bytes, self.loopback_only = app, metrics, payload_bytes, loopback_only
-        self.expected = f"Bearer {key}".encode() if key else None
+        self.expected = key.encode() if key else None  # the credentials of a Bearer Authorization header
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -91,7 +98,7 @@ class Guard:
                                "host names (Host: localhost or 127.0.0.1)", "Validation")
         headers = dict(scope["headers"])
         if self.expected is not None and scope["path"] != "/health" and \
-                not hmac.compare_digest(headers.get(b"authorization", b""), self.expected):
+                not hmac.compare_digest(bearer(headers.get(b"authorization", b"")), self.expected):
             raise Refused(401, "a valid API key is required (Authorization: Bearer KEY)", "Unauthorized")
         declared = headers.get(b"content-length")
         if declared is not None and (not declared.strip().isdigit() or int(declared) > self.payload_bytes):
