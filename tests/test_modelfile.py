@@ -180,3 +180,30 @@ def test_a_tune_of_a_file_searches_the_backends_that_load_it(tmp_path):
     assert set(tune.space.backends) <= {"onnxruntime", "openvino"} and "onnxruntime" in tune.space.backends
     assert "backend pytorch: does not load onnx model files" in tune.space.notes
     assert tune.baseline[-1] == "backend=onnxruntime" and tune.reference == "onnxruntime" and tune.task == "embed"
+
+
+def test_hostile_ir_constants_and_external_data_locations_are_one_line(tmp_path):
+    """Review 0.4 L10: a non-numeric `offset` raised a traceback; an external data location outside the file's
+    folder (absolute, `..`) is refused before any backend reads it."""
+    from corescale.workload.modelfile import read_graph
+
+    xml = tmp_path / "m.xml"
+    xml.write_text('<net><layers><layer id="0" type="Const"><data offset="x" size="4"/></layer></layers></net>')
+    (tmp_path / "m.bin").write_bytes(b"\0" * 8)
+    with pytest.raises(UserError, match="not a byte count"):
+        read_graph(xml, "m.xml")
+    for location in ("/etc/passwd", "../secret.bin"):
+        weight = helper.make_tensor("w", TensorProto.FLOAT, [4], [0.0] * 4)
+        weight.data_location = TensorProto.EXTERNAL
+        del weight.float_data[:]
+        entry = weight.external_data.add()
+        entry.key, entry.value = "location", location
+        inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["B", "S"])]
+        outputs = [helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT, ["B", "S", 4])]
+        graph = helper.make_graph([helper.make_node("Identity", ["w"], ["last_hidden_state"])], "g", inputs, outputs,
+                                  [weight])
+        path = tmp_path / "m.onnx"
+        save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+        with pytest.raises(UserError) as err:
+            read_graph(path, "m.onnx")
+        assert "outside the file's folder" in str(err.value) and "\n" not in str(err.value)

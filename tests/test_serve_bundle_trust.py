@@ -212,6 +212,7 @@ def deep(depth: int) -> str:
     (lambda m: m["config"].update(workload=["tokenizer"]), ["manifest.config.workload"]),
     (lambda m: m["config"].update(threads="2"), ["manifest.config.threads"]),
     (lambda m: instance(m).update(cpus="0-1"), ["manifest.layout.instances[0].cpus", "expected a list"]),
+    (lambda m: instance(m).update(threads=100_000), ["100000 threads on", "at most one thread a CPU"]),  # L6
     (lambda m: m["requires"].update(cpu_features="avx2"), ["manifest.requires.cpu_features", "expected a list"]),
     (lambda m: m["files"].update({"README.md": "not a digest"}), ["manifest.files['README.md']", "sha256"]),
 ])

@@ -184,6 +184,9 @@ def check(manifest: BundleManifest) -> None:
         if not instance.cpus or instance.threads < 1 or instance.batch_size < 1:
             raise UserError(f"manifest.layout.instances[{instance.id}]: expected CPUs, threads >= 1 and "
                             f"batch_size >= 1, got {instance.cpus[:8]}, {instance.threads}, {instance.batch_size}")
+        if instance.threads > len(instance.cpus):  # corescale never measures more threads than CPUs
+            raise UserError(f"manifest.layout.instances[{instance.id}]: {instance.threads} threads on "
+                            f"{len(instance.cpus)} CPU(s); at most one thread a CPU (corescale measures no more)")
 
 
 def bundle_path(name: str, where: str) -> PurePosixPath:

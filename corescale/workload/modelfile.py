@@ -34,7 +34,7 @@ FLOATS = ("float32", "float16", "bfloat16", "float64")
 _MODEL_GRAPH, _MODEL_OPSET = 7, 8  # ModelProto's fields
 _GRAPH_NODE, _GRAPH_INITIALIZER, _GRAPH_INPUT, _GRAPH_OUTPUT = 1, 5, 11, 12  # GraphProto's fields
 _NODE_INPUT, _NODE_OP_TYPE = 1, 4  # NodeProto's
-_TENSOR_DIMS, _TENSOR_TYPE, _TENSOR_NAME = 1, 2, 8  # TensorProto's
+_TENSOR_DIMS, _TENSOR_TYPE, _TENSOR_NAME, _TENSOR_EXTERNAL = 1, 2, 8, 13  # TensorProto's
 _ONNX_LOW_BITS = {3: 8, 2: 8, 22: 4, 21: 4}  # TensorProto's INT8, UINT8, INT4, UINT4
 _LEAST_WEIGHT = 4096  # elements: a weight matrix, not a mask or a table of a few numbers
 DECOMPRESS = ("Cast", "DequantizeLinear")  # nodes that turn integer weights into floats
@@ -169,7 +169,11 @@ def _onnx_ports(path: Path, name: str) -> tuple[dict, dict, int, Counter[str]]:
                             if op in DECOMPRESS:
                                 decompressed.update(node_inputs)
                         elif inner == _GRAPH_INITIALIZER:
-                            kind, elements, tensor = _tensor_head(handle, at, count)
+                            kind, elements, tensor, location = _tensor_head(handle, at, count)
+                            if location is not None and not _beside(location):
+                                raise UserError(f"model file '{name}': the weight {tensor[:60]!r} names its data "
+                                                f"at {location[:80]!r}, outside the file's folder; refused (an "
+                                                "external data location is a file name beside the model)")
                             if kind in _ONNX_LOW_BITS and elements >= _LEAST_WEIGHT:
                                 low[tensor] = _ONNX_LOW_BITS[kind]
         if _MODEL_GRAPH not in seen or _MODEL_OPSET not in seen:
@@ -203,10 +207,28 @@ def _node(handle: BinaryIO, start: int, length: int) -> tuple[str, list[str]]:
     return op, inputs
 
 
-def _tensor_head(handle: BinaryIO, start: int, length: int) -> tuple[int, int, str]:
-    """A TensorProto's element type, element count and name; its data is skipped, never read."""
+def _beside(location: str) -> bool:
+    """An external data location that stays in the model file's folder: relative, without `..`."""
+    path = Path(location)
+    return bool(location) and not path.is_absolute() and ".." not in path.parts and "\0" not in location
+
+
+def _external_location(handle: BinaryIO, start: int, length: int) -> tuple[str, str]:
+    """One StringStringEntryProto of a tensor's external_data: (key, value)."""
+    key = value = ""
     handle.seek(start)
-    end, kind, dims, name = start + length, 0, [], ""
+    for number, at, count in list(_fields(handle, start + length)):
+        handle.seek(at)
+        text = handle.read(count).decode("utf-8", "replace")
+        key, value = (text, value) if number == 1 else (key, text) if number == 2 else (key, value)
+    return key, value
+
+
+def _tensor_head(handle: BinaryIO, start: int, length: int) -> tuple[int, int, str, str | None]:
+    """A TensorProto's element type, element count, name and external data location (None: in the file); its data
+    is skipped, never read."""
+    handle.seek(start)
+    end, kind, dims, name, location = start + length, 0, [], "", None
     while handle.tell() < end:
         key = _varint(handle)
         number, wire = key >> 3, key & 7
@@ -219,6 +241,9 @@ def _tensor_head(handle: BinaryIO, start: int, length: int) -> tuple[int, int, s
             at = handle.tell()
             if number == _TENSOR_NAME:
                 name = handle.read(count).decode("utf-8", "replace")
+            elif number == _TENSOR_EXTERNAL:
+                entry, named = _external_location(handle, at, count)
+                location = named if entry == "location" else location
             elif number == _TENSOR_DIMS:  # packed
                 while handle.tell() < at + count:
                     dims.append(_varint(handle))
@@ -230,7 +255,7 @@ def _tensor_head(handle: BinaryIO, start: int, length: int) -> tuple[int, int, s
     elements = 1
     for dim in dims:
         elements *= dim
-    return kind, elements, name
+    return kind, elements, name, location
 
 
 def _external_bytes(path: Path) -> int:
@@ -240,6 +265,14 @@ def _external_bytes(path: Path) -> int:
 
 
 # --- OpenVINO IR: the .xml's Parameters and Results, the .bin's size ------------------------------------------
+
+def _byte(data, key: str, name: str) -> int:
+    """A Const's `<data offset= size=>` in the .xml: a byte count (a file from someone else may hold anything)."""
+    text = str(data.get(key, "0")).strip()
+    if not text.isdigit() or len(text) > 19:
+        raise UserError(f"model file '{name}': a constant's {key}={text[:30]!r} in the .xml is not a byte count")
+    return int(text)
+
 
 def _ir_ports(path: Path, name: str) -> tuple[dict, dict, int, Counter[str]]:
     weights = path.with_suffix(".bin")
@@ -253,7 +286,7 @@ def _ir_ports(path: Path, name: str) -> tuple[dict, dict, int, Counter[str]]:
     if root.tag != "net" or not layers:
         raise UserError(f"model file '{name}' is not an OpenVINO IR (no <net> of layers)")
     size = weights.stat().st_size
-    needed = max((int(d.get("offset", 0)) + int(d.get("size", 0)) for layer in layers.values()
+    needed = max((_byte(d, "offset", name) + _byte(d, "size", name) for layer in layers.values()
                   if layer.get("type") == "Const" for d in layer.iter("data")), default=0)
     if needed > size:
         raise UserError(f"model file '{name}': {weights.name} holds {size} bytes, the .xml places constants up to "
