@@ -192,8 +192,10 @@ class LoadGenServer:
     def _withheld(self) -> str | None:
         """Why no LoadGen test runs: instance 0 checked the artifact's quality during its warm-up, and it missed
         the gate (the search would only measure a configuration that is withheld whatever it serves)."""
+        if self.withhold is None:  # over HTTP: no instance of this process, no check
+            return None
         checked = [inst.quality for inst in self.launcher.instances.values() if getattr(inst, "quality", None)]
-        if self.withhold is None or not checked:
+        if not checked:
             return None
         reason = self.withhold(checked[0])
         if reason is None:
