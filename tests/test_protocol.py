@@ -19,6 +19,8 @@ MESSAGES = [
     protocol.Progress(40), protocol.Served(1, 10, 20, 32, 17), protocol.Result({"instance": 1, "cpu_seconds": 0.5}),
     protocol.Profiled({"latencies_us": [1.0]}), protocol.WorkerFailure("user", "bad input", None),
     protocol.Unanswered(4, "IndexError: index 30522 is out of bounds"),
+    protocol.Ready(8, True, 10, 7, [[1, 1_200_000], [8, 3_400_000]]),
+    protocol.Checked({"task": "embed", "metrics": {"cosine_p1": 0.93}, "rows": 32}),
 ]
 
 

@@ -268,3 +268,111 @@ def test_the_console_names_a_retested_rate():
     console = Console(width=200, record=True)
     console.print(server_table(Table(), again))
     assert f"{steps[-1].target_qps:g} QPS tested again (a doubtful miss)" in console.export_text()
+
+
+# --- issue 50: the first test at the configuration's own capacity; a bounded miss is not a capacity of 0 --------
+
+
+def test_the_capacity_estimate_takes_the_batch_whose_real_length_call_fits_the_slo():
+    """ONNX Runtime fp32 on one core, max batch 16, real queries (a batch pads to its longest row): 20 ms for one,
+    30 ms for two, 50 ms for four, 170 ms for sixteen. At a 100 ms SLO only calls of at most a third of it serve
+    within it: two rows a call, 66.7 QPS, not the 94 QPS sixteen rows say (their call alone takes 170 ms)."""
+    from corescale.measure.qps_search import SLO_SHARE, slo_capacity
+
+    calls = [[1, 20_000_000], [2, 30_000_000], [4, 50_000_000], [8, 90_000_000], [16, 170_000_000]]
+    found = slo_capacity(calls, 100.0)
+    assert abs(SLO_SHARE - 1 / 3) < 1e-9 and found.rows == 2 and found.qps == pytest.approx(66.67, rel=1e-3)
+    assert found.call_ms == pytest.approx(30.0)
+    assert slo_capacity(calls, 1000.0).rows == 16  # a loose SLO: the full batch
+    assert slo_capacity(calls, None).rows == 16  # no SLO: the most queries a second
+    slow = slo_capacity([[1, 80_000_000], [2, 150_000_000]], 100.0)
+    assert slow.rows == 1 and slow.qps == pytest.approx(12.5)  # none fits a third: one row at a time
+    assert slo_capacity([], 100.0) is None and slo_capacity([[1, 0]], 100.0) is None
+
+
+def fake_server(real_calls, *overrides):
+    """A LoadGenServer before its first test, its instances as their ready events left them."""
+    from pathlib import Path
+
+    import numpy as np
+
+    from corescale.measure.loadgen import LoadGenServer
+
+    server = LoadGenServer(compose([*SERVED, "server.max_batch=16", *overrides]), np.full(8, 28), Path("."))
+    server.launcher = types.SimpleNamespace(instances={i: types.SimpleNamespace(
+        id=i, call_ns=170_000_000, single_ns=12_000_000, real_calls=calls, quality=None)
+        for i, calls in enumerate(real_calls)})
+    return server
+
+
+def test_the_first_test_lands_near_the_instances_capacity_and_the_record_shows_it():
+    """make run (issue 50): ONNX Runtime fp32 1 x 1 core, max batch 16, started at 58.3 QPS, above what one core
+    does; its own warm calls of real queries say 66.7 QPS at the SLO for one instance, so the first test runs at 0.7
+    of it, and two such instances at twice that. The record keeps the estimate beside the rate tested first."""
+    from corescale.measure.loadgen import summarise
+    from corescale.measure.qps_search import FIRST_SHARE
+    from corescale.record.sections import ServerSummary
+
+    calls = [[1, 20_000_000], [2, 30_000_000], [4, 50_000_000], [16, 170_000_000]]
+    one = fake_server([calls])
+    assert one._first_guess() == pytest.approx(FIRST_SHARE * 66.67, rel=1e-2)
+    assert one.outcome.capacity["basis"] == "real lengths" and "2 row(s) a call in 30 ms" in \
+        one.outcome.capacity["per_instance"]
+    two = fake_server([calls, calls])
+    assert two._first_guess() == pytest.approx(2 * one._first_guess(), rel=1e-2)
+    old = fake_server([None])  # an instance without real calls (an earlier worker): the old estimate, said so
+    old._first_guess()
+    assert old.outcome.capacity["basis"] == "sequence_length calls"
+    one.outcome.capacity["first_qps"] = 46.7
+    summary = ServerSummary.from_dict(summarise(one.cfg, one.outcome, {}), "server")
+    assert summary.capacity.qps == pytest.approx(66.67, rel=1e-3) and summary.capacity.first_qps == 46.7
+
+
+def test_one_bounded_test_that_missed_is_not_established_not_a_capacity_of_zero():
+    """make run's screens (10 s): one LoadGen test at 58.3 QPS missed (p99 368 ms) and no lower one fitted; it was
+    recorded as max valid QPS 0. The search now says the max is not established, with the test that shows it,
+    apart from a search that found no rate can meet the SLO (its fastest query missed it) or reached its floor."""
+    clock = Clock()
+    steps = []
+
+    def step(qps):
+        clock.now += 459 / qps
+        return types.SimpleNamespace(target_qps=qps, meets_slo=False, latency_ms={"p99": 368.0, "min": 20.0},
+                                     completed_qps=qps)
+    found = search(step, 58.3, 0.15, 5, steps, slo_ms=100.0, bound=Bound(10.0, clock),
+                   least_s=lambda qps: max(0.5, 459 / qps))
+    assert found.best is None and len(steps) == 1
+    assert found.unestablished.startswith("not established: one LoadGen test at 58.3 QPS missed the SLO (p99 368 "
+                                          "ms); server.max_search_s=10 ended it after 1 LoadGen test")
+    assert found.unestablished.endswith("no lower rate tested")
+    # its fastest query missed: no rate can meet the SLO, a fact the search established
+    steps = []
+    hopeless = search(lambda qps: types.SimpleNamespace(target_qps=qps, meets_slo=False, completed_qps=qps,
+                                                        latency_ms={"p99": 900.0, "min": 150.0}),
+                      58.3, 0.15, 5, steps, slo_ms=100.0)
+    assert hopeless.best is None and hopeless.unestablished is None
+    # halved down to its floor: none at or above the floor meets it (a measurement, not a bound's doing)
+    assert search(_never, 40.0, 0.15, 30, [], floor=10.0).unestablished is None
+    # max_steps ended the halving before the floor: not established either
+    capped = search(_never, 400.0, 0.15, 3, [], floor=1.0)
+    assert capped.unestablished.startswith("not established: 3 LoadGen tests down to 100 QPS missed the SLO")
+    assert "server.max_steps=3 ended it" in capped.unestablished
+    # a rate met: established, whatever ended the search
+    assert search(slow_steps(Clock(), 100.0, 20.0), 80.0, 0.01, 2, []).unestablished is None
+
+
+def _never(qps):
+    return types.SimpleNamespace(target_qps=qps, meets_slo=False, latency_ms={}, completed_qps=qps)
+
+
+def test_the_tune_reads_a_search_that_is_not_established_as_unknown():
+    """verdict.figures: no server_qps (unknown: never 0, never compared with a rate met) and the words why."""
+    from corescale.tune.verdict import figures
+
+    served = types.SimpleNamespace(scenario="server", max_valid_qps=None, latency_ms={}, bounded="ended",
+                                   unestablished="not established: one LoadGen test at 58.3 QPS missed the SLO")
+    record = types.SimpleNamespace(metrics=None, server=served, drift=None, quality=None, valid=True, ok=True,
+                                   instance_reports=[])
+    figs = figures(record)
+    assert figs["server_qps"] is None and figs["unestablished"].startswith("not established") \
+        and not figs["open_ended"]

@@ -280,6 +280,21 @@ def test_coverage_says_what_was_measured_the_best_per_branch_and_what_a_longer_b
     assert type(found).from_dict(found.to_dict(), "coverage") == found  # tune.json keeps it typed
 
 
+def test_a_branch_whose_bounded_search_met_no_rate_is_not_established_not_none_feasible():
+    """make run (issue 50): ONNX Runtime fp32 1 x 1 core, one 10 s screen whose one test at 58.3 QPS missed; its
+    max is unknown (the next, lower, test did not fit), which coverage says instead of "none feasible"."""
+    from corescale.tune.coverage import coverage
+
+    space = spaces.derive(compose([]), [], {"backend": ["onnxruntime"], "precision": ["fp32"]}, 2, ISA, False)
+    words = "not established: one LoadGen test at 58.3 QPS missed the SLO (p99 368 ms)"
+    trials = [_doc_trial(0, ["backend=onnxruntime", "precision=fp32"], {"valid": True, "server_qps": None,
+                                                                       "unestablished": words}, outcome="failed")]
+    found = coverage(trials, space, "server_qps", "maximize")
+    (branch,) = found.branches
+    assert branch.best is None and branch.unestablished == 1
+    assert "onnxruntime fp32 not established (a bounded QPS search met no rate)" in found.lines("QPS")[1]
+
+
 def test_a_longer_budgets_estimate_is_fitted_to_the_best_branchs_screens():
     """Screens of a backend 25x behind make σ the families' spread: with 4 screens of its own, the best's branch
     alone gives the estimate (and says so); with fewer, all the feasible screens do."""

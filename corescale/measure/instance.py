@@ -41,6 +41,8 @@ class InstanceHandle:
     state: str = "starting"  # starting -> loaded -> warming -> ready -> running -> done
     call_ns: int = 0  # a warm call's duration, from its ready event
     single_ns: int | None = None  # serving: one warm query at sequence_length, from its ready event
+    real_calls: list | None = None  # serving LoadGen: [rows, ns] of warm calls of real queries, from its ready event
+    quality: dict | None = None  # instance 0 of a served trial: its quality check before serving (checked event)
     done: int = 0  # timed calls completed, from progress events
     artifact: str | None = None  # the file its backend runs (its loaded event), where it has one
     result: dict[str, Any] | None = None  # its report (its result event)
@@ -98,6 +100,9 @@ class InstanceHandle:
             self.state, self.artifact = "loaded", message.artifact
         elif isinstance(message, protocol.Ready):
             self.state, self.call_ns, self.single_ns = "ready", message.call_ns, message.single_ns
+            self.real_calls = message.real_calls
+        elif isinstance(message, protocol.Checked):
+            self.quality = message.quality
         elif isinstance(message, protocol.Progress):
             self.done = message.done
         elif isinstance(message, protocol.Result):

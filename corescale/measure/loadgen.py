@@ -28,10 +28,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from corescale.measure import qps_search
 from corescale.measure.batching import Batcher, Waiting
 from corescale.measure.instance import dispatch
 from corescale.measure.protocol import Batch, Served, Stop
-from corescale.measure.qps_search import Bound, floor_qps, knee, load_curve, search, warm_capacity
+from corescale.measure.qps_search import Bound, floor_qps, knee, load_curve, search, slo_capacity, warm_capacity
 from corescale.record.trial import Failure
 
 if TYPE_CHECKING:
@@ -94,13 +95,17 @@ class ServeOutcome:
     logs: dict[str, bytes] = field(default_factory=dict)
     unreachable: str | None = None  # target_qps=auto found no rate worth testing, and why
     bounded: str | None = None  # target_qps=auto: its wall-time bound (server.max_search_s) ended it, and how
+    unestablished: str | None = None  # target_qps=auto: no rate met the SLO before a bound ended it (not: none can)
+    capacity: dict | None = None  # target_qps=auto: the capacity estimate its first test came from
+    skipped: str | None = None  # no LoadGen test ran: the artifact missed the quality gate first, and how
 
 
 class LoadGenServer:
     """The launcher's serve hook: begin() once every instance is ready, served() for each reply line."""
 
-    def __init__(self, cfg: BenchmarkConfig, lengths: np.ndarray, work_dir: Path):
+    def __init__(self, cfg: BenchmarkConfig, lengths: np.ndarray, work_dir: Path, withhold=None):
         self.cfg, self.lengths, self.work_dir = cfg, lengths, work_dir
+        self.withhold = withhold  # (instance 0's quality report) -> why it misses the gate, or None
         self.outcome = ServeOutcome()
         self.failure: Failure | None = None
         self.finished = threading.Event()
@@ -153,6 +158,9 @@ class LoadGenServer:
 
         try:
             time.sleep(max(start_ns - time.perf_counter_ns(), 0) / 1e9)
+            self.outcome.skipped = self._withheld()
+            if self.outcome.skipped:
+                return
             if self.cfg.scenario == "server" and self.cfg.target_qps == "auto":
                 self.outcome.unreachable = self._unreachable()
                 if self.outcome.unreachable:
@@ -165,7 +173,10 @@ class LoadGenServer:
                 found = search(self._step, first, server.search_precision, server.max_steps,
                                self.outcome.steps, floor_qps(self.cfg), self.cfg.slo_p99_ms, self.bound,
                                lambda qps: self._least_s(qps, server.min_query_count))
-                self.outcome.bounded = found.bounded
+                self.outcome.bounded, self.outcome.unestablished = found.bounded, found.unestablished
+                if self.outcome.capacity is not None:
+                    self.outcome.capacity["first_qps"] = self.outcome.steps[0].target_qps if self.outcome.steps \
+                        else None
             else:
                 self.outcome.steps.append(self._step(self.cfg.target_qps if self.cfg.scenario == "server" else None))
         except BaseException as exc:  # reported through the launcher's loop
@@ -177,6 +188,20 @@ class LoadGenServer:
     def _stop(self) -> None:
         """The tests are over: the instances stop."""
         self.launcher.tell_all_quietly(Stop())
+
+    def _withheld(self) -> str | None:
+        """Why no LoadGen test runs: instance 0 checked the artifact's quality during its warm-up, and it missed
+        the gate (the search would only measure a configuration that is withheld whatever it serves)."""
+        if self.withhold is None:  # over HTTP: no instance of this process, no check
+            return None
+        checked = [inst.quality for inst in self.launcher.instances.values() if getattr(inst, "quality", None)]
+        if not checked:
+            return None
+        reason = self.withhold(checked[0])
+        if reason is None:
+            return None
+        return (f"skipped: the artifact's quality was checked before the QPS search and missed the gate ({reason}); "
+                "no LoadGen test ran")
 
     def _unreachable(self) -> str | None:
         """Why no rate can meet the SLO, when one query alone (batch 1, warm, at the one length every query has)
@@ -192,11 +217,24 @@ class LoadGenServer:
                 "can meet it; use more cores per instance or a smaller model")
 
     def _first_guess(self) -> float:
-        """Half the instances' warm capacity (qps_search.warm_capacity): a guess the bracket corrects either way;
-        a low one costs the longest test (the minimum query count at a low rate)."""
+        """qps_search.FIRST_SHARE of the instances' capacity at the SLO from their warm calls of real queries
+        (qps_search.slo_capacity); where an instance sent none, half the warm capacity from its calls at
+        sequence_length (qps_search.warm_capacity). A guess the bracket corrects either way; a low one costs the
+        longest test (the minimum query count at a low rate). The estimate is kept for the record."""
+        instances = list(self.launcher.instances.values())
+        found = [slo_capacity(getattr(inst, "real_calls", None) or [], self.cfg.slo_p99_ms) for inst in instances]
+        if instances and all(c is not None for c in found):
+            known = [c for c in found if c is not None]
+            capacity = sum(c.qps for c in known)
+            each = "; ".join(f"instance {inst.id}: {c.rows} row(s) a call in {c.call_ms:.3g} ms ({c.qps:.4g} QPS)"
+                             for inst, c in zip(instances, known))
+            self.outcome.capacity = {"qps": capacity, "share": qps_search.FIRST_SHARE, "basis": "real lengths",
+                                     "per_instance": each}
+            return float(f"{max(qps_search.FIRST_SHARE * capacity, 0.1):.3g}")
         mean = float(self.lengths.mean()) if len(self.lengths) else self.cfg.sequence_length
         capacity = sum(warm_capacity(inst.call_ns, inst.single_ns, self.cfg.server.max_batch, mean,
-                                     self.cfg.sequence_length) for inst in self.launcher.instances.values())
+                                     self.cfg.sequence_length) for inst in instances)
+        self.outcome.capacity = {"qps": capacity, "share": 0.5, "basis": "sequence_length calls", "per_instance": ""}
         return float(f"{max(capacity / 2, 0.1):.3g}")
 
     def _least_s(self, qps: float, queries: int) -> float:
@@ -439,7 +477,8 @@ def summarise(cfg: BenchmarkConfig, outcome: ServeOutcome, queries: dict, endpoi
         "max_valid_qps": max((s["target_qps"] for s in met), default=None),
         "latency_ms": (max(met, key=lambda s: s["target_qps"]) if met else last).get("latency_ms", {}),
         "steps": steps, "load_curve": curve, "knee_qps": knee(curve), "search_floor_qps": floor_qps(cfg),
-        "unreachable": outcome.unreachable, "bounded": outcome.bounded,
+        "unreachable": outcome.unreachable, "bounded": outcome.bounded, "unestablished": outcome.unestablished,
+        "capacity": outcome.capacity, "skipped": outcome.skipped,
         "batching": None if cfg.endpoint else {  # over HTTP the server batches, out of sight
             "max_batch": cfg.server.max_batch, "max_queue_ms": cfg.server.max_queue_ms,
             "max_batch_tokens": cfg.server.max_batch_tokens, "max_padding": cfg.server.max_padding, "pad": cfg.pad,

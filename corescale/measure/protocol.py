@@ -117,6 +117,18 @@ class Ready:
     converged: bool
     call_ns: int  # a warm call's median duration: the start instant leaves room for two
     single_ns: int | None = None  # serving: the fastest warm query at sequence_length
+    # serving LoadGen's queries: [rows, median ns] of warm calls of real queries drawn from the query set, padded as
+    # served (the search's capacity estimate: qps_search.slo_capacity)
+    real_calls: list | None = None
+
+
+@dataclass(frozen=True)
+class Checked:
+    """Instance 0 of a served trial checked its artifact's quality during its warm-up (measure/quality.py), before
+    any LoadGen test: the parent judges it and runs no test when it misses the gate."""
+
+    EVENT: ClassVar[str] = "checked"
+    quality: dict
 
 
 @dataclass(frozen=True)
@@ -282,7 +294,8 @@ def infer_number(line: str) -> int:
     return int(words[1]) if len(words) > 1 and words[0] == Infer.WORD and words[1].lstrip("-").isdigit() else -1
 
 
-Message = Union[Loaded, Warming, Ready, Progress, Served, Answered, Unanswered, Result, Profiled, WorkerFailure]
+Message = Union[Loaded, Warming, Ready, Checked, Progress, Served, Answered, Unanswered, Result, Profiled,
+                WorkerFailure]
 MESSAGES: dict[str, type[Message]] = {cls.EVENT: cls for cls in typing.get_args(Message)}
 HINTS = {event: typing.get_type_hints(cls) for event, cls in MESSAGES.items()}  # once: it compiles each annotation
 FLAT = {Result: "report", Profiled: "profile"}  # messages whose one dict field is spread over the line

@@ -29,6 +29,37 @@ def warm_capacity(call_ns: int, single_ns: int | None, max_batch: int, mean_leng
     return max(full, 1e9 / one)
 
 
+# a call whose rows leave a query room in the SLO: it may wait for the call ahead of it, then its own, and queue
+SLO_SHARE = 1 / 3
+# the first test, at this share of the capacity estimate from the calls at the workload's real lengths: near the
+# knee, where p99 turns up (above it a miss; far below it the longest test: the minimum query count at a low rate)
+FIRST_SHARE = 0.7
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """What one instance's warm calls at the workload's real lengths say it sustains at the SLO: the batch size
+    whose call leaves a query room in it (SLO_SHARE) with the most queries a second, that rate, and that call."""
+
+    qps: float
+    rows: int
+    call_ms: float
+
+
+def slo_capacity(calls: list, slo_ms: float | None) -> Capacity | None:
+    """One instance's capacity at the SLO from its warm calls of real queries ([rows, median ns] each, the queries
+    drawn from the query set and padded as the pad policy pads them: the length distribution, not its mean): the
+    most queries a second over the batch sizes whose call takes at most SLO_SHARE of the SLO (a batching
+    configuration serves at the SLO with the batches whose calls fit it, not with its max batch); the smallest
+    batch where none does. None without calls."""
+    known = sorted((int(rows), int(ns)) for rows, ns in calls if int(rows) > 0 and int(ns) > 0)
+    if not known:
+        return None
+    fits = [(rows, ns) for rows, ns in known if slo_ms is None or ns / 1e6 <= SLO_SHARE * slo_ms] or known[:1]
+    rows, ns = max(fits, key=lambda c: c[0] / c[1])
+    return Capacity(rows / ns * 1e9, rows, ns / 1e6)
+
+
 def floor_qps(cfg: BenchmarkConfig) -> float:
     """Below this rate LoadGen's minimum query count would take more than half the timeout per test."""
     return cfg.server.min_query_count / (0.5 * cfg.timeout)
@@ -79,6 +110,9 @@ class Searched:
 
     best: float | None
     bounded: str | None = None
+    # no rate met the SLO and a bound (the wall time, max_steps) ended the search before the floor or a fact that
+    # no lower rate can meet it: the max is not established, only that these rates missed (None: it is, or none)
+    unestablished: str | None = None
 
 
 def search(step, first: float, precision: float, max_steps: int, steps: list, floor: float = 0.0,
@@ -97,6 +131,7 @@ def search(step, first: float, precision: float, max_steps: int, steps: list, fl
     missed = calm = None  # the step that set the bracket's upper end, the one that set its lower end
     again: float | None = None  # the rate being tested once more (DOUBTFUL); the search retests once
     retested = False
+    settled = False  # no lower rate can meet the SLO (its fastest query missed it; the server is broken)
     bound = bound or Bound(None)
     qps = max(first, floor)
     while len(steps) < max_steps and qps >= floor:
@@ -106,16 +141,18 @@ def search(step, first: float, precision: float, max_steps: int, steps: list, fl
             if raised is not None and high is not None and raised >= high:
                 raised = None  # going down from a miss: only a rate below it is worth the time left
             if raised is None:
-                return Searched(low, f"{bound.words()} ended it after {tests(len(steps))}: the next, at {qps:g} "
-                                     f"QPS, takes at least {need:.3g} s and {max(bound.left(), 0.0):.3g} s were left")
+                why = (f"{bound.words()} ended it after {tests(len(steps))}: the next, at {qps:g} QPS, takes at "
+                       f"least {need:.3g} s and {max(bound.left(), 0.0):.3g} s were left")
+                return Searched(low, why, unestablished(steps, low, why))
             qps = raised  # still bracketing: a little faster, so that it fits, rather than no end found
         result = step(qps)
         if again is not None:
             result.retest, again = True, None
         steps.append(result)
         if getattr(result, "cut", False):
-            return Searched(low, f"{bound.words()} cut LoadGen test {len(steps)}, at {qps:g} QPS: the queries "
-                                 "still queued were answered at once, the test judged not valid")
+            why = (f"{bound.words()} cut LoadGen test {len(steps)}, at {qps:g} QPS: the queries still queued were "
+                   "answered at once, the test judged not valid")
+            return Searched(low, why, unestablished(steps, low, why))
         if result.meets_slo:
             if low is None or qps > low:
                 low, calm = qps, result
@@ -127,8 +164,10 @@ def search(step, first: float, precision: float, max_steps: int, steps: list, fl
             fell = behind(result, qps)
             ceiling = fell if fell is not None else ceiling
             if low is None and slo_ms is not None and (result.latency_ms or {}).get("min", 0) > slo_ms:
+                settled = True
                 break  # even the fastest query missed: lower rates cannot help
             if low is None and getattr(result, "broken", False):
+                settled = True
                 break  # every query failed, none for lack of time: the server is broken, not overloaded
         if not retested and missed is not None and doubtful(missed, calm, slo_ms):
             qps = again = missed.target_qps
@@ -147,7 +186,22 @@ def search(step, first: float, precision: float, max_steps: int, steps: list, fl
         else:
             qps = (low + high) / 2
         qps = float(f"{qps:.4g}")
+    if low is None and not settled and len(steps) >= max_steps and qps >= floor:
+        return Searched(None, None, unestablished(steps, low, f"server.max_steps={max_steps} ended it"))
     return Searched(low)
+
+
+def unestablished(steps: list, low: float | None, why: str) -> str | None:
+    """Where no rate met the SLO and a bound ended the search (`why`), what the tests show: that these rates
+    missed, not that no rate meets the SLO (the next lower one was never tested); None where a rate met it."""
+    if low is not None or not steps:
+        return None
+    lowest = min(steps, key=lambda s: s.target_qps)
+    p99 = (getattr(lowest, "latency_ms", None) or {}).get("p99")
+    at = f"p99 {p99:.0f} ms" if p99 is not None and math.isfinite(p99) else "no p99"
+    shown = (f"one LoadGen test at {lowest.target_qps:g} QPS missed the SLO ({at})" if len(steps) == 1 else
+             f"{tests(len(steps))} down to {lowest.target_qps:g} QPS missed the SLO (there: {at})")
+    return f"not established: {shown}; {why}, no lower rate tested"
 
 
 def doubtful(missed, calm, slo_ms: float | None) -> bool:

@@ -67,12 +67,17 @@ def _version(name: str) -> str | None:
         return None
 
 
+def reference_file(cfg: BenchmarkConfig, model, queries: QuerySet) -> Path:
+    """Where the reference's outputs on `queries` are cached."""
+    return Path(os.path.expanduser(cfg.cache_dir)) / "reference" / f"{reference_key(cfg, model, queries)}.npy"
+
+
 def reference_outputs(cfg: BenchmarkConfig, model, threads: int, queries: QuerySet) -> tuple[np.ndarray, bool]:
     """(the fp32 reference's outputs, whether they came from the cache)."""
     from corescale.backends import OPTIONS, create_backend, quality_reference
     from corescale.machine.precisions import REFERENCE
 
-    file = Path(os.path.expanduser(cfg.cache_dir)) / "reference" / f"{reference_key(cfg, model, queries)}.npy"
+    file = reference_file(cfg, model, queries)
     if file.is_file():
         try:
             return np.load(file), True
@@ -243,3 +248,21 @@ def evaluate(cfg: BenchmarkConfig, model, threads: int, backend) -> dict:
             "measured": measured, "reference": reference,
             "drop": {m: reference[m] - v for m, v in measured.items()} if reference else None,
             "seconds": time.perf_counter() - began}
+
+
+def main(argv: list[str]) -> int:
+    """`python -m corescale.measure.quality JOB`: the reference's outputs on the job's quality set, computed on its
+    instance's CPUs and threads into the cache (runner.reference_first: before a served trial's instances start)."""
+    from corescale.measure.protocol import Job
+
+    job = Job.read(argv[0])
+    os.sched_setaffinity(0, list(job.instance.cpus))
+    assert job.files.quality is not None, "the job names its quality set"
+    reference_outputs(job.config, job.model, job.instance.threads, QuerySet.load(job.files.quality))
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main(sys.argv[1:]))

@@ -33,7 +33,7 @@ from corescale.measure.timing import read_pairs
 from corescale.measure.trial import Trial, UncommittedResult, check_places, housekeeping_cpus, new_record
 from corescale.overrides import override_key
 from corescale.record.files import PendingRun, log_name, run_name
-from corescale.record.sections import Contamination, InstanceReport, ServerSummary
+from corescale.record.sections import Contamination, InstanceReport, Quality, ServerSummary
 from corescale.record.trial import Failure, Partial, Roofline, RunMetrics, TrialRecord, spec_key, trial_key
 from corescale.workload.flops import forward_flops
 from corescale.workload.models import ModelSpec, configured_model
@@ -274,7 +274,10 @@ def run_instances(trial: Trial, on_event=None, host: HostEnvironment | None = No
         files = _trial_files(trial, Path(work))
         if trial.cfg.scenario != "offline":
             assert trial.queries is not None, "a served trial has its query set (uses_query_set)"
-            server = LoadGenServer(trial.cfg, trial.queries.lengths, Path(work))
+            server = LoadGenServer(trial.cfg, trial.queries.lengths, Path(work),
+                                   lambda found: missed_gate(found, trial))
+            if trial.quality is not None:  # instance 0 checks quality before the search: its reference first
+                reference_first(trial, specs[0], files, Path(work))
         cpus = sorted({cpu for spec in specs for cpu in spec.cpus})
         readings = [sentinel_reading(trial.cfg, cpus, "before")]
         with housekeeping_cpus(specs) as parent_cpus:
@@ -431,10 +434,15 @@ def _finish_server(record: TrialRecord, trial: Trial, server: LoadGenServer, out
     if outcome.failure:
         record.partial = Partial(outcome.states, sorted(outcome.results))
         record.fail(outcome.failure)
-    elif not server.outcome.steps and not server.outcome.unreachable:
+    elif not server.outcome.steps and not server.outcome.unreachable and not server.outcome.skipped:
         record.fail(Failure("error", "LoadGen ran no test"))
     else:
         judge_quality(record, trial)
+        if server.outcome.skipped and record.quality is not None and record.quality.passed is False:
+            assert record.failure is not None, "a quality miss fails the record"
+            record.fail(dataclasses.replace(record.failure, message=f"{record.failure.message}; the QPS search "
+                                            "was skipped (quality is checked first): no LoadGen test ran"),
+                        valid=True)
 
 
 def _finish(record: TrialRecord, trial: Trial, metrics: RunMetrics, reports: list[dict]) -> None:
@@ -451,27 +459,62 @@ def _finish(record: TrialRecord, trial: Trial, metrics: RunMetrics, reports: lis
 def judge_quality(record: TrialRecord, trial: Trial) -> None:
     """Instance 0's quality check, judged by min_quality (or the task's defaults): a configuration that misses it
     keeps its (valid) figures and fails as withheld (quality)."""
+    checked = [r.quality for r in record.instance_reports if r.quality is not None]
+    if not checked:
+        return
+    record.quality = gated(checked[0], trial)
+    if record.quality.failed and record.ok:
+        record.fail(Failure("quality", record.quality.failure_message()), valid=True)
+
+
+def missed_gate(report: dict, trial: Trial) -> str | None:
+    """A served trial's instance 0 checked quality before the search (its `checked` event): why it misses the gate
+    (None: it meets it, or cannot be judged), so that no LoadGen test runs."""
+    found = gated(Quality.from_dict(report, "instance 0's quality check"), trial)
+    return found.failure_message() if found.failed else None
+
+
+def gated(found: Quality, trial: Trial) -> Quality:
+    """A quality check with the gate applied: min_quality, or the task's defaults (unknown: as it is)."""
     from corescale.machine.precisions import PRECISIONS
     from corescale.workload.quality import Bound, parse_gate
     from corescale.workload.tasks import BATCH_CHANGE
 
-    checked = [r.quality for r in record.instance_reports if r.quality is not None]
-    if not checked:
-        return
-    found = checked[0]
     gate = parse_gate(trial.cfg.min_quality, trial.model.task, (found.evaluation or {}).get("kind"))
     if found.unknown is not None:  # nothing to judge against: said, neither passed nor failed
-        record.quality = found
-        return
+        return found
     values = found.values()
     if found.batch_change is not None and trial.model.head.entry.head == "pooled" and \
             all(b.metric != BATCH_CHANGE for b in gate):  # by default a vector may move between batchings as far
         gate.append(Bound(BATCH_CHANGE, "<=", round(1 - PRECISIONS[trial.cfg.precision].min_cosine, 6)))  # as the
         # precision may move it from fp32
     failed = [b.text() for b in gate if not b.holds(values.get(b.metric, float("nan")))]
-    record.quality = dataclasses.replace(found, gate=[b.text() for b in gate], failed=failed, passed=not failed)
-    if failed and record.ok:
-        record.fail(Failure("quality", record.quality.failure_message()), valid=True)
+    return dataclasses.replace(found, gate=[b.text() for b in gate], failed=failed, passed=not failed)
+
+
+def reference_first(trial: Trial, first: InstanceSpec, files: TrialFiles, work: Path) -> None:
+    """A served trial's instance 0 checks quality during its warm-up (worker.Instance.check_first), before the
+    search: the fp32 reference's outputs on the quality set are computed here first, in a short process of their
+    own on that instance's CPUs and threads (measure/quality.py's main), into the cache the check reads. The
+    reference's library, threads and memory then never enter the measured process (they did after the window
+    before, and would now be there through the search). Nothing to do when the cache holds them already; a
+    failure here leaves the worker to compute them itself, as before."""
+    import subprocess
+    import sys
+
+    from corescale.measure import quality
+    from corescale.measure.protocol import Job
+
+    assert trial.quality is not None, "a judged trial has its quality set"
+    if quality.unknown_quality(trial.cfg, trial.model) is not None or \
+            quality.reference_file(trial.cfg, trial.model, trial.quality).is_file():
+        return
+    job = Job.each(trial.cfg, trial.model, [first], files)[0].write(work / "reference.json")
+    try:
+        subprocess.run([sys.executable, "-m", "corescale.measure.quality", str(job)], check=False,
+                       timeout=trial.cfg.timeout, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        pass
 
 
 def _report(result: dict, instance: int) -> InstanceReport:

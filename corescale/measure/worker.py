@@ -115,6 +115,7 @@ class Instance:
         if self.service:  # it ends on `stop` or end of input,
             signal.signal(signal.SIGTERM, signal.SIG_IGN)  # so a SIGTERM to every process of the service drains
         self.tokens = TokenCount()
+        self.checked: dict | None = None  # a served trial's instance 0: its quality, checked before serving
 
     def run(self) -> None:
         self.load()
@@ -181,8 +182,13 @@ class Instance:
         self.warmed = warm_up(self.call, cfg.warmup, progress=lambda n: control.send(protocol.Warming(n)))
         self.durations = list(self.warmed.durations_ns)
         single_ns = warm_shapes(self.backend, self.model, cfg, self.batch)[0] if self.serving else None
+        real = real_calls(self.backend, self.model, cfg, self.queries, self.batch) if self.serving and \
+            self.queries is not None else None
+        if self.serving:
+            self.check_first()
         stable = sorted(self.durations[-cfg.warmup.window:])
-        control.send(protocol.Ready(len(self.durations), self.warmed.converged, stable[len(stable) // 2], single_ns))
+        control.send(protocol.Ready(len(self.durations), self.warmed.converged, stable[len(stable) // 2], single_ns,
+                                    real))
         return keep_warm(self.call, control, self.durations)
 
     def warm_service(self) -> int | None:
@@ -267,6 +273,20 @@ class Instance:
 
         return quality.check(self.cfg, self.model, self.spec.threads, self.backend, QuerySet.load(self.files.quality))
 
+    def check_first(self) -> None:
+        """A served trial's instance 0 checks its artifact's quality now, before LoadGen's first test, and tells
+        the parent (which runs no test when it misses the gate: measure/loadgen.py). The reference's outputs are
+        computed beforehand in a process of their own (runner.reference_first) and read from the cache here, so no
+        reference library, thread or memory is left in this process; what the check itself allocated is collected
+        and the peak RSS starts again from here."""
+        self.checked = self.quality()
+        if self.checked is None:
+            return
+        gc.collect()
+        if self.hwm_reset:
+            reset_peak_rss()
+        self.control.send(protocol.Checked(self.checked))
+
     def serve(self) -> None:
         """Answers the parent's batches until `stop`; then its result (no timed window of its own)."""
         from corescale.machine import instance_env
@@ -316,7 +336,8 @@ class Instance:
         cpu_seconds = process_cpu_seconds() - cpu_before
         control.send(self.result(cpu_seconds, wall, threads_cpus, {
             "busy_seconds": busy_ns / 1e9, "batches_served": served, "queries_served": rows,
-            "peak_rss_bytes": memory.get("VmHWM"), "rss_bytes": memory.get("VmRSS")}, quality=self.quality()))
+            "peak_rss_bytes": memory.get("VmHWM"), "rss_bytes": memory.get("VmRSS")},
+            quality=self.checked if self.checked is not None else self.quality()))
 
     def result(self, cpu_seconds: float, wall: float, threads_cpus: dict, measured: dict, **after) -> protocol.Result:
         """The report: the fields every scenario has, around what `measured` holds, then `after`."""
@@ -411,6 +432,38 @@ def tokenized(tokenizer, items: list, model, cfg: BenchmarkConfig):
     length = padded_length([len(i) for i in ids], cfg.pad, cfg.sequence_length)
     types = [np.asarray(e.type_ids, dtype=np.int64) for e in encoded]
     return batch_inputs(ids, length, pad_id(model), model.takes_token_type_ids, types)
+
+
+REAL_DRAWS = 5  # warm calls of real queries timed per batch size (their median is the size's call time)
+
+
+def real_calls(backend, model, cfg: BenchmarkConfig, queries, max_batch: int) -> list[list[int]]:
+    """[rows, median ns] of warm calls of real queries for each batch size 1, 2, 4, ... max_batch: each call's rows
+    drawn (seeded) from the query set and padded as the pad policy pads them, so the call times follow the
+    workload's length distribution (a batch pads to its longest row), not its mean. Sizes stop past the first whose
+    call takes longer than SLO_SHARE of the SLO (the estimate takes no larger one). The QPS search's first guess."""
+    import numpy as np
+
+    from corescale.measure.qps_search import SLO_SHARE
+    from corescale.workload.samples import batch_inputs, pad_id, padded_length
+
+    rng = np.random.default_rng(cfg.seed)
+    sizes = sorted({1, max_batch} | {2**k for k in range(1, 13) if 2**k < max_batch})
+    found: list[list[int]] = []
+    for rows in sizes:
+        took = []
+        for _ in range(REAL_DRAWS):
+            chosen = [queries.ids[int(i)] for i in rng.integers(0, len(queries.ids), rows)]
+            length = padded_length([len(q) for q in chosen], cfg.pad, cfg.sequence_length)
+            prepared = backend.prepare(batch_inputs(chosen, length, pad_id(model), model.takes_token_type_ids))
+            began = time.perf_counter_ns()
+            backend.to_numpy(backend.forward(prepared))
+            took.append(time.perf_counter_ns() - began)
+        median = sorted(took)[len(took) // 2]
+        found.append([rows, int(median)])
+        if cfg.slo_p99_ms and median / 1e6 > SLO_SHARE * cfg.slo_p99_ms:
+            break  # no larger batch is one the estimate may take (qps_search.slo_capacity)
+    return found
 
 
 def warm_shapes(backend, model, cfg: BenchmarkConfig, max_batch: int, calls: int = 2,

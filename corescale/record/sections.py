@@ -237,6 +237,18 @@ class ParentLoad(Section):
 
 
 @dataclass(frozen=True)
+class SearchStart(Section):
+    """target_qps=auto: the capacity estimate its first test came from (loadgen.LoadGenServer._first_guess), beside
+    the rate the first test ran at, so that a reader can check the estimate against what the search found."""
+
+    qps: float  # the instances' capacity at the SLO, summed, as their warm calls say
+    share: float  # the first test's share of it (before the bound or the floor raised it)
+    basis: str  # "real lengths": calls of real queries, padded as served; "sequence_length calls": the old estimate
+    per_instance: str = ""  # each instance's batch size, call time and rate, in words
+    first_qps: float | None = None  # the rate the first test ran at
+
+
+@dataclass(frozen=True)
 class ServerSummary(Section):
     """scenario=server|single_stream: LoadGen's verdict, the search's steps and load curve, the batches formed."""
 
@@ -257,6 +269,11 @@ class ServerSummary(Section):
     errors: int = 0  # failed queries over every step
     endpoint: Endpoint | None = None  # endpoint=: the server measured, as it describes itself
     bounded: str | None = None  # target_qps=auto ended by its wall-time bound (server.max_search_s), in words
+    # target_qps=auto: no rate met the SLO before a bound ended the search, in words ("not established: one LoadGen
+    # test at 58.3 QPS missed the SLO (p99 368 ms); ..."): the max is unknown, not 0 (None: found, or none can)
+    unestablished: str | None = None
+    capacity: SearchStart | None = None  # target_qps=auto: the estimate its first test came from
+    skipped: str | None = None  # no LoadGen test ran: the artifact missed the quality gate before it, in words
 
     @property
     def searched(self) -> bool:

@@ -124,6 +124,14 @@ def server_table(table: Table, record: TrialRecord) -> Table:
             table.add_row("not searched", "", escape(s.unreachable))
         if s.bounded:
             table.add_row("search bounded", "best so far", escape(s.bounded))
+        if s.unestablished:
+            table.add_row("max not established", "unknown", escape(s.unestablished))
+        if s.skipped:
+            table.add_row("not searched", "", escape(s.skipped))
+        if s.capacity is not None:
+            first = f", first test at {s.capacity.first_qps:g} QPS" if s.capacity.first_qps is not None else ""
+            table.add_row("capacity estimate (QPS)", f"{s.capacity.qps:.4g}",
+                          escape(f"from warm calls at {s.capacity.basis}{first}"))
         if s.knee_qps:
             table.add_row("load curve knee (QPS)", f"{s.knee_qps:.4g}", "where p99 turns up")
     elif s.scenario == "server":
@@ -337,6 +345,8 @@ def brief(record: TrialRecord) -> str:
     if record.ok and record.server is not None:
         s = record.server
         if s.target_qps == "auto":
+            if s.unestablished:
+                return f"max valid QPS {s.unestablished}"
             bounded = f" (search bounded after {len(s.steps)} LoadGen test(s): best so far)" if s.bounded else ""
             return f"max valid QPS {s.max_valid_qps or 0:.4g} at p99 <= {s.slo_p99_ms:g} ms{bounded}"
         return f"LoadGen {s.validity}, p99 {s.latency_ms.get('p99', float('nan')):.2f} ms"

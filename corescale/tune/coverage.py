@@ -32,7 +32,8 @@ def coverage(trials: list[TuneTrial], space: Space, metric: str, direction: str)
             best = max(values, key=lambda p: sign * p[0]) if values else (None, None)
             branches.append(BestSeen(backend, precision, space.size_of(backend, precision),
                                      sum(1 for t in mine if t.screen),
-                                     sum(1 for t in mine if _withheld(t)), best[0], best[1]))
+                                     sum(1 for t in mine if _withheld(t)), best[0], best[1],
+                                     sum(1 for t in mine if _unestablished(t))))
     gain, words = _longer(screened, metric, sign, direction)
     best_at = found_at(screened, metric, sign)
     if best_at is not None:
@@ -114,6 +115,12 @@ def _withheld(trial: TuneTrial) -> bool:
         return True
     figs = trial.full or trial.screen or {}
     return bool(figs.get("valid")) and not (figs.get("quality_ok", True) and figs.get("drift_ok", True))
+
+
+def _unestablished(trial: TuneTrial) -> bool:
+    """Its QPS search met no rate before a bound ended it (verdict.figures' `unestablished`): unknown, not 0."""
+    figs = trial.full or trial.screen or {}
+    return bool(figs.get("unestablished"))
 
 
 def _best_of(trial: TuneTrial, metric: str, sign: int) -> float | None:

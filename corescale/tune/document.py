@@ -126,6 +126,7 @@ class BestSeen(Section):
     withheld: int = 0  # measured or pruned because the artifact missed the quality gate
     best: float | None = None  # the objective's best figure seen (screen or full window), feasible only
     label: str | None = None
+    unestablished: int = 0  # screened, but its bounded QPS search met no rate: its max is unknown, not 0
 
 
 @dataclass(frozen=True)
@@ -207,7 +208,9 @@ class Coverage(Section):
         if seen:
             out.append("best seen: " + "; ".join(
                 f"{b.backend} {b.precision} " + (f"{b.best:.4g} {unit}" if b.best is not None else
-                                                  "withheld (quality)" if b.withheld else "none feasible")
+                                                  "withheld (quality)" if b.withheld else
+                                                  "not established (a bounded QPS search met no rate)"
+                                                  if b.unestablished else "none feasible")
                 + f" ({b.measured} of {b.in_space})" for b in seen))
         out.append(f"a longer budget: {self.gain_words}")
         return out

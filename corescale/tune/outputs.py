@@ -139,9 +139,10 @@ def headline(tune: Tune, verdict: Verdict) -> list[str]:
         lines.append(peer_words(verdict.peer, verdict.peer_speedup))
     withheld = [f for f in verdict.infeasible if f.quality_withheld]
     if withheld:
+        rate = withheld[0].interval("throughput").mean
+        at = f"at {rate:.2f} samples/s" if math.isfinite(rate) else "(its QPS search skipped: quality is judged first)"
         lines.append(f"withheld (quality): {len(withheld)} configuration(s) whose outputs miss the gate, e.g. "
-                     f"{withheld[0].label} at {withheld[0].interval('throughput').mean:.2f} samples/s"
-                     + quality_words(withheld[0]))
+                     f"{withheld[0].label} {at}" + quality_words(withheld[0]))
     return lines
 
 

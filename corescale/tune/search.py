@@ -322,10 +322,11 @@ class Tuner:
         same artifact gives the same outputs, so repeats would only spend the budget; shown, never chosen."""
         tune = self.tune
         missed = [t for t in study.get_trials(deepcopy=False) if "repeat_of" not in t.user_attrs
-                  and _deterministic_miss(t) and t.user_attrs.get("value") is not None]
+                  and _deterministic_miss(t)]  # a served one without a value: its search skipped (quality first)
         sign = -1 if tune.settings.objective.direction == "maximize" else 1
         finalists = []
-        for trial in sorted(missed, key=lambda t: sign * t.user_attrs["value"])[:tune.settings.top_k]:
+        for trial in sorted(missed, key=lambda t: math.inf if t.user_attrs.get("value") is None else
+                            sign * t.user_attrs["value"])[:tune.settings.top_k]:
             path = (trial.user_attrs.get("full") or trial.user_attrs["screen"])["path"]
             record = _read(path)
             suggested = trial.user_attrs["overrides"]

@@ -192,8 +192,8 @@ def tell_screen(study, trial, row: tuple, seen: dict, tune: Tune) -> dict | None
     key = json.dumps(trial.user_attrs["overrides"])
     if not figs.get("valid") or figs.get(metric) is None:
         constrain(trial, figs, tune.settings)
-        trial.set_user_attr("reason", record.reason or "no figures")
-        trial.set_user_attr("outcome", "failed")
+        trial.set_user_attr("reason", record.reason or figs.get("unestablished") or "no figures")
+        trial.set_user_attr("outcome", "failed")  # failed: the sampler learns nothing from it (unknown, not 0)
         study.tell(trial, state=TrialState.FAIL)
     elif not verdicts.feasible(figs, tune.settings):
         constrain(trial, figs, tune.settings)
@@ -222,7 +222,7 @@ def tell_full(study, trial, row: tuple, tune: Tune) -> None:
         trial.set_user_attr("value", full[metric])
         study.tell(trial, full[metric])
     else:
-        trial.set_user_attr("reason", record.reason or "no figures")
+        trial.set_user_attr("reason", record.reason or full.get("unestablished") or "no figures")
         trial.set_user_attr("outcome", "failed")
         study.tell(trial, state=TrialState.FAIL)
 

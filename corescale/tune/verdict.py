@@ -41,7 +41,9 @@ def figures(record: TrialRecord, cost_of=None) -> dict:
         return {**figs, "server_qps": served.max_valid_qps, "throughput": served.max_valid_qps,
                 "p50_ms": served.latency_ms.get("p50") if met else None,
                 "p99_ms": served.latency_ms.get("p99") if met else None, "memory_gb": rss / 1e9,
-                "open_ended": open_ended(served)}
+                "open_ended": open_ended(served),
+                # no rate met the SLO before a bound ended the search: unknown, not 0 (nor "none can")
+                "unestablished": served.unestablished}
     assert m is not None, "neither served nor measured returned above"
     rss = sum((inst.rss_bytes or inst.peak_rss_bytes) for inst in m.per_instance)
     tokens = m.throughput_tokens_per_s / m.throughput_samples_per_s if m.throughput_samples_per_s else None

@@ -229,7 +229,11 @@ class HttpServer(LoadGenServer):
         """What one request at a time on each instance the server says it runs would sustain (a server that
         batches sustains more): the bracket corrects it either way, and a low first guess costs the longest test
         (min_query_count at a low rate)."""
-        return float(f"{max(self.instances * 1000 / self._single_ms(), 0.1):.3g}")
+        single = self._single_ms()
+        capacity = self.instances * 1000 / single
+        self.outcome.capacity = {"qps": capacity, "share": 1.0, "basis": "one warm request at a time",
+                                 "per_instance": f"{self.instances} instance(s) at {single:.3g} ms a request"}
+        return float(f"{max(capacity, 0.1):.3g}")
 
     def _expected_latency_ns(self) -> int:
         return int(self._single_ms() * 1e6)
