@@ -50,7 +50,7 @@ class Counting:
 
 def test_a_served_instance_warms_every_shape_twice_and_no_more():
     from corescale.config import BenchmarkConfig
-    from corescale.measure.worker import warm_shapes
+    from corescale.measure.warm_calls import warm_shapes
     from corescale.workload.models import resolve_model
 
     cfg = BenchmarkConfig(model="bert-tiny", sequence_length=32)

@@ -257,7 +257,7 @@ def test_the_console_names_a_retested_rate():
     from rich.table import Table
 
     from corescale.record.trial import TrialRecord
-    from corescale.report.console import server_table
+    from corescale.report.loadgen_rows import server_table
 
     source = next((Path(__file__).parent / "data" / "schema2").glob("*pytorch*/result.json"))
     record = TrialRecord.from_json(json.loads(source.read_text()))
@@ -309,7 +309,7 @@ def test_the_first_test_lands_near_the_instances_capacity_and_the_record_shows_i
     """make run (issue 50): ONNX Runtime fp32 1 x 1 core, max batch 16, started at 58.3 QPS, above what one core
     does; its own warm calls of real queries say 66.7 QPS at the SLO for one instance, so the first test runs at 0.7
     of it, and two such instances at twice that. The record keeps the estimate beside the rate tested first."""
-    from corescale.measure.loadgen import summarise
+    from corescale.measure.loadgen_summary import summarise
     from corescale.measure.qps_search import FIRST_SHARE
     from corescale.record.sections import ServerSummary
 

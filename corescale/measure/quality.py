@@ -252,7 +252,7 @@ def evaluate(cfg: BenchmarkConfig, model, threads: int, backend) -> dict:
 
 def main(argv: list[str]) -> int:
     """`python -m corescale.measure.quality JOB`: the reference's outputs on the job's quality set, computed on its
-    instance's CPUs and threads into the cache (runner.reference_first: before a served trial's instances start)."""
+    instance's CPUs and threads into the cache (gate.reference_first: before a served trial's instances start)."""
     from corescale.measure.protocol import Job
 
     job = Job.read(argv[0])

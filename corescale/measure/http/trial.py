@@ -16,7 +16,7 @@ from corescale.http_keys import check_task
 from corescale.machine.placement import Plan
 from corescale.machine.scratch import scratch
 from corescale.measure.http.api import api_of
-from corescale.measure.loadgen import summarise
+from corescale.measure.loadgen_summary import summarise
 from corescale.measure.trial import Trial, UncommittedResult, check_places, housekeeping_cpus
 from corescale.record.sections import Managed, ServerSummary
 from corescale.record.trial import Failure, TrialRecord, spec_key, trial_key
