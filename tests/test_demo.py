@@ -27,7 +27,7 @@ def test_demo_tunes_the_real_model_and_ends_with_the_peer_ratio_the_report_and_t
     assert "× the out-of-box throughput" in proc.stdout and '<section id="tuner">' in report.read_text()
     assert (report.parent / "recipe" / "recipe.sh").is_file()
 
-    assert "× sentence-transformers encode() (95 % CI" in proc.stdout
+    assert "× sentence-transformers encode() (" in proc.stdout  # its 95 % CI, or over 2 repeats, its repeats
     doc = json.loads((report.parent / "tune.json").read_text())
     peer = doc["peer"]
     assert peer["role"] == "peer" and peer["label"] == "peer: sentence-transformers encode()"

@@ -258,6 +258,7 @@ def test_study_with_repeats_reports_means_and_intervals(tmp_path):
     mean = sum(r.metrics.throughput_samples_per_s for r in records) / 2
     assert row["throughput_samples_per_s"] == pytest.approx(mean)
     assert row["throughput_samples_per_s_ci95_low"] <= mean <= row["throughput_samples_per_s_ci95_high"]
+    assert not row["throughput_samples_per_s_ci95_usable"]  # over 2 repeats: the repeats say more
     assert [t["repeat"] for t in study.document["trials"]] == [0, 1]
 
 

@@ -132,7 +132,7 @@ def test_every_measurement_is_an_ordinary_result_with_a_baseline_and_drift_check
 def test_recommendation_has_intervals_and_the_baseline_ratio(tuned):
     doc, out = tuned["doc"], tuned["proc"].stdout
     assert doc["winner"] and doc["speedup"]["low"] <= doc["speedup"]["ratio"] <= doc["speedup"]["high"]
-    assert "× the out-of-box throughput (95 % CI" in out and "tune: recommendation" in out
+    assert "× the out-of-box throughput (" in out and "tune: recommendation" in out  # its CI, or its repeats
     winner = next(f for f in [*doc["finalists"], doc["baseline"]] if f["role"] == "winner")  # out-of-box may win
     assert winner["throughput"]["n"] == 2 and winner["throughput"]["low"] is not None
     assert doc["baseline"]["baseline"] and doc["baseline"]["throughput"]["n"] == 2

@@ -34,10 +34,11 @@ def test_the_reserve_counts_the_baselines_own_time_and_grows_with_the_budget():
     assert progress.reserve(_tune(peer=["peer"])) == pytest.approx(2 * 4 * 20.0)
 
 
-def _final(monkeypatch, budget_s, separated_at, stored=(1, 1, 1), elapsed_s=0.0, baseline_apart=True):
+def _final(monkeypatch, budget_s, separated_at, stored=(1, 1, 1), elapsed_s=0.0, baseline_apart=True, narrow_at=0):
     """Tuner._final over two searched finalists and the baseline; each new measurement takes 10 s of the budget
-    (stored: the repeats of each committed before, found by key). Returns {label: repeats}, the calls' sizes, the
-    final stage's words and how many measurements it made."""
+    (stored: the repeats of each committed before, found by key; narrow_at: from how many repeats the leader's own
+    interval is narrower than its value). Returns {label: repeats}, the calls' sizes, the final stage's words and
+    how many measurements it made."""
     tuner = Tuner.__new__(Tuner)
     tuner.tune, tuner.study, tuner.final_end = _tune(), object(), ""
     tuner.progress = Progress(started=time.monotonic(), elapsed_before=elapsed_s, budget_s=budget_s, trials=None,
@@ -48,6 +49,7 @@ def _final(monkeypatch, budget_s, separated_at, stored=(1, 1, 1), elapsed_s=0.0,
     monkeypatch.setattr(verdict, "figures", lambda record, cost_of: {})
     monkeypatch.setattr(verdict, "separated", lambda finalists, settings: len(finalists[0].records) >= separated_at
                         and (baseline_apart or not any(f.baseline for f in finalists)))
+    monkeypatch.setattr(verdict, "leader_wide", lambda finalists, settings: len(finalists[0].records) < narrow_at)
     monkeypatch.setattr(tuner, "_withheld", lambda study: [])
     measured = dict(zip(["A", "B", "baseline: out-of-box pytorch"], stored or (1, 1, 1)))
     calls, new = [], []
@@ -115,3 +117,18 @@ def test_past_tune_repeats_the_leader_is_judged_among_the_searched_finalists(mon
     assert "clear of every other searched finalist's" not in words and words == ""
     repeats, _, words, _ = _final(monkeypatch, budget_s=1e6, separated_at=5, baseline_apart=False)
     assert repeats["A"] == 5 and "clear of every other searched finalist's" in words
+
+
+def test_a_separated_leader_whose_own_interval_is_wider_than_its_value_gets_more_repeats(monkeypatch):
+    """Clear of the others after 2 repeats, but 41 and 616 QPS leave the leader's own interval wider than its value:
+    a reader gets its repeats, not a figure; so the rounds go on while the budget allows, and say why they ended."""
+    repeats, calls, words, _ = _final(monkeypatch, budget_s=1e6, separated_at=2, narrow_at=5)
+    assert repeats == {"A": 5, "B": 5, "baseline: out-of-box pytorch": 3} and calls == [3, 3, 2, 2]
+    assert "gave the searched finalists 5 repeats" in words and "clear of every other searched finalist's" in words
+    repeats, _, words, _ = _final(monkeypatch, budget_s=75.0, separated_at=2, narrow_at=99)
+    assert repeats["A"] == 3
+    assert words == ("; the leader's own 95 % interval stayed wider than its value after tune.repeats=3 and the "
+                     "budget left no whole round more")
+    repeats, _, words, _ = _final(monkeypatch, budget_s=1e6, separated_at=2, narrow_at=99)
+    assert repeats["A"] == MAX_FINAL_REPEATS and words.endswith("and the leader's own 95 % interval stayed wider "
+                                                                 "than its value")

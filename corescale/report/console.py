@@ -10,6 +10,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
+from corescale.record.repeats import SPREAD
 from corescale.record.stats import ms
 from corescale.record.trial import TrialRecord
 from corescale.report.loadgen_rows import quality_row, server_table
@@ -415,8 +416,9 @@ def print_repeats(state, planned) -> None:
 
     summaries = [across_repeats(state.records_of(item)) for item in planned]
     units = sorted({s.unit for s in summaries if s.unit}) or ["samples/s"]
-    table = Table(title="across repeats (fresh processes each; 95 % Student-t intervals)", header_style="bold")
-    for column in ("#", "trial", "repeats", " · ".join(units), "95 % CI", "p50 ms", "95 % CI", "p99 ms"):
+    table = Table(title="across repeats (fresh processes each; 95 % Student-t intervals where usable, else the "
+                        "repeats, a p50 with its within-run interval)", header_style="bold")
+    for column in ("#", "trial", "repeats", " · ".join(units), SPREAD, "p50 ms", SPREAD, "p99 ms"):
         table.add_column(column, justify="left" if column == "trial" else "right")
     for item, summary in zip(planned, summaries):
         notes = "".join(f" ({n} {what})" for n, what in ((summary.failed, "failed"), (summary.unmet, "met no rate"))
@@ -424,7 +426,7 @@ def print_repeats(state, planned) -> None:
         label = item.label if len(planned) > 1 else "this configuration"
         tput, p50 = summary.throughput, summary.p50_ms
         table.add_row(str(item.number), escape(label), f"{summary.repeats}{notes}", f"{tput.mean:.2f}",
-                      tput.bounds(), f"{p50.mean:.2f}", p50.bounds(), f"{summary.p99_ms.mean:.2f}")
+                      escape(tput.bounds()), f"{p50.mean:.2f}", escape(p50.bounds()), f"{summary.p99_ms.mean:.2f}")
     print_wide(table)
     console.print("the intervals in each run's own table are over that run's calls; these are over repeats",
                   soft_wrap=True)

@@ -9,6 +9,7 @@ import pandas as pd
 
 from corescale.analysis.cost import layout_label
 from corescale.analysis.store import QUALITY_SUMMARY, describe_value
+from corescale.report.counts import count_text
 
 
 def quality_rows(frame: pd.DataFrame) -> pd.DataFrame:
@@ -37,7 +38,7 @@ def section(frame: pd.DataFrame) -> tuple[str, str, str] | None:
         verdict = "withheld (quality)" if withheld else describe_value(row["quality_verdict"])
         label = f"{row['model']} · {row['precision']} · {layout_label(row)}"
         cells = [f'<td class="text">{e(label)}</td>', f'<td class="text">{e(str(row["quality_task"]))}</td>',
-                 *(f"<td>{e(_number(row[m]))}</td>" for m in metrics),
+                 *(f"<td>{e(_number(m, row[m]))}</td>" for m in metrics),
                  f'<td class="text">{e(describe_value(row["quality_gate"]))}</td>',
                  f'<td class="text verdict">{"<b>" if withheld else ""}{e(verdict)}{"</b>" if withheld else ""}</td>']
         body.append(f'<tr class="{"withheld" if withheld else "passed"}">{"".join(cells)}</tr>')
@@ -51,5 +52,8 @@ def section(frame: pd.DataFrame) -> tuple[str, str, str] | None:
     return "quality", title, note + table
 
 
-def _number(value) -> str:
-    return "-" if value is None or pd.isna(value) else f"{float(value):.4f}"
+def _number(column: str, value) -> str:
+    """A quality figure to 4 decimals; a count (quality_samples) as its whole number."""
+    if value is None or pd.isna(value):
+        return "-"
+    return count_text(column, value) or f"{float(value):.4f}"

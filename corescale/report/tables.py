@@ -7,6 +7,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from corescale.machine.environment import HostEnvironment
+from corescale.report.counts import count_text
 
 RESULT_HEADERS = {"batch_size": "batch", "sequence_length": "seq", "instances": "inst",
                   "cpus_per_instance": "cpus/inst", "threads_per_instance": "threads/inst", "latency_p50_ms": "p50 ms",
@@ -31,7 +32,11 @@ def results_table(frame, columns: list[str], title: str) -> Table:
 
 
 def _cell(column: str, value, describe) -> str:
-    """Quality figures to 4 decimals (0.99996 is not 1: the gate's bounds sit in the last digits)."""
+    """Counts as whole numbers; quality figures to 4 decimals (0.99996 is not 1: the gate's bounds sit in the last
+    digits)."""
+    counted = count_text(column, value)
+    if counted is not None:
+        return counted
     if column.startswith("quality_") and isinstance(value, float) and value == value:
         return f"{value:.4f}"
     return describe(value)

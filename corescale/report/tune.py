@@ -241,16 +241,14 @@ def _chart(div_id: str, title: str, figure, caption: str) -> str:
 
 
 def _fmt(block: Figure, digits=2) -> str:
-    if block.mean is None:
-        return "-"
-    if block.low is None or block.high is None:
-        return f"{block.mean:.{digits}f}"
-    return f"{block.mean:.{digits}f} ({block.low:.{digits}f} – {block.high:.{digits}f})"
+    """'48.90 (45.10 – 52.70)' where the interval is usable, else '48.90 (repeats 41.20, 56.60)'; '48.90': one."""
+    spread = block.interval_text(digits)
+    return block.text(digits) if spread == "-" else f"{block.text(digits)} ({spread})"
 
 
 def recommendation_html(doc: TuneDocument) -> str:
-    headers = ("role", "configuration", "samples/s (95 % CI)", "p50 ms", "p99 ms", "US$ per 1M", "US$ per 1M tokens",
-               "drift", "memory GB", "meets")
+    headers = ("role", "configuration", "samples/s (95 % CI or repeats)", "p50 ms", "p99 ms", "US$ per 1M",
+               "US$ per 1M tokens", "drift", "memory GB", "meets")
     head = "".join(f'<th class="text">{e(h)}</th>' for h in headers)
     body = []
     for f in doc.rows:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from rich.markup import escape
 from rich.table import Table
 
+from corescale.record.repeats import SPREAD
 from corescale.report.console import ConsoleListener, SweepProgress, console, errors, print_path
 
 if TYPE_CHECKING:
@@ -64,11 +65,12 @@ def _number(value, digits: int = 2) -> str:
 def recommendation_table(doc: TuneDocument) -> Table:
     """The finalists and the baseline of one tune (tune.json's), means over repeats with their intervals."""
     source = doc.cost_source or ("no price: run again, or give price_per_hour=" if doc.rows else "")
-    table = Table(title="tune: recommendation (means over repeats, 95 % CI)", header_style="bold",
+    table = Table(title="tune: recommendation (means over repeats, 95 % CI where usable, else the repeats)",
+                  header_style="bold",
                   caption=escape(f"US$ per 1M inferences / per 1M real tokens: {source}"))
     named = next((f.quality_metric for f in doc.rows if f.quality_metric), None)
     check = named or "drift"
-    for column in ("", "configuration", "samples/s", "95 % CI", "p50 ms", "p99 ms", "US$/1M", "US$/1M tok",
+    for column in ("", "configuration", "samples/s", SPREAD, "p50 ms", "p99 ms", "US$/1M", "US$/1M tok",
                    check, "memory GB", "meets"):
         table.add_column(column, justify="left" if column in ("", "configuration") else "right")
     for f in doc.rows:

@@ -158,8 +158,8 @@ def trial_row(kind: str, trial: StudyTrial, record: TrialRecord, path) -> dict:
 
 
 def with_repeats(row: dict, records: list[TrialRecord]) -> dict:
-    """A trial measured `repeats` times: its figures are the means over the repeats, with their 95 % interval
-    (a failed repeat fails the row: a study compares like with like)."""
+    """A trial measured `repeats` times: its figures are the means over the repeats, with their 95 % interval and
+    whether it is usable (Interval.usable; a failed repeat fails the row: a study compares like with like)."""
     summary = across_repeats(records)
     row = {**row, "repeats": len(records), "repeats_ok": summary.repeats}
     if len(records) < 2 or summary.repeats == 0:
@@ -169,6 +169,7 @@ def with_repeats(row: dict, records: list[TrialRecord]) -> dict:
     for name, interval in (("throughput_samples_per_s", summary.throughput), ("latency_p50_ms", summary.p50_ms)):
         row[name] = interval.mean
         row[f"{name}_ci95_low"], row[f"{name}_ci95_high"] = interval.low, interval.high
+        row[f"{name}_ci95_usable"] = interval.usable  # else the repeats (their values in each result) say more
     row["latency_p99_ms"] = summary.p99_ms.mean
     return row
 

@@ -4,11 +4,13 @@ document is one UserError line naming where."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from corescale.errors import UserError
+from corescale.record.repeats import Interval
 from corescale.typed import Section
 from corescale.userfiles import read_json
 
@@ -20,18 +22,27 @@ LONGER = 3  # the longer budget a tune's coverage speaks of: this many times the
 
 @dataclass(frozen=True)
 class Figure(Section):
-    """A figure's mean over the repeats and its 95 % interval (None: not measured, or one repeat)."""
+    """A figure's mean over the repeats, its 95 % interval (None: not measured, or one repeat), each repeat's
+    value and whether the interval is usable (Interval.usable: over MIN_REPEATS or more, narrower than the value,
+    within the repeats' range; where it is not, what is shown is the repeats' values)."""
 
     mean: float | None = None
     low: float | None = None
     high: float | None = None
     n: int = 0
+    values: list[float] = field(default_factory=list)  # absent before 0.3
+    usable: bool = False
+
+    def interval(self) -> Interval:
+        return Interval(math.nan if self.mean is None else self.mean, self.low, self.high, self.n,
+                        tuple(self.values))
 
     def text(self, digits: int = 2) -> str:
         return "-" if self.mean is None else f"{self.mean:.{digits}f}"
 
-    def interval_text(self) -> str:
-        return "-" if self.low is None or self.high is None else f"{self.low:.2f} – {self.high:.2f}"
+    def interval_text(self, digits: int = 2) -> str:
+        """The interval where usable, else the repeats' values (Interval.bounds)."""
+        return "-" if self.mean is None else self.interval().bounds(digits)
 
 
 @dataclass(frozen=True)

@@ -147,7 +147,10 @@ def entry(tune, doc: TuneDocument) -> dict:
             tune.machine.price_per_hour, "winner": None if winner is None else winner.label,
             "objective": doc.objective.name, "value": figure(doc.objective.metric),
             "throughput": figure("throughput"), "throughput_ci": None if winner is None else
-            [winner.throughput.low, winner.throughput.high], "p99_ms": figure("p99_ms"),
+            [winner.throughput.low, winner.throughput.high],
+            "throughput_ci_usable": winner is not None and winner.throughput.usable,  # else the repeats say more
+            "throughput_repeats": None if winner is None else list(winner.throughput.values),
+            "p99_ms": figure("p99_ms"),
             "cost_per_1m": figure("cost_per_1m"), "speedup": None if doc.speedup is None else doc.speedup.to_dict(),
             "tune_dir": doc.tune_dir}
 

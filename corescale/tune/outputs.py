@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from corescale.record.files import write_json_atomic
-from corescale.record.repeats import Interval
+from corescale.record.repeats import MIN_REPEATS, NO_INTERVAL, Interval
 from corescale.tune import recipe as recipes
 from corescale.tune.coverage import coverage
 from corescale.tune.document import (
@@ -32,7 +32,8 @@ def interval_json(interval: Interval) -> Figure:
     def clean(value):
         return None if value is None or not math.isfinite(value) else value
 
-    return Figure(clean(interval.mean), clean(interval.low), clean(interval.high), interval.n)
+    return Figure(clean(interval.mean), clean(interval.low), clean(interval.high), interval.n,
+                  list(interval.values), interval.usable)
 
 
 def role(f: Finalist, verdict: Verdict) -> str:
@@ -131,12 +132,12 @@ def headline(tune: Tune, verdict: Verdict) -> list[str]:
     if verdict.tie:
         lines.append(tie_words(verdict, objective.metric))
     if verdict.speedup is not None and verdict.baseline is not None:
-        ratio, low, high = verdict.speedup
         at_most, at_least, why = bound_words(verdict.baseline)
-        lines.append(f"{at_most}{ratio:.2f}× the out-of-box throughput (95 % CI {low:.2f} – {high:.2f}×; out-of-box "
-                     f"PyTorch {at_least}{verdict.baseline.interval('throughput').mean:.2f} samples/s{why})")
+        spread = ratio_words(verdict.speedup, winner, verdict.baseline)
+        lines.append(f"{at_most}{verdict.speedup[0]:.2f}× the out-of-box throughput ({spread}; out-of-box PyTorch "
+                     f"{at_least}{verdict.baseline.interval('throughput').mean:.2f} samples/s{why})")
     if verdict.peer_speedup is not None and verdict.peer is not None:
-        lines.append(peer_words(verdict.peer, verdict.peer_speedup))
+        lines.append(peer_words(verdict.peer, verdict.peer_speedup, winner))
     withheld = [f for f in verdict.infeasible if f.quality_withheld]
     if withheld:
         rate = withheld[0].interval("throughput").mean
@@ -154,13 +155,25 @@ def bound_words(denominator: Finalist) -> tuple[str, str, str]:
     return "≤ ", "≥ ", ": its QPS search was bounded before it narrowed to its precision"
 
 
-def peer_words(peer: Finalist, speedup: tuple[float, float, float]) -> str:
+def peer_words(peer: Finalist, speedup: tuple[float, float, float], winner: Finalist) -> str:
     """'4.10× sentence-transformers encode() (95 % CI 3.60 – 4.70×; 41.2 samples/s, cosine_p1 1.0000 ...)'."""
-    ratio, low, high = speedup
     at_most, at_least, why = bound_words(peer)
-    return (f"{at_most}{ratio:.2f}× {peer.label.removeprefix('peer: ')} (95 % CI {low:.2f} – {high:.2f}×; the peer "
+    spread = ratio_words(speedup, winner, peer)
+    return (f"{at_most}{speedup[0]:.2f}× {peer.label.removeprefix('peer: ')} ({spread}; the peer "
             f"{at_least}{peer.interval('throughput').mean:.2f} samples/s, out of the box on the same cores, texts and "
             f"batch{why}" + quality_words(peer) + ")")
+
+
+def ratio_words(speedup: tuple[float, float, float], over: Finalist, under: Finalist) -> str:
+    """A ratio's bootstrap interval where a reader can use it (MIN_REPEATS repeats each or more, narrower than the
+    ratio), else what the repeats give: 'over 2 and 2 repeats, no usable 95 % interval; the repeats' ratios 406.01 –
+    1898.65×' (the least and the most one repeat of `over` over one of `under`)."""
+    ratio, low, high = speedup
+    a, b = over.values("throughput"), under.values("throughput")
+    if min(a.size, b.size) >= MIN_REPEATS and high - low <= ratio:
+        return f"95 % CI {low:.2f} – {high:.2f}×"
+    return (f"over {a.size} and {b.size} repeats, {NO_INTERVAL}; the repeats' ratios {a.min() / b.max():.2f} – "
+            f"{a.max() / b.min():.2f}×")
 
 
 def quality_words(f: Finalist) -> str:

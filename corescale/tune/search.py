@@ -236,16 +236,17 @@ class Tuner:
         suggested = [t.user_attrs["overrides"] for t in top] + [None, None]
         finalists: list[verdicts.Finalist] = []
         rows: list[list[tuple]] = [[] for _ in configs]  # each configuration's (record, path) so far
+        unsettled = "the leader was not separated"  # why the rounds go on, for the final stage's words
         # a resumed tune's final repeats, committed already, cost nothing; without a budget nothing is counted
         stored = self._stored(configs, most) if budgeted else [0] * len(configs)
         for done in range(min(2, repeats), most + 1):  # one more fresh repeat of each a round (A B C A B C)
             extra = done > repeats  # past tune.repeats: the searched finalists only, a whole round or none
             fitting = self._fitting(rows, [n >= done for n in stored], among=range(len(top)) if extra else None)
             if extra and len(fitting) < len(top):
-                self.final_end = (f"; the leader was not separated after tune.repeats={repeats} and the budget left "
-                                  "no whole round more" if done - 1 == repeats else
+                self.final_end = (f"; {unsettled} after tune.repeats={repeats} and the budget left no whole round "
+                                  "more" if done - 1 == repeats else
                                   f"; the final stage gave the searched finalists {done - 1} repeats (tune.repeats="
-                                  f"{repeats}, more from the budget's reserve) and the leader was not separated")
+                                  f"{repeats}, more from the budget's reserve) and {unsettled}")
                 break
             short = not extra and len(fitting) < len(configs)
             # those that fit: one more repeat; those past the budget with nothing yet: what was measured (their full
@@ -271,7 +272,11 @@ class Tuner:
             # from tune.repeats on, the searched finalists among themselves: the extra rounds measure only them, so a
             # baseline that 2 noisy repeats leave with an interval of 1-1000 QPS cannot hold the leader unseparated
             judged = finalists if done < repeats else [f for f in finalists if not f.baseline]
-            if done < most and verdicts.separated(judged, tune.settings):
+            apart = verdicts.separated(judged, tune.settings)
+            # separated, but the leader's own interval wider than its value: one more round, where the budget allows
+            unsettled = ("the leader's own 95 % interval stayed wider than its value" if apart else
+                         "the leader was not separated")
+            if done < most and apart and not verdicts.leader_wide(judged, tune.settings):
                 if done != repeats:
                     self.final_end = (f"; the final stage stopped after {done} of {repeats} repeats: the leader's "
                                       "95 % interval was clear of every other finalist's" if done < repeats else
@@ -281,7 +286,7 @@ class Tuner:
                 break
             if extra and done == most:
                 self.final_end = (f"; the final stage gave the searched finalists {most} repeats, the most it gives, "
-                                  "and the leader was not separated")
+                                  f"and {unsettled}")
         return finalists + self._withheld(study)
 
     def _fitting(self, rows: list[list[tuple]], stored: list[bool], among: range | None = None) -> list[int]:

@@ -194,22 +194,35 @@ def decide(finalists: list[Finalist], baseline: Finalist | None, objective: Obje
     return verdict
 
 
+def _contenders(finalists: list[Finalist], settings: TuneSettings) -> list[Finalist]:
+    """The feasible finalists with an interval (the peer never), the best mean first."""
+    metric = settings.objective.metric
+    good = [f for f in finalists if not f.peer and f.feasible(settings) and f.values(metric).size >= 2]
+    sign = 1 if settings.objective.direction == "maximize" else -1
+    return sorted(good, key=lambda f: -sign * f.interval(metric).mean)
+
+
 def separated(finalists: list[Finalist], settings: TuneSettings) -> bool:
     """Whether the leader (the best mean of the feasible finalists, the baseline included, the peer not) is
     separated: its 95 % interval clear of every other candidate's, so more repeats would not change the order."""
     metric = settings.objective.metric
-    good = [f for f in finalists if not f.peer and f.feasible(settings) and f.values(metric).size >= 2]
+    good = _contenders(finalists, settings)
     if len(good) < 2 or len(good) < sum(1 for f in finalists if not f.peer):
         return False  # a finalist without an interval (or infeasible so far) could still change the order
-    sign = 1 if settings.objective.direction == "maximize" else -1
-    good.sort(key=lambda f: -sign * f.interval(metric).mean)
     nan = math.nan  # a missing bound compares false: not separated
     bounds = [(nan if i.low is None else i.low, nan if i.high is None else i.high)
               for i in (f.interval(metric) for f in good)]
     (low, high), others = bounds[0], bounds[1:]
-    if sign > 0:
+    if settings.objective.direction == "maximize":
         return all(low > other_high for _, other_high in others)
     return all(high < other_low for other_low, _ in others)
+
+
+def leader_wide(finalists: list[Finalist], settings: TuneSettings) -> bool:
+    """Whether the leader's own 95 % interval is wider than its value (Interval.wide): separated or not, its
+    figure would be printed as its repeats, so another repeat, where the budget allows, is worth taking."""
+    good = _contenders(finalists, settings)
+    return bool(good) and good[0].interval(settings.objective.metric).wide
 
 
 def closest(finalists: list[Finalist], settings: TuneSettings) -> Finalist | None:
