@@ -168,11 +168,12 @@ def test_a_ratio_over_a_bounded_search_is_an_upper_bound():
     figs = [{"valid": True, "throughput": 23.1, "open_ended": True}, {"valid": True, "throughput": 51.0}]
     peer = Finalist("peer: sentence-transformers encode()", [], [], [], figs, peer=True)
     assert peer.open_ended and bound_words(peer)[:2] == ("≤ ", "≥ ")
-    line = peer_words(peer, (9.2, 8.3, 10.1))
+    winner = Finalist("onnxruntime fp32", [], [], [], [{"valid": True, "throughput": 212.5}])
+    line = peer_words(peer, (9.2, 8.3, 10.1), winner)
     assert line.startswith("≤ 9.20× sentence-transformers") and "the peer ≥ 37.05 samples/s" in line
     assert "its QPS search was bounded before it narrowed to its precision" in line
     figs[0]["open_ended"] = False
-    assert not peer.open_ended and peer_words(peer, (9.2, 8.3, 10.1)).startswith("9.20× sentence")
+    assert not peer.open_ended and peer_words(peer, (9.2, 8.3, 10.1), winner).startswith("9.20× sentence")
 
 
 def latency_steps(p99_of):
