@@ -370,6 +370,9 @@ def test_the_search_starts_from_earlier_winners_then_the_priors_of_this_isa_then
     assert named["precision[openvino]"] == "bf16" and named["layout"] == "2x1"  # a named precision is kept
     corner = {"backend": "pytorch", "precision[pytorch]": "int8", "layout": "2x1"}
     assert any(p.items() >= corner.items() and "batch_size" in p for p in points)  # each backend's corner, whole
+    # the corners the priors do not start at already: OpenVINO int8 is the prior's; PyTorch fp32 the earlier winner's
+    assert [(p["backend"], p[f"precision[{p['backend']}]"]) for p in points[2:]] == [("openvino", "fp32"),
+                                                                                      ("pytorch", "int8")]
     amx = priors.starting(space, {**zen5, "amx_int8": True}, 10.6, "server", 1, False, [])
     assert not any("zen5" in why for _, why in amx)  # the Xeon's prior holds there instead
     no_openvino = priors.starting(_served_space([], {"backend": ["pytorch", "onnxruntime"]}), zen5, 10.6,

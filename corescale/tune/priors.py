@@ -103,8 +103,8 @@ def starting(space: Space, isa: dict, size_m: float | None, scenario: str, batch
              earlier: list[dict], lab: bool = True) -> list[tuple[dict, str]]:
     """(Optuna parameters, why) of the first trials: earlier tunes' winners (the caller reads none under
     tune.priors=lab|none), the priors that hold here (lab=False: none, tune.priors=earlier|none), then each
-    backend at its fastest and quality-safe precisions (space.starting_points); each only where it is a point of
-    this space."""
+    backend at its fastest and quality-safe precisions (space.starting_points) less those at a backend and
+    precision a prior starts at already; each only where it is a point of this space."""
     found = [(p, "an earlier tune's winner on this machine kind") for p in earlier]
     if lab and not latency:
         for prior in PRIORS:
@@ -112,19 +112,26 @@ def starting(space: Space, isa: dict, size_m: float | None, scenario: str, batch
                     size_m is not None and size_m <= prior.largest_m and prior.scenario == scenario and \
                     (scenario == "server" or prior.batches[0] <= batch <= prior.batches[1]):
                 found.append((resolve(prior.point, space), prior.evidence))
-    found += [(p, _corner(p, space)) for p in spaces.starting_points(space, latency)]
+    corners = [(p, _corner(p, space)) for p in spaces.starting_points(space, latency)]
     kept: list[tuple[dict, str]] = []
-    for point, why in found:
+    for point, why in found + corners:
         fitted = fit(point, space)
-        if fitted and fitted not in [k for k, _ in kept]:
+        # a corner whose backend and precision a prior starts at already: a screen a short budget keeps
+        if fitted and fitted not in [k for k, _ in kept] and not (
+                (point, why) in corners and _branch(fitted, space) in [_branch(k, space) for k, _ in kept]):
             kept.append((fitted, why))
     return kept
 
 
+def _branch(point: dict[str, str], space: Space) -> tuple[str, str]:
+    """A start's backend and precision (a dimension with one value is not drawn: that value)."""
+    backend = point.get("backend", space.backends[0])
+    return backend, point.get(f"precision[{backend}]", space.precisions[backend][0])
+
+
 def _corner(point: dict[str, str], space: Space) -> str:
     """Why a backend's corner starts the search, naming its precision."""
-    backend = point.get("backend", space.backends[0])
-    precision = point.get(f"precision[{backend}]", space.precisions[backend][0])
+    backend, precision = _branch(point, space)
     branch = "its fastest" if PRECISIONS[precision].reduced else "quality-safe"
     return f"a backend's known-good corner, {precision} ({branch})"
 
