@@ -271,6 +271,8 @@ CASES = [
     ("tune-layout", ["tune", *FAST, "layout=max"], "tune sets layout itself"),
     ("tune-output-proc", ["tune", *FAST, "output_dir=/proc/corescale-x"], "cannot write output_dir"),
     ("tune-server-no-slo", ["tune", *FAST, "objective=server_qps"], "objective=server_qps needs slo_p99_ms=MS"),
+    ("tune-priors", ["tune", *FAST, "tune.priors=maybe"], "tune.priors=maybe: allowed all (earlier tunes' winners"),
+    ("demo-priors", ["demo", "tune.priors=off"], "tune.priors=off: allowed all"),
 ]
 
 

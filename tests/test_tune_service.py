@@ -178,6 +178,7 @@ def test_the_demo_tunes_the_service_and_throughput_is_one_word_away():
     assert {"tokenize=true", "batch_size=1"} <= set(offline) and not any(w.startswith("slo_p99_ms=")
                                                                          for w in offline)
     assert "slo_p99_ms=50" in demo_words(["slo_p99_ms=50"]) and "slo_p99_ms=100" not in demo_words(["slo_p99_ms=50"])
+    assert tune_settings.parse(demo_words(["tune.priors=none"])).priors == "none"  # make run on a machine never seen
 
 
 # --- one real tune of a service -----------------------------------------------------------------------------
@@ -384,6 +385,9 @@ def test_the_search_starts_from_earlier_winners_then_the_priors_of_this_isa_then
     assert named["precision[openvino]"] == "bf16" and named["layout"] == "2x1"  # a named precision is kept
     corner = {"backend": "pytorch", "precision[pytorch]": "int8", "layout": "2x1"}
     assert any(p.items() >= corner.items() and "batch_size" in p for p in points)  # each backend's corner, whole
+    # the corners the priors do not start at already: OpenVINO int8 is the prior's; PyTorch fp32 the earlier winner's
+    assert [(p["backend"], p[f"precision[{p['backend']}]"]) for p in points[2:]] == [("openvino", "fp32"),
+                                                                                      ("pytorch", "int8")]
     amx = priors.starting(space, {**zen5, "amx_int8": True}, 10.6, "server", 1, False, [])
     assert not any("zen5" in why for _, why in amx)  # the Xeon's prior holds there instead
     no_openvino = priors.starting(_served_space([], {"backend": ["pytorch", "onnxruntime"]}), zen5, 10.6,
@@ -393,6 +397,85 @@ def test_the_search_starts_from_earlier_winners_then_the_priors_of_this_isa_then
     assert all("corner" in why for _, why in big)
     assert priors.fit({"backend": "tensorflow"}, space) is None
     assert priors.fit({"backend": "onnxruntime", "onnxruntime.fusion": "maybe"}, space) is None
+
+
+def test_without_a_prior_a_service_tune_screens_each_backends_fp32_and_the_batchers_corner_first():
+    from corescale.tune import priors
+
+    # issue 50: an AVX2-only CPU no prior holds for; the demo's space (PyTorch, ONNX Runtime, OpenVINO)
+    space = _served_space(["sequence_length=128"], {"backend": ["pytorch", "onnxruntime", "openvino"]})
+    for lab in (True, False):  # no prior holds here: the same starts with the lab priors off
+        starts = priors.starting(space, ISA, 10.6, "server", 1, False, [], lab)
+        points = [p for p, _ in starts]
+        order = [(p["backend"], p[f"precision[{p['backend']}]"]) for p in points]
+        assert order == [("onnxruntime", "int8"), ("openvino", "fp32"), ("openvino", "int8"), ("pytorch", "fp32"),
+                         ("onnxruntime", "fp32"), ("pytorch", "int8")]  # fastest and quality-safe alternating
+        assert all("corner" in why for _, why in starts) and "fp32 (quality-safe)" in starts[1][1]
+        corner = {"layout": "2x1", "batch_size": "2", "server.queue_delay": "fixed", "server.max_queue_ms": "5",
+                  "pad": "sorted"}  # a loaded service's batcher: max batch > 1, a queue delay, length-sorted batches
+        assert all(p.items() >= corner.items() for p in points), points
+        assert all(p["server.max_batch_tokens"] == "null" and p["allocator"] == "default" for p in points)
+    # chosen from what the space holds: its smallest max batch above 1, its longest wait; where it holds one
+    # value, that dimension is not drawn and not named
+    narrow = _served_space(["sequence_length=128"], {"backend": ["onnxruntime", "openvino"], "batch_size": ["1", "8"],
+                                                     "server.max_queue_ms": ["2"], "pad": ["max", "bucket"]})
+    first = spaces.starting_points(narrow, latency=False)[0]
+    assert first["batch_size"] == "8" and "server.max_queue_ms" not in first and "pad" not in first
+    assert [(p["backend"], p[f"precision[{p['backend']}]"]) for p in spaces.starting_points(narrow, False)] == [
+        ("onnxruntime", "int8"), ("openvino", "fp32"), ("openvino", "int8"), ("onnxruntime", "fp32")]
+    single = _served_space(["sequence_length=128", "server.max_batch=1"], {"backend": ["onnxruntime", "pytorch"]})
+    assert not any("batch_size" in p or "pad" in p for p in spaces.starting_points(single, latency=False))
+    offline = spaces.starting_points(_space_offline(), latency=False)
+    assert offline and not any("batch_size" in p or "pad" in p for p in offline)  # the batcher serves a service
+
+
+def _space_offline():
+    return spaces.derive(compose([]), [], {"backend": ["pytorch", "onnxruntime"]}, 2, ISA, False)
+
+
+def test_tune_priors_says_which_priors_seed_the_search(tmp_path):
+    import dataclasses
+
+    from corescale.tune import priors
+    from corescale.tune.document import TuneDocument, TuneObjective, TuneTrial
+
+    assert tuple(priors.SOURCES) == tune_settings.PRIOR_SOURCES
+    assert tune_settings.parse([]).priors == "all" and tune_settings.parse(["tune.priors=false"]).priors == "none"
+    assert tune_settings.parse(["tune.priors=true"]).priors == "all"
+    # all keeps the folder names of the tunes before it; the others start a study of their own
+    assert "priors" not in tune_settings.parse([]).identity()
+    names = {plans.tune_name(tune_settings.parse([f"tune.priors={v}"])) for v in tune_settings.PRIOR_SOURCES}
+    assert len(names) == 4
+    with pytest.raises(UserError, match="tune.priors=maybe: allowed all"):
+        tune_settings.parse(["tune.priors=maybe"])
+    # the study's first trials: an earlier tune of this machine kind under output_dir, the Zen 5's service prior
+    space = _served_space(["sequence_length=128"], {"backend": ["pytorch", "onnxruntime", "openvino"]})
+    kind = priors.MachineKind("AMD EPYC 9B45", 2, "all-minilm-l6-v2", 128, "server")
+    won = {"backend": "pytorch", "precision[pytorch]": "fp32", "layout": "1x2", "batch_size": "16"}
+    doc = TuneDocument(created_at="", tune_dir="", settings={}, space={}, space_size=1, screen_s=1.0, duration_s=2.0,
+                       physical_cores=2, objective=TuneObjective("server_qps", "server_qps", "maximize", "QPS"),
+                       trials=[TuneTrial(0, "COMPLETE", params=won, label="pt")], finalists=[], baseline=None,
+                       headline=[], winner="pt", machine_kind=kind.to_json(), priors="none")
+    (tmp_path / "tune-earlier").mkdir()
+    (tmp_path / "tune-earlier" / "tune.json").write_text(json.dumps(doc.to_dict()))
+    zen5 = {"avx2": True, "avx512f": True, "avx512_vnni": True, "avx512_bf16": True}
+    settings = tune_settings.parse(["slo_p99_ms=100"])
+
+    def starts(value):
+        tune = SimpleNamespace(settings=dataclasses.replace(settings, priors=value), space=space, isa=zen5,
+                               machine_kind=kind, tune_dir=tmp_path / "tune-own", model_size_m=10.6,
+                               cfg=SimpleNamespace(results_root=tmp_path, batch_size=1))
+        study = optuna.create_study()
+        studies._recover(study, tune)
+        return study.user_attrs["starts"]
+
+    def sources(found):
+        return ("earlier" if any("earlier tune" in s for s in found) else "") + \
+            ("lab" if any("results-2026-12-zen5.md" in s for s in found) else "")
+
+    assert [sources(starts(v)) for v in ("all", "earlier", "lab", "none")] == ["earlierlab", "earlier", "lab", ""]
+    off = starts("none")
+    assert len(off) == 6 and all("known-good corner" in s for s in off)  # the backends' corners alone
 
 
 def test_the_tune_store_is_keyed_by_machine_kind_model_length_and_scenario(tmp_path):

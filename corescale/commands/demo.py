@@ -6,9 +6,9 @@ offers) and the dynamic batcher's knobs (max batch, queue delay, token budget, p
 on its embeddings' quality against fp32 PyTorch (min_quality: cosine p1 >= 0.99, recall@10 >= 0.95), beside
 out-of-box PyTorch served the same way, within a 5-minute budget (baseline, search and final repeats); the bundle
 it writes is that service (`corescale serve DIR`). Any `corescale tune` word overrides a default (model=bert-base,
-budget=10m, space.backend=[...], slo_p99_ms=50 ...); `objective=throughput` tunes the offline closed loop at batch
-1 with the tokenizer timed instead, beside sentence-transformers' own encode() (tune/peer.py). The seed study's
-bert-base is `corescale study instances`."""
+budget=10m, space.backend=[...], slo_p99_ms=50, tune.priors=none: start as on a CPU no prior holds for ...);
+`objective=throughput` tunes the offline closed loop at batch 1 with the tokenizer timed instead, beside
+sentence-transformers' own encode() (tune/peer.py). The seed study's bert-base is `corescale study instances`."""
 
 from __future__ import annotations
 

@@ -261,6 +261,7 @@ class TuneDocument(Section):
     coverage: Coverage | None = None  # how good the answer is (tune/coverage.py)
     machine_kind: dict[str, Any] | None = None  # priors.MachineKind: what a later tune's priors match it by
     starts: list[str] = field(default_factory=list)  # the first trials and why (tune/priors.py)
+    priors: str | None = None  # tune.priors: which priors seeded them (all | earlier | lab | none; None: before it)
     search_bounds: SearchBounds | None = None  # the QPS searches' wall-time bounds and the budget's slack
     spent: Spent | None = None  # where the tune's wall time went (tune/spent.py)
     study: str | None = None  # the Optuna study's name in study.db (tune/study.py: study_name)

@@ -210,6 +210,7 @@ def document(tune: Tune, study, verdict: Verdict, finalists: list[Finalist], rec
         headline=headline(tune, verdict), recipe=recipe, cost_source=cost_source(tune, verdict),
         search_end=search_end, coverage=coverage(trials, tune.space, objective.metric, objective.direction),
         machine_kind=tune.machine_kind.to_json(), starts=list(study.user_attrs.get("starts", [])),
+        priors=tune.settings.priors,
         search_bounds=tune.bounds,
         spent=None if elapsed is None else spent(trials, rows, elapsed, tune.tune_dir), study=study.study_name)
 

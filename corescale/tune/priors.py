@@ -5,9 +5,12 @@
    model, sequence length, offline or server) whatever their other settings (objective, constraints, budget);
 2. what won on this ISA and model size in the measurements of docs/results-*.md (`PRIORS`, each with its
    evidence);
-3. one trial per backend at the field's known-good corner (space.starting_points).
+3. every backend at its fastest and at its quality-safe precision, at the objective's known-good corner
+   (space.starting_points says in which order, and the batcher's corner of a service).
 
-A point outside this tune's space is left out; a point that loses is just an early measurement.
+`tune.priors` (SOURCES) says which of 1 and 2 seed the search: all (both, the default), earlier (1 only), lab (2
+only), none (neither: only 3, as on a CPU no prior holds for). A point outside this tune's space is left out; a
+point that loses is just an early measurement.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ if TYPE_CHECKING:
 
 FASTEST = "fastest"  # a prior's precision: the backend's fastest on this CPU (its lowest rank; a gate judges it)
 MOST = "most"  # a prior's layout: the most instances of one core each
+# tune.priors=NAME -> (earlier tunes' winners, PRIORS) it seeds the search with; the backends' corners always follow
+SOURCES = {"all": (True, True), "earlier": (True, False), "lab": (False, True), "none": (False, False)}
 
 
 @dataclass(frozen=True)
@@ -95,23 +100,40 @@ def model_size_m(model) -> float | None:
 
 
 def starting(space: Space, isa: dict, size_m: float | None, scenario: str, batch: int, latency: bool,
-             earlier: list[dict]) -> list[tuple[dict, str]]:
-    """(Optuna parameters, why) of the first trials: earlier tunes' winners, the priors that hold here, then one
-    per backend at its known-good corner; each only where it is a point of this space."""
+             earlier: list[dict], lab: bool = True) -> list[tuple[dict, str]]:
+    """(Optuna parameters, why) of the first trials: earlier tunes' winners (the caller reads none under
+    tune.priors=lab|none), the priors that hold here (lab=False: none, tune.priors=earlier|none), then each
+    backend at its fastest and quality-safe precisions (space.starting_points) less those at a backend and
+    precision a prior starts at already; each only where it is a point of this space."""
     found = [(p, "an earlier tune's winner on this machine kind") for p in earlier]
-    if not latency:
+    if lab and not latency:
         for prior in PRIORS:
             if all(isa.get(f) for f in prior.flags) and not any(isa.get(f) for f in prior.absent) and \
                     size_m is not None and size_m <= prior.largest_m and prior.scenario == scenario and \
                     (scenario == "server" or prior.batches[0] <= batch <= prior.batches[1]):
                 found.append((resolve(prior.point, space), prior.evidence))
-    found += [(p, "a backend's known-good corner") for p in spaces.starting_points(space, latency)]
+    corners = [(p, _corner(p, space)) for p in spaces.starting_points(space, latency)]
     kept: list[tuple[dict, str]] = []
-    for point, why in found:
+    for point, why in found + corners:
         fitted = fit(point, space)
-        if fitted and fitted not in [k for k, _ in kept]:
+        # a corner whose backend and precision a prior starts at already: a screen a short budget keeps
+        if fitted and fitted not in [k for k, _ in kept] and not (
+                (point, why) in corners and _branch(fitted, space) in [_branch(k, space) for k, _ in kept]):
             kept.append((fitted, why))
     return kept
+
+
+def _branch(point: dict[str, str], space: Space) -> tuple[str, str]:
+    """A start's backend and precision (a dimension with one value is not drawn: that value)."""
+    backend = point.get("backend", space.backends[0])
+    return backend, point.get(f"precision[{backend}]", space.precisions[backend][0])
+
+
+def _corner(point: dict[str, str], space: Space) -> str:
+    """Why a backend's corner starts the search, naming its precision."""
+    backend, precision = _branch(point, space)
+    branch = "its fastest" if PRECISIONS[precision].reduced else "quality-safe"
+    return f"a backend's known-good corner, {precision} ({branch})"
 
 
 def resolve(point: dict[str, str], space: Space) -> dict[str, str]:

@@ -5,8 +5,9 @@ of the one local loop, so results, report and compare see them and a rerun resum
    and the peer baseline (tune/peer.py: sentence-transformers' encode() for embed), full window;
 2. search: each Optuna trial is screened on a short window; successive halving (Optuna's
    SuccessiveHalvingPruner, rung = the screened figure) promotes the promising to a full window, the rest are
-   pruned; a screen that breaks a constraint is pruned at once; the first trials take one backend each, at
-   its fastest precision and the objective's known-good layout (space.starting_points);
+   pruned; a screen that breaks a constraint is pruned at once; the first trials are the priors (tune.priors:
+   earlier tunes' winners, PRIORS), then each backend at its fastest and its quality-safe precision at the
+   objective's known-good corner (priors.starting, space.starting_points);
 3. final: the top k full-window configurations and the baseline are measured `tune.repeats` times, interleaved,
    each in fresh processes (the full-window run counts as the first repeat); verdict.py ranks them.
 

@@ -35,12 +35,18 @@ OBJECTIVES: dict[str, Objective] = {
 # constraint=LIMIT -> (figure it bounds, unit): a measurement over a limit does not count
 CONSTRAINTS = {"slo_p99_ms": ("p99_ms", "ms"), "max_memory_gb": ("memory_gb", "GB"), "max_drift": ("drift", "")}
 WORDS = ("objective", "budget", "trials", "price_per_hour", "machine", "peer", *CONSTRAINTS)
+PRIOR_SOURCES = ("all", "earlier", "lab", "none")  # tune/priors.py SOURCES, in the same order
+PRIOR_WORDS = {"true": "all", "false": "none"}
 KNOBS = {  # tune.NAME: (default, check, what is allowed)
     "top_k": (3, lambda v: isinstance(v, int) and 1 <= v <= 10, "a whole number from 1 to 10"),
     "repeats": (3, lambda v: isinstance(v, int) and 2 <= v <= 20, "a whole number from 2 to 20"),
     "screen": (None, lambda v: isinstance(v, float) and v > 0, "seconds > 0 (default: a quarter of duration, "
                "at least 1 s)"),
     "eta": (3, lambda v: isinstance(v, int) and 2 <= v <= 10, "a whole number from 2 to 10"),
+    # which priors seed the search (tune/priors.py SOURCES): all | earlier (this machine kind's earlier tunes'
+    # winners only) | lab (PRIORS only) | none (neither); true and false say all and none
+    "priors": ("all", lambda v: v in PRIOR_SOURCES, "all (earlier tunes' winners and the lab priors), earlier, "
+               "lab or none (true: all, false: none)"),
 }
 OWNED = ("layout", "repeats", "repeat_order", "reference", "drift_tolerance", "total_batch_size")
 LOAD_MARGIN_S = 5.0  # the least a trial spends outside its window (processes, imports, load, warm-up)
@@ -70,6 +76,7 @@ class TuneSettings:
     prices: dict[str, float] = field(default_factory=dict)  # price_per_hour={a:0.34,b:2.04}: per node type
     machines: dict[str, str] = field(default_factory=dict)  # machine={a:NAME,b:NAME}: catalog names per type
     peer: str = "auto"  # the peer baseline measured beside out-of-box: auto | none | a peer backend (tune/peer.py)
+    priors: str = "all"  # tune.priors: which priors seed the search (PRIOR_SOURCES)
 
     def to_json(self) -> dict:
         return {"objective": self.objective.name, "overrides": self.overrides, "space": self.space,
@@ -77,13 +84,16 @@ class TuneSettings:
                 "budget_s": self.budget_s, "trials": self.trials, "price_per_hour": self.price_per_hour,
                 "machine": self.machine, "top_k": self.top_k, "repeats": self.repeats, "screen": self.screen,
                 "eta": self.eta, "node_types": self.node_types, "prices": self.prices, "machines": self.machines,
-                "peer": self.peer}
+                "peer": self.peer, "priors": self.priors}
 
     def identity(self) -> dict:
         """What names the tune (its directory and study): everything but the budget, so a rerun with more
-        budget or trials resumes the same study (and the node types, so adding one resumes the others)."""
+        budget or trials resumes the same study (and the node types, so adding one resumes the others). Priors
+        other than all start a study of their own (its first trials differ); all keeps the names of the tunes
+        before tune.priors."""
         return {k: v for k, v in self.to_json().items()
-                if k not in ("budget_s", "trials", "node_types", "prices", "machines", "peer")}
+                if k not in ("budget_s", "trials", "node_types", "prices", "machines", "peer")
+                and not (k == "priors" and v == "all")}
 
     def for_node_type(self, node_type: str | None) -> "TuneSettings":
         """The settings of one node type's tune: its own price or catalog machine."""
@@ -263,6 +273,12 @@ def _knob(key: str, value: str | None):
     if name not in KNOBS:
         raise UserError(f"unknown setting '{key}'; tune settings: {', '.join(f'tune.{k}' for k in KNOBS)}")
     default, check, allowed = KNOBS[name]
+    if name == "priors":
+        word = (value or "").strip().lower()
+        parsed_word = PRIOR_WORDS.get(word, word)
+        if not check(parsed_word):
+            raise UserError(f"{key}={value}: allowed {allowed}")
+        return parsed_word
     try:
         parsed = float(value or "") if name == "screen" else int(value or "")
     except ValueError:

@@ -340,15 +340,37 @@ def suggest(trial, space: Space) -> list[str]:
     return overrides
 
 
+# objective=server_qps: the batcher's corner every first trial takes (each only where the space holds it: the
+# fit of a start leaves the rest at the config's defaults, max batch 8 and a 2 ms wait, padded to the longest). A
+# call that takes two queries halves a loaded instance's calls; the Zen 5's 40-minute service tune won at max batch
+# 2 (923 QPS, 1.9x max batch 32), and on the Zen 4 max batch 2 served as much as 8 with capped padding (661-671
+# against 657 QPS) while a call of 2 stays far inside any SLO on a slow core; the fixed wait fills it at a moderate
+# rate; its batches length-sorted (pad=sorted: 1.30x pad=max in process, docs/results-2026-12-zen4.md).
+SERVED_CORNER = {"server.queue_delay": "fixed", "pad": "sorted"}
+SERVED_WAIT = "server.max_queue_ms"  # the longest wait the space holds (SERVING: 5 ms)
+
+
 def starting_points(space: Space, latency: bool) -> list[dict]:
-    """The first trials, one per backend, at the field's known-good corner of the rest of the space: its fastest
-    precision and, for throughput (cost, server QPS), the most instances of one core each (the study's finding at
-    small batches); for latency, one instance on every core. The backends that run an exported graph (an
-    artifact: ONNX Runtime, OpenVINO) come first: they led on each CPU in docs/results-*.md, and a short budget
-    may end the search after a few screens (the PyTorch family's int8 is one dynamic quantization, judged alike
-    three times). Its fastest precision is its lowest rank (machine/precisions.py: reduced first, a drift
-    failure is itself a finding). The other dimensions are the configuration's defaults (priors.fit); the sampler
-    takes over from there; a corner that loses (or fails its drift check) is just an early measurement."""
+    """The first trials when no prior holds (priors.starting puts earlier winners and PRIORS before them): every
+    backend at its fastest precision and at its quality-safe one (fp32, the reference the gate judges the others
+    on), at the objective's known-good corner of the rest of the space, in the order a short budget (a 5-minute
+    tune screens about six) gets the most from on a CPU nobody measured:
+
+    the backends that run an exported graph (an artifact: ONNX Runtime, OpenVINO) lead (they led on each CPU in
+    docs/results-*.md), fastest and quality-safe screens alternating, the safe screen after a backend's fastest
+    being the next backend's, and the last leader's the PyTorch family's first (PyTorch fp32: on an AVX2 CPU the fp32
+    backends lie within ~20 % of each other, docs/results-2026-12-zen3.md), then the safe branches not yet taken,
+    the PyTorch family's fastest last (its int8 is one dynamic quantization, judged alike three times). With ONNX
+    Runtime, OpenVINO and PyTorch: ORT int8, OpenVINO fp32, OpenVINO int8, PyTorch fp32, ORT fp32, PyTorch int8. A
+    reduced precision may fail the quality gate (on an AVX2 Zen 3, the first three screens of a 5-minute tune were
+    int8 corners all withheld and PyTorch fp32 was never reached): each fp32 screen is an answer that passes it.
+
+    A backend's fastest precision is its lowest rank (machine/precisions.py), its quality-safe one the lowest-ranked
+    unreduced one. The layout: for throughput (cost, server QPS) the most instances of one core each (the study's
+    finding at small batches), for latency one instance on every core; for server QPS the batcher's corner
+    (SERVED_CORNER: the smallest max batch above 1, the fixed wait, the longest wait, length-sorted batches), each
+    from what the space holds. The other dimensions are the configuration's defaults (priors.fit); the sampler
+    takes over from there; a corner that loses (or fails its gate) is just an early measurement."""
     def cores(layout: str) -> int:
         n, c = (int(x) for x in layout.split("x"))
         return n * c
@@ -358,17 +380,59 @@ def starting_points(space: Space, latency: bool) -> list[dict]:
         layout = max(layouts, key=lambda lay: (_cores(lay), -_instances(lay)))
     else:
         layout = max(layouts, key=lambda lay: (cores(lay), _instances(lay)))
+    served = served_corner(space)
     points = []
-    for backend in sorted(space.backends, key=lambda name: not BACKENDS[name].artifacts):
-        precisions = space.precisions[backend]
+    for backend, precision in start_order(space):
         point = {"backend": backend} if len(space.backends) > 1 else {}
-        if len(precisions) > 1:
-            point[f"precision[{backend}]"] = min(precisions, key=lambda p: PRECISIONS[p].rank)
+        if len(space.precisions[backend]) > 1:
+            point[f"precision[{backend}]"] = precision
         if len(layouts) > 1:
             point["layout"] = layout
-        if point:
-            points.append(point)
+        if point and {**point, **served} not in points:  # nothing but the batcher to choose: the sampler's draw
+            points.append({**point, **served})
     return points
+
+
+def start_order(space: Space) -> list[tuple[str, str]]:
+    """(backend, precision) of the first trials, in order (starting_points says why)."""
+    def fastest(backend: str) -> str:
+        return min(space.precisions[backend], key=lambda p: PRECISIONS[p].rank)
+
+    def safe(backend: str) -> str | None:
+        kept = [p for p in space.precisions[backend] if not PRECISIONS[p].reduced]
+        return min(kept, key=lambda p: PRECISIONS[p].rank) if kept else None
+
+    artifacts = [b for b in space.backends if BACKENDS[b].artifacts]
+    others = [b for b in space.backends if not BACKENDS[b].artifacts]
+    leaders, rest = (artifacts, others) if artifacts else (others, [])
+    chain = leaders + rest[:1]
+    order: list[tuple[str, str | None]] = []
+    for i, backend in enumerate(leaders):
+        order += [(backend, fastest(backend)), (chain[(i + 1) % len(chain)], safe(chain[(i + 1) % len(chain)]))]
+    order += [(b, safe(b)) for b in chain + rest[1:]] + [(b, fastest(b)) for b in rest]
+    found: list[tuple[str, str]] = []
+    for backend, precision in order:
+        if precision is not None and (backend, precision) not in found:
+            found.append((backend, precision))
+    return found
+
+
+def served_corner(space: Space) -> dict[str, str]:
+    """objective=server_qps: the batcher's knobs of a loaded service (SERVED_CORNER), each a parameter the space
+    draws (a dimension with one value is not one); {} offline or where no call may take two queries."""
+    if space.batch_key == "batch_size":
+        return {}
+    batched = [b for b in space.batch_sizes if int(b) > 1]
+    if not batched:
+        return {}
+    corner = {"batch_size": min(batched, key=int)} if len(space.batch_sizes) > 1 else {}
+    for key, value in SERVED_CORNER.items():
+        if value in space.serving.get(key, []) and len(space.serving[key]) > 1:
+            corner[key] = value
+    waits = space.serving.get(SERVED_WAIT, [])
+    if len(waits) > 1:
+        corner[SERVED_WAIT] = max(waits, key=float)
+    return corner
 
 
 def cheaper_first(suggested: list[str], measured: list[list[str]]) -> tuple[str, str] | None:

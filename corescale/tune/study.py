@@ -72,7 +72,7 @@ def study_name(tune: Tune) -> str:
 def _recover(study, tune: Tune) -> None:
     """A trial left RUNNING by a killed tune (none runs now: `held`): asked again with the same parameters (its
     committed measurements are found in the store), the stale one marked failed.
-    New study: one trial per backend first."""
+    New study: the priors (tune.priors), then each backend's fastest and quality-safe corners first."""
     from optuna.trial import TrialState
 
     trials = study.get_trials(deepcopy=False)
@@ -84,10 +84,11 @@ def _recover(study, tune: Tune) -> None:
         study.set_user_attr("settings", tune.settings.to_json())
         study.set_user_attr("space", tune.space.to_json())
         kind = tune.machine_kind
-        earlier = priors.earlier_winners(tune.cfg.results_root, tune.tune_dir, kind)
+        read_earlier, lab = priors.SOURCES[tune.settings.priors]  # tune.priors: which priors seed the search
+        earlier = priors.earlier_winners(tune.cfg.results_root, tune.tune_dir, kind) if read_earlier else []
         batch = int(tune.space.batch_sizes[0]) if len(tune.space.batch_sizes) == 1 else tune.cfg.batch_size
         starts = priors.starting(tune.space, tune.isa, tune.model_size_m, tune.settings.objective.scenario, batch,
-                                 tune.settings.objective.name == "latency", earlier)
+                                 tune.settings.objective.name == "latency", earlier, lab)
         study.set_user_attr("starts", [f"{json.dumps(point, sort_keys=True)}: {why}" for point, why in starts])
         for point, _ in starts:
             study.enqueue_trial(point, skip_if_exists=True)
