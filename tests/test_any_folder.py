@@ -114,6 +114,22 @@ def test_mapped_libraries_keep_a_path_with_spaces_whole():
                                                   "gnu-openmp": "/usr/lib/x86_64-linux-gnu/libgomp.so.1"}
 
 
+def test_inductor_links_torch_under_a_spaced_path_through_a_space_free_link(tmp_path, monkeypatch):
+    """torch 2.13's inductor passes -L unquoted: torch.compile under a spaced virtualenv linked nothing."""
+    from torch.utils import cpp_extension
+
+    from corescale.backends.pytorch.backend import space_free_torch_lib
+
+    real = odd_folder(tmp_path) / "site-packages" / "torch" / "lib"
+    real.mkdir(parents=True)
+    monkeypatch.setattr(cpp_extension, "TORCH_LIB_PATH", str(real))
+    space_free_torch_lib()
+    seen = cpp_extension.TORCH_LIB_PATH
+    assert preload_links.loader_safe(seen) and Path(seen).name == "lib" and Path(seen).resolve() == real.resolve()
+    space_free_torch_lib()  # a second build: the same link, none added
+    assert seen == cpp_extension.TORCH_LIB_PATH
+
+
 # ---- a real trial from such a folder -----------------------------------------------------------------------------
 
 @pytest.mark.slow  # a real PyTorch trial (~20 s on 2 cores), its recipe replayed, its manifests written

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -13,6 +14,7 @@ from corescale.backends.options import options_as
 from corescale.backends.pytorch.options import TorchCompileOptions
 from corescale.backends.pytorch.task import task_module
 from corescale.errors import UserError
+from corescale.machine.preload_links import loader_path
 
 if TYPE_CHECKING:
     from corescale.config import BenchmarkConfig
@@ -106,8 +108,18 @@ class CompileBackend(EagerBackend):
         super().load(spec, cfg, threads, inputs)
 
     def optimize(self, inputs) -> None:
+        space_free_torch_lib()
         # torch.compile of a Module returns an OptimizedModule (a Module); its stubs say a bare callable
         self.module = torch.compile(  # type: ignore[assignment]
             self.module, mode=None if self.mode == "default" else self.mode)
         with self.stage("compile"):  # inductor compiles on the first call at these shapes
             self.forward(self.prepare(inputs))
+
+
+def space_free_torch_lib() -> None:
+    """Inductor quotes its -I folders but not its -L ones (torch 2.13, _inductor/cpp_builder.py), so its link fails
+    where torch lies under a path with a space: it links through a space-free link of torch's lib folder (the link
+    folder this process owns and removes, as for LD_PRELOAD). Inductor reads the module attribute on every build."""
+    from torch.utils import cpp_extension
+
+    cpp_extension.TORCH_LIB_PATH = loader_path(Path(cpp_extension.TORCH_LIB_PATH))
