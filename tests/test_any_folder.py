@@ -133,6 +133,18 @@ def test_inductor_links_torch_under_a_spaced_path_through_a_space_free_link(tmp_
 # ---- a real trial from such a folder -----------------------------------------------------------------------------
 
 @pytest.mark.slow  # a real PyTorch trial (~20 s on 2 cores), its recipe replayed, its manifests written
+@pytest.mark.parametrize("python", ["/opt/venv/bin/python", "/home/a long folder/ünï/.venv/bin/python"])
+def test_ray_workers_start_the_job_python_quoted_where_it_needs_quoting(python, monkeypatch):
+    from corescale.trials import ray as on_ray
+
+    monkeypatch.setattr(sys, "executable", python)
+    named = on_ray.python_of_workers()
+    if " " not in python:
+        assert named == {}  # Ray starts such workers as it does by default
+    else:  # what Ray's `bash -c` reads back as one word: this Python
+        assert shlex.split(named["py_executable"]) == [python]
+
+
 def test_a_trial_its_recipe_and_its_manifests_from_a_folder_with_spaces_and_non_ascii_letters(tmp_path):
     odd = odd_folder(tmp_path)
     libs = odd / "preloaded libs"

@@ -16,7 +16,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import shlex
 import socket
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -419,7 +421,8 @@ def connect(ray, address: str | None, resources: dict[str, float] | None = None,
     `resources` declared). Returns whether this call connected (and so must disconnect)."""
     if ray.is_initialized():
         return False
-    options = {"logging_level": logging.WARNING, "log_to_driver": False}
+    options: dict[str, Any] = {"logging_level": logging.WARNING, "log_to_driver": False,
+                               **({"runtime_env": quoted} if (quoted := python_of_workers()) else {})}
     try:
         if address is None:
             ray.init(address="local", include_dashboard=False, _node_ip_address=LOOPBACK,
@@ -432,6 +435,16 @@ def connect(ray, address: str | None, resources: dict[str, float] | None = None,
         raise UserError(f"cannot connect to the Ray cluster at '{address}': {_first_line(exc)}; start it with "
                         f"`ray start --head --port 6379 ...` or fix {what}") from None
     return True
+
+
+def python_of_workers() -> dict[str, str]:
+    """A runtime environment's workers start through `bash -c` with Ray's Python unquoted (ray 2.x,
+    _private/runtime_env/context.py), so under a path with a space none starts (a Serve controller never does). Such
+    a Python is named quoted, as the job's `py_executable` (a shell command by Ray's definition), which every actor of
+    the job inherits; the nodes then run it from the same path (this machine's, or nodes made from one image)."""
+    if shlex.quote(sys.executable) == sys.executable:
+        return {}
+    return {"py_executable": shlex.quote(sys.executable)}
 
 
 def _ray_initialized() -> bool:
