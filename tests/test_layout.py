@@ -12,7 +12,7 @@ TOP_LEVEL = {"__init__.py", "__main__.py", "cli.py", "errors.py", "typed.py", "u
 # each stage may import the ones before it, never one after it (commands and cli sit on top)
 ORDER = ["errors", "typed", "userfiles", "bounds", "workload.tasks", "http_keys", "machine", "backends.options",
          "config_server", "config", "overrides", "workload", "record", "measure", "backends", "trials", "analysis",
-         "serve", "deploy", "explain", "tune", "report", "commands", "cli", "__main__"]
+         "serve", "deploy", "embed", "explain", "tune", "report", "commands", "cli", "__main__"]
 
 
 @functools.cache
@@ -58,7 +58,7 @@ def test_only_the_listed_top_level_modules():
     assert {p.name for p in PACKAGE.glob("*.py")} <= TOP_LEVEL
     stages = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
     assert stages == {"workload", "machine", "record", "measure", "backends", "trials", "analysis", "serve", "deploy",
-                      "explain", "tune", "report", "commands"}
+                      "embed", "explain", "tune", "report", "commands"}
 
 
 def test_no_import_cycle():
@@ -169,7 +169,9 @@ PRECISION_NAMES = ("fp32", "bf16", "int8", "fp16")  # the registered ones, and t
 OTHER_MEANINGS = {"machine/environment.py": ({"bf16"}, "aarch64's CPU flag"),
                   "analysis/catalog.py": ({"bf16"}, "aarch64's ISA name"),
                   "machine/peak.py": ({"bf16"}, "OpenVINO's element type"),
-                  "workload/modelfile.py": ({"fp32", "bf16", "int8", "fp16"}, "ONNX and OpenVINO element types")}
+                  "workload/modelfile.py": ({"fp32", "bf16", "int8", "fp16"}, "ONNX and OpenVINO element types"),
+                  "embed/columns.py": ({"int8"}, "a written vector's type (sentence-transformers' name)"),
+                  "commands/embed.py": ({"int8"}, "--dtype: a written vector's type")}
 
 
 def _literal_precisions(path: Path) -> set[str]:

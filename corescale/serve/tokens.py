@@ -101,6 +101,35 @@ class Tokens:
         """Token ids of each input (a text, or a (text, text) pair: each distinct first text tokenized once);
         TooLarge past a limit, Unservable for ids no instance can take. Call check() first."""
         self.check(texts)
+        encoded = self.ids(texts, truncate, pairs)
+        self.check_rows(encoded.rows)
+        return encoded
+
+    def encode_each(self, texts: list, truncate: bool = False, pairs: bool = False) -> tuple[Encoded, dict[int, str]]:
+        """A corpus job's: the ids of each input that can be computed, and why each other one cannot (its
+        index -> the reason), checked one by one with every limit but the request's."""
+        problems: dict[int, str] = {}
+        for index, text in enumerate(texts):
+            try:
+                self.check([text])
+            except (TooLarge, Unservable) as exc:
+                problems[index] = str(exc).replace("input 0 ", "the input ", 1)
+        kept = [i for i in range(len(texts)) if i not in problems]
+        encoded = self.ids([texts[i] for i in kept], truncate, pairs)
+        good: list[int] = []
+        for index, row in zip(kept, encoded.rows):
+            try:
+                self.check_rows([row], whole=False)
+                good.append(index)
+            except (TooLarge, Unservable) as exc:
+                problems[index] = str(exc).replace("input 0 ", "the input ", 1).split(" (send truncate")[0]
+        rows = dict(zip(kept, encoded.rows))
+        types = dict(zip(kept, encoded.types)) if encoded.types is not None else None
+        picked = [rows[i] for i in good]
+        return Encoded(picked, [types[i] for i in good] if types is not None else None,
+                       sum(len(r) for r in picked)), problems
+
+    def ids(self, texts: list, truncate: bool, pairs: bool) -> Encoded:
         truncate = truncate or self.limits.auto_truncate
         tokenizer = self.truncating if truncate else self.tokenizer
         texts = with_prompt(texts, self.prompt)
@@ -112,11 +141,11 @@ class Tokens:
         else:
             encodings = ids_only(tokenizer)(texts)
         rows = [np.asarray(e.ids, dtype=np.int64) for e in encodings]
-        self.check_rows(rows)
         types = [np.asarray(e.type_ids, dtype=np.int64) for e in encodings] if pairs else None
         return Encoded(rows, types, sum(len(r) for r in rows))
 
-    def check_rows(self, rows: list[np.ndarray]) -> None:
+    def check_rows(self, rows: list[np.ndarray], whole: bool = True) -> None:
+        """Each row's length and ids; `whole`: the rows are one request, bounded in tokens."""
         for index, row in enumerate(rows):
             if len(row) > self.max_length:
                 raise TooLarge(f"input {index} has {len(row)} tokens; the model takes at most {self.max_length} "
@@ -127,7 +156,7 @@ class Tokens:
                 raise Unservable(f"input {index} gives token id {int(row.max())}, past the model's vocabulary "
                                  f"({self.vocab_size} ids): the tokenizer does not match the model")
         total = sum(len(row) for row in rows)
-        if total > self.limits.request_tokens:
+        if whole and total > self.limits.request_tokens:
             raise TooLarge(f"the request's inputs give {total} tokens; at most {self.limits.request_tokens} "
                            "(--max-request-tokens)")
 

@@ -83,6 +83,7 @@ class Task:
     judge: str | None = None  # "module:function": (out, ref, groups) -> {metric: value} (measure/quality.py)
     evaluates: tuple[str, ...] = ()  # the kinds of user evaluation data it scores (`quality.eval=FILE`: EVALUATIONS)
     routes: tuple[Route, ...] = ()
+    corpus: str | None = None  # "module:attribute": how `corescale embed` writes its outputs (embed/columns.py)
 
     @property
     def judged(self) -> bool:
@@ -122,8 +123,9 @@ class Task:
         unknown = [m.group(1) for m in _TERM.finditer(self.gate) if m.group(1) not in self.directions]
         if unknown:
             problems.append(f"gate names {', '.join(unknown)}, not among its metrics")
-        hooks = {"judge": self.judge} | {f"route {r.path} {f}": getattr(r, f) for r in self.routes
-                                          for f in ("schema", "handler", "request", "answer")}
+        hooks = {"judge": self.judge, "corpus": self.corpus} | {
+            f"route {r.path} {f}": getattr(r, f) for r in self.routes
+            for f in ("schema", "handler", "request", "answer")}
         problems += [f"{fact} is not 'module:attribute' (got {hook!r})" for fact, hook in hooks.items()
                      if hook is not None and not _HOOK.fullmatch(hook)]
         for route in self.routes:
@@ -179,6 +181,7 @@ def of_head(head: str, labels: int = 0) -> str | None:
 
 _SERVE = "corescale.serve.routes:"
 _SENT = "corescale.measure.http.api:"
+_CORPUS = "corescale.embed.columns:"
 _RERANK_METRICS = ("ndcg_at_10_mean", "ndcg_at_10_min", "kendall_tau_mean", "kendall_tau_min", "top1_agreement")
 for _task in (
     Task("embed", "sentence embedder", "pooled", "sentence_embedding", "embedding",
@@ -189,20 +192,20 @@ for _task in (
          routes=(Route("openai", "/v1/embeddings", _SERVE + "Embeddings", _SERVE + "embeddings",
                        _SENT + "embeddings_request", _SENT + "embeddings_answer", ("/v1/models", "/info")),
                  Route("tei", "/embed", _SERVE + "Embed", _SERVE + "embed", _SENT + "texts_request",
-                       _SENT + "vectors_answer"))),
+                       _SENT + "vectors_answer")), corpus=_CORPUS + "VECTORS"),
     Task("rerank", "cross-encoder (reranker)", "logits", "logits", "reranker", pairs=True, labels=("score",),
          scores="sigmoid", metrics=tuple((m, "higher") for m in _RERANK_METRICS),
          gate="ndcg_at_10_mean>=0.98,top1_agreement>=0.95", judge="corescale.measure.quality:rerank_metrics",
          evaluates=("pairs",),
          routes=(Route("tei", "/rerank", _SERVE + "Rerank", _SERVE + "rerank", _SENT + "rerank_request",
-                       _SENT + "ranked_answer"),)),
+                       _SENT + "ranked_answer"),), corpus=_CORPUS + "SCORES"),
     Task("classify", "sequence classifier", "logits", "logits", "classifier",
          labels=("negative", "neutral", "positive"), scores="softmax",
          metrics=(("label_agreement", "higher"), ("max_probability_diff", "lower")),
          gate="label_agreement>=0.99,max_probability_diff<=0.05", judge="corescale.measure.quality:classify_metrics",
          evaluates=("labels",),
          routes=(Route("tei", "/predict", _SERVE + "Predict", _SERVE + "predict", _SENT + "texts_request",
-                       _SENT + "labelled_answer"),)),
+                       _SENT + "labelled_answer"),), corpus=_CORPUS + "LABELS"),
     # a plain encoder's last hidden state is judged by raw drift (reference=, drift_tolerance=), as before tasks
     Task("encode", "plain encoder", "tokens", "last_hidden_state", "embedding",
          routes=(Route("tei", "/embed_all", _SERVE + "Embed", _SERVE + "embed_all"),)),
