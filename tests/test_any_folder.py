@@ -132,7 +132,6 @@ def test_inductor_links_torch_under_a_spaced_path_through_a_space_free_link(tmp_
 
 # ---- a real trial from such a folder -----------------------------------------------------------------------------
 
-@pytest.mark.slow  # a real PyTorch trial (~20 s on 2 cores), its recipe replayed, its manifests written
 @pytest.mark.parametrize("python", ["/opt/venv/bin/python", "/home/a long folder/ünï/.venv/bin/python"])
 def test_ray_workers_start_the_job_python_quoted_where_it_needs_quoting(python, monkeypatch):
     from corescale.trials import ray as on_ray
@@ -145,6 +144,7 @@ def test_ray_workers_start_the_job_python_quoted_where_it_needs_quoting(python, 
         assert shlex.split(named["py_executable"]) == [python]
 
 
+@pytest.mark.slow  # a real PyTorch trial (~20 s on 2 cores), its recipe replayed, its manifests written
 def test_a_trial_its_recipe_and_its_manifests_from_a_folder_with_spaces_and_non_ascii_letters(tmp_path):
     odd = odd_folder(tmp_path)
     libs = odd / "preloaded libs"
