@@ -31,6 +31,7 @@ DROPPED = ("output_dir", "repeats", "duration")  # what the judge sets itself
 def demo(words: list[str], out: Path, env: dict) -> dict:
     """`corescale demo WORDS output_dir=OUT` (what `make run` runs); its tune.json, the wall time added."""
     started = time.monotonic()
+    out.mkdir(parents=True, exist_ok=True)
     proc = subprocess.run([sys.executable, "-m", "corescale.cli", "demo", *words, f"output_dir={out}",
                            "--no-progress"], capture_output=True, text=True, env=env)
     (out / "demo.log").write_text(proc.stdout + proc.stderr)
