@@ -73,7 +73,7 @@ def assignment(key: str, value) -> str:
     """`key=value` as an override Hydra parses back to exactly `value`: quoted when it holds characters of the
     override grammar (a path with spaces, brackets or commas), as code that writes overrides must."""
     text = str(value)
-    if re.fullmatch(r"[\w./~+:@%-]+", text):
+    if re.fullmatch(r"[\w./~+:@%-]+", text, re.ASCII):  # Hydra takes no other letters unquoted
         return f"{key}={text}"
     if "'" not in text:
         return f"{key}='{text}'"
@@ -82,9 +82,14 @@ def assignment(key: str, value) -> str:
     return f"{key}='" + text.replace("'", "\\'") + "'"
 
 
+GRAMMAR = frozenset(",[]{}()'\"")  # characters whose unquoted meaning Hydra's override grammar defines
+
+
 def shorthand(overrides: list[str]) -> list[str]:
     """`workload=PATH[:FIELD]` sets workload.source; `workload.lengths=uniform(A,B)` is quoted for Hydra (whose
-    grammar would read it as a function call)."""
+    grammar would read it as a function call); a value with letters outside ASCII (a path such as
+    `output_dir=/home/josé/out`, which Hydra's grammar refuses unquoted) and no character of the grammar is
+    quoted, since it can mean nothing else."""
     out = []
     for override in overrides:
         key, _, value = override.partition("=")
@@ -92,7 +97,8 @@ def shorthand(overrides: list[str]) -> list[str]:
             override = f"workload.source={value}"
         elif key == "quality.eval":  # the quality section's spelling of quality_eval
             override = f"quality_eval={value}"
-        elif key == "workload.lengths" and value[:1] not in ("'", '"') and "(" in value:
+        elif key == "workload.lengths" and value[:1] not in ("'", '"') and "(" in value or \
+                "=" in override and not value.isascii() and not GRAMMAR & set(value):
             override = assignment(key, value)
         out.append(override)
     return out
@@ -117,7 +123,7 @@ def parse_overrides(overrides: list[str]):
         parsed = OverridesParser.create().parse_overrides(overrides)
     except OverrideParseException as exc:
         raise UserError(f"cannot parse overrides {' '.join(overrides)}: {str(exc).splitlines()[0]}; quote a value "
-                        "that holds spaces, brackets, commas or '=' (key='a value [b]')") from None
+                        "that holds brackets, commas, quotes or '=' (key='a value [b]')") from None
     for override in parsed:
         refuse_prefixed(override)
     return parsed

@@ -196,3 +196,20 @@ def test_a_trial_its_recipe_and_its_manifests_from_a_folder_with_spaces_and_non_
     assert deployed.returncode == 0, deployed.stderr[-3000:]
     command = deployed.stdout.split("build the image first: ", 1)[1].strip()
     assert shlex.split(command)[-1] == str(bundle)  # the printed command names the bundle as one word
+
+
+@pytest.mark.parametrize("value", ["/home/josé/out", "/tmp/a long folder ünï/corescale çé", "~/données"])
+def test_a_value_with_letters_outside_ascii_is_taken_as_written(value):
+    """Hydra's grammar refuses such a value unquoted, and it can mean nothing else: it is quoted for the user."""
+    from corescale.overrides import compose
+
+    assert compose([f"output_dir={value}", "model=bert-tiny"]).output_dir == value
+
+
+def test_a_value_that_holds_the_grammar_is_still_the_users_to_quote():
+    from corescale.errors import UserError
+    from corescale.overrides import parse_overrides, shorthand
+
+    assert shorthand(["output_dir=/a/b"]) == ["output_dir=/a/b"]
+    with pytest.raises(UserError, match="quote a value that holds brackets"):
+        parse_overrides(shorthand(["output_dir=/données/a(b)"]))
