@@ -7,60 +7,28 @@ cluster (no --address) serves the session's bert-tiny bundle and stops with SIGT
 short /tmp/rayXXXX folder (its unix socket paths must stay under 107 characters).
 """
 
-import os
 import shutil
-import tempfile
 import threading
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import httpx
 import numpy as np
 import pytest
 from helpers import corescale, left_after, needs_two_cpus, processes_with_env, raw_record
+from ray_clusters import CPUS, RAY_ENV, pinned_nodes, ray_tmp
 from serving import Service, measure_bundle
 
-CPUS = sorted(os.sched_getaffinity(0))
-RAY_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
-LOOPBACK = "127.0.0.1"
 DEPLOY = ("deploy", "--target", "ray")
 TEXTS = ["The cat sat on the mat.", "Ray Serve routes this through its proxy.", "short", "a b c d e f g h i j"]
 pytestmark = [needs_two_cpus, pytest.mark.slow, pytest.mark.timeout(420)]
 
 
-def ray_tmp() -> Path:
-    return Path(tempfile.mkdtemp(prefix="ray", dir="/tmp"))  # short: Ray's unix socket paths are <= 107 chars
-
-
 @pytest.fixture(scope="module")
 def cluster():
-    """Two nodes on loopback, node i pinned to CPU i (its raylet and every worker inherit it), 1 CPU each."""
-    from corescale.trials.ray import import_ray
-
-    tmp = ray_tmp()
-    patch = pytest.MonkeyPatch()
-    for name, value in {**RAY_ENV, "RAY_TMPDIR": str(tmp)}.items():
-        patch.setenv(name, value)
-    patch.delenv("OMP_NUM_THREADS", raising=False)
-    import_ray(loopback=True)
-    from ray.cluster_utils import Cluster
-
-    before = os.sched_getaffinity(0)
-    ray_cluster = Cluster()
-    try:
-        for cpu in CPUS[:2]:
-            os.sched_setaffinity(0, {cpu})
-            try:
-                ray_cluster.add_node(num_cpus=1, include_dashboard=False, node_ip_address=LOOPBACK)
-            finally:
-                os.sched_setaffinity(0, before)
-        ray_cluster.wait_for_nodes()
-        yield SimpleNamespace(address=ray_cluster.address, tmp=tmp)
-    finally:
-        ray_cluster.shutdown()
-        patch.undo()
-        shutil.rmtree(tmp, ignore_errors=True)
+    """Two nodes on loopback, node i pinned to CPU i, 1 CPU each (ray_clusters.py)."""
+    with pinned_nodes(2) as nodes:
+        yield nodes
 
 
 @pytest.fixture(scope="module")

@@ -15,31 +15,10 @@ import httpx
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from corpora import corpus, shards
 from helpers import ROOT, corescale
 
 pytestmark = pytest.mark.slow
-
-WORDS = ["serving", "transformer", "models", "on", "cpus", "needs", "pinned", "cores", "careful", "batching",
-         "honest", "measurement", "of", "every", "number", "a", "performance", "engineer", "reads", "twice"]
-
-
-def corpus(path, rows: int, bad: dict[int, object] | None = None, seed: int = 0):
-    rng = np.random.default_rng(seed)
-    with open(path, "w") as file:
-        for i in range(rows):
-            text = " ".join(rng.choice(WORDS, int(rng.integers(1, 40))))
-            file.write(json.dumps({"id": f"doc-{i}", "text": (bad or {}).get(i, text)}) + "\n")
-    return path
-
-
-def shards(folder):
-    """Every written row of the job: (row, id) in order and the vectors."""
-    tables = [pq.read_table(p) for p in sorted(folder.glob("shard-*.parquet"))]
-    keys = [(r, i) for t in tables for r, i in zip(t["row"].to_pylist(), t["id"].to_pylist())]
-    vectors = np.concatenate([np.asarray(t["embedding"].combine_chunks().flatten()).reshape(t.num_rows, -1)
-                              for t in tables])
-    return keys, vectors
-
 
 @pytest.fixture
 def place(tmp_path):
@@ -140,3 +119,17 @@ def test_a_folder_of_another_jobs_shards_is_refused(tiny_bundle, place):
     proc = corescale("embed", str(tiny_bundle()), str(source), str(out), "--truncate", "--no-progress")
     assert proc.returncode == 2 and "another job's shards (it differs in truncate)" in proc.stderr, proc.stderr
     assert sorted(p.name for p in out.iterdir()) == before
+
+
+def test_a_shard_whose_rows_are_all_rejected_has_the_jobs_columns(tiny_bundle, place):
+    source = corpus(place / "texts.jsonl", 30, {i: "" for i in range(10, 20)}, seed=5)
+    out = place / "out"
+    proc = corescale("embed", str(tiny_bundle()), str(source), str(out), "--id-column", "id", "--shard-rows", "10",
+                     "--no-progress")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    schemas = [pq.read_schema(out / f"shard-0000{i}.parquet") for i in range(3)]
+    assert schemas[0] == schemas[1] == schemas[2] and "embedding" in schemas[1].names
+    assert pq.read_metadata(out / "shard-00001.parquet").num_rows == 0
+    import pyarrow.dataset as ds
+
+    assert ds.dataset(sorted(out.glob("shard-*.parquet"))).to_table().num_rows == 20  # one table, one schema

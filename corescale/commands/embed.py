@@ -31,6 +31,9 @@ def register(sub) -> None:
                              "(default 8192)")
     parser.add_argument("--max-input-chars", type=whole_number, default=100_000,
                         help="characters of one text, before tokenizing; longer ones are rejected (default 100000)")
+    parser.add_argument("--ray", metavar="ADDRESS", help="run the job on a Ray cluster as Ray Data map_batches, one "
+                        "actor per measured instance on each node (host:port of its head, auto for RAY_ADDRESS, "
+                        "local for a private one here); INPUT and OUTPUT on storage every node mounts")
     parser.add_argument("--catalog", help="the machine catalog for the estimate's cost (default: the packaged one)")
     parser.add_argument("--no-progress", action="store_true", help="no live progress display")
     trust = parser.add_argument_group("bundles are code (docs/deploy.md#a-bundle-is-code-serve-only-bundles-you-trust)")
@@ -51,12 +54,13 @@ def handle(args) -> int:
     if missing:
         raise UserError(f"corescale embed needs {', '.join(missing)}: pip install 'corescale[serve]'")
     from corescale.embed.corpus import Columns
-    from corescale.embed.job import Options, run
+    from corescale.embed.job import Options
+    from corescale.embed.start import run
     from corescale.serve.manifest import read_key
     from corescale.serve.opened import Trust
 
     options = Options(Columns(args.text_column, args.pair_column, args.id_column), args.dtype, args.truncate,
                       args.shard_rows, not args.no_progress, args.max_input_chars, args.catalog,
                       Trust(args.trust_remote_code, args.allow_pickle),
-                      read_key(args.verify) if args.verify else None)
+                      read_key(args.verify) if args.verify else None, args.ray)
     return run(args.bundle, args.input, args.output, options)

@@ -212,12 +212,11 @@ def serve_until_signal(ray, root: str, opened: Bundle, options: Options, caught:
                        started_here: bool, name: str) -> int:
     from ray import serve
 
+    from corescale.trials.ray import nodes_holding
+
     blocks = len(opened.specs)
     cpus = sum(len(spec.cpus) for spec in opened.specs)
-    nodes = [n for n in ray.nodes() if n.get("Alive") and n["Resources"].get("CPU", 0) >= cpus]
-    if not nodes:
-        raise UserError(f"no alive Ray node declares {cpus} CPUs (the bundle's layout): start nodes with "
-                        f"`ray start ... --num-cpus {cpus}` or more")
+    nodes = nodes_holding(ray, opened.specs, "deploy --target ray")
     shared_address = len({n.get("NodeManagerAddress") for n in nodes}) == 1
     began = time.monotonic()
     serve.start(proxy_location="HeadOnly" if shared_address else "EveryNode",

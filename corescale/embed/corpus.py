@@ -8,6 +8,8 @@ its reason, as a text the model cannot take does (job.py)."""
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -31,6 +33,7 @@ class Source:
     kind: str
     size: int
     mtime_ns: int
+    rows: int | None = None  # from its metadata (Parquet), else None
 
     def identity(self) -> dict[str, Any]:
         return {"path": str(self.path), "kind": self.kind, "size": self.size, "mtime_ns": self.mtime_ns}
@@ -89,8 +92,9 @@ def discover(path: str | Path, columns: Columns) -> Corpus:
     sources = []
     for file in found:
         stat = file.stat()
-        sources.append(Source(file.resolve(), KINDS[file.suffix.lower()], stat.st_size, stat.st_mtime_ns))
-    counts = [header_check(source, columns) for source in sources]
+        source = Source(file.resolve(), KINDS[file.suffix.lower()], stat.st_size, stat.st_mtime_ns)
+        sources.append(dataclasses.replace(source, rows=header_check(source, columns)))
+    counts = [source.rows for source in sources]
     rows = None if any(c is None for c in counts) else sum(c for c in counts if c is not None)
     return Corpus(tuple(sources), columns, rows)
 
@@ -140,10 +144,17 @@ HEADERS = {"parquet": parquet_header, "jsonl": jsonl_header, "csv": csv_header}
 
 
 def rows(corpus: Corpus, start: int = 0) -> Iterator[Row]:
-    """Every row from number `start` on, in order; rows before it are passed over (read, not decoded)."""
+    """Every row from number `start` on, in order; rows before it are passed over (a Parquet file's by its
+    metadata, a JSON Lines file's lines undecoded, a CSV file's read)."""
     number = 0
     for source in corpus.files:
-        for batch in READERS[source.kind](source, corpus.columns):
+        if source.rows is not None and number + source.rows <= start:
+            number += source.rows
+            continue
+        for batch in READERS[source.kind](source, corpus.columns, max(start - number, 0)):
+            if isinstance(batch, int):  # rows the reader passed over
+                number += batch
+                continue
             if number + len(batch) <= start:
                 number += len(batch)
                 continue
@@ -152,6 +163,18 @@ def rows(corpus: Corpus, start: int = 0) -> Iterator[Row]:
                     row.number = number
                     yield row
                 number += 1
+
+
+def shard_rows(corpus: Corpus, index: int, size: int) -> list[Row]:
+    """The rows of shard `index` (rows index x size up to the next shard's first)."""
+    return list(itertools.islice(rows(corpus, index * size), size))
+
+
+def count_rows(corpus: Corpus) -> int:
+    """The corpus's rows, exactly (Parquet: its metadata; JSON Lines: its lines that are not blank; CSV: parsed)."""
+    return sum(source.rows if source.rows is not None else
+               sum(b if isinstance(b, int) else len(b) for b in READERS[source.kind](source, corpus.columns, 1 << 62))
+               for source in corpus.files)
 
 
 def as_text(value: Any, column: str) -> tuple[str | None, str | None]:
@@ -182,15 +205,29 @@ def arrow_rows(batch, columns: Columns) -> list[Row]:
     return [made({name: lists[name][i] for name in columns.named}, columns) for i in range(batch.num_rows)]
 
 
-def parquet_rows(source: Source, columns: Columns) -> Iterator[list[Row]]:
+def parquet_rows(source: Source, columns: Columns, skip: int = 0) -> Iterator[list[Row] | int]:
+    """Its rows in batches; the row groups wholly within the first `skip` rows passed over unread (their count)."""
     import pyarrow.parquet as pq
 
-    for batch in pq.ParquetFile(source.path).iter_batches(batch_size=READ_ROWS, columns=columns.named):
-        yield arrow_rows(batch, columns)
+    file = pq.ParquetFile(source.path)
+    groups: list[int] = []
+    passed = 0
+    for group in range(file.metadata.num_row_groups):
+        size = file.metadata.row_group(group).num_rows
+        if not groups and passed + size <= skip:
+            passed += size
+        else:
+            groups.append(group)
+    if passed:
+        yield passed
+    if groups:
+        for batch in file.iter_batches(batch_size=READ_ROWS, row_groups=groups, columns=columns.named):
+            yield arrow_rows(batch, columns)
 
 
-def csv_rows(source: Source, columns: Columns) -> Iterator[list[Row]]:
-    """Text columns read as bytes, decoded here: a row of invalid UTF-8 is rejected, not the file."""
+def csv_rows(source: Source, columns: Columns, skip: int = 0) -> Iterator[list[Row] | int]:
+    """Text columns read as bytes, decoded here: a row of invalid UTF-8 is rejected, not the file. The first
+    `skip` rows are read (a CSV text may hold a line break) and passed over undecoded."""
     import pyarrow as pa
     import pyarrow.csv as pacsv
 
@@ -199,15 +236,24 @@ def csv_rows(source: Source, columns: Columns) -> Iterator[list[Row]]:
                             convert_options=pacsv.ConvertOptions(include_columns=columns.named,
                                                                  column_types={c: pa.binary() for c in texts}))
     for batch in reader:
+        if skip >= batch.num_rows:
+            skip -= batch.num_rows
+            yield batch.num_rows
+            continue
         yield arrow_rows(batch, columns)
 
 
-def jsonl_rows(source: Source, columns: Columns) -> Iterator[list[Row]]:
-    """One object per line (blank lines are no rows); a line that is not a JSON object is a rejected row."""
+def jsonl_rows(source: Source, columns: Columns, skip: int = 0) -> Iterator[list[Row] | int]:
+    """One object per line (blank lines are no rows); a line that is not a JSON object is a rejected row. The
+    first `skip` rows are passed over undecoded (their count said before the first batch)."""
     batch: list[Row] = []
+    passed = 0
     with open(source.path, "rb") as file:
         for line_number, line in enumerate(file, 1):
             if not line.strip():
+                continue
+            if passed < skip:
+                passed += 1
                 continue
             try:
                 values = orjson.loads(line)
@@ -217,8 +263,13 @@ def jsonl_rows(source: Source, columns: Columns) -> Iterator[list[Row]]:
                 batch.append(made(values, columns) if isinstance(values, dict) else
                              Row(0, None, None, f"{source.path.name[:100]} line {line_number}: not a JSON object"))
             if len(batch) >= READ_ROWS:
+                if passed:
+                    yield passed
+                    passed = skip = 0
                 yield batch
                 batch = []
+    if passed:
+        yield passed
     if batch:
         yield batch
 

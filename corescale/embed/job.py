@@ -1,12 +1,10 @@
-"""One corpus job: the bundle's instances started as `corescale serve` starts them (serve/pool.py: pinned, warm,
-restarted when one dies), fed shard by shard.
+"""One corpus job on this machine, once start.py has checked everything: the bundle's instances started as
+`corescale serve` starts them (serve/pool.py: pinned, warm, restarted when one dies), fed shard by shard.
 
-Order: the corpus's files and columns, the bundle (every check serve makes), the task's output types and the
-output folder are checked first (bad input: one line, exit 2, no worker started, nothing written); the estimate is
-printed; the instances start; then each shard not yet complete is read, tokenized in a thread, its texts sorted by
-length (so that the batcher's batches carry little padding) and sent in batches of the bundle's max batch, with
-at most the bundle's queue of inputs waiting; while one shard computes the next is read and tokenized. A shard is
-written whole (output.py) with its rows back in input order. A text that cannot be computed goes to the shard's
+Each shard not yet complete is read, tokenized in a thread, its texts sorted by length (so that the batcher's
+batches carry little padding) and sent in batches of the bundle's max batch, with at most the bundle's queue of
+inputs waiting (shards.py); while one shard computes the next is read and tokenized. A shard is written whole
+(output.py) with its rows back in input order. A text that cannot be computed goes to the shard's
 rejects with its reason. SIGINT or SIGTERM: the shards being computed are abandoned (the next run computes them),
 the instances stop, exit 130 or 143 with what is complete."""
 
@@ -19,21 +17,16 @@ import sys
 import time
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from corescale.embed import columns as written_columns
-from corescale.embed.corpus import Columns, Corpus, Row, changed, discover, rows
-from corescale.embed.estimate import Estimate, duration, estimate
+from corescale.embed.corpus import Columns, Corpus, Row, changed, rows
+from corescale.embed.estimate import Estimate, duration
 from corescale.embed.output import Output
-from corescale.errors import UserError
+from corescale.embed.shards import Prepared, ShardWork
 
 SHARD_ROWS = 8192  # rows per output shard: the length-sorting window, and at most what a kill makes a rerun redo
-SAMPLE_ROWS = 2000  # the first rows tokenized for the estimate
-RETRIES = 3  # a batch whose instance died is sent again this often, then its texts are rejected
 IN_FLIGHT_SHARDS = 2  # one computing, the next read and tokenized meanwhile
 QUEUE_DEADLINE_S = 3600.0  # the job bounds its own queue: no input waits long, the service's 30 s would misfire
 
@@ -49,18 +42,7 @@ class Options:
     catalog: str | None = None
     trust: Any = None  # serve/opened.py Trust (None: none)
     key: bytes | None = None
-
-
-@dataclass
-class Prepared:
-    """One shard read and tokenized: the rows to compute (in length order), the rejected ones."""
-
-    index: int
-    numbers: list[int]
-    ids: list[Any]
-    encoded: Any  # serve/tokens.py Encoded, of the rows in `order`
-    order: list[int]  # positions (in numbers) of the computed rows
-    rejects: list[tuple[int, Any, str]] = field(default_factory=list)  # (row number, id, reason)
+    ray: str | None = None  # the Ray cluster's address (ray_data.py), None: this machine alone
 
 
 def bundle_digest(root: Path) -> str:
@@ -69,43 +51,22 @@ def bundle_digest(root: Path) -> str:
     return hashlib.sha256((root / MANIFEST).read_bytes()).hexdigest()
 
 
-def run(bundle_path: str, input_path: str, output_path: str, options: Options) -> int:
-    from corescale.machine.scratch import scratch
-    from corescale.record.files import read_result
-    from corescale.serve import bundle as bundles
-    from corescale.serve.opened import COPY_DIR, Trust, open_bundle
-    from corescale.workload.tasks import TASKS, resolve
+def queue_of(opened) -> int:
+    """Inputs waiting for an instance, at most: four batches per instance (and at least 64)."""
+    return max(4 * max_batch_of(opened) * len(opened.specs), 64)
 
-    corpus = discover(input_path, options.columns)
-    with scratch("embed") as work:
-        opened = open_bundle(bundle_path, work, options.trust or Trust(), options.key)
-        task = opened.head.entry
-        if task.corpus is None:
-            able = ", ".join(t.name for t in TASKS.values() if t.corpus)
-            raise UserError(f"embed: this bundle's task '{task.name}' ({task.noun}) has no corpus job; tasks with "
-                            f"one: {able}")
-        written = resolve(task.corpus)
-        dtype = options.dtype or written.dtypes[0]
-        if dtype not in written.dtypes:
-            raise UserError(f"embed: --dtype {dtype} is not written for task '{task.name}'; allowed: "
-                            f"{', '.join(written.dtypes)}")
-        if task.pairs and options.columns.pair is None:
-            raise UserError(f"embed: this bundle's task '{task.name}' scores (query, text) pairs: name the second "
-                            "text's column with --pair-column")
-        if not task.pairs and options.columns.pair is not None:
-            raise UserError(f"embed: --pair-column is for a task that scores pairs; this bundle's '{task.name}' "
-                            "takes one text")
-        root = Path(bundle_path).expanduser().resolve()
-        identity = {"bundle": bundle_digest(root), "corpus": corpus.identity(), "task": task.name, "dtype": dtype,
-                    "truncate": options.truncate, "shard_rows": options.shard_rows}
-        output = Output.open(output_path, identity)
-        tokens = corpus_tokens(opened, options)
-        record = read_result(work / COPY_DIR / bundles.RECORD)
-        planned = planned_estimate(record, corpus, tokens, options)
-        for line in planned.lines():
-            say(f"estimate: {line}")
-        job = Job(opened, work, corpus, output, tokens, written, dtype, options, planned, root)
-        return job.run()
+
+def max_batch_of(opened) -> int:
+    return max(int(opened.cfg.server.max_batch or 1), 1)
+
+
+def make_work(opened, pool, tokens, written, dtype: str, output: Output, options: Options,
+              stopping=lambda: False) -> ShardWork:
+    """The shard work of `opened`'s instances in `pool` (the one-machine job's, and each Ray actor's)."""
+    work = ShardWork(pool, tokens, written, dtype, opened.head.entry, opened.head, output, max_batch_of(opened),
+                     options.columns.pair is not None, options.truncate, options.columns.id is not None, stopping)
+    work.bound(queue_of(opened) // max_batch_of(opened))
+    return work
 
 
 def corpus_tokens(opened, options: Options):
@@ -122,18 +83,6 @@ def corpus_tokens(opened, options: Options):
     return tokens
 
 
-def planned_estimate(record, corpus: Corpus, tokens, options: Options) -> Estimate:
-    """The estimate from the first SAMPLE_ROWS rows' real tokens."""
-    sample: list[Any] = []
-    for row in rows(corpus):
-        if row.problem is None:
-            sample.append(row.text)
-        if len(sample) >= SAMPLE_ROWS:
-            break
-    encoded, _ = tokens.encode_each(sample, options.truncate, options.columns.pair is not None)
-    return estimate(record, corpus, [len(r) for r in encoded.rows], options.catalog)
-
-
 def say(text: str) -> None:
     print(f"corescale embed: {text}", file=sys.stderr, flush=True)
 
@@ -148,8 +97,8 @@ class Job:
         self.opened, self.work, self.corpus, self.output, self.tokens = opened, work, corpus, output, tokens
         self.written, self.dtype, self.options, self.planned, self.root = written, dtype, options, planned, root
         self.task, self.head = opened.head.entry, opened.head
-        self.max_batch = max(int(opened.cfg.server.max_batch or 1), 1)
-        self.queue = max(4 * self.max_batch * len(opened.specs), 64)  # inputs waiting for an instance, at most
+        self.queue = queue_of(opened)
+        self.executor: dict[str, Any] = {"name": "local"}
         self.caught: int | None = None
         self.computed = self.rejected = self.tokens_done = 0
         self.quality: dict[str, float] | None = None
@@ -163,7 +112,8 @@ class Job:
 
         done = self.output.done()
         pool = Pool(self.opened, self.work, Metrics(), self.queue, BATCH_DEADLINE_S, QUEUE_DEADLINE_S)
-        self.pool = pool
+        self.shard_work = make_work(self.opened, pool, self.tokens, self.written, self.dtype, self.output,
+                                    self.options, lambda: self.caught is not None)
         previous = {sig: signal.signal(sig, self.on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
         began = time.monotonic()
         try:
@@ -232,23 +182,7 @@ class Job:
         if current:
             yield index, current
 
-    def prepare(self, index: int, shard: list[Row]) -> Prepared:
-        numbers = [row.number for row in shard]
-        ids = [row.id for row in shard]
-        rejects = [(row.number, row.id, row.problem) for row in shard if row.problem is not None]
-        readable = [i for i, row in enumerate(shard) if row.problem is None]
-        encoded, problems = self.tokens.encode_each([shard[i].text for i in readable], self.options.truncate,
-                                                     self.options.columns.pair is not None)
-        rejects += [(numbers[readable[j]], ids[readable[j]], reason) for j, reason in problems.items()]
-        kept = [readable[j] for j in range(len(readable)) if j not in problems]
-        by_length = sorted(range(len(kept)), key=lambda k: len(encoded.rows[k]))
-        encoded.rows = [encoded.rows[k] for k in by_length]
-        if encoded.types is not None:
-            encoded.types = [encoded.types[k] for k in by_length]
-        return Prepared(index, numbers, ids, encoded, [kept[k] for k in by_length], rejects)
-
     async def feed(self, done: set[int]) -> None:
-        self.slots = asyncio.Semaphore(max(self.queue // self.max_batch, 2))
         source = self.shards(done)
         computing: deque[asyncio.Task] = deque()
         try:
@@ -257,7 +191,7 @@ class Job:
                 item = await asyncio.to_thread(next, source, None)
                 if item is None:
                     break
-                prepared = await asyncio.to_thread(self.prepare, *item)
+                prepared = await asyncio.to_thread(self.shard_work.prepare, *item)
                 computing.append(asyncio.create_task(self.compute(prepared)))
                 while len(computing) >= IN_FLIGHT_SHARDS:
                     await self.finished(computing.popleft())
@@ -278,71 +212,11 @@ class Job:
             raise Stop(signal.Signals(self.caught).name)
 
     async def compute(self, prepared: Prepared) -> None:
-        encoded = prepared.encoded
-        chunks = [range(start, min(start + self.max_batch, len(encoded.rows)))
-                  for start in range(0, len(encoded.rows), self.max_batch)]
-        results = await asyncio.gather(*(self.batch(encoded, list(chunk)) for chunk in chunks))
-        outputs: dict[int, np.ndarray] = {}
-        rejects = list(prepared.rejects)
-        for chunk, found in zip(chunks, results):
-            for k, output in zip(chunk, found):
-                position = prepared.order[k]
-                if isinstance(output, str):
-                    rejects.append((prepared.numbers[position], prepared.ids[position], output))
-                else:
-                    outputs[position] = output
-        await asyncio.to_thread(self.write, prepared, outputs, rejects)
-        self.computed += len(outputs)
-        self.rejected += len(rejects)
-        self.advance(len(prepared.numbers), encoded.tokens)
-
-    async def batch(self, encoded, chunk: list[int], tries: int = RETRIES) -> list[np.ndarray | str]:
-        """The outputs of the rows at `chunk`, each an array or the reason it has none."""
-        from corescale.serve.pool import BatchFailed, InstanceDied, Request
-
-        loop = asyncio.get_running_loop()
-        async with self.slots:
-            self.pool.admit(len(chunk))
-            request = Request([encoded.rows[k] for k in chunk], loop, loop.create_future(),
-                              None if encoded.types is None else [encoded.types[k] for k in chunk])
-            self.pool.submit(request)
-            try:
-                found = await request.future
-            except InstanceDied as exc:
-                if tries <= 1 or self.caught is not None:
-                    return [f"the instance computing it died {RETRIES} times: {exc}"] * len(chunk)
-                failed: Exception | None = exc
-            except BatchFailed as exc:
-                failed = exc
-            else:
-                return [row if np.isfinite(row).all() else "the model gave a non-finite output (NaN or inf)"
-                        for row in found]
-        if isinstance(failed, BatchFailed):
-            if len(chunk) == 1:
-                return [f"the model could not compute it: {failed}"]
-            return [out for k in chunk for out in await self.batch(encoded, [k], 1)]  # which row it was
-        return await self.batch(encoded, chunk, tries - 1)
-
-    def write(self, prepared: Prepared, outputs: dict[int, np.ndarray], rejects: list[tuple[int, Any, str]]) -> None:
-        import pyarrow as pa
-
-        positions = sorted(outputs)
-        columns: dict[str, Any] = {"row": pa.array([prepared.numbers[p] for p in positions], pa.int64())}
-        if self.options.columns.id is not None:
-            columns["id"] = id_array([prepared.ids[p] for p in positions])
-        stacked = np.stack([outputs[p] for p in positions]) if positions else np.zeros((0, 0), np.float32)
-        if positions:
-            columns.update(self.written.make(self.task, self.head, stacked, self.dtype))
-            if self.quality is None and self.dtype != "float32":
-                self.quality = written_columns.quality_of(stacked, self.dtype)
-        table = pa.table(columns) if positions else None
-        rejects.sort()
-        rejected = pa.table({"row": pa.array([r[0] for r in rejects], pa.int64()),
-                             "id": id_array([r[1] for r in rejects]),
-                             "reason": pa.array([r[2] for r in rejects], pa.string())}) if rejects else None
-        if table is None:
-            table = pa.table({"row": pa.array([], pa.int64())})
-        self.output.write_shard(prepared.index, table, rejected)
+        done = await self.shard_work.compute(prepared)
+        self.computed += done.computed
+        self.rejected += done.rejected
+        self.quality = self.quality or done.quality
+        self.advance(len(prepared.numbers), done.tokens)
 
     # --- the end ---------------------------------------------------------------------------------------------
 
@@ -361,7 +235,7 @@ class Job:
             "bundle_manifest_sha256": bundle_digest(self.root), "model": self.opened.model,
             "backend": self.opened.cfg.backend.name, "precision": self.opened.cfg.precision,
             "task": self.task.name, "dtype": self.dtype, "columns": self.written.describe,
-            "layout": self.opened.layout.to_dict(),
+            "layout": self.opened.layout.to_dict(), "executor": self.executor,
             "order": "each shard holds its rows in input order; `row` is the row's number across the input files "
                      "in job.json's order (from 0), and joins a shard to the input and to the rejects",
             "rows_written": written, "rows_rejected": rejected, "shards": len(self.output.done()),
@@ -381,13 +255,3 @@ class Job:
             return 128 + self.caught
         say(f"{written:,} rows in {len(self.output.done())} shard(s): {self.output.folder}")
         return 0
-
-
-def id_array(values: list[Any]):
-    """The ids as the input typed them; as text where they mix types."""
-    import pyarrow as pa
-
-    try:
-        return pa.array(values)
-    except (pa.ArrowInvalid, pa.ArrowTypeError):
-        return pa.array([None if v is None else str(v) for v in values], pa.string())

@@ -437,6 +437,16 @@ def connect(ray, address: str | None, resources: dict[str, float] | None = None,
     return True
 
 
+def nodes_holding(ray, specs, what: str) -> list[dict]:
+    """The alive nodes whose CPU resource holds the layout of `specs` (each runs one set of its instances)."""
+    cpus = sum(len(spec.cpus) for spec in specs)
+    nodes = [n for n in ray.nodes() if n.get("Alive") and n["Resources"].get("CPU", 0) >= cpus]
+    if not nodes:
+        raise UserError(f"{what}: no alive Ray node declares {cpus} CPUs (the bundle's layout): start nodes with "
+                        f"`ray start ... --num-cpus {cpus}` or more")
+    return nodes
+
+
 def python_of_workers() -> dict[str, str]:
     """A runtime environment's workers start through `bash -c` with Ray's Python unquoted (ray 2.x,
     _private/runtime_env/context.py), so under a path with a space none starts (a Serve controller never does). Such
