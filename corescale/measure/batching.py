@@ -107,13 +107,21 @@ class Batcher:
                         return None
                     self.cond.wait()
                     continue
-                left_ns = self.waiting[0].arrived_ns + self.max_queue_ns - time.perf_counter_ns()
-                if len(self.waiting) >= self.max_batch or not self.worth_waiting(left_ns) or self.closed:
-                    batch = self._pop()
+                batch, left_ns = self.decide(time.perf_counter_ns())
+                if batch is not None:
                     if self.waiting:
                         self.cond.notify()  # what is left is another taker's
                     return batch
                 self.cond.wait(left_ns / 1e9)
+
+    def decide(self, now_ns: int) -> tuple[list[Waiting] | None, int]:
+        """The policy, on any clock (the service's, or a simulation's virtual one): with
+        queries waiting and an instance free at `now_ns`, (the batch it takes now, 0), or (None, how long to wait
+        for more)."""
+        left_ns = self.waiting[0].arrived_ns + self.max_queue_ns - now_ns
+        if len(self.waiting) >= self.max_batch or not self.worth_waiting(left_ns) or self.closed:
+            return self._pop(), 0
+        return None, left_ns
 
     def _pop(self) -> list[Waiting]:
         """Oldest first; pad=sorted fills the batch with the waiting queries nearest the oldest one's length.
