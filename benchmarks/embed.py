@@ -22,9 +22,9 @@ batch_size=32 pad=sorted sequence_length=256; give a tune's winner's keys to mea
 - ray: a Ray cluster of two nodes on loopback (tests/ray_clusters.py), node i pinned to CPU i with 1 CPU; the bundle
   measured as 1 instance x 1 core; each round `embed` alone under `taskset -c 0`, then `-c 1` (its instance placed
   on that CPU), then `embed --ray`; Ray ÷ (the two single-CPU figures' sum). Goal >= 0.9.
-- rss: `embed` of --rss-texts rows through a bert-tiny bundle (1 x 1 core); the resident memory of the job's
-  process tree sampled each second beside the rows written; the largest after 10,000 rows ÷ the first sample past
-  10,000. Goal <= 1.2.
+- rss: `embed` of --rss-texts rows through a bert-tiny bundle (one instance per core); the resident memory of the
+  job's process tree sampled each second beside the rows written; the largest after 10,000 rows ÷ the first sample
+  past 10,000. Goal <= 1.2.
 Prints one line per part and writes DIR/embed.json with every raw figure and the CPU.
 """
 
@@ -296,7 +296,7 @@ def part_rss(args, out: Path, report: dict) -> None:
                 part = base.slice(0, min(len(base), args.rss_texts - start))
                 writer.write_table(pa.table({"id": [f"t{start + i}" for i in range(len(part))],
                                              "text": part["text"]}), row_group_size=8192)
-    folder = bundle(out, ["model=bert-tiny", "task=embed", "backend=onnxruntime", "instances=1",
+    folder = bundle(out, ["model=bert-tiny", "task=embed", "backend=onnxruntime", f"instances={len(args.cores)}",
                           "cores_per_instance=1", "batch_size=32", "sequence_length=128", "duration=1"], "tiny")
     where = out / "rss-job"
     job = subprocess.Popen([sys.executable, "-m", "corescale.cli", "embed", str(folder), str(big), str(where),

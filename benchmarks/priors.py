@@ -68,7 +68,8 @@ def summary(variant: str, doc: dict) -> dict:
             "winner_qps": won["throughput"]["mean"] if won else None, "winner_qps_values": won and won["throughput"]
             .get("values"), "baseline_qps": base.get("throughput", {}).get("mean"),
             "ratio": (doc.get("speedup") or {}).get("ratio"), "upper_bound": (doc.get("speedup") or {}).get(
-                "upper_bound"), "headline": doc["headline"], "search_end": doc.get("search_end"),
+                "upper_bound"), "ratio_at_least": doc.get("speedup_at_least"), "headline": doc["headline"],
+            "search_end": doc.get("search_end"),
             "starts": doc.get("starts"), "wall_s": doc["wall_s"], "measured": len(doc["trials"])}
 
 

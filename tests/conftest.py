@@ -40,7 +40,8 @@ def pytest_configure_node(node):
 
 
 # the files that start Ray clusters: one scope of `--dist loadfile` (one worker runs them, one Ray at a time)
-RAY_FILES = {"tests/test_ray_executor.py", "tests/test_ray_cli.py", "tests/test_deploy_ray.py"}
+RAY_FILES = {"tests/test_ray_executor.py", "tests/test_ray_cli.py", "tests/test_deploy_ray.py",
+             "tests/test_embed_ray.py"}
 
 
 @pytest.hookimpl(optionalhook=True, tryfirst=True)

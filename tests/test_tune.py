@@ -461,6 +461,32 @@ def test_a_tie_is_reported_with_the_simpler_first_and_a_clear_winner_is_not():
     assert over.winner is None and over.infeasible[0].label == "over the SLO"  # p99 240 ms > 100 ms
 
 
+def test_a_baseline_that_met_the_slo_at_no_rate_bounds_the_speedup_from_below():
+    """Out-of-box PyTorch on 2 AVX2 cores missed 100 ms at 29.6 QPS and its bounded search ended there: it serves
+    less than 29.6 QPS, so the answer's 80.8 QPS is at least 2.73x it (the weakest of the repeats' claims)."""
+    import dataclasses
+
+    from corescale.tune.outputs import headline
+    from corescale.tune.verdict import Finalist, decide
+
+    settings = tune_settings.parse(["objective=server_qps", "slo_p99_ms=100"])
+    missed = [{"valid": True, "throughput": None, "server_qps": None, "p99_ms": None, "memory_gb": 0.5,
+               "drift_ok": True, "lowest_miss": rate} for rate in (29.6, 20.0)]
+    baseline = Finalist("baseline: out-of-box pytorch", [], [], [], missed, baseline=True)
+    answer = _finalist("openvino fp32 2x1", [80.0, 81.6])
+    answer.figures = [{**f, "server_qps": f["throughput"]} for f in answer.figures]
+    verdict = decide([answer], baseline, settings.objective, settings)
+    assert verdict.winner is answer and verdict.speedup is None and baseline.serves_below == 29.6
+    assert abs(verdict.speedup_at_least - 80.8 / 29.6) < 1e-9
+    tune = type("Tune", (), {"settings": settings, "node_type": None})()
+    lines = headline(tune, verdict)
+    assert any(line.startswith("≥ 2.73× the out-of-box throughput") and "the lowest 29.6 QPS" in line
+               for line in lines), lines
+    established = dataclasses.replace(baseline, figures=[{**missed[0], "throughput": 12.0, "server_qps": 12.0,
+                                                           "lowest_miss": None}])
+    assert established.serves_below is None  # a repeat that met the SLO: the ratio is measured, not bounded
+
+
 def test_when_the_budget_ends_the_search_the_tune_says_so_and_what_searches_more():
     """One screened configuration of 96 when a 5-minute budget ends the search: said in words (the console's
     `search:` line and tune.json's search_end), with the budget that searches more."""

@@ -252,6 +252,7 @@ class TuneDocument(Section):
     tie: list[str] = field(default_factory=list)
     tie_p: float | None = None
     speedup: Speedup | None = None
+    speedup_at_least: float | None = None  # where the baseline met the SLO at no rate: winner ÷ its lowest miss
     recipe: dict[str, Any] | None = None  # file name -> path, the run line (words) and the winner's key
     cost_source: str | None = None  # where the cost figures' price comes from (analysis/pricing.py)
     peer: TunedFinalist | None = None  # the peer baseline (tune/peer.py), measured like the baseline, never ranked

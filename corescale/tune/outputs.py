@@ -136,6 +136,10 @@ def headline(tune: Tune, verdict: Verdict) -> list[str]:
         spread = ratio_words(verdict.speedup, winner, verdict.baseline)
         lines.append(f"{at_most}{verdict.speedup[0]:.2f}× the out-of-box throughput ({spread}; out-of-box PyTorch "
                      f"{at_least}{verdict.baseline.interval('throughput').mean:.2f} samples/s{why})")
+    if verdict.speedup_at_least is not None and verdict.baseline is not None:
+        lines.append(f"≥ {verdict.speedup_at_least:.2f}× the out-of-box throughput (out-of-box PyTorch met the SLO "
+                     f"at no rate tested, the lowest {verdict.baseline.serves_below:g} QPS: it serves less than "
+                     "that)")
     if verdict.peer_speedup is not None and verdict.peer is not None:
         lines.append(peer_words(verdict.peer, verdict.peer_speedup, winner))
     withheld = [f for f in verdict.infeasible if f.quality_withheld]
@@ -207,6 +211,7 @@ def document(tune: Tune, study, verdict: Verdict, finalists: list[Finalist], rec
         tie=list(verdict.tie), tie_p=verdict.tie_p,
         speedup=None if verdict.speedup is None or verdict.baseline is None
         else Speedup(*verdict.speedup, upper_bound=verdict.baseline.open_ended),
+        speedup_at_least=verdict.speedup_at_least,
         headline=headline(tune, verdict), recipe=recipe, cost_source=cost_source(tune, verdict),
         search_end=search_end, coverage=coverage(trials, tune.space, objective.metric, objective.direction),
         machine_kind=tune.machine_kind.to_json(), starts=list(study.user_attrs.get("starts", [])),

@@ -43,7 +43,7 @@ def figures(record: TrialRecord, cost_of=None) -> dict:
                 "p99_ms": served.latency_ms.get("p99") if met else None, "memory_gb": rss / 1e9,
                 "open_ended": open_ended(served),
                 # no rate met the SLO before a bound ended the search: unknown, not 0 (nor "none can")
-                "unestablished": served.unestablished}
+                "unestablished": served.unestablished, "lowest_miss": lowest_miss(served)}
     assert m is not None, "neither served nor measured returned above"
     rss = sum((inst.rss_bytes or inst.peak_rss_bytes) for inst in m.per_instance)
     tokens = m.throughput_tokens_per_s / m.throughput_samples_per_s if m.throughput_samples_per_s else None
@@ -58,6 +58,14 @@ def open_ended(served) -> bool:
     narrowed to its precision (with no rate above the best missed, or with a miss well above it: out-of-box
     PyTorch met 38.65 QPS and missed 77.3, its max anywhere between)."""
     return bool(served.bounded) and served.max_valid_qps is not None
+
+
+def lowest_miss(served) -> float | None:
+    """Where no rate met the SLO: the lowest rate tested (the configuration serves less than it at the SLO)."""
+    if served.max_valid_qps is not None:
+        return None
+    rates = [float(point.target_qps) for point in served.load_curve or [] if point.target_qps]
+    return min(rates) if rates else None
 
 
 def quality_figure(record: TrialRecord) -> float | None:
@@ -127,6 +135,15 @@ class Finalist:
         return any(f.get("valid") and f.get("open_ended") for f in self.figures)
 
     @property
+    def serves_below(self) -> float | None:
+        """Where no repeat met the SLO at any rate tested: a rate it serves less than (the highest of the repeats'
+        lowest misses: the weakest claim they make together); None where a repeat met it or none was tested."""
+        if not self.figures or any(f.get("throughput") is not None for f in self.figures):
+            return None
+        misses = [f.get("lowest_miss") for f in self.figures]
+        return None if any(m is None for m in misses) else max(m for m in misses if m is not None)
+
+    @property
     def quality_withheld(self) -> bool:
         """Measured, but its outputs miss the quality gate on real text: never recommended."""
         return any(f.get("valid") and not f.get("quality_ok", True) for f in self.figures)
@@ -143,6 +160,7 @@ class Verdict:
     speedup: tuple[float, float, float] | None = None  # winner ÷ baseline throughput, 95 % bootstrap CI
     peer: Finalist | None = None  # the peer baseline, when measured
     peer_speedup: tuple[float, float, float] | None = None  # winner ÷ peer throughput, 95 % bootstrap CI
+    speedup_at_least: float | None = None  # winner ÷ a rate the baseline serves less than (no rate of it met the SLO)
 
     @property
     def winner(self) -> Finalist | None:
@@ -188,6 +206,8 @@ def decide(finalists: list[Finalist], baseline: Finalist | None, objective: Obje
         if baseline is not None and baseline.values("throughput").size:
             verdict.speedup = bootstrap_ratio_ci(baseline.values("throughput"),
                                                  verdict.ranked[0].values("throughput"), stat=np.mean)
+        elif baseline is not None and baseline.serves_below and verdict.ranked[0] is not baseline:
+            verdict.speedup_at_least = verdict.ranked[0].interval("throughput").mean / baseline.serves_below
         if peer is not None and peer.values("throughput").size:
             verdict.peer_speedup = bootstrap_ratio_ci(peer.values("throughput"),
                                                       verdict.ranked[0].values("throughput"), stat=np.mean)
