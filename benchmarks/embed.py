@@ -21,7 +21,8 @@ batch_size=32 pad=sorted sequence_length=256; give a tune's winner's keys to mea
   (ids and vectors, row for row).
 - ray: a Ray cluster of two nodes on loopback (tests/ray_clusters.py), node i pinned to CPU i with 1 CPU; the bundle
   measured as 1 instance x 1 core; each round `embed` alone under `taskset -c 0`, then `-c 1` (its instance placed
-  on that CPU), then `embed --ray`; Ray ÷ (the two single-CPU figures' sum). Goal >= 0.9.
+  on that CPU), then `embed --ray`, every run with 500-row shards (enough to keep both nodes busy to the end); Ray ÷
+  (the two single-CPU figures' sum). Goal >= 0.9.
 - rss: `embed` of --rss-texts rows through a bert-tiny bundle (one instance per core); the resident memory of the
   job's process tree sampled each second beside the rows written; the largest after 10,000 rows ÷ the first sample
   past 10,000. Goal <= 1.2.
@@ -47,6 +48,7 @@ DEFAULT = ["backend=onnxruntime", "precision=fp32", "instances=2", "cores_per_in
 SAMPLE = 2000  # texts of the offline workload (the bundle's and P14's)
 ST_BATCH = 32
 WARMUP_TEXTS = 256
+RAY_SHARD_ROWS = 500  # the ray part's shards (each run's): the last shards' imbalance a small share of the job
 
 
 def cli(*words: str, env: dict | None = None, prefix: tuple[str, ...] = (), timeout: float = 7200):
@@ -260,11 +262,12 @@ def part_ray(args, out: Path, report: dict) -> None:
             order = ["cpu0", "cpu1", "ray"]
             for what in order if number % 2 == 0 else order[::-1]:
                 job = out / f"ray-{what}-r{number + 1}"
+                shards = ("--shard-rows", str(RAY_SHARD_ROWS))  # enough shards to keep both nodes busy to the end
                 if what == "ray":
-                    row[what] = embed(folder, corpus, job, "--ray", cluster.address, env=env)["this_run"]
+                    row[what] = embed(folder, corpus, job, *shards, "--ray", cluster.address, env=env)["this_run"]
                 else:
                     cpu = CPUS[int(what[-1])]
-                    row[what] = embed(folder, corpus, job, prefix=("taskset", "-c", str(cpu)))["this_run"]
+                    row[what] = embed(folder, corpus, job, *shards, prefix=("taskset", "-c", str(cpu)))["this_run"]
             row["ratio"] = row["ray"]["texts_per_s"] / (row["cpu0"]["texts_per_s"] + row["cpu1"]["texts_per_s"])
             rounds.append(row)
             print(json.dumps({k: (v["texts_per_s"] if isinstance(v, dict) else v) for k, v in row.items()}),

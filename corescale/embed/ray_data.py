@@ -12,7 +12,7 @@ stops). Two calls run at once in each actor: one shard computes while the next i
 
 The driver makes every check the one-machine job makes before Ray is reached, writes job.json, then consumes one
 summary per shard (progress, counts, the manifest). Throughput is the rows computed over the window from the first
-shard's start to the last one's end (the actors' start-up is `ready_s`)."""
+shard's start to the last one's end (`ready_s`: up to the first shard's start, the actors' start)."""
 
 from __future__ import annotations
 
@@ -181,12 +181,12 @@ class RayJob(Job):
                 signal.signal(sig, handler)
             if started_here and ray.is_initialized():
                 ray.shutdown()
-        first, last, ready = windows
-        ready_s = (ready - began) if ready is not None else time.monotonic() - began
-        return self.ended(done, ready_s, (last - first) if first is not None else 0.0)
+        first, last = windows
+        ready_s = (first - began) if first is not None else time.monotonic() - began  # to the first shard's start
+        return self.ended(done, ready_s, (last - first) if first is not None and last is not None else 0.0)
 
     def consume(self, ray, pending: list[int], nodes: int, done: set[int]):
-        """(the first shard's start, the last one's end, when the first was under way): monotonic seconds."""
+        """(the first shard's start, the last one's end): monotonic seconds, from the actors' wall-clock times."""
         import json
 
         from ray.data import ActorPoolStrategy, DataContext
@@ -201,9 +201,10 @@ class RayJob(Job):
         cpus = sum(len(spec.cpus) for spec in self.opened.specs) / blocks
         self.executor = {"name": "ray", "address": self.address, "nodes": nodes, "actors": actors,
                          "ray": ray.__version__, "ran": {}}
-        first = last = ready = None
+        first: float | None = None
+        last: float | None = None
         if not pending:
-            return first, last, ready
+            return first, last
         offset = time.time() - time.monotonic()  # the actors report wall-clock times
         shards = ray.data.from_items([{"shard": i} for i in pending], override_num_blocks=len(pending))
         computed = shards.map_batches(
@@ -219,7 +220,6 @@ class RayJob(Job):
             try:
                 for summary in rows:
                     self.check_stop()
-                    ready = ready or time.monotonic()
                     self.computed += int(summary["computed"])
                     self.rejected += int(summary["rejected"])
                     self.quality = self.quality or json.loads(summary["quality"])
@@ -239,7 +239,7 @@ class RayJob(Job):
                 close = getattr(rows, "close", None)
                 if close is not None:
                     close()
-        return first, last, ready
+        return first, last
 
 
 def first_line(exc: BaseException) -> str:
