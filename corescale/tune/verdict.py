@@ -64,7 +64,7 @@ def lowest_miss(served) -> float | None:
     """Where no rate met the SLO: the lowest rate tested (the configuration serves less than it at the SLO)."""
     if served.max_valid_qps is not None:
         return None
-    rates = [float(point.target_qps) for point in served.load_curve or [] if point.target_qps]
+    rates = [float(point.target_qps) for point in getattr(served, "load_curve", None) or [] if point.target_qps]
     return min(rates) if rates else None
 
 
