@@ -38,11 +38,25 @@ ACTOR_START_S = 120  # an actor's start (the bundle's copy, the imports) beyond 
 LOCAL = "local"  # --ray local: a private cluster on loopback, started and stopped by the job
 
 
+def blocks_folder() -> Path:
+    return Path(tempfile.gettempdir()) / "corescale-embed-blocks"
+
+
+def forget_blocks(job: str) -> None:
+    """This job's lock files on this node, once its dataset has ended."""
+    for path in blocks_folder().glob(f"{job}-*.lock"):
+        path.unlink(missing_ok=True)
+    try:
+        blocks_folder().rmdir()
+    except OSError:  # another job's files, or none made here
+        pass
+
+
 @contextmanager
 def claimed_block(job: str, node: str, blocks: int):
     """The first block of the layout no other actor of this job on this node holds (a lock on a file in the
     node's temporary folder, released when this process ends)."""
-    folder = Path(tempfile.gettempdir()) / "corescale-embed-blocks"
+    folder = blocks_folder()
     folder.mkdir(exist_ok=True)
     for block in range(blocks):
         path = folder / f"{job}-{node[:16]}-{block}.lock"
@@ -55,8 +69,7 @@ def claimed_block(job: str, node: str, blocks: int):
         try:
             yield block
         finally:
-            path.unlink(missing_ok=True)
-            handle.close()
+            handle.close()  # the file stays: unlinked, a late opener of it and a new one could both hold the block
         return
     raise RuntimeError(f"Ray placed more embed actors on node {node[:16]} than the layout's {blocks} instance(s): "
                        "start each node with `ray start --num-cpus N`, N the layout's CPUs")
@@ -206,12 +219,13 @@ class RayJob(Job):
         if not pending:
             return first, last
         offset = time.time() - time.monotonic()  # the actors report wall-clock times
+        job = uuid.uuid4().hex[:12]
         shards = ray.data.from_items([{"shard": i} for i in pending], override_num_blocks=len(pending))
         computed = shards.map_batches(
             ShardActor, batch_size=1, num_cpus=cpus,
             fn_constructor_kwargs={"bundle": str(self.root), "corpus": self.corpus, "folder": str(self.output.folder),
                                    "identity": self.identity, "written": self.written, "dtype": self.dtype,
-                                   "options": self.options, "job": uuid.uuid4().hex[:12]},
+                                   "options": self.options, "job": job},
             compute=ActorPoolStrategy(size=actors, max_tasks_in_flight_per_actor=CALLS_PER_ACTOR,
                                       max_concurrent_calls_per_actor=CALLS_PER_ACTOR,
                                       enable_true_multi_threading=True))
@@ -239,6 +253,7 @@ class RayJob(Job):
                 close = getattr(rows, "close", None)
                 if close is not None:
                     close()
+                forget_blocks(job)  # this node's; another node's stay in its temporary folder
         return first, last
 
 
